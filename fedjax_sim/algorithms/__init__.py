@@ -1,0 +1,40 @@
+"""Algorithms as NamedTuples of pure functions, and their registry."""
+
+from fedjax_sim.algorithms.base import Algorithm, with_restarts
+from fedjax_sim.algorithms.fedavg import FedAvgState, fedavg
+from fedjax_sim.algorithms.ifca import IFCAState, ifca
+from fedjax_sim.algorithms.local import LocalState, local_models
+from fedjax_sim.algorithms.oneshot import one_shot_clustering
+
+# name -> factory. Every factory takes the model first and its settings as keywords.
+ALGORITHMS = {
+    "ifca": ifca,
+    "fedavg": fedavg,
+    "local": local_models,
+    "oneshot": one_shot_clustering,
+}
+
+
+def get_algorithm(name: str):
+    """The factory registered under `name`; ValueError listing the names otherwise."""
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}."
+        ) from None
+
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "FedAvgState",
+    "IFCAState",
+    "LocalState",
+    "fedavg",
+    "get_algorithm",
+    "ifca",
+    "local_models",
+    "one_shot_clustering",
+    "with_restarts",
+]

@@ -1,0 +1,25 @@
+"""The vectorized kernels. Each is one jit-compiled function over stacked clients."""
+
+from fedjax_sim.ops.aggregation import segment_average
+from fedjax_sim.ops.clustering import assign_clusters, cluster_losses
+from fedjax_sim.ops.kmeans import kmeans
+from fedjax_sim.ops.local_update import client_keys, client_update, local_update, sample_batch
+from fedjax_sim.ops.mixup import mixup, mixup_client
+from fedjax_sim.ops.sampling import sample_uniform, sample_weighted
+from fedjax_sim.ops.simplex import project_simplex
+
+__all__ = [
+    "assign_clusters",
+    "client_keys",
+    "client_update",
+    "cluster_losses",
+    "local_update",
+    "kmeans",
+    "mixup",
+    "mixup_client",
+    "project_simplex",
+    "sample_batch",
+    "sample_uniform",
+    "sample_weighted",
+    "segment_average",
+]

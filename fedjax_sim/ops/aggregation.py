@@ -1,0 +1,61 @@
+"""Per-cluster weighted averaging of client pytrees (a segment reduction)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+@functools.partial(jax.jit, static_argnames=("num_segments", "normalize"))
+def segment_average(
+    values,
+    segment_ids: jax.Array,
+    num_segments: int,
+    weights: jax.Array | None = None,
+    fallback=None,
+    normalize: str = "segment",
+):
+    """Weighted per-segment average of a client-stacked pytree.
+
+    Args:
+      values: pytree, leaves [m, ...] (one entry per client).
+      segment_ids: [m] ints in [0, num_segments); ids outside are dropped.
+      num_segments: k.
+      weights: [m] non-negative client weights (default 1; use num_examples for
+        a sample-weighted mean, 0 to leave a client out).
+      fallback: pytree, leaves [k, ...], returned for a segment of zero weight
+        (IFCA keeps an empty cluster's model). Default: zeros.
+      normalize: "segment" divides each segment's weighted sum by that
+        segment's weight (IFCA option II, FedAvg); "total" divides by the
+        total weight of all clients (IFCA option I divides by m).
+
+    Returns:
+      (averages, segment_weights): pytree with leaves [k, ...], and [k] weights.
+    """
+    if normalize not in ("segment", "total"):
+        raise ValueError(f"normalize must be 'segment' or 'total'; got {normalize!r}.")
+    m = segment_ids.shape[0]
+    if weights is None:
+        weights = jnp.ones((m,), jnp.float32)
+    weights = weights.astype(jnp.float32)
+    seg_weight = jax.ops.segment_sum(weights, segment_ids, num_segments)
+    if normalize == "segment":
+        denom = seg_weight
+    else:
+        denom = jnp.full((num_segments,), jnp.sum(weights))
+    nonempty = denom > 0
+
+    def reduce(leaf, fb):
+        w = weights.reshape((m,) + (1,) * (leaf.ndim - 1)).astype(leaf.dtype)
+        total = jax.ops.segment_sum(w * leaf, segment_ids, num_segments)
+        shape = (num_segments,) + (1,) * (leaf.ndim - 1)
+        mean = total / jnp.maximum(denom, 1e-30).reshape(shape).astype(leaf.dtype)
+        return jnp.where(nonempty.reshape(shape), mean, fb)
+
+    if fallback is None:
+        fallback = jax.tree.map(
+            lambda v: jnp.zeros((num_segments,) + v.shape[1:], v.dtype), values
+        )
+    return jax.tree.map(reduce, values, fallback), seg_weight

@@ -1,0 +1,134 @@
+"""τ local optimizer steps on every client at once: `vmap` of a `lax.scan`."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_sim.models.core import Model
+
+
+def sample_batch(key, num_examples, n_max: int, batch_size: int):
+    """Row indices of one minibatch of a client, without replacement.
+
+    Returns (idx [batch_size], mask [batch_size]). When the client has fewer
+    than batch_size real rows, the batch is all of them and the rest is masked.
+    """
+    rows = jnp.arange(n_max)
+    scores = jnp.where(rows < num_examples, jax.random.uniform(key, (n_max,)), jnp.inf)
+    idx = jnp.argsort(scores)[:batch_size]
+    mask = jnp.arange(batch_size) < num_examples
+    return idx, mask
+
+
+def client_update(
+    model: Model,
+    optimizer: optax.GradientTransformation,
+    params,
+    x,
+    y,
+    num_examples,
+    key,
+    *,
+    num_steps: int,
+    batch_size: int | None = None,
+    snapshot_step=None,
+    batch_loss=None,
+):
+    """Runs num_steps optimizer steps on one client, from `params`.
+
+    Args:
+      model, optimizer: the model and the client optimizer (a fresh optimizer
+        state each call, as in FedAvg).
+      params: the starting params (one model).
+      x, y, num_examples: the client's padded data and its row count.
+      key: the client's PRNG key (minibatches, mixup).
+      num_steps: τ (static).
+      batch_size: None for full-batch steps, else the minibatch size (static).
+      snapshot_step: optional traced int t′ in [0, num_steps]: also return the
+        params after t′ steps (DRFA's w^(t′)).
+      batch_loss: optional (params, x_b, y_b, mask_b, key) -> scalar replacing
+        the masked mean of the model's loss (e.g. a mixup loss).
+
+    Returns:
+      (final params, snapshot params or None, [num_steps] step losses).
+    """
+    n_max = x.shape[0]
+
+    def default_loss(p, xb, yb, mb, _key):
+        return jnp.sum(mb * model.example_loss(model.apply(p, xb), yb)) / jnp.maximum(
+            jnp.sum(mb), 1.0
+        )
+
+    loss_fn = default_loss if batch_loss is None else batch_loss
+
+    def step(carry, inputs):
+        p, opt_state, snap = carry
+        t, k = inputs
+        k_batch, k_loss = jax.random.split(k)
+        if batch_size is None:
+            xb, yb = x, y
+            mb = (jnp.arange(n_max) < num_examples).astype(jnp.float32)
+        else:
+            idx, bmask = sample_batch(k_batch, num_examples, n_max, batch_size)
+            xb, yb, mb = x[idx], y[idx], bmask.astype(jnp.float32)
+        loss, grads = jax.value_and_grad(loss_fn)(p, xb, yb, mb, k_loss)
+        updates, opt_state = optimizer.update(grads, opt_state, p)
+        p = optax.apply_updates(p, updates)
+        if snapshot_step is not None:
+            snap = jax.tree.map(lambda s, q: jnp.where(t + 1 == snapshot_step, q, s), snap, p)
+        return (p, opt_state, snap), loss
+
+    snap0 = params if snapshot_step is not None else None
+    keys = jax.random.split(key, num_steps)
+    (p, _, snap), losses = jax.lax.scan(
+        step, (params, optimizer.init(params), snap0), (jnp.arange(num_steps), keys)
+    )
+    return p, snap, losses
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("model", "optimizer", "num_steps", "batch_size", "batch_loss"),
+)
+def local_update(
+    model: Model,
+    optimizer: optax.GradientTransformation,
+    params,
+    data,
+    keys,
+    *,
+    num_steps: int,
+    batch_size: int | None = None,
+    snapshot_step=None,
+    batch_loss=None,
+):
+    """`client_update` on every client of `data`, each from its own params.
+
+    Args:
+      params: pytree, leaves [m, ...] (client i starts from params[i]).
+      data: FederatedData with m clients.
+      keys: [m] PRNG keys, one per client.
+      (the rest as in `client_update`; snapshot_step is shared by all clients)
+
+    Returns:
+      (params [m, ...], snapshots [m, ...] or None, losses [m, num_steps]).
+    """
+    one = functools.partial(
+        client_update,
+        model,
+        optimizer,
+        num_steps=num_steps,
+        batch_size=batch_size,
+        snapshot_step=snapshot_step,
+        batch_loss=batch_loss,
+    )
+    return jax.vmap(one)(params, data.x, data.y, data.num_examples, keys)
+
+
+def client_keys(key, client_ids: jax.Array) -> jax.Array:
+    """One key per client, `fold_in(key, id)`: independent of how clients are laid out."""
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(client_ids)
