@@ -27,6 +27,19 @@ def _parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--out", default=None, help="output directory (default runs/PRESET-TIME)")
         p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+        p.add_argument("--devices", type=int, default=None,
+                       help="devices to shard the clients (sweep: data seeds) over "
+                            "(default: all that divide m)")
+        p.add_argument("--distributed", action="store_true",
+                       help="start JAX's multi-process runtime (jax.distributed.initialize); "
+                            "each process builds only its clients, process 0 writes")
+        p.add_argument("--coordinator", default=None,
+                       help="host:port of process 0 (or FEDJAX_SIM_COORDINATOR; default: "
+                            "auto-detected on SLURM/MPI/TPU)")
+        p.add_argument("--num-processes", type=int, default=None,
+                       help="number of processes (or FEDJAX_SIM_NUM_PROCESSES)")
+        p.add_argument("--process-id", type=int, default=None,
+                       help="this process's index (or FEDJAX_SIM_PROCESS_ID)")
         if name == "sweep":
             p.add_argument("--resume", action="store_true",
                            help="continue a sweep in --out, skipping rows in its trials.csv")
@@ -36,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if getattr(args, "distributed", False):
+        from fedjax_sim import parallel
+
+        parallel.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     from fedjax_sim import experiments
 
     try:
@@ -50,17 +67,21 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "run":
             out = experiments.run_preset(
-                args.preset, args.overrides, args.out, progress=not args.no_progress
+                args.preset, args.overrides, args.out, progress=not args.no_progress,
+                devices=args.devices,
             )
         else:
             out = experiments.sweep_preset(
                 args.preset, args.overrides, args.out, progress=not args.no_progress,
-                resume=args.resume,
+                resume=args.resume, devices=args.devices,
             )
     except ValueError as err:
         print(f"fedjax-sim: error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {out}")
+    import jax
+
+    if jax.process_index() == 0:
+        print(f"wrote {out}")
     return 0
 
 

@@ -7,6 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from fedjax_sim.parallel import to_host
+
 
 def cluster_identity_accuracy(assignment, truth, num_clusters: int | None = None) -> float:
     """Fraction of clients whose cluster is right, up to a relabeling of clusters.
@@ -60,10 +62,10 @@ def min_dist(cluster_params: jax.Array, theta_star: jax.Array) -> jax.Array:
 
 def summarize_clients(evaluation: dict, prefix: str = "") -> dict:
     """Average and worst case of the per-client losses (and accuracies)."""
-    loss = np.asarray(evaluation["client_loss"], np.float64)
+    loss = to_host(evaluation["client_loss"]).astype(np.float64)
     out = {f"{prefix}loss": float(np.mean(loss)), f"{prefix}loss_worst": float(np.max(loss))}
     if "client_accuracy" in evaluation:
-        acc = np.asarray(evaluation["client_accuracy"], np.float64)
+        acc = to_host(evaluation["client_accuracy"]).astype(np.float64)
         out[f"{prefix}accuracy"] = float(np.mean(acc))
         out[f"{prefix}accuracy_worst"] = float(np.min(acc))
     return out

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from fedjax_sim import parallel
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.metrics import summarize_clients
@@ -50,6 +51,7 @@ def run(
     evaluate: Callable[[object], dict] | None = None,
     progress: bool = True,
     description: str = "rounds",
+    mesh=None,
 ):
     """Runs `rounds` rounds of `algorithm` on `data`, evaluating every `eval_every`.
 
@@ -63,6 +65,8 @@ def run(
       evaluate: state -> dict of host values for one history row; default:
         loss / loss_worst (and accuracy) of `algorithm.evaluate` on `data`.
       progress: draw a tqdm progress bar.
+      mesh: optional `jax.sharding.Mesh` (see `parallel.make_mesh`): the client
+        axis of `data` and of the per-client state is sharded over it.
 
     Returns:
       (final state, history): history is a list of dict rows, each with
@@ -72,9 +76,13 @@ def run(
         raise ValueError(f"rounds must be an integer >= 0; got {rounds!r}.")
     if not isinstance(eval_every, int) or eval_every < 1:
         raise ValueError(f"eval_every must be an integer >= 1; got {eval_every!r}.")
+    if mesh is not None:
+        data = parallel.shard_clients(data, mesh)
     evaluate = evaluate or default_evaluate(algorithm, data)
     key_init, key_rounds = jax.random.split(key)
     state = jax.jit(algorithm.init)(key_init, data)
+    if mesh is not None:
+        state = parallel.shard_state(state, data.num_clients, mesh)
     history = [{"round": 0, **evaluate(state)}]
     done = 0
     with tqdm(total=rounds, disable=not progress, desc=description, unit="round") as bar:

@@ -45,6 +45,7 @@ def run_sweep(
     axes: Sequence[str],
     trial_columns: list[str],
     progress: bool = True,
+    write: bool = True,
 ) -> list[dict]:
     """Runs every cell over data seeds 0..seeds−1; returns the summary rows.
 
@@ -55,10 +56,14 @@ def run_sweep(
       out_dir: directory of trials.csv / summary.csv.
       axes: the settings that identify a cell in trials.csv.
       trial_columns: trials.csv columns.
+      write: append to trials.csv (False on every process but the first of a
+        multi-process run, which then keeps its rows in memory).
     """
     out_dir = Path(out_dir)
     trials_path = out_dir / "trials.csv"
-    done = {(_key(r, axes), int(r["data_seed"])) for r in read_csv(trials_path)}
+    existing = read_csv(trials_path)
+    done = {(_key(r, axes), int(r["data_seed"])) for r in existing}
+    kept: list[dict] = []
     total = sum(c["seeds"] for c in cells)
     with tqdm(total=total, disable=not progress, desc="trials", unit="seed") as bar:
         bar.update(sum(1 for c in cells for s in range(c["seeds"]) if (_key(c, axes), s) in done))
@@ -68,10 +73,14 @@ def run_sweep(
             for start in range(0, len(todo), size):
                 seeds = todo[start : start + size]
                 rows = trial_rows(cell, seeds)
-                append_csv(trials_path, rows, trial_columns)
+                if write:
+                    append_csv(trials_path, rows, trial_columns)
+                else:
+                    kept.extend(rows)
                 bar.update(len(seeds))
                 bar.set_postfix({a: cell[a] for a in axes if isinstance(cell[a], (int, float))})
-    return summarize(read_csv(trials_path), cells, axes)
+    rows = read_csv(trials_path) if write else existing + kept
+    return summarize(rows, cells, axes)
 
 
 def summarize(trials: list[dict], cells: list[dict], axes: Sequence[str]) -> list[dict]:

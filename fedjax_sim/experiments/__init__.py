@@ -11,7 +11,7 @@ from pathlib import Path
 import jax
 
 import fedjax_sim
-from fedjax_sim import plots, sweep
+from fedjax_sim import parallel, plots, sweep
 from fedjax_sim.experiments import ifca_synthetic
 from fedjax_sim.experiments.settings import parse_assignments, resolve
 from fedjax_sim.io import write_csv, write_json
@@ -102,7 +102,7 @@ def resolve_settings(preset: Preset, overrides: dict[str, str] | list[str] | Non
     return settings
 
 
-def _config(preset: Preset, settings: dict) -> dict:
+def _config(preset: Preset, settings: dict, mesh=None) -> dict:
     return {
         "preset": preset.name,
         "kind": preset.kind,
@@ -113,6 +113,8 @@ def _config(preset: Preset, settings: dict) -> dict:
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
+        "mesh_devices": 1 if mesh is None else mesh.size,
+        "processes": jax.process_count(),
         "python": platform.python_version(),
         "command": sys.argv,
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -131,29 +133,65 @@ def _fresh_dir(out_dir: Path, marker: str) -> None:
         )
 
 
-def run_preset(name: str, overrides=None, out_dir=None, progress: bool = True) -> Path:
-    """Runs a 'run' preset and writes config.json, metrics.csv, summary.json, metrics.png."""
+def choose_mesh(devices: int | None, num_clients: int | None = None):
+    """The mesh for a run: `devices` devices, or automatically every device.
+
+    Automatic choice (devices None) on one process: the most devices that
+    divide num_clients, None when that is one. Several processes always use
+    every device, and an explicit count must divide num_clients.
+    """
+    if devices is None:
+        available = jax.device_count()
+        if jax.process_count() == 1 and num_clients is not None:
+            available = max(c for c in range(1, available + 1) if num_clients % c == 0)
+        return parallel.make_mesh(available) if available > 1 else None
+    mesh = parallel.make_mesh(devices)
+    if num_clients is not None:
+        parallel.check_divisible(num_clients, mesh)
+    return mesh if devices > 1 or jax.process_count() > 1 else None
+
+
+def run_preset(
+    name: str, overrides=None, out_dir=None, progress: bool = True, devices: int | None = None
+) -> Path:
+    """Runs a 'run' preset and writes config.json, metrics.csv, summary.json, metrics.png.
+
+    Only process 0 writes; with several devices the clients are sharded.
+    """
     preset = get_preset(name, "run")
     settings = resolve_settings(preset, overrides)
     ifca_synthetic.validate_run(settings)  # before anything is written
+    mesh = choose_mesh(devices, settings["m"])
     out_dir = Path(out_dir) if out_dir else default_out_dir(name)
-    _fresh_dir(out_dir, "config.json")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / "config.json", _config(preset, settings))
-    rows, summary = ifca_synthetic.run(settings, progress=progress)
-    write_csv(out_dir / "metrics.csv", rows)
-    write_json(out_dir / "summary.json", summary)
-    plots.plot_run(
-        rows, out_dir / "metrics.png", title=f"{name}: IFCA, k={settings['k']}, R={settings['R']}",
-        threshold=summary["success_threshold"],
-    )
+    primary = parallel.is_primary()
+    if primary:
+        _fresh_dir(out_dir, "config.json")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json(out_dir / "config.json", _config(preset, settings, mesh))
+    rows, summary = ifca_synthetic.run(settings, progress=progress and primary, mesh=mesh)
+    if primary:
+        write_csv(out_dir / "metrics.csv", rows)
+        write_json(out_dir / "summary.json", summary)
+        plots.plot_run(
+            rows, out_dir / "metrics.png",
+            title=f"{name}: IFCA, k={settings['k']}, R={settings['R']}",
+            threshold=summary["success_threshold"],
+        )
     return out_dir
 
 
 def sweep_preset(
-    name: str, overrides=None, out_dir=None, progress: bool = True, resume: bool = False
+    name: str,
+    overrides=None,
+    out_dir=None,
+    progress: bool = True,
+    resume: bool = False,
+    devices: int | None = None,
 ) -> Path:
-    """Runs a 'sweep' preset: trials.csv (appended per chunk), summary.csv, plots."""
+    """Runs a 'sweep' preset: trials.csv (appended per chunk), summary.csv, plots.
+
+    With several devices the data-seed axis of each chunk is sharded over them.
+    """
     preset = get_preset(name, "sweep")
     settings = resolve_settings(preset, overrides)
     cells = sweep.expand_cells(settings, SWEEP_AXES)
@@ -163,23 +201,28 @@ def sweep_preset(
         raise ValueError(
             f"setting memory_budget_gb must be > 0; got {settings['memory_budget_gb']!r}."
         )
+    mesh = choose_mesh(devices)
     out_dir = Path(out_dir) if out_dir else default_out_dir(name)
-    if not resume:
-        _fresh_dir(out_dir, "trials.csv")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / "config.json", _config(preset, settings))
+    primary = parallel.is_primary()
+    if primary:
+        if not resume:
+            _fresh_dir(out_dir, "trials.csv")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json(out_dir / "config.json", _config(preset, settings, mesh))
     budget = settings["memory_budget_gb"] * 2**30
     summary = sweep.run_sweep(
         cells,
-        ifca_synthetic.seed_trials,
+        lambda cell, seeds: ifca_synthetic.seed_trials(cell, seeds, mesh),
         lambda cell: ifca_synthetic.seeds_per_chunk(cell, budget),
         out_dir,
         axes=SWEEP_AXES,
         trial_columns=TRIAL_COLUMNS,
-        progress=progress,
+        progress=progress and primary,
+        write=primary,
     )
-    sweep.write_summary(summary, out_dir)
-    plots.plot_success(summary, out_dir)
+    if primary:
+        sweep.write_summary(summary, out_dir)
+        plots.plot_success(summary, out_dir)
     return out_dir
 
 

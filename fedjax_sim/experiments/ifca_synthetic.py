@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim import simulate
+from fedjax_sim import parallel, simulate
 from fedjax_sim.algorithms import ifca, with_restarts
 from fedjax_sim.data import check_mixture_settings, linear_mixture
 from fedjax_sim.experiments.settings import require_float, require_int
@@ -66,22 +66,39 @@ def success_threshold(sigma: float, offset: float = 0.0) -> float:
     return 0.6 * sigma + offset
 
 
-def run(s: dict, progress: bool = True):
+def make_problem(s: dict, mesh=None):
+    """The run's data seed; with a mesh, each process builds only its own clients."""
+    key = jax.random.fold_in(jax.random.key(s["seed"]), _DATA)
+    sizes = dict(k=s["k"], m=s["m"], n=s["n"], d=s["d"], sigma=s["sigma"], R=s["R"],
+                 n_test=s["n_test"])
+    if mesh is None or jax.process_count() == 1:
+        return linear_mixture(key, **sizes)
+    ids = parallel.process_client_ids(s["m"], mesh)
+    local = linear_mixture(key, client_ids=jnp.asarray(ids), **sizes)
+    return local._replace(
+        train=parallel.assemble_clients(local.train, s["m"], mesh),
+        test=parallel.assemble_clients(local.test, s["m"], mesh),
+    )
+
+
+def run(s: dict, progress: bool = True, mesh=None):
     """Trains IFCA (with `restarts` random inits in parallel) on one data seed.
 
     The restart reported is the one with the lowest final training loss: a
     choice a user could make without knowing θ* (the sweep protocol instead
     takes the best min_dist, as the official code does).
 
+    Args:
+      s: resolved settings (see RUN_DEFAULTS).
+      progress: draw a progress bar.
+      mesh: optional device mesh; the client axis is sharded over it.
+
     Returns:
       (rows for metrics.csv, summary dict).
     """
     validate_run(s)
     key = jax.random.key(s["seed"])
-    problem = linear_mixture(
-        jax.random.fold_in(key, _DATA), k=s["k"], m=s["m"], n=s["n"], d=s["d"],
-        sigma=s["sigma"], R=s["R"], n_test=s["n_test"],
-    )
+    problem = make_problem(s, mesh)
     model = linear_regression(s["d"])
     base = ifca(
         model, num_clusters=s["k"], learning_rate=s["lr"], option=s["option"],
@@ -90,27 +107,29 @@ def run(s: dict, progress: bool = True):
     algorithm = with_restarts(base, s["restarts"])
     evaluate = jax.jit(algorithm.evaluate)
     dist = jax.jit(jax.vmap(min_dist, in_axes=(0, None)))
-    truth = np.asarray(problem.train.cluster)
+    truth = parallel.to_host(problem.train.cluster)
 
     def metrics(state):
         train, test = evaluate(state, problem.train), evaluate(state, problem.test)
+        train_loss = parallel.to_host(train["client_loss"])  # [restarts, m]
+        test_loss = parallel.to_host(test["client_loss"])
         return {
-            "train_loss": np.asarray(train["client_loss"]).mean(axis=1),
-            "train_loss_worst": np.asarray(train["client_loss"]).max(axis=1),
-            "test_loss": np.asarray(test["client_loss"]).mean(axis=1),
-            "test_loss_worst": np.asarray(test["client_loss"]).max(axis=1),
+            "train_loss": train_loss.mean(axis=1),
+            "train_loss_worst": train_loss.max(axis=1),
+            "test_loss": test_loss.mean(axis=1),
+            "test_loss_worst": test_loss.max(axis=1),
             "cluster_accuracy": np.array([
                 cluster_identity_accuracy(a, truth, s["k"])
-                for a in np.asarray(train["assignment"])
+                for a in parallel.to_host(train["assignment"])
             ]),
-            "min_dist": np.asarray(dist(state.cluster_params, problem.theta_star)),
+            "min_dist": parallel.to_host(dist(state.cluster_params, problem.theta_star)),
         }
 
     start = time.perf_counter()
     _, history = simulate.run(
         algorithm, problem.train, jax.random.fold_in(key, _ROUNDS), rounds=s["rounds"],
         eval_every=s["eval_every"], evaluate=metrics, progress=progress,
-        description="ifca-synthetic",
+        description="ifca-synthetic", mesh=mesh,
     )
     seconds = time.perf_counter() - start
     final = history[-1]
@@ -198,20 +217,28 @@ def cell_min_dist(seed_key, seed_ids, sigma, R, lrs, *, k, m, n, d, rounds, rest
     return jax.vmap(one_seed)(seed_ids)
 
 
-def seed_trials(cell: dict, seed_ids: list[int]) -> list[dict]:
-    """trials.csv rows of the given data seeds of one cell."""
-    dists = np.asarray(
+def seed_trials(cell: dict, seed_ids: list[int], mesh=None) -> list[dict]:
+    """trials.csv rows of the given data seeds of one cell.
+
+    With a mesh, the seed axis is sharded over its devices (padded with extra
+    seeds to a multiple of the device count; their results are dropped).
+    """
+    ids = np.asarray(seed_ids, np.int32)
+    if mesh is not None:
+        pad = -len(ids) % mesh.size
+        ids = np.concatenate([ids, ids.max() + 1 + np.arange(pad, dtype=np.int32)])
+        ids = jax.device_put(ids, parallel.client_sharding(mesh))
+    dists = parallel.to_host(
         cell_min_dist(
             jax.random.key(cell["seed"]),
-            jnp.asarray(seed_ids, jnp.int32),
+            jnp.asarray(ids),
             jnp.float32(cell["sigma"]),
             jnp.float32(cell["R"]),
             jnp.asarray(cell["lr"], jnp.float32),
             k=cell["k"], m=cell["m"], n=cell["n"], d=cell["d"],
             rounds=cell["rounds"], restarts=cell["restarts"],
-        ),
-        np.float64,
-    )
+        )
+    ).astype(np.float64)[: len(seed_ids)]
     threshold = success_threshold(cell["sigma"], cell["threshold_offset"])
     rows = []
     for seed_id, runs in zip(seed_ids, dists, strict=True):
