@@ -7,6 +7,8 @@ import sys
 
 from fedjax_sim.algorithms import ALGORITHMS
 
+EXIT_DIVERGED = 3  # the run stopped on NaN/inf (exit 2: bad input)
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -40,9 +42,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="number of processes (or FEDJAX_SIM_NUM_PROCESSES)")
         p.add_argument("--process-id", type=int, default=None,
                        help="this process's index (or FEDJAX_SIM_PROCESS_ID)")
-        if name == "sweep":
-            p.add_argument("--resume", action="store_true",
-                           help="continue a sweep in --out, skipping rows in its trials.csv")
+        p.add_argument(
+            "--resume", action="store_true",
+            help="continue a sweep in --out, skipping rows in its trials.csv" if name == "sweep"
+            else "continue the run in --out (same settings) from its latest checkpoint",
+        )
     sub.add_parser("list", help="list presets and algorithms")
     return parser
 
@@ -54,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
         parallel.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     from fedjax_sim import experiments
+    from fedjax_sim.simulate import Diverged
 
     try:
         if args.command == "list":
@@ -68,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             out = experiments.run_preset(
                 args.preset, args.overrides, args.out, progress=not args.no_progress,
-                devices=args.devices,
+                devices=args.devices, resume=args.resume,
             )
         else:
             out = experiments.sweep_preset(
@@ -78,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"fedjax-sim: error: {err}", file=sys.stderr)
         return 2
+    except Diverged as err:  # metrics.csv and summary.json are written by then
+        print(f"fedjax-sim: {err}", file=sys.stderr)
+        return EXIT_DIVERGED
     import jax
 
     if jax.process_index() == 0:

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import tempfile
 from pathlib import Path
+
+# RFC 4180 line ends: Python's csv writer quotes a field holding "\r" only
+# when "\r" is part of the terminator, so "\n" alone would corrupt such text.
+_EOL = "\r\n"
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -64,7 +69,9 @@ def write_csv(path, rows: list[dict], columns: list[str] | None = None) -> None:
         def write(self, s):
             lines.append(s)
 
-    writer = csv.DictWriter(_Sink(), fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer = csv.DictWriter(
+        _Sink(), fieldnames=columns, extrasaction="ignore", lineterminator=_EOL
+    )
     writer.writeheader()
     for row in rows:
         writer.writerow({c: _format(row.get(c, "")) for c in columns})
@@ -81,7 +88,9 @@ def append_csv(path, rows: list[dict], columns: list[str]) -> None:
     _drop_partial_line(path)
     new = not path.exists() or path.stat().st_size == 0
     with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+        writer = csv.DictWriter(
+            f, fieldnames=columns, extrasaction="ignore", lineterminator=_EOL
+        )
         if new:
             writer.writeheader()
         for row in rows:
@@ -105,15 +114,15 @@ def _drop_partial_line(path: Path) -> None:
 
 
 def read_csv(path) -> list[dict]:
-    """Rows of a CSV as dicts of strings; a truncated last line is ignored."""
+    """Rows of a CSV as dicts of strings; a last line cut short by a crash is ignored."""
     path = Path(path)
     if not path.exists():
         return []
-    with open(path, newline="") as f:
-        text = f.read()
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]
-    reader = csv.DictReader(text.splitlines())
+    data = path.read_bytes()
+    # Cut at the last newline before decoding, so a crash that split a
+    # multi-byte character does not make the whole file unreadable.
+    text = data[: data.rfind(b"\n") + 1].decode("utf-8")
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     width = len(reader.fieldnames or [])
     return [row for row in reader if len(row) == width and None not in row.values()]
 

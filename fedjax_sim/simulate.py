@@ -1,9 +1,11 @@
-"""The host loop: compiled chunks of rounds (`lax.scan`), evaluation between chunks.
+"""The host loop: compiled chunks of rounds (`lax.scan`), evaluation, checkpoints, divergence.
 
-The Python loop runs only over chunks of rounds, to evaluate, log and draw the
-progress bar; every round inside a chunk is one step of a compiled scan. Round
-t's key is fold_in(round_key, t), so a run's numbers do not depend on the chunk
-length or on when evaluation happens.
+The Python loop runs only over chunks of rounds, to evaluate, checkpoint, watch
+for divergence and draw the progress bar; every round inside a chunk is one
+step of a compiled scan. Round t's key is fold_in(round_key, t), so a run's
+numbers do not depend on the chunk length or on when evaluation happens, and a
+run resumed from a checkpoint continues bit-for-bit: the checkpoint holds the
+whole state, the key and the history, and the chunks after it are the same.
 """
 
 from __future__ import annotations
@@ -18,8 +20,42 @@ from tqdm.auto import tqdm
 
 from fedjax_sim import parallel
 from fedjax_sim.algorithms.base import Algorithm
+from fedjax_sim.checkpoint import RunCheckpoints
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.metrics import summarize_clients
+
+
+class Diverged(RuntimeError):
+    """A run stopped because its state or a metric became NaN or infinite.
+
+    Attributes:
+      round: the first round whose metric (or, failing one, the state or the
+        evaluation after the chunk) was non-finite.
+      metric: the metric's name, or "state leaf <path>".
+      value: "nan", "inf" or "-inf".
+      history: the history rows up to the last good evaluation.
+      checkpoint_round: the round of the last good checkpoint (None: none).
+      checkpoint_dir: where the checkpoints are (None: checkpointing was off).
+    """
+
+    def __init__(self, round, metric, value, history, checkpoint_round=None,
+                 checkpoint_dir=None):
+        self.round = int(round)
+        self.metric = metric
+        self.value = value
+        self.history = history
+        self.checkpoint_round = checkpoint_round
+        self.checkpoint_dir = None if checkpoint_dir is None else str(checkpoint_dir)
+        message = f"run diverged at round {self.round}: {metric} is {value}"
+        if self.checkpoint_dir is not None:
+            where = ("none written yet" if checkpoint_round is None
+                     else f"round {checkpoint_round}")
+            message += f"; last good checkpoint: {where} in {self.checkpoint_dir}"
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (Diverged, (self.round, self.metric, self.value, self.history,
+                           self.checkpoint_round, self.checkpoint_dir))
 
 
 @functools.partial(jax.jit, static_argnames=("algorithm", "length"))
@@ -35,10 +71,159 @@ def run_rounds(algorithm: Algorithm, state, data: FederatedData, round_key, star
     return jax.lax.scan(body, state, start + jnp.arange(length))
 
 
+@functools.partial(jax.jit, static_argnames=("lead",))
+def _all_finite(tree, lead: int):
+    """Per leaf: True where every entry past the first `lead` axes is finite.
+
+    Non-float leaves (ints, PRNG keys) are finite by definition.
+    """
+
+    def reduce(x):
+        keep = min(lead, x.ndim)
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
+            return jnp.ones(x.shape[:keep], bool)
+        return jnp.all(jnp.isfinite(x), axis=tuple(range(keep, x.ndim)))
+
+    return jax.tree.map(reduce, tree)
+
+
+def _kind(values) -> str:
+    """'nan', 'inf' or '-inf': the first non-finite entry of values."""
+    flat = np.asarray(values, np.float64).ravel()
+    bad = flat[~np.isfinite(flat)]
+    if bad.size == 0 or np.isnan(bad[0]):
+        return "nan"
+    return "inf" if bad[0] > 0 else "-inf"
+
+
+def _numeric(value) -> np.ndarray | None:
+    array = np.asarray(value)
+    return array if array.dtype.kind in "fc" else None
+
+
+class _Watch:
+    """Finds divergence after a chunk; with copies, only when every copy has diverged.
+
+    A copy has diverged in a chunk when any of its round metrics, its values in
+    the evaluation row or its state leaves is non-finite. Evaluation values
+    already non-finite at round 0 (e.g. a cluster accuracy without ground
+    truth) are not watched.
+    """
+
+    def __init__(self, copies: int | None, first_row: dict):
+        self.copies = copies
+        self.n = copies or 1
+        self.watched = {
+            name for name, value in first_row.items()
+            if name != "round" and (a := _numeric(value)) is not None and np.isfinite(a).all()
+        }
+
+    def _per_copy(self, ok: np.ndarray, rows: int | None = None) -> np.ndarray:
+        """ok as [rows, n] (or [n]): entries not split by copy apply to every copy."""
+        ok = np.asarray(ok)
+        if rows is None:
+            if self.copies and ok.ndim >= 1 and ok.shape[0] == self.copies:
+                return ok.reshape(self.n, -1).all(axis=1)
+            return np.full(self.n, bool(ok.all()))
+        if self.copies and ok.ndim >= 2 and ok.shape[1] == self.copies:
+            return ok.reshape(rows, self.n, -1).all(axis=2)
+        return np.repeat(ok.reshape(rows, -1).all(axis=1)[:, None], self.n, axis=1)
+
+    def check(self, state, metrics, row, start: int, end: int):
+        """None, or (round, metric name, 'nan'/'inf') of the run's divergence."""
+        lead = 1 if self.copies else 0
+        failures: list = [None] * self.n  # per copy: (round, name, how to read the value)
+        if metrics:
+            metric_ok = jax.tree.map(parallel.to_host, _all_finite(metrics, lead + 1))
+            for name, ok in metric_ok.items():
+                ok = self._per_copy(ok, rows=end - start)
+                for c in range(self.n):
+                    bad = np.flatnonzero(~ok[:, c])
+                    if bad.size and (failures[c] is None or start + 1 + bad[0] < failures[c][0]):
+                        failures[c] = (start + 1 + int(bad[0]), name, ("metric", name, bad[0], c))
+        for name in self.watched if row is not None else ():
+            array = _numeric(row.get(name))
+            if array is None:
+                continue
+            ok = self._per_copy(np.isfinite(array))
+            for c in np.flatnonzero(~ok):
+                if failures[c] is None:
+                    failures[c] = (end, name, ("row", name, None, c))
+        flat, _ = jax.tree_util.tree_flatten_with_path(state)
+        state_ok = jax.tree.map(parallel.to_host, _all_finite([x for _, x in flat], lead))
+        for (path, _), ok in zip(flat, state_ok, strict=True):
+            ok = self._per_copy(ok)
+            for c in np.flatnonzero(~ok):
+                if failures[c] is None:
+                    name = "state leaf " + jax.tree_util.keystr(path, simple=True, separator="/")
+                    failures[c] = (end, name, ("state", path, None, c))
+        if any(f is None for f in failures):
+            return None
+        # The run diverged when its last healthy copy did.
+        t, name, (source, what, i, c) = max(failures, key=lambda f: f[0])
+        if source == "metric":
+            values = parallel.to_host(metrics[what][i])
+        elif source == "row":
+            values = np.asarray(row[what])
+        else:
+            values = parallel.to_host(next(x for p, x in flat if p == what))
+        if self.copies and values.ndim >= 1 and values.shape[0] == self.copies:
+            values = values[c]
+        return t, name, _kind(values)
+
+
 def default_evaluate(algorithm: Algorithm, data: FederatedData) -> Callable[[object], dict]:
     """Average and worst-case client loss (and accuracy) on `data`."""
     evaluate = jax.jit(algorithm.evaluate)
     return lambda state: summarize_clients(evaluate(state, data))
+
+
+def _next_boundary(done: int, rounds: int, every: tuple[int, ...]) -> int:
+    return min(rounds, *((done // e + 1) * e for e in every))
+
+
+def _abstract_state(algorithm, key, data, mesh):
+    """Shapes, dtypes and placements of `algorithm.init`'s state, without computing it."""
+    abstract = jax.eval_shape(algorithm.init, key, data)
+    if mesh is None:
+        return abstract
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype,
+            sharding=parallel.client_sharding(mesh)
+            if x.ndim >= 1 and x.shape[0] == data.num_clients else parallel.replicated(mesh),
+        ),
+        abstract,
+    )
+
+
+def _same_key(a, b) -> bool:
+    def data(k):
+        return np.asarray(jax.random.key_data(k) if jax.dtypes.issubdtype(
+            k.dtype, jax.dtypes.prng_key) else k)
+
+    return np.array_equal(data(a), data(b))
+
+
+def _resume(checkpoints, latest, resume, rounds, algorithm, key, key_init, data, mesh):
+    """(state, history, rounds done) of the latest checkpoint, after checking it may be used."""
+    if not resume:
+        raise ValueError(
+            f"{checkpoints.directory} already holds checkpoints (latest: round {latest}); "
+            "resume from them or choose another checkpoint directory."
+        )
+    if latest > rounds:
+        raise ValueError(
+            f"cannot resume: the latest checkpoint in {checkpoints.directory} is of round "
+            f"{latest}, past rounds={rounds}."
+        )
+    restored = checkpoints.restore(_abstract_state(algorithm, key_init, data, mesh), key, latest)
+    if not _same_key(restored.key, key):
+        raise ValueError(
+            f"cannot resume: the checkpoints in {checkpoints.directory} were written with "
+            "another key (seed)."
+        )
+    return restored.state, restored.history, restored.round
 
 
 def run(
@@ -52,8 +237,17 @@ def run(
     progress: bool = True,
     description: str = "rounds",
     mesh=None,
+    checkpoint_dir=None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
+    copies_axis: bool = False,
 ):
     """Runs `rounds` rounds of `algorithm` on `data`, evaluating every `eval_every`.
+
+    After every chunk of rounds the round metrics of each round, the
+    evaluation row and the state leaves are checked: a NaN or inf stops the
+    run with `Diverged` (no checkpoint of the bad state is written; the last
+    good one stays).
 
     Args:
       algorithm: Algorithm(init, round, evaluate).
@@ -67,37 +261,117 @@ def run(
       progress: draw a tqdm progress bar.
       mesh: optional `jax.sharding.Mesh` (see `parallel.make_mesh`): the client
         axis of `data` and of the per-client state is sharded over it.
+      checkpoint_dir: where to write checkpoints (`checkpoint.RunCheckpoints`;
+        one process only); None: no checkpoints.
+      checkpoint_every: checkpoint after every this many rounds (default:
+        eval_every). Chunks end at multiples of both eval_every and
+        checkpoint_every, and history rows stay at multiples of eval_every
+        (and the last round).
+      resume: continue from the latest checkpoint in checkpoint_dir (from
+        round 0 if there is none). Without it, a checkpoint_dir that already
+        holds checkpoints is refused.
+      copies_axis: the leading axis of every state leaf, round metric and
+        evaluation value holds independent copies of the run (as made by
+        `with_restarts`): a diverged copy is a failed copy and the run goes
+        on; the run diverges only when every copy has. Evaluation values
+        without that axis count for every copy.
 
     Returns:
       (final state, history): history is a list of dict rows, each with
       `round` and the scalar round metrics of the last round before it.
+
+    Raises:
+      Diverged: a NaN or inf appeared (in every copy); it carries the round,
+        the metric, the history up to the last good evaluation and the last
+        good checkpoint.
     """
     if not isinstance(rounds, int) or rounds < 0:
         raise ValueError(f"rounds must be an integer >= 0; got {rounds!r}.")
     if not isinstance(eval_every, int) or eval_every < 1:
         raise ValueError(f"eval_every must be an integer >= 1; got {eval_every!r}.")
+    if checkpoint_every is not None and (
+        not isinstance(checkpoint_every, int) or checkpoint_every < 1
+    ):
+        raise ValueError(
+            f"checkpoint_every must be None or an integer >= 1; got {checkpoint_every!r}."
+        )
+    if resume and checkpoint_dir is None:
+        raise ValueError("resume=True needs the checkpoint_dir to resume from.")
+    if checkpoint_dir is not None and jax.process_count() > 1:
+        raise ValueError(
+            f"checkpoints are written by one process only; this run has "
+            f"{jax.process_count()} processes. Pass checkpoint_dir=None."
+        )
+    every = (eval_every,)
+    checkpoints = None
+    if checkpoint_dir is not None:
+        checkpoint_every = checkpoint_every or eval_every
+        every = (eval_every, checkpoint_every)
+        checkpoints = RunCheckpoints(checkpoint_dir)
     if mesh is not None:
         data = parallel.shard_clients(data, mesh)
     evaluate = evaluate or default_evaluate(algorithm, data)
     key_init, key_rounds = jax.random.split(key)
-    state = jax.jit(algorithm.init)(key_init, data)
-    if mesh is not None:
-        state = parallel.shard_state(state, data.num_clients, mesh)
-    history = [{"round": 0, **evaluate(state)}]
-    done = 0
-    with tqdm(total=rounds, disable=not progress, desc=description, unit="round") as bar:
-        while done < rounds:
-            length = min(eval_every, rounds - done)
-            state, metrics = run_rounds(algorithm, state, data, key_rounds, done, length)
-            done += length
-            last = {
-                name: float(np.asarray(value[-1]))
-                for name, value in metrics.items()
-                if np.ndim(value) == 1
-            }
-            row = {"round": done, **last, **evaluate(state)}
-            history.append(row)
-            bar.update(length)
-            if "loss" in row and np.ndim(row["loss"]) == 0:
-                bar.set_postfix(loss=f"{row['loss']:.4g}")
+
+    state = None
+    last_saved = None
+    if checkpoints is not None and (latest := checkpoints.latest_step()) is not None:
+        try:
+            state, history, done = _resume(
+                checkpoints, latest, resume, rounds, algorithm, key, key_init, data, mesh
+            )
+        except BaseException:
+            checkpoints.close()
+            raise
+        last_saved = done
+
+    if state is None:
+        state = jax.jit(algorithm.init)(key_init, data)
+        if mesh is not None:
+            state = parallel.shard_state(state, data.num_clients, mesh)
+        history = [{"round": 0, **evaluate(state)}]
+        done = 0
+    copies = None
+    if copies_axis:
+        leaves = jax.tree.leaves(state)
+        copies = leaves[0].shape[0] if leaves and leaves[0].ndim else None
+    watch = _Watch(copies, history[0])
+
+    def diverged(found, rows):
+        return Diverged(*found, history=list(rows), checkpoint_round=last_saved,
+                        checkpoint_dir=None if checkpoints is None else checkpoints.directory)
+
+    try:
+        if done == 0 and (found := watch.check(state, {}, None, 0, 0)) is not None:
+            raise diverged(found, history)
+        with tqdm(total=rounds, initial=done, disable=not progress, desc=description,
+                  unit="round") as bar:
+            while done < rounds:
+                end = _next_boundary(done, rounds, every)
+                state, metrics = run_rounds(algorithm, state, data, key_rounds, done, end - done)
+                row = None
+                if end % eval_every == 0 or end == rounds:
+                    last = {
+                        name: float(np.asarray(value[-1]))
+                        for name, value in metrics.items()
+                        if np.ndim(value) == 1
+                    }
+                    row = {"round": end, **last, **evaluate(state)}
+                if (found := watch.check(state, metrics, row, done, end)) is not None:
+                    raise diverged(found, history)
+                if row is not None:
+                    history.append(row)
+                bar.update(end - done)
+                done = end
+                if checkpoints is not None and done % checkpoint_every == 0:
+                    checkpoints.save(done, state, key, history)
+                    last_saved = done
+                if row is not None and "loss" in row and np.ndim(row["loss"]) == 0:
+                    bar.set_postfix(loss=f"{row['loss']:.4g}")
+    finally:
+        if checkpoints is not None:
+            checkpoints.close()
     return state, history
+
+
+__all__ = ["Diverged", "default_evaluate", "run", "run_rounds"]

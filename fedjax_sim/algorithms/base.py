@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 State = Any
@@ -37,7 +38,7 @@ def client_optimizer(optimizer, learning_rate) -> optax.GradientTransformation:
         return optimizer
     if learning_rate is None:
         raise ValueError("give either an optax optimizer or a learning_rate.")
-    if isinstance(learning_rate, (int, float)) and not (learning_rate >= 0):
+    if isinstance(learning_rate, (int, float, np.number)) and not (learning_rate >= 0):
         raise ValueError(f"learning_rate must be a number >= 0; got {learning_rate!r}.")
     return optax.sgd(learning_rate)
 

@@ -28,11 +28,15 @@ from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy
 from fedjax_sim.ops import (
     assign_clusters,
+    check_client_chunk,
     client_keys,
     cluster_losses,
+    divide_segments,
     local_update,
+    map_client_chunks,
     sample_uniform,
-    segment_average,
+    scan_client_chunks,
+    segment_totals,
 )
 
 OPTIONS = ("gradient", "model")
@@ -63,24 +67,31 @@ def _check(num_clusters, option, local_steps, batch_size, participation, weighti
         raise ValueError(f"stable_rounds must be None or an integer >= 1; got {stable_rounds!r}.")
 
 
-def evaluate_clusters(model: Model, cluster_params, data: FederatedData) -> dict:
+def evaluate_clusters(
+    model: Model, cluster_params, data: FederatedData, client_chunk: int | None = None
+) -> dict:
     """Each client uses the cluster model with the lowest loss on `data`.
 
     This is the official IFCA evaluation: on test data each test client picks
-    its argmin-loss model on its own test data (PAPERS.md §1.5).
+    its argmin-loss model on its own test data (PAPERS.md §1.5). With
+    client_chunk set, clients are evaluated that many at a time.
     """
-    losses = cluster_losses(model, cluster_params, data)
-    assignment = assign_clusters(losses)
-    out = {
-        "client_loss": jnp.take_along_axis(losses, assignment[:, None], axis=1)[:, 0],
-        "assignment": assignment,
-    }
-    if model.correct is not None:
-        params = jax.tree.map(lambda p: p[assignment], cluster_params)
-        out["client_accuracy"] = jax.vmap(lambda p, x, y, n: client_accuracy(model, p, x, y, n))(
-            params, data.x, data.y, data.num_examples
-        )
-    return out
+
+    def evaluate_part(part: FederatedData) -> dict:
+        losses = cluster_losses(model, cluster_params, part)
+        assignment = assign_clusters(losses)
+        out = {
+            "client_loss": jnp.take_along_axis(losses, assignment[:, None], axis=1)[:, 0],
+            "assignment": assignment,
+        }
+        if model.correct is not None:
+            params = jax.tree.map(lambda p: p[assignment], cluster_params)
+            out["client_accuracy"] = jax.vmap(
+                lambda p, x, y, n: client_accuracy(model, p, x, y, n)
+            )(params, part.x, part.y, part.num_examples)
+        return out
+
+    return map_client_chunks(evaluate_part, data, client_chunk)
 
 
 def ifca(
@@ -97,6 +108,7 @@ def ifca(
     stable_rounds: int | None = None,
     init_params=None,
     fixed_assignment: bool = False,
+    client_chunk: int | None = None,
 ) -> Algorithm:
     """Builds IFCA.
 
@@ -126,11 +138,18 @@ def ifca(
         k independent `model.init` draws.
       fixed_assignment: used by one-shot clustering: never re-assign; the
         state's assignment is kept as given by init.
+      client_chunk: None processes the whole cohort at once; else this many
+        clients at a time inside the round (and in evaluate), so peak memory
+        is O(client_chunk × model size): option I sums the chunks' gradient
+        contributions, option II the chunks' per-cluster weighted sums of
+        trained models, never holding [m, ...] trained models. Same result up
+        to float summation order (see `fedjax_sim.memory` to pick a size).
 
     Returns:
       Algorithm(init, round, evaluate) with state IFCAState.
     """
     _check(num_clusters, option, local_steps, batch_size, participation, weighting, stable_rounds)
+    check_client_chunk(client_chunk)
     k = num_clusters
     opt = client_optimizer(optimizer, learning_rate)
 
@@ -152,12 +171,7 @@ def ifca(
         m = data.num_clients
         s = cohort_size(m, participation)
         key_cohort, key_local = jax.random.split(key)
-        if s < m:
-            ids = sample_uniform(key_cohort, m, s)
-            cohort = data.take(ids)
-        else:
-            ids = jnp.arange(m, dtype=jnp.int32)
-            cohort = data
+        ids = sample_uniform(key_cohort, m, s) if s < m else jnp.arange(m, dtype=jnp.int32)
         params = state.cluster_params
         prev = state.assignment[ids]
         if stable_rounds is None:
@@ -167,23 +181,26 @@ def ifca(
         if fixed_assignment:
             frozen = jnp.ones((s,), bool)
 
-        def choose(losses):
+        def choose(losses, frozen, prev):
             return jnp.where(frozen, prev, assign_clusters(losses))
 
-        if option == "gradient":
+        # Both options reduce the cohort to sums that add over clients, so a
+        # chunk of clients contributes its part and padding clients (valid
+        # False) contribute nothing.
+        def gradient_part(cohort, ids, prev, frozen, valid):
             # One forward pass gives the [s, k] loss matrix; its VJP with the
             # one-hot assignment is Σ_i s_ij ∇F_i(θ_j) for all j at once.
             losses, vjp = jax.vjp(lambda p: cluster_losses(model, p, cohort), params)
-            assignment = choose(losses)
+            assignment = choose(losses, frozen, prev)
             onehot = jax.nn.one_hot(assignment, k, dtype=losses.dtype)
+            if valid is not None:
+                onehot = onehot * valid[:, None].astype(onehot.dtype)
             (grad_sum,) = vjp(onehot)
-            grads = jax.tree.map(lambda g: g / s, grad_sum)
-            updates, opt_state = opt.update(grads, state.opt_state, params)
-            new_params = optax.apply_updates(params, updates)
-            counts = onehot.sum(0)
-        else:
+            return grad_sum, (losses, assignment)
+
+        def model_part(cohort, ids, prev, frozen, valid):
             losses = cluster_losses(model, params, cohort)
-            assignment = choose(losses)
+            assignment = choose(losses, frozen, prev)
             start = jax.tree.map(lambda p: p[assignment], params)
             trained, _, _ = local_update(
                 model,
@@ -195,11 +212,41 @@ def ifca(
                 batch_size=batch_size,
             )
             weights = (
-                cohort.num_examples.astype(jnp.float32) if weighting == "examples" else None
+                cohort.num_examples.astype(jnp.float32)
+                if weighting == "examples"
+                else jnp.ones((ids.shape[0],), jnp.float32)
             )
-            new_params, _ = segment_average(trained, assignment, k, weights, fallback=params)
-            counts = jnp.zeros((k,)).at[assignment].add(1.0)
+            # Segment id k is out of range: segment_totals drops padding clients.
+            segment = assignment if valid is None else jnp.where(valid, assignment, k)
+            return segment_totals(trained, segment, k, weights), (losses, assignment)
+
+        part_sums = gradient_part if option == "gradient" else model_part
+        if client_chunk is None:
+            cohort = data.take(ids) if s < m else data
+            sums, (losses, assignment) = part_sums(cohort, ids, prev, frozen, None)
+        else:
+
+            def add_chunk(acc, part, valid):
+                ids_c, prev_c, frozen_c = part
+                sums_c, out = part_sums(data.take(ids_c), ids_c, prev_c, frozen_c, valid)
+                return optax.tree.add(acc, sums_c), out
+
+            zero = optax.tree.zeros_like(params)
+            if option == "model":
+                zero = (zero, jnp.zeros((k,), jnp.float32))
+            sums, (losses, assignment) = scan_client_chunks(
+                add_chunk, zero, (ids, prev, frozen), client_chunk
+            )
+
+        if option == "gradient":
+            grads = jax.tree.map(lambda g: g / s, sums)
+            updates, opt_state = opt.update(grads, state.opt_state, params)
+            new_params = optax.apply_updates(params, updates)
+        else:
+            totals, seg_weight = sums
+            new_params = divide_segments(totals, seg_weight, fallback=params)
             opt_state = state.opt_state
+        counts = jnp.zeros((k,)).at[assignment].add(1.0)
 
         same = assignment == prev
         stable = state.stable.at[ids].set(jnp.where(same, state.stable[ids] + 1, 0))
@@ -221,6 +268,6 @@ def ifca(
         return new_state, metrics
 
     def evaluate(state: IFCAState, data: FederatedData) -> dict:
-        return evaluate_clusters(model, state.cluster_params, data)
+        return evaluate_clusters(model, state.cluster_params, data, client_chunk)
 
     return Algorithm(init, round_, evaluate)

@@ -11,7 +11,7 @@ import optax
 from fedjax_sim.algorithms.base import Algorithm, client_optimizer
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
-from fedjax_sim.ops import client_keys, local_update
+from fedjax_sim.ops import check_client_chunk, client_keys, local_update, map_client_chunks
 
 
 class LocalState(NamedTuple):
@@ -27,6 +27,7 @@ def local_models(
     local_steps: int = 1,
     batch_size: int | None = None,
     shared_init: bool = True,
+    client_chunk: int | None = None,
 ) -> Algorithm:
     """Builds the local-only baseline: one "round" is τ local steps on every client.
 
@@ -34,9 +35,13 @@ def local_models(
       shared_init: start every client from the same `model.init(key)` (as the
         one-shot baseline needs, so local models are comparable); otherwise
         client i starts from `model.init(fold_in(key, i))`.
+      client_chunk: None trains (and evaluates) all clients at once; else this
+        many at a time, so gradients, optimizer states and activations exist
+        for one chunk only (the state itself is [m, ...] either way).
     """
     if not isinstance(local_steps, int) or local_steps < 1:
         raise ValueError(f"local_steps must be an integer >= 1; got {local_steps!r}.")
+    check_client_chunk(client_chunk)
     opt = client_optimizer(optimizer, learning_rate)
 
     def init(key, data: FederatedData) -> LocalState:
@@ -52,22 +57,26 @@ def local_models(
         ids = jnp.arange(data.num_clients)
         params, _, losses = local_update(
             model, opt, state.params, data, client_keys(key, ids),
-            num_steps=local_steps, batch_size=batch_size,
+            num_steps=local_steps, batch_size=batch_size, client_chunk=client_chunk,
         )
         return LocalState(params, state.round + 1), {"train_loss": jnp.mean(losses[:, 0])}
 
     def evaluate(state: LocalState, data: FederatedData) -> dict:
-        def per_client(fn):
-            return jax.vmap(lambda p, x, y, n: fn(model, p, x, y, n))(
-                state.params, data.x, data.y, data.num_examples
-            )
+        def evaluate_part(part) -> dict:
+            params, x, y, n = part
 
-        out = {
-            "client_loss": per_client(client_loss),
-            "assignment": jnp.full((data.num_clients,), -1, jnp.int32),
-        }
-        if model.correct is not None:
-            out["client_accuracy"] = per_client(client_accuracy)
-        return out
+            def per_client(fn):
+                return jax.vmap(lambda p, x, y, n: fn(model, p, x, y, n))(params, x, y, n)
+
+            out = {
+                "client_loss": per_client(client_loss),
+                "assignment": jnp.full((x.shape[0],), -1, jnp.int32),
+            }
+            if model.correct is not None:
+                out["client_accuracy"] = per_client(client_accuracy)
+            return out
+
+        clients = (state.params, data.x, data.y, data.num_examples)
+        return map_client_chunks(evaluate_part, clients, client_chunk)
 
     return Algorithm(init, round_, evaluate)

@@ -35,16 +35,24 @@ def one_shot_clustering(
     participation: float = 1.0,
     weighting: str = "uniform",
     kmeans_restarts: int = 8,
+    client_chunk: int | None = None,
 ) -> Algorithm:
-    """Builds one-shot clustering; its rounds are per-cluster FedAvg with fixed assignments."""
+    """Builds one-shot clustering; its rounds are per-cluster FedAvg with fixed assignments.
+
+    client_chunk (None: all clients at once) bounds the memory of the local
+    pre-training, the rounds and evaluation as in `local_models` and `ifca`;
+    k-means itself still sees all m flattened local models.
+    """
     if not isinstance(pretrain_steps, int) or pretrain_steps < 1:
         raise ValueError(f"pretrain_steps must be an integer >= 1; got {pretrain_steps!r}.")
     opt = client_optimizer(optimizer, learning_rate)
-    local = local_models(model, opt, local_steps=pretrain_steps, batch_size=batch_size)
+    local = local_models(
+        model, opt, local_steps=pretrain_steps, batch_size=batch_size, client_chunk=client_chunk
+    )
     clustered = ifca(
         model, opt, num_clusters=num_clusters, option="model", local_steps=local_steps,
         batch_size=batch_size, participation=participation, weighting=weighting,
-        fixed_assignment=True,
+        fixed_assignment=True, client_chunk=client_chunk,
     )
 
     def init(key, data: FederatedData) -> IFCAState:

@@ -16,6 +16,31 @@ import numpy as np
 from flax import struct
 
 
+def _to_device(a: np.ndarray, name: str, rows: np.ndarray) -> jax.Array:
+    """The device array of a, refusing non-numbers and values the device dtype would change.
+
+    With 64-bit JAX off (the default), float64 becomes float32 and int64
+    becomes int32: 1e300 would silently turn into inf and 2**40 into 0.
+    """
+    if a.dtype.kind not in "biuf":
+        raise ValueError(
+            f"{name} must hold numbers (bool, int or float); got dtype {a.dtype}."
+        )
+    if a.dtype.kind == "f" and not np.all(np.isfinite(a[rows])):
+        raise ValueError(f"{name} has NaN or inf values in real (unpadded) rows.")
+    dev = jnp.asarray(a)
+    if dev.dtype != a.dtype:
+        back = np.asarray(dev).astype(a.dtype)
+        if not np.array_equal(back[rows], a[rows]) and not (
+            a.dtype.kind == "f" and np.allclose(back[rows], a[rows], rtol=1e-6, atol=0)
+        ):
+            raise ValueError(
+                f"{name} has values that do not fit the device dtype {dev.dtype} "
+                f"(converted from {a.dtype}); rescale them or enable jax_enable_x64."
+            )
+    return dev
+
+
 @struct.dataclass
 class FederatedData:
     """m clients, padded to n_max examples each.
@@ -89,13 +114,12 @@ class FederatedData:
             raise ValueError(f"cluster must have shape [m]=({m},); got {cluster.shape}.")
         if not np.issubdtype(cluster.dtype, np.integer):
             raise ValueError(f"cluster must be integers; got dtype {cluster.dtype}.")
-        if np.issubdtype(x.dtype, np.floating):
-            rows = np.arange(n_max)[None, :] < num_examples[:, None]
-            if not np.all(np.isfinite(x[rows])):
-                raise ValueError("x has NaN or inf values in real (unpadded) rows.")
+        rows = np.arange(n_max)[None, :] < num_examples[:, None]
+        x_dev = _to_device(x, "x", rows)
+        y_dev = _to_device(y, "y", rows)
         return cls(
-            x=jnp.asarray(x),
-            y=jnp.asarray(y),
+            x=x_dev,
+            y=y_dev,
             num_examples=jnp.asarray(num_examples, jnp.int32),
             cluster=jnp.asarray(cluster, jnp.int32),
         )

@@ -9,6 +9,7 @@ JAX function of a key, so a sweep can build many data seeds inside one `vmap`.
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -35,7 +36,7 @@ def check_mixture_settings(k: int, m: int, n: int, d: int, sigma: float, R: floa
             f"m must be divisible by k (clusters are contiguous and equal-size); got m={m}, k={k}."
         )
     for name, value in (("sigma", sigma), ("R", R)):
-        if not (float(value) >= 0.0):  # also rejects NaN
+        if not (math.isfinite(float(value)) and float(value) >= 0.0):
             raise ValueError(f"{name} must be a finite number >= 0; got {value!r}.")
 
 

@@ -5,16 +5,17 @@ from __future__ import annotations
 import datetime
 import platform
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
 
 import fedjax_sim
-from fedjax_sim import parallel, plots, sweep
+from fedjax_sim import parallel, plots, simulate, sweep
 from fedjax_sim.experiments import ifca_synthetic
 from fedjax_sim.experiments.settings import parse_assignments, resolve
-from fedjax_sim.io import write_csv, write_json
+from fedjax_sim.io import read_json, write_csv, write_json
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,12 @@ def _config(preset: Preset, settings: dict, mesh=None) -> dict:
         "processes": jax.process_count(),
         "python": platform.python_version(),
         "command": sys.argv,
-        "started": datetime.datetime.now().isoformat(timespec="seconds"),
+        "started": _now(),
     }
+
+
+def _now() -> str:
+    return datetime.datetime.now().isoformat(timespec="seconds")
 
 
 def default_out_dir(name: str) -> Path:
@@ -151,12 +156,45 @@ def choose_mesh(devices: int | None, num_clients: int | None = None):
     return mesh if devices > 1 or jax.process_count() > 1 else None
 
 
+def _check_resumable(out_dir: Path, settings: dict) -> dict:
+    """The config.json of the run to resume in out_dir; ValueError unless its settings match."""
+    path = out_dir / "config.json"
+    if not path.exists():
+        raise ValueError(
+            f"cannot resume: {out_dir} holds no config.json (no run was started there)."
+        )
+    config = read_json(path)
+    saved = config.get("settings", {})
+    differ = sorted(k for k in saved.keys() | settings.keys() if saved.get(k) != settings.get(k))
+    if differ:
+        changes = ", ".join(f"{k} ({saved.get(k)!r} there, {settings.get(k)!r} now)"
+                            for k in differ)
+        raise ValueError(
+            f"cannot resume {out_dir}: settings differ from its config.json: {changes}. "
+            "Resume with the same settings, or start a new run in another --out."
+        )
+    return config
+
+
 def run_preset(
-    name: str, overrides=None, out_dir=None, progress: bool = True, devices: int | None = None
+    name: str,
+    overrides=None,
+    out_dir=None,
+    progress: bool = True,
+    devices: int | None = None,
+    resume: bool = False,
 ) -> Path:
     """Runs a 'run' preset and writes config.json, metrics.csv, summary.json, metrics.png.
 
-    Only process 0 writes; with several devices the clients are sharded.
+    Checkpoints go to OUT/checkpoints every `checkpoint_every` rounds; with
+    resume=True the run in out_dir (same settings) continues from its latest
+    checkpoint. Only process 0 writes; with several devices the clients are
+    sharded; with several processes checkpoints are off (orbax would need
+    every process to write a shared directory).
+
+    Raises:
+      simulate.Diverged: every restart went NaN/inf; metrics.csv (up to the
+        last good evaluation) and summary.json ("diverged": true) are written first.
     """
     preset = get_preset(name, "run")
     settings = resolve_settings(preset, overrides)
@@ -164,11 +202,32 @@ def run_preset(
     mesh = choose_mesh(devices, settings["m"])
     out_dir = Path(out_dir) if out_dir else default_out_dir(name)
     primary = parallel.is_primary()
-    if primary:
+    checkpoint_dir = out_dir / "checkpoints" if settings["checkpoint_every"] else None
+    if jax.process_count() > 1:
+        if resume:
+            raise ValueError(
+                "--resume needs checkpoints, which are written in single-process runs only."
+            )
+        checkpoint_dir = None
+        if primary and settings["checkpoint_every"]:
+            warnings.warn(
+                "checkpoints are off in a multi-process run (orbax would need every process "
+                "to write a shared directory).", stacklevel=2,
+            )
+    config = _config(preset, settings, mesh)
+    if resume:
+        previous = _check_resumable(out_dir, settings)
+        config["started"] = previous.get("started", config["started"])
+        config["resumed"] = [*previous.get("resumed", []), _now()]
+    elif primary:
         _fresh_dir(out_dir, "config.json")
+    if primary:
         out_dir.mkdir(parents=True, exist_ok=True)
-        write_json(out_dir / "config.json", _config(preset, settings, mesh))
-    rows, summary = ifca_synthetic.run(settings, progress=progress and primary, mesh=mesh)
+        write_json(out_dir / "config.json", config)
+    rows, summary = ifca_synthetic.run(
+        settings, progress=progress and primary, mesh=mesh,
+        checkpoint_dir=checkpoint_dir, resume=resume,
+    )
     if primary:
         write_csv(out_dir / "metrics.csv", rows)
         write_json(out_dir / "summary.json", summary)
@@ -176,6 +235,12 @@ def run_preset(
             rows, out_dir / "metrics.png",
             title=f"{name}: IFCA, k={settings['k']}, R={settings['R']}",
             threshold=summary["success_threshold"],
+        )
+    if "diverged_round" in summary:
+        raise simulate.Diverged(
+            summary["diverged_round"], summary["diverged_metric"], summary["diverged_value"],
+            history=rows, checkpoint_round=summary["last_checkpoint_round"],
+            checkpoint_dir=checkpoint_dir.absolute() if checkpoint_dir else None,
         )
     return out_dir
 
@@ -195,6 +260,8 @@ def sweep_preset(
     preset = get_preset(name, "sweep")
     settings = resolve_settings(preset, overrides)
     cells = sweep.expand_cells(settings, SWEEP_AXES)
+    if not cells:
+        raise ValueError("the sweep has no cells: every axis needs at least one value.")
     for cell in cells:  # every cell is checked before anything is written
         ifca_synthetic.validate_cell(cell)
     if not settings["memory_budget_gb"] > 0:

@@ -23,7 +23,7 @@ import numpy as np
 from fedjax_sim import parallel, simulate
 from fedjax_sim.algorithms import ifca, with_restarts
 from fedjax_sim.data import check_mixture_settings, linear_mixture
-from fedjax_sim.experiments.settings import require_float, require_int
+from fedjax_sim.experiments.settings import require_float, require_int, require_seed
 from fedjax_sim.metrics import cluster_identity_accuracy, min_dist
 from fedjax_sim.models import linear_regression
 
@@ -46,6 +46,7 @@ RUN_DEFAULTS = {
     "option": "gradient",
     "local_steps": 1,
     "participation": 1.0,
+    "checkpoint_every": 50,  # rounds between checkpoints; 0: none
 }
 
 
@@ -54,7 +55,8 @@ def validate_run(s: dict) -> None:
     require_float(s, "lr")
     for key in ("rounds", "restarts", "eval_every", "local_steps", "n_test"):
         require_int(s, key)
-    require_int(s, "seed", minimum=0)
+    require_seed(s)
+    require_int(s, "checkpoint_every", minimum=0)
     if s["option"] not in ("gradient", "model"):
         raise ValueError(f"setting option must be 'gradient' or 'model'; got {s['option']!r}.")
     if not 0 < s["participation"] <= 1:
@@ -81,20 +83,27 @@ def make_problem(s: dict, mesh=None):
     )
 
 
-def run(s: dict, progress: bool = True, mesh=None):
+def run(s: dict, progress: bool = True, mesh=None, checkpoint_dir=None, resume: bool = False):
     """Trains IFCA (with `restarts` random inits in parallel) on one data seed.
 
     The restart reported is the one with the lowest final training loss: a
     choice a user could make without knowing θ* (the sweep protocol instead
-    takes the best min_dist, as the official code does).
+    takes the best min_dist, as the official code does). A restart whose
+    state or loss goes NaN/inf is a failed restart; the run diverges only
+    when every restart has, and then reports the last good evaluation.
 
     Args:
       s: resolved settings (see RUN_DEFAULTS).
       progress: draw a progress bar.
       mesh: optional device mesh; the client axis is sharded over it.
+      checkpoint_dir: where to checkpoint every `checkpoint_every` rounds
+        (None or checkpoint_every=0: no checkpoints).
+      resume: continue from the latest checkpoint in checkpoint_dir.
 
     Returns:
-      (rows for metrics.csv, summary dict).
+      (rows for metrics.csv, summary dict). A diverged run's summary has
+      "diverged": true, "diverged_round", "diverged_metric", "diverged_value"
+      and "last_checkpoint_round" (None: no checkpoint was written).
     """
     validate_run(s)
     key = jax.random.key(s["seed"])
@@ -125,12 +134,19 @@ def run(s: dict, progress: bool = True, mesh=None):
             "min_dist": parallel.to_host(dist(state.cluster_params, problem.theta_star)),
         }
 
+    every = s.get("checkpoint_every", 0)
     start = time.perf_counter()
-    _, history = simulate.run(
-        algorithm, problem.train, jax.random.fold_in(key, _ROUNDS), rounds=s["rounds"],
-        eval_every=s["eval_every"], evaluate=metrics, progress=progress,
-        description="ifca-synthetic", mesh=mesh,
-    )
+    diverged = None
+    try:
+        _, history = simulate.run(
+            algorithm, problem.train, jax.random.fold_in(key, _ROUNDS), rounds=s["rounds"],
+            eval_every=s["eval_every"], evaluate=metrics, progress=progress,
+            description="ifca-synthetic", mesh=mesh,
+            checkpoint_dir=checkpoint_dir if every else None,
+            checkpoint_every=every or None, resume=resume and bool(every), copies_axis=True,
+        )
+    except simulate.Diverged as err:
+        history, diverged = err.history, err
     seconds = time.perf_counter() - start
     final = history[-1]
     losses = np.where(np.isfinite(final["train_loss"]), final["train_loss"], np.inf)
@@ -143,15 +159,22 @@ def run(s: dict, progress: bool = True, mesh=None):
     summary = {
         "best_restart": best,
         "final": rows[-1],
-        "success": bool(rows[-1]["min_dist"] < threshold),
+        "success": bool(diverged is None and rows[-1]["min_dist"] < threshold),
         "success_threshold": threshold,
-        "diverged": bool(not np.isfinite(rows[-1]["train_loss"])),
+        "diverged": bool(diverged is not None or not np.isfinite(rows[-1]["train_loss"])),
         "restarts_final_train_loss": final["train_loss"].tolist(),
         "restarts_final_min_dist": final["min_dist"].tolist(),
         "least_squares_floor": least_squares_floor(s),
         "seconds": seconds,
         "rounds_per_second": s["rounds"] / seconds if seconds > 0 else float("nan"),
     }
+    if diverged is not None:
+        summary.update(
+            diverged_round=diverged.round,
+            diverged_metric=diverged.metric,
+            diverged_value=diverged.value,
+            last_checkpoint_round=diverged.checkpoint_round,
+        )
     return rows, summary
 
 
@@ -175,7 +198,7 @@ def validate_cell(cell: dict) -> None:
     require_float(cell, "lr")
     for key in ("rounds", "restarts", "seeds"):
         require_int(cell, key)
-    require_int(cell, "seed", minimum=0)
+    require_seed(cell)
     require_float(cell, "threshold_offset")
 
 

@@ -29,7 +29,7 @@ def _convert(key: str, text: str, like):
             raise ValueError
         if isinstance(like, int):
             value = float(text)
-            if value != int(value):
+            if not math.isfinite(value) or value != int(value):
                 raise ValueError
             return int(value)
         if isinstance(like, float):
@@ -61,6 +61,8 @@ def resolve(
         like = defaults[key]
         like_item = like[0] if isinstance(like, list) else like
         parts = [p for p in text.split(",") if p.strip()] if "," in text else [text]
+        if not parts or not parts[0].strip():
+            raise ValueError(f"setting {key}: empty value {text!r}.")
         if len(parts) > 1 and key not in list_keys:
             raise ValueError(
                 f"setting {key} takes one value here; got the list {text!r}."
@@ -70,10 +72,18 @@ def resolve(
     return settings
 
 
-def require_int(settings: dict, key: str, minimum: int = 1) -> None:
+def require_int(
+    settings: dict, key: str, minimum: int = 1, maximum: int | None = None
+) -> None:
     for value in _values(settings[key]):
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ValueError(f"setting {key} must be an integer >= {minimum}; got {value!r}.")
+        if (
+            not isinstance(value, int)
+            or isinstance(value, bool)
+            or value < minimum
+            or (maximum is not None and value > maximum)
+        ):
+            bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+            raise ValueError(f"setting {key} must be an integer {bounds}; got {value!r}.")
 
 
 def require_float(settings: dict, key: str, minimum: float = 0.0) -> None:
@@ -82,6 +92,14 @@ def require_float(settings: dict, key: str, minimum: float = 0.0) -> None:
             raise ValueError(
                 f"setting {key} must be a finite number >= {minimum}; got {value!r}."
             )
+
+
+MAX_SEED = 2**32 - 1
+
+
+def require_seed(settings: dict, key: str = "seed") -> None:
+    """A seed jax.random.key takes on every platform."""
+    require_int(settings, key, minimum=0, maximum=MAX_SEED)
 
 
 def _values(v):

@@ -1,6 +1,7 @@
 """The vectorized kernels. Each is one jit-compiled function over stacked clients."""
 
-from fedjax_sim.ops.aggregation import segment_average
+from fedjax_sim.ops.aggregation import divide_segments, segment_average, segment_totals
+from fedjax_sim.ops.chunking import check_client_chunk, map_client_chunks, scan_client_chunks
 from fedjax_sim.ops.clustering import assign_clusters, cluster_losses
 from fedjax_sim.ops.kmeans import kmeans
 from fedjax_sim.ops.local_update import client_keys, client_update, local_update, sample_batch
@@ -10,16 +11,21 @@ from fedjax_sim.ops.simplex import project_simplex
 
 __all__ = [
     "assign_clusters",
+    "check_client_chunk",
     "client_keys",
     "client_update",
     "cluster_losses",
-    "local_update",
+    "divide_segments",
     "kmeans",
+    "local_update",
+    "map_client_chunks",
     "mixup",
     "mixup_client",
     "project_simplex",
     "sample_batch",
     "sample_uniform",
     "sample_weighted",
+    "scan_client_chunks",
     "segment_average",
+    "segment_totals",
 ]

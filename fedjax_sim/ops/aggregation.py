@@ -39,23 +39,58 @@ def segment_average(
     m = segment_ids.shape[0]
     if weights is None:
         weights = jnp.ones((m,), jnp.float32)
-    weights = weights.astype(jnp.float32)
-    seg_weight = jax.ops.segment_sum(weights, segment_ids, num_segments)
+    totals, seg_weight = segment_totals(values, segment_ids, num_segments, weights)
     if normalize == "segment":
         denom = seg_weight
     else:
-        denom = jnp.full((num_segments,), jnp.sum(weights))
-    nonempty = denom > 0
-
-    def reduce(leaf, fb):
-        w = weights.reshape((m,) + (1,) * (leaf.ndim - 1)).astype(leaf.dtype)
-        total = jax.ops.segment_sum(w * leaf, segment_ids, num_segments)
-        shape = (num_segments,) + (1,) * (leaf.ndim - 1)
-        mean = total / jnp.maximum(denom, 1e-30).reshape(shape).astype(leaf.dtype)
-        return jnp.where(nonempty.reshape(shape), mean, fb)
-
+        denom = jnp.full((num_segments,), jnp.sum(weights.astype(jnp.float32)))
     if fallback is None:
         fallback = jax.tree.map(
             lambda v: jnp.zeros((num_segments,) + v.shape[1:], v.dtype), values
         )
-    return jax.tree.map(reduce, values, fallback), seg_weight
+    return divide_segments(totals, seg_weight, fallback, denom), seg_weight
+
+
+def segment_totals(values, segment_ids: jax.Array, num_segments: int, weights: jax.Array):
+    """Per-segment weighted sums Σ_{i: id_i = j} w_i values[i], and Σ w_i.
+
+    The additive half of `segment_average`: sums over chunks of clients add
+    up to the sums over all of them, so a chunked round accumulates these and
+    divides once (`divide_segments`).
+
+    Args:
+      values: pytree, leaves [m, ...].
+      segment_ids: [m] ints; ids outside [0, num_segments) are dropped.
+      num_segments: k.
+      weights: [m] non-negative weights.
+
+    Returns:
+      (totals with leaves [k, ...], [k] float32 segment weights).
+    """
+    m = segment_ids.shape[0]
+    weights = weights.astype(jnp.float32)
+    seg_weight = jax.ops.segment_sum(weights, segment_ids, num_segments)
+
+    def total(leaf):
+        w = weights.reshape((m,) + (1,) * (leaf.ndim - 1)).astype(leaf.dtype)
+        return jax.ops.segment_sum(w * leaf, segment_ids, num_segments)
+
+    return jax.tree.map(total, values), seg_weight
+
+
+def divide_segments(totals, seg_weight: jax.Array, fallback, denom: jax.Array | None = None):
+    """totals / denom per segment (denom: the segment weights by default).
+
+    A segment of zero weight gets `fallback` (leaves [k, ...]) whatever the
+    denominator: IFCA keeps an empty cluster's model.
+    """
+    if denom is None:
+        denom = seg_weight
+    nonempty = seg_weight > 0
+
+    def divide(total, fb):
+        shape = (denom.shape[0],) + (1,) * (total.ndim - 1)
+        mean = total / jnp.maximum(denom, 1e-30).reshape(shape).astype(total.dtype)
+        return jnp.where(nonempty.reshape(shape), mean, fb)
+
+    return jax.tree.map(divide, totals, fallback)

@@ -9,18 +9,21 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_sim.models.core import Model
+from fedjax_sim.ops.chunking import map_client_chunks
 
 
 def sample_batch(key, num_examples, n_max: int, batch_size: int):
     """Row indices of one minibatch of a client, without replacement.
 
-    Returns (idx [batch_size], mask [batch_size]). When the client has fewer
-    than batch_size real rows, the batch is all of them and the rest is masked.
+    Returns (idx [b], mask [b]), b = min(batch_size, n_max). When the client
+    has fewer than batch_size real rows, the batch is all of them and the rest
+    is masked.
     """
     rows = jnp.arange(n_max)
     scores = jnp.where(rows < num_examples, jax.random.uniform(key, (n_max,)), jnp.inf)
-    idx = jnp.argsort(scores)[:batch_size]
-    mask = jnp.arange(batch_size) < num_examples
+    size = min(batch_size, n_max)  # a batch larger than the padded width is all rows
+    idx = jnp.argsort(scores)[:size]
+    mask = jnp.arange(size) < num_examples
     return idx, mask
 
 
@@ -92,7 +95,9 @@ def client_update(
 
 @functools.partial(
     jax.jit,
-    static_argnames=("model", "optimizer", "num_steps", "batch_size", "batch_loss"),
+    static_argnames=(
+        "model", "optimizer", "num_steps", "batch_size", "batch_loss", "client_chunk"
+    ),
 )
 def local_update(
     model: Model,
@@ -105,6 +110,7 @@ def local_update(
     batch_size: int | None = None,
     snapshot_step=None,
     batch_loss=None,
+    client_chunk: int | None = None,
 ):
     """`client_update` on every client of `data`, each from its own params.
 
@@ -112,6 +118,9 @@ def local_update(
       params: pytree, leaves [m, ...] (client i starts from params[i]).
       data: FederatedData with m clients.
       keys: [m] PRNG keys, one per client.
+      client_chunk: None trains all clients at once; else this many at a time
+        (static): the gradients, optimizer states and activations then exist
+        for one chunk only (the [m, ...] inputs and outputs still do).
       (the rest as in `client_update`; snapshot_step is shared by all clients)
 
     Returns:
@@ -126,7 +135,11 @@ def local_update(
         snapshot_step=snapshot_step,
         batch_loss=batch_loss,
     )
-    return jax.vmap(one)(params, data.x, data.y, data.num_examples, keys)
+    return map_client_chunks(
+        lambda part: jax.vmap(one)(*part),
+        (params, data.x, data.y, data.num_examples, keys),
+        client_chunk,
+    )
 
 
 def client_keys(key, client_ids: jax.Array) -> jax.Array:

@@ -1,0 +1,190 @@
+"""Sharded == unsharded: every algorithm on 1, 2 and 4 (forced CPU) devices, and two processes.
+
+JAX fixes its device count when it initialises, so each configuration runs in a
+fresh subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=N.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from fedjax_sim import ALGORITHMS
+
+# Settings of each registered algorithm for the check; a new algorithm must be added here.
+ALGORITHM_KWARGS = {
+    "ifca": [
+        {"num_clusters": 2, "learning_rate": 0.1},
+        {"num_clusters": 2, "learning_rate": 0.1, "option": "model", "local_steps": 2,
+         "batch_size": 3, "participation": 0.5, "stable_rounds": 2},
+    ],
+    "fedavg": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5}],
+    "local": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3}],
+    "oneshot": [{"num_clusters": 2, "learning_rate": 0.1, "pretrain_steps": 10}],
+}
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import jax, numpy as np
+    from fedjax_sim import ALGORITHMS, FederatedData, linear_regression, simulate
+    from fedjax_sim.parallel import make_mesh
+
+    cases = json.loads(sys.argv[1])
+    rng = np.random.default_rng(0)
+    counts = [1, 6, 4, 6, 2, 5, 6, 3]
+    truth = [0, 0, 0, 0, 1, 1, 1, 1]
+    theta = np.stack([np.ones(5), -np.ones(5)]).astype(np.float32)
+    xs = [rng.normal(size=(c, 5)).astype(np.float32) for c in counts]
+    ys = [x @ theta[t] + 0.1 * rng.normal(size=len(x)).astype(np.float32)
+          for x, t in zip(xs, truth)]
+    data = FederatedData.from_clients(xs, ys, cluster=truth)
+    model = linear_regression(5)
+    out = {}
+    for devices in (1, 2, 4):
+        mesh = None if devices == 1 else make_mesh(devices)
+        for name, index, kwargs in cases:
+            if devices == 2 and (name, index) != ("ifca", 0):
+                continue  # 2 devices for one algorithm; 1 vs 4 for all of them
+            algorithm = ALGORITHMS[name](model, **kwargs)
+            state, history = simulate.run(
+                algorithm, data, jax.random.key(7), rounds=5, eval_every=5,
+                progress=False, mesh=mesh,
+            )
+            ev = algorithm.evaluate(state, data)
+            out[f"{name}/{index}/{devices}"] = {
+                "leaves": [np.asarray(x).tolist() for x in jax.tree.leaves(state)],
+                "assignment": np.asarray(ev["assignment"]).tolist(),
+                "client_loss": np.asarray(ev["client_loss"]).tolist(),
+                "history": history,
+            }
+    print("RESULT" + json.dumps(out))
+    """
+)
+
+
+def _run(script_args, devices=4, timeout=600):
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, *script_args],
+        capture_output=True, text=True, env=env, timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
+    return json.loads(line[len("RESULT"):])
+
+
+def test_every_registered_algorithm_has_a_sharding_case():
+    assert set(ALGORITHM_KWARGS) == set(ALGORITHMS)
+
+
+@pytest.mark.slow
+def test_sharded_equals_unsharded_for_every_algorithm():
+    cases = [
+        [name, i, kwargs]
+        for name, kwarg_list in ALGORITHM_KWARGS.items()
+        for i, kwargs in enumerate(kwarg_list)
+    ]
+    results = _run([json.dumps(cases)])
+    assert "ifca/0/2" in results
+    for name, i, _ in cases:
+        base = results[f"{name}/{i}/1"]
+        for devices in (2, 4):
+            if f"{name}/{i}/{devices}" not in results:
+                continue
+            got = results[f"{name}/{i}/{devices}"]
+            where = f"{name} case {i} on {devices} devices"
+            assert got["assignment"] == base["assignment"], where
+            np.testing.assert_allclose(
+                got["client_loss"], base["client_loss"], rtol=1e-5, atol=1e-6, err_msg=where
+            )
+            assert len(got["leaves"]) == len(base["leaves"])
+            for a, b in zip(got["leaves"], base["leaves"], strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=where)
+            for row_a, row_b in zip(got["history"], base["history"], strict=True):
+                assert row_a.keys() == row_b.keys()
+                for key in row_a:
+                    np.testing.assert_allclose(row_a[key], row_b[key], rtol=1e-5, atol=1e-6,
+                                               err_msg=f"{where}: {key}")
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _cli(args, devices=1, env_extra=None, **kw):
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+           **(env_extra or {})}
+    return subprocess.Popen(
+        [sys.executable, "-m", "fedjax_sim.cli", *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw,
+    )
+
+
+def _assert_same_metrics(a, b, rtol=1e-5):
+    rows_a, rows_b = _rows(a / "metrics.csv"), _rows(b / "metrics.csv")
+    assert [r["round"] for r in rows_a] == [r["round"] for r in rows_b]
+    for ra, rb in zip(rows_a, rows_b, strict=True):
+        assert ra["cluster_accuracy"] == rb["cluster_accuracy"]
+        for key in ra:
+            np.testing.assert_allclose(float(ra[key]), float(rb[key]), rtol=rtol, atol=1e-7,
+                                       err_msg=key)
+
+
+@pytest.mark.slow
+def test_sweep_on_four_devices_equals_one(tmp_path):
+    args = ["sweep", "ifca-success-small", "--set", "R=0.4", "seeds=6", "rounds=20",
+            "restarts=2", "--no-progress", "--out"]
+    one = _cli([*args, str(tmp_path / "one")], devices=1)
+    assert one.wait(timeout=600) == 0, one.stdout.read()
+    four = _cli([*args, str(tmp_path / "four"), "--devices", "4"], devices=4)
+    assert four.wait(timeout=600) == 0, four.stdout.read()
+    assert json.loads((tmp_path / "four" / "config.json").read_text())["mesh_devices"] == 4
+    rows_one = _rows(tmp_path / "one" / "trials.csv")
+    rows_four = _rows(tmp_path / "four" / "trials.csv")
+    assert len(rows_one) == len(rows_four) == 6
+    for a, b in zip(rows_one, rows_four, strict=True):
+        assert (a["R"], a["data_seed"], a["success"]) == (b["R"], b["data_seed"], b["success"])
+        np.testing.assert_allclose(float(a["best_min_dist"]), float(b["best_min_dist"]),
+                                   rtol=1e-4)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_equal_one(tmp_path):
+    """`--distributed` on two local CPU processes (gloo) reproduces the one-process run."""
+    settings = ["--set", "rounds=20", "eval_every=10", "restarts=3", "--no-progress"]
+    single = _cli(["run", "ifca-synthetic-tiny", *settings, "--out", str(tmp_path / "one")])
+    assert single.wait(timeout=600) == 0, single.stdout.read()
+    port = _free_port()
+    procs = [
+        _cli(["run", "ifca-synthetic-tiny", *settings, "--out", str(tmp_path / "two"),
+              "--distributed", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+              "--process-id", str(i)])
+        for i in range(2)
+    ]
+    try:
+        codes = [p.wait(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    logs = [p.stdout.read() for p in procs]
+    assert codes == [0, 0], logs
+    config = json.loads((tmp_path / "two" / "config.json").read_text())
+    assert config["processes"] == 2 and config["mesh_devices"] == 2
+    _assert_same_metrics(tmp_path / "one", tmp_path / "two")
+    assert "wrote" in logs[0] and "wrote" not in logs[1]  # only process 0 writes
