@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--out", default=None, help="output directory (default runs/PRESET-TIME)")
         p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+        p.add_argument("--memory-budget", type=float, default=None, metavar="GB",
+                       help="memory budget in GiB: the client axis (sweep: seeds) is processed "
+                            "in chunks that fit (same as --set memory_budget_gb=GB)")
         p.add_argument("--devices", type=int, default=None,
                        help="devices to shard the clients (sweep: data seeds) over "
                             "(default: all that divide m)")
@@ -53,6 +56,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if getattr(args, "memory_budget", None) is not None:
+        args.overrides.append(f"memory_budget_gb={args.memory_budget}")
     if getattr(args, "distributed", False):
         from fedjax_sim import parallel
 

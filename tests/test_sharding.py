@@ -86,34 +86,37 @@ def test_every_registered_algorithm_has_a_sharding_case():
     assert set(ALGORITHM_KWARGS) == set(ALGORITHMS)
 
 
+CASES = [
+    (name, i, kwargs)
+    for name, kwarg_list in ALGORITHM_KWARGS.items()
+    for i, kwargs in enumerate(kwarg_list)
+]
+
+
 @pytest.mark.slow
-def test_sharded_equals_unsharded_for_every_algorithm():
-    cases = [
-        [name, i, kwargs]
-        for name, kwarg_list in ALGORITHM_KWARGS.items()
-        for i, kwargs in enumerate(kwarg_list)
-    ]
-    results = _run([json.dumps(cases)])
-    assert "ifca/0/2" in results
-    for name, i, _ in cases:
-        base = results[f"{name}/{i}/1"]
-        for devices in (2, 4):
-            if f"{name}/{i}/{devices}" not in results:
-                continue
-            got = results[f"{name}/{i}/{devices}"]
-            where = f"{name} case {i} on {devices} devices"
-            assert got["assignment"] == base["assignment"], where
-            np.testing.assert_allclose(
-                got["client_loss"], base["client_loss"], rtol=1e-5, atol=1e-6, err_msg=where
-            )
-            assert len(got["leaves"]) == len(base["leaves"])
-            for a, b in zip(got["leaves"], base["leaves"], strict=True):
-                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=where)
-            for row_a, row_b in zip(got["history"], base["history"], strict=True):
-                assert row_a.keys() == row_b.keys()
-                for key in row_a:
-                    np.testing.assert_allclose(row_a[key], row_b[key], rtol=1e-5, atol=1e-6,
-                                               err_msg=f"{where}: {key}")
+@pytest.mark.parametrize(("name", "i", "kwargs"), CASES, ids=[f"{n}-{i}" for n, i, _ in CASES])
+def test_sharded_equals_unsharded(name, i, kwargs):
+    results = _run([json.dumps([[name, i, kwargs]])])
+    base = results[f"{name}/{i}/1"]
+    for devices in (2, 4):
+        if f"{name}/{i}/{devices}" not in results:
+            continue
+        got = results[f"{name}/{i}/{devices}"]
+        where = f"{name} case {i} on {devices} devices"
+        assert got["assignment"] == base["assignment"], where
+        np.testing.assert_allclose(
+            got["client_loss"], base["client_loss"], rtol=1e-5, atol=1e-6, err_msg=where
+        )
+        assert len(got["leaves"]) == len(base["leaves"])
+        for a, b in zip(got["leaves"], base["leaves"], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=where)
+        for row_a, row_b in zip(got["history"], base["history"], strict=True):
+            assert row_a.keys() == row_b.keys()
+            for key in row_a:
+                np.testing.assert_allclose(row_a[key], row_b[key], rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{where}: {key}")
+    if (name, i) == ("ifca", 0):
+        assert f"{name}/{i}/2" in results
 
 
 def _rows(path):

@@ -24,6 +24,7 @@ from fedjax_sim import parallel, simulate
 from fedjax_sim.algorithms import ifca, with_restarts
 from fedjax_sim.data import check_mixture_settings, linear_mixture
 from fedjax_sim.experiments.settings import require_float, require_int, require_seed
+from fedjax_sim.memory import choose_client_chunk
 from fedjax_sim.metrics import cluster_identity_accuracy, min_dist
 from fedjax_sim.models import linear_regression
 
@@ -46,7 +47,8 @@ RUN_DEFAULTS = {
     "option": "gradient",
     "local_steps": 1,
     "participation": 1.0,
-    "checkpoint_every": 50,  # rounds between checkpoints; 0: none
+    "checkpoint_every": 50,
+    "memory_budget_gb": 0.0,  # rounds between checkpoints; 0: none
 }
 
 
@@ -57,6 +59,7 @@ def validate_run(s: dict) -> None:
         require_int(s, key)
     require_seed(s)
     require_int(s, "checkpoint_every", minimum=0)
+    require_float(s, "memory_budget_gb")
     if s["option"] not in ("gradient", "model"):
         raise ValueError(f"setting option must be 'gradient' or 'model'; got {s['option']!r}.")
     if not 0 < s["participation"] <= 1:
@@ -109,9 +112,16 @@ def run(s: dict, progress: bool = True, mesh=None, checkpoint_dir=None, resume: 
     key = jax.random.key(s["seed"])
     problem = make_problem(s, mesh)
     model = linear_regression(s["d"])
+    client_chunk = None
+    if s["memory_budget_gb"] > 0:
+        client_chunk = choose_client_chunk(
+            model, problem.train, s["memory_budget_gb"] * 2**30, option=s["option"],
+            num_clusters=s["k"], copies=s["restarts"],
+        )
     base = ifca(
         model, num_clusters=s["k"], learning_rate=s["lr"], option=s["option"],
         local_steps=s["local_steps"], participation=s["participation"],
+        client_chunk=client_chunk,
     )
     algorithm = with_restarts(base, s["restarts"])
     evaluate = jax.jit(algorithm.evaluate)
@@ -158,6 +168,7 @@ def run(s: dict, progress: bool = True, mesh=None, checkpoint_dir=None, resume: 
     threshold = success_threshold(s["sigma"])
     summary = {
         "best_restart": best,
+        "client_chunk": client_chunk,
         "final": rows[-1],
         "success": bool(diverged is None and rows[-1]["min_dist"] < threshold),
         "success_threshold": threshold,
