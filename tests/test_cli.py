@@ -71,6 +71,7 @@ def test_run_is_deterministic(tmp_path):
         ("run", ["m=10.5"], "setting m: cannot read"),
         ("run", ["R=0.1,0.2"], "setting R takes one value here"),
         ("run", ["rounds=0"], "rounds must be an integer >= 1"),
+        ("run", ["memory_budget_gb=0.00000001"], "memory budget"),
         ("sweep", ["k=0"], "k must be an integer >= 1"),
         ("sweep", ["m=30"], "m must be divisible by k"),
         ("sweep", ["lr=0.1,-1"], "lr must be a finite number >= 0"),

@@ -47,8 +47,8 @@ RUN_DEFAULTS = {
     "option": "gradient",
     "local_steps": 1,
     "participation": 1.0,
-    "checkpoint_every": 50,
-    "memory_budget_gb": 0.0,  # rounds between checkpoints; 0: none
+    "checkpoint_every": 50,  # rounds between checkpoints; 0: none
+    "memory_budget_gb": 0.0,  # GiB for the client axis; 0: no limit
 }
 
 
@@ -60,6 +60,27 @@ def validate_run(s: dict) -> None:
     require_seed(s)
     require_int(s, "checkpoint_every", minimum=0)
     require_float(s, "memory_budget_gb")
+    plan_client_chunk(s)  # a budget below the data itself fails here, before any write
+
+
+def plan_client_chunk(s: dict):
+    """The client_chunk that fits memory_budget_gb (None: no budget, or all fits).
+
+    Uses only shapes (`jax.eval_shape`), so it runs before anything is built.
+    """
+    if s["memory_budget_gb"] <= 0:
+        return None
+    shapes = jax.eval_shape(
+        lambda key: linear_mixture(
+            key, k=s["k"], m=s["m"], n=s["n"], d=s["d"], sigma=s["sigma"], R=s["R"],
+            n_test=s["n_test"],
+        ),
+        jax.random.key(0),
+    )
+    return choose_client_chunk(
+        linear_regression(s["d"]), shapes.train, s["memory_budget_gb"] * 2**30,
+        option=s["option"], num_clusters=s["k"], copies=s["restarts"],
+    )
     if s["option"] not in ("gradient", "model"):
         raise ValueError(f"setting option must be 'gradient' or 'model'; got {s['option']!r}.")
     if not 0 < s["participation"] <= 1:
@@ -112,12 +133,7 @@ def run(s: dict, progress: bool = True, mesh=None, checkpoint_dir=None, resume: 
     key = jax.random.key(s["seed"])
     problem = make_problem(s, mesh)
     model = linear_regression(s["d"])
-    client_chunk = None
-    if s["memory_budget_gb"] > 0:
-        client_chunk = choose_client_chunk(
-            model, problem.train, s["memory_budget_gb"] * 2**30, option=s["option"],
-            num_clusters=s["k"], copies=s["restarts"],
-        )
+    client_chunk = plan_client_chunk(s)
     base = ifca(
         model, num_clusters=s["k"], learning_rate=s["lr"], option=s["option"],
         local_steps=s["local_steps"], participation=s["participation"],
