@@ -60,6 +60,10 @@ def validate_run(s: dict) -> None:
     require_seed(s)
     require_int(s, "checkpoint_every", minimum=0)
     require_float(s, "memory_budget_gb")
+    if s["option"] not in ("gradient", "model"):
+        raise ValueError(f"setting option must be 'gradient' or 'model'; got {s['option']!r}.")
+    if not 0 < s["participation"] <= 1:
+        raise ValueError(f"setting participation must be in (0, 1]; got {s['participation']!r}.")
     plan_client_chunk(s)  # a budget below the data itself fails here, before any write
 
 
@@ -81,10 +85,6 @@ def plan_client_chunk(s: dict):
         linear_regression(s["d"]), shapes.train, s["memory_budget_gb"] * 2**30,
         option=s["option"], num_clusters=s["k"], copies=s["restarts"],
     )
-    if s["option"] not in ("gradient", "model"):
-        raise ValueError(f"setting option must be 'gradient' or 'model'; got {s['option']!r}.")
-    if not 0 < s["participation"] <= 1:
-        raise ValueError(f"setting participation must be in (0, 1]; got {s['participation']!r}.")
 
 
 def success_threshold(sigma: float, offset: float = 0.0) -> float:
