@@ -235,28 +235,12 @@ def test_sample_batch_masks():
             assert np.all((real >= 0) & (real < n))
 
 
-def test_local_update_batch_as_large_as_client_equals_full_batch(ragged, linear_model):
-    """A batch that holds every real row is the full batch, for any key."""
-    m, d = ragged.num_clients, ragged.x.shape[-1]
-    start = _cluster_params(m, d, seed=7)
-    keys = jax.random.split(jax.random.key(1), m)
-    full, _, _ = local_update(linear_model, optax.sgd(0.05), start, ragged, keys, num_steps=3)
-    mini, _, _ = local_update(
-        linear_model,
-        optax.sgd(0.05),
-        start,
-        ragged,
-        keys,
-        num_steps=3,
-        batch_size=ragged.max_examples,
-    )
-    chex.assert_trees_all_close(mini, full, rtol=RTOL, atol=ATOL)
+@pytest.mark.parametrize("extra_rows", [0, 2], ids=["as-large-as-client", "larger-than-padding"])
+def test_local_update_batch_holding_every_row_equals_full_batch(ragged, linear_model, extra_rows):
+    """A batch that holds every real row is the full batch, for any key.
 
-
-def test_local_update_batch_larger_than_padding_equals_full_batch(ragged, linear_model):
-    """sample_batch's contract: a client with fewer than batch_size rows uses all of them.
-
-    That must hold even when batch_size exceeds the padded width n_max.
+    sample_batch's contract: a client with fewer than batch_size rows uses all
+    of them, even when batch_size exceeds the padded width n_max.
     """
     m, d = ragged.num_clients, ragged.x.shape[-1]
     start = _cluster_params(m, d, seed=7)
@@ -269,7 +253,7 @@ def test_local_update_batch_larger_than_padding_equals_full_batch(ragged, linear
         ragged,
         keys,
         num_steps=3,
-        batch_size=ragged.max_examples + 2,
+        batch_size=ragged.max_examples + extra_rows,
     )
     chex.assert_trees_all_close(mini, full, rtol=RTOL, atol=ATOL)
 

@@ -444,14 +444,19 @@ def _run_decision(preset, overrides):
     return settings_
 
 
-def _assert_run_writes_nothing(name, overrides, expected_message):
+def _assert_writes_nothing(driver, name, overrides, expected_message):
+    """`driver` (run_preset or sweep_preset) refuses the settings and creates nothing."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp, "runs", "out")
+        out = Path(tmp, "out", "dir")
         with pytest.raises(ValueError) as info:
-            experiments.run_preset(name, overrides, out, progress=False)
+            driver(name, overrides, out, progress=False)
         assert str(info.value) == expected_message
-        assert not out.parent.exists(), "run_preset created a directory for bad settings"
+        assert not out.parent.exists(), f"{driver.__name__} created a directory for bad settings"
         _no_temp_files(Path(tmp), set())
+
+
+def _assert_run_writes_nothing(name, overrides, expected_message):
+    _assert_writes_nothing(experiments.run_preset, name, overrides, expected_message)
 
 
 @settings(max_examples=250, deadline=None)
@@ -612,12 +617,7 @@ def _assert_sane_sweep(preset, s, cells):
 
 
 def _assert_sweep_writes_nothing(name, overrides, expected_message):
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp, "sweeps", "out")
-        with pytest.raises(ValueError) as info:
-            experiments.sweep_preset(name, overrides, out, progress=False)
-        assert str(info.value) == expected_message
-        assert not out.parent.exists(), "sweep_preset created a directory for bad settings"
+    _assert_writes_nothing(experiments.sweep_preset, name, overrides, expected_message)
 
 
 @settings(max_examples=200, deadline=None)
