@@ -57,6 +57,7 @@ except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import fedjax_sim
 
+from fedjax_sim import backend
 from fedjax_sim.algorithms.ifca import ifca
 from fedjax_sim.data.synthetic import linear_mixture
 from fedjax_sim.models.core import linear_regression
@@ -193,7 +194,7 @@ def bench_config(m, n, d, k, *, vec_budget_s, loop_budget_s, loop_max_rounds, bl
 
     # Vectorized: compile apart (AOT), then a first call.
     t0 = time.perf_counter()
-    compiled = jax.jit(alg.round).lower(state0, data, key_list[0]).compile()
+    compiled = backend.jit(alg.round, d).lower(state0, data, key_list[0]).compile()
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     state1, _ = compiled(state0, data, key_list[0])
@@ -208,7 +209,7 @@ def bench_config(m, n, d, k, *, vec_budget_s, loop_budget_s, loop_max_rounds, bl
         return jax.lax.scan(lambda s, key: (alg.round(s, data, key)[0], None), state, keys)[0]
 
     scan_keys = round_keys[:scan_len]
-    scanned = jax.jit(many).lower(state1, data, scan_keys).compile()
+    scanned = backend.jit(many, d).lower(state1, data, scan_keys).compile()
     jax.block_until_ready(scanned(state1, data, scan_keys))
 
     # The same round processing `client_chunk` clients at a time (ifca's
@@ -223,7 +224,7 @@ def bench_config(m, n, d, k, *, vec_budget_s, loop_budget_s, loop_max_rounds, bl
     except TypeError:  # a fedjax_sim without client_chunk
         alg_c = None
     if alg_c is not None:
-        chunked = jax.jit(alg_c.round).lower(state0, data, key_list[0]).compile()
+        chunked = backend.jit(alg_c.round, d).lower(state0, data, key_list[0]).compile()
         state1_c, _ = chunked(state0, data, key_list[0])
         jax.block_until_ready(state1_c)
 
@@ -397,7 +398,7 @@ def bench_sweep_cell(cell: dict, seeds: int, matmul_gflops: float, log) -> dict:
 
     t0 = time.perf_counter()
     data0, theta_star0 = make_data(key0)  # `_mixture` compiles here, unless already cached
-    train_c = jax.jit(train).lower(data0, theta_star0).compile()
+    train_c = backend.jit(train, d).lower(data0, theta_star0).compile()
     compile_s = time.perf_counter() - t0
     del data0, theta_star0
 

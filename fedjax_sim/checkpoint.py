@@ -19,6 +19,15 @@ opened. The newest `max_to_keep` steps are kept.
 
 The directory is created on the first save, so a run shorter than its
 checkpoint interval leaves none behind.
+
+Under several processes (`jax.distributed`) every process calls `save` and
+`restore` together on the same (shared) directory, as orbax's multi-host
+checkpointing expects: each process writes the shards its devices hold,
+process 0 writes the metadata and the JSON and commits the step. A restore
+gives each process its own shards of the target's sharding. Arrays that live
+on one process only (the base key, or a run without a mesh that every
+process computes in full) are saved as one array replicated over every
+device, and come back on this process's first device.
 """
 
 from __future__ import annotations
@@ -54,12 +63,52 @@ def _keystr(path) -> str:
     return jax.tree_util.keystr(path, simple=True, separator="/")
 
 
+def _process_local(x) -> bool:
+    """Under several processes: whether x is on this process only (not a global array)."""
+    if jax.process_count() == 1:
+        return False
+    sharding = getattr(x, "sharding", None)
+    return sharding is None or sharding.is_fully_addressable
+
+
+def _replicated_everywhere() -> jax.sharding.NamedSharding:
+    """Replicated over every device of every process."""
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ("devices",))
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+
+def _global(x):
+    """x as an array orbax can save under several processes.
+
+    Orbax refuses a process-local array there ("Cannot serialize host local
+    jax.Array ... in multi-host setting"). Such a leaf holds the same value on
+    every process (the key every process was given, or state every process
+    computes in full), so it is saved as one replicated global array.
+    """
+    if not _process_local(x):
+        return x
+    return jax.make_array_from_process_local_data(_replicated_everywhere(), np.asarray(x))
+
+
 def _placed(x):
     """A ShapeDtypeStruct of x with a sharding (orbax needs one to restore onto)."""
-    sharding = getattr(x, "sharding", None) or jax.sharding.SingleDeviceSharding(
-        jax.devices()[0]
-    )
+    if _process_local(x):
+        sharding = _replicated_everywhere()  # then `_localized` to this process
+    else:
+        sharding = getattr(x, "sharding", None) or jax.sharding.SingleDeviceSharding(
+            jax.devices()[0]
+        )
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+def _localized(x, like):
+    """A restored leaf placed like the abstract `like`: process-local ones back on this process."""
+    if not _process_local(like):
+        return x
+    sharding = getattr(like, "sharding", None) or jax.sharding.SingleDeviceSharding(
+        jax.local_devices()[0]
+    )
+    return jax.device_put(x.addressable_data(0), sharding)
 
 
 def _key_data_like(x):
@@ -102,8 +151,8 @@ def decode_history(value):
 class RunCheckpoints:
     """The checkpoints of one run in `directory` (orbax `CheckpointManager`, synchronous).
 
-    Single-process only: under several processes orbax needs every process to
-    save a shared directory, which the run drivers do not set up.
+    Under several processes every method is collective: every process calls
+    it, in the same order, on the same shared directory.
     """
 
     def __init__(self, directory, max_to_keep: int = 2):
@@ -127,9 +176,19 @@ class RunCheckpoints:
             )
         return self._manager
 
+    def _exists(self) -> bool:
+        exists = self.directory.exists()
+        if jax.process_count() > 1:
+            # Opening the manager syncs the processes, so they must all choose
+            # alike: process 0's view decides.
+            from jax.experimental import multihost_utils
+
+            exists = bool(multihost_utils.broadcast_one_to_all(np.int32(exists)))
+        return exists
+
     def steps(self) -> list[int]:
         """Rounds with a complete checkpoint, oldest first."""
-        if not self.directory.exists():
+        if self._manager is None and not self._exists():
             return []
         return sorted(self._open().all_steps())
 
@@ -152,6 +211,7 @@ class RunCheckpoints:
             "history": encode_history(history),
         }
         items = {"state": saveable, "key": jax.random.key_data(key) if typed else key}
+        items = jax.tree.map(_global, items)
         ocp = _orbax()
         manager = self._open()
         manager.save(
@@ -197,10 +257,11 @@ class RunCheckpoints:
         impls = progress["state_key_impls"]
         restored_flat = jax.tree_util.tree_leaves(restored[_STATE]["state"])
         leaves = [
-            jax.random.wrap_key_data(x, impl=impls[_keystr(p)]) if _is_key(a) else x
+            jax.random.wrap_key_data(_localized(x, a), impl=impls[_keystr(p)]) if _is_key(a)
+            else _localized(x, a)
             for (p, a), x in zip(flat, restored_flat, strict=True)
         ]
-        key = restored[_STATE]["key"]
+        key = _localized(restored[_STATE]["key"], abstract_key)
         if progress["key_impl"] is not None:
             key = jax.random.wrap_key_data(key, impl=progress["key_impl"])
         return Restored(

@@ -115,6 +115,14 @@ def is_primary() -> bool:
     return jax.process_index() == 0
 
 
+def sync_processes(name: str) -> None:
+    """Waits until every process has reached the barrier `name` (nothing with one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
 def process_client_ids(num_clients: int, mesh: Mesh) -> np.ndarray:
     """The client ids whose rows live on this process's devices, in global order."""
     check_divisible(num_clients, mesh)

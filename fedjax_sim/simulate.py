@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from fedjax_sim import parallel
+from fedjax_sim import backend, parallel
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.checkpoint import RunCheckpoints
 from fedjax_sim.data.federated import FederatedData
@@ -58,17 +58,24 @@ class Diverged(RuntimeError):
                            self.checkpoint_round, self.checkpoint_dir))
 
 
-@functools.partial(jax.jit, static_argnames=("algorithm", "length"))
-def run_rounds(algorithm: Algorithm, state, data: FederatedData, round_key, start, length: int):
-    """Rounds start, ..., start + length − 1 as one `lax.scan`.
-
-    Returns (state, metrics of every round stacked on a leading [length] axis).
-    """
-
+def _run_rounds(algorithm: Algorithm, state, data: FederatedData, round_key, start, length: int):
     def body(s, t):
         return algorithm.round(s, data, jax.random.fold_in(round_key, t))
 
     return jax.lax.scan(body, state, start + jnp.arange(length))
+
+
+def run_rounds(algorithm: Algorithm, state, data: FederatedData, round_key, start, length: int):
+    """Rounds start, ..., start + length − 1 as one jit-compiled `lax.scan`.
+
+    Compiled with `backend.compiler_options` for the data's feature size.
+
+    Returns (state, metrics of every round stacked on a leading [length] axis).
+    """
+    compiled = backend.jit(
+        _run_rounds, backend.feature_size(data), static_argnames=("algorithm", "length")
+    )
+    return compiled(algorithm, state, data, round_key, start, length)
 
 
 @functools.partial(jax.jit, static_argnames=("lead",))
@@ -174,7 +181,7 @@ class _Watch:
 
 def default_evaluate(algorithm: Algorithm, data: FederatedData) -> Callable[[object], dict]:
     """Average and worst-case client loss (and accuracy) on `data`."""
-    evaluate = jax.jit(algorithm.evaluate)
+    evaluate = backend.jit(algorithm.evaluate, backend.feature_size(data))
     return lambda state: summarize_clients(evaluate(state, data))
 
 
@@ -261,8 +268,9 @@ def run(
       progress: draw a tqdm progress bar.
       mesh: optional `jax.sharding.Mesh` (see `parallel.make_mesh`): the client
         axis of `data` and of the per-client state is sharded over it.
-      checkpoint_dir: where to write checkpoints (`checkpoint.RunCheckpoints`;
-        one process only); None: no checkpoints.
+      checkpoint_dir: where to write checkpoints (`checkpoint.RunCheckpoints`);
+        None: no checkpoints. Under several processes every process passes
+        the same directory, on storage they share; each writes its shards.
       checkpoint_every: checkpoint after every this many rounds (default:
         eval_every). Chunks end at multiples of both eval_every and
         checkpoint_every, and history rows stay at multiples of eval_every
@@ -297,11 +305,6 @@ def run(
         )
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs the checkpoint_dir to resume from.")
-    if checkpoint_dir is not None and jax.process_count() > 1:
-        raise ValueError(
-            f"checkpoints are written by one process only; this run has "
-            f"{jax.process_count()} processes. Pass checkpoint_dir=None."
-        )
     every = (eval_every,)
     checkpoints = None
     if checkpoint_dir is not None:

@@ -21,10 +21,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fedjax_sim.data import FederatedData
-from fedjax_sim.models import mlp_classifier
+from fedjax_sim.models import Model, mlp_classifier
 from fedjax_sim.ops import (
     assign_clusters,
     client_keys,
+    cluster_gradient_sums,
     cluster_losses,
     kmeans,
     local_update,
@@ -99,6 +100,76 @@ def test_cluster_losses_flax_model_ignores_padding():
             p = jax.tree.map(lambda a, j=j: np.asarray(a[j]), params)
             want = 0.0 if s == 0 else np.mean(_np_mlp_losses(p, xs[i], ys[i]))
             np.testing.assert_allclose(got[i, j], want, rtol=1e-4, atol=1e-5)
+
+
+def _without_fused(model: Model) -> Model:
+    """The same model with its stacked/fused kernels removed: the generic vmap/VJP path."""
+    return model._replace(cluster_losses=None, cluster_grad_sums=None)
+
+
+def test_linear_model_carries_fused_kernels(linear_model):
+    # Otherwise the tests below would compare the generic path with itself.
+    assert linear_model.cluster_losses is not None
+    assert linear_model.cluster_grad_sums is not None
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "generic"])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_cluster_gradient_sums_equals_per_client_loop(ragged, linear_model, ref, k, fused):
+    """losses, argmin assignment and Σ_{i→j} w_i ∇F_i(θ_j), with a left-out client (w = 0)."""
+    model = linear_model if fused else _without_fused(linear_model)
+    params = _cluster_params(k, ragged.x.shape[-1], seed=k)
+    weights = jnp.asarray([1.0, 2.0, 1.0, 0.0, 0.5][: ragged.num_clients], jnp.float32)
+    losses, assignment, sums = jax.jit(
+        lambda p, d, w: cluster_gradient_sums(model, p, d, weights=w)
+    )(params, ragged, weights)
+    m, d = ragged.num_clients, ragged.x.shape[-1]
+    chex.assert_shape((losses, assignment, sums), ((m, k), (m,), (k, d)))
+
+    x, y, n = np.asarray(ragged.x), np.asarray(ragged.y), np.asarray(ragged.num_examples)
+    want_sums = np.zeros((k, x.shape[-1]))
+    for i in range(ragged.num_clients):
+        row = [ref.loss(params[j], x[i], y[i], n[i]) for j in range(k)]
+        np.testing.assert_allclose(losses[i], row, rtol=RTOL, atol=ATOL)
+        j = int(np.argmin(row))
+        assert int(assignment[i]) == j
+        want_sums[j] += float(weights[i]) * ref.grad(params[j], x[i], y[i], n[i])
+    np.testing.assert_allclose(sums, want_sums, rtol=1e-4, atol=1e-5)
+
+
+def test_cluster_gradient_sums_custom_choice_and_diverged_cluster(ragged, linear_model, ref):
+    """`choose` decides the assignment; a NaN cluster nobody chose leaves the others finite."""
+    d = ragged.x.shape[-1]
+    params = _cluster_params(3, d).at[2].set(jnp.nan)
+    forced = jnp.asarray([1, 0, 1, 0, 1][: ragged.num_clients], jnp.int32)
+    x, y, n = np.asarray(ragged.x), np.asarray(ragged.y), np.asarray(ragged.num_examples)
+    want = np.zeros((3, d))
+    for i in range(ragged.num_clients):
+        want[int(forced[i])] += ref.grad(params[int(forced[i])], x[i], y[i], n[i])
+    for model in (linear_model, _without_fused(linear_model)):
+        losses, assignment, sums = cluster_gradient_sums(model, params, ragged, lambda _: forced)
+        np.testing.assert_array_equal(assignment, forced)
+        assert np.isnan(np.asarray(losses)[n > 0, 2]).all()
+        np.testing.assert_allclose(np.asarray(sums)[:2], want[:2], rtol=1e-4, atol=1e-5)
+
+
+def test_cluster_gradient_sums_fused_equals_generic_on_a_larger_problem():
+    """The fused linear kernel against the generic VJP at a size with real reductions."""
+    from fedjax_sim.data import linear_mixture
+    from fedjax_sim.models import linear_regression
+
+    data = linear_mixture(jax.random.key(3), k=4, m=64, n=7, d=12, sigma=0.3, R=0.5).train
+    model = linear_regression(12)
+    params = _cluster_params(4, 12, seed=9)
+    fused = cluster_gradient_sums(model, params, data)
+    generic = cluster_gradient_sums(_without_fused(model), params, data)
+    np.testing.assert_allclose(fused[0], generic[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(fused[1], generic[1])
+    np.testing.assert_allclose(fused[2], generic[2], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        cluster_losses(model, params, data), cluster_losses(_without_fused(model), params, data),
+        rtol=1e-5, atol=1e-6,
+    )
 
 
 # --------------------------------------------------------------------------- assign_clusters

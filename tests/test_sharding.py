@@ -16,6 +16,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from federations import subprocess_env
 
 from fedjax_sim import ALGORITHMS
 
@@ -35,19 +36,12 @@ SCRIPT = textwrap.dedent(
     """
     import json, sys
     import jax, numpy as np
-    from fedjax_sim import ALGORITHMS, FederatedData, linear_regression, simulate
+    from fedjax_sim import ALGORITHMS, simulate
+    from federations import eight_clients
     from fedjax_sim.parallel import make_mesh
 
     cases = json.loads(sys.argv[1])
-    rng = np.random.default_rng(0)
-    counts = [1, 6, 4, 6, 2, 5, 6, 3]
-    truth = [0, 0, 0, 0, 1, 1, 1, 1]
-    theta = np.stack([np.ones(5), -np.ones(5)]).astype(np.float32)
-    xs = [rng.normal(size=(c, 5)).astype(np.float32) for c in counts]
-    ys = [x @ theta[t] + 0.1 * rng.normal(size=len(x)).astype(np.float32)
-          for x, t in zip(xs, truth)]
-    data = FederatedData.from_clients(xs, ys, cluster=truth)
-    model = linear_regression(5)
+    data, model = eight_clients()
     out = {}
     for devices in (1, 2, 4):
         mesh = None if devices == 1 else make_mesh(devices)
@@ -72,7 +66,7 @@ SCRIPT = textwrap.dedent(
 
 
 def _run(script_args, devices=4, timeout=600):
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    env = subprocess_env(devices)
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT, *script_args],
         capture_output=True, text=True, env=env, timeout=timeout,

@@ -30,6 +30,7 @@ from fedjax_sim.ops import (
     assign_clusters,
     check_client_chunk,
     client_keys,
+    cluster_gradient_sums,
     cluster_losses,
     divide_segments,
     local_update,
@@ -173,11 +174,16 @@ def ifca(
         key_cohort, key_local = jax.random.split(key)
         ids = sample_uniform(key_cohort, m, s) if s < m else jnp.arange(m, dtype=jnp.int32)
         params = state.cluster_params
-        prev = state.assignment[ids]
+
+        def cohort_of(per_client):  # [m] -> [s]; no gather when everyone takes part
+            return per_client[ids] if s < m else per_client
+
+        prev = cohort_of(state.assignment)
+        prev_stable = cohort_of(state.stable)
         if stable_rounds is None:
             frozen = jnp.zeros((s,), bool)
         else:
-            frozen = state.stable[ids] >= stable_rounds
+            frozen = prev_stable >= stable_rounds
         if fixed_assignment:
             frozen = jnp.ones((s,), bool)
 
@@ -188,14 +194,12 @@ def ifca(
         # chunk of clients contributes its part and padding clients (valid
         # False) contribute nothing.
         def gradient_part(cohort, ids, prev, frozen, valid):
-            # One forward pass gives the [s, k] loss matrix; its VJP with the
-            # one-hot assignment is Σ_i s_ij ∇F_i(θ_j) for all j at once.
-            losses, vjp = jax.vjp(lambda p: cluster_losses(model, p, cohort), params)
-            assignment = choose(losses, frozen, prev)
-            onehot = jax.nn.one_hot(assignment, k, dtype=losses.dtype)
-            if valid is not None:
-                onehot = onehot * valid[:, None].astype(onehot.dtype)
-            (grad_sum,) = vjp(onehot)
+            # One forward pass gives the [s, k] loss matrix and, with the
+            # assignment, Σ_i s_ij ∇F_i(θ_j) for all j at once.
+            weights = None if valid is None else valid.astype(jnp.float32)
+            losses, assignment, grad_sum = cluster_gradient_sums(
+                model, params, cohort, lambda losses: choose(losses, frozen, prev), weights
+            )
             return grad_sum, (losses, assignment)
 
         def model_part(cohort, ids, prev, frozen, valid):
@@ -226,16 +230,21 @@ def ifca(
             sums, (losses, assignment) = part_sums(cohort, ids, prev, frozen, None)
         else:
 
+            # With everyone taking part the chunks slice `data` itself, so on a
+            # device mesh each chunk reads its rows where they live; a sampled
+            # cohort gathers its rows by id.
             def add_chunk(acc, part, valid):
-                ids_c, prev_c, frozen_c = part
-                sums_c, out = part_sums(data.take(ids_c), ids_c, prev_c, frozen_c, valid)
+                data_c, ids_c, prev_c, frozen_c = part
+                if data_c is None:
+                    data_c = data.take(ids_c)
+                sums_c, out = part_sums(data_c, ids_c, prev_c, frozen_c, valid)
                 return optax.tree.add(acc, sums_c), out
 
             zero = optax.tree.zeros_like(params)
             if option == "model":
                 zero = (zero, jnp.zeros((k,), jnp.float32))
             sums, (losses, assignment) = scan_client_chunks(
-                add_chunk, zero, (ids, prev, frozen), client_chunk
+                add_chunk, zero, (data if s == m else None, ids, prev, frozen), client_chunk
             )
 
         if option == "gradient":
@@ -249,7 +258,12 @@ def ifca(
         counts = jnp.zeros((k,)).at[assignment].add(1.0)
 
         same = assignment == prev
-        stable = state.stable.at[ids].set(jnp.where(same, state.stable[ids] + 1, 0))
+        stable_cohort = jnp.where(same, prev_stable + 1, 0)
+        if s < m:
+            stable = state.stable.at[ids].set(stable_cohort)
+            new_assignment = state.assignment.at[ids].set(assignment)
+        else:  # the whole federation took part: no scatter needed
+            stable, new_assignment = stable_cohort, assignment
         d = num_params(jax.tree.map(lambda p: p[0], params))
         chosen = jnp.take_along_axis(losses, assignment[:, None], axis=1)[:, 0]
         metrics = {
@@ -261,7 +275,7 @@ def ifca(
         new_state = IFCAState(
             cluster_params=new_params,
             opt_state=opt_state,
-            assignment=state.assignment.at[ids].set(assignment),
+            assignment=new_assignment,
             stable=stable,
             round=state.round + 1,
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import platform
 import sys
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -188,9 +187,10 @@ def run_preset(
 
     Checkpoints go to OUT/checkpoints every `checkpoint_every` rounds; with
     resume=True the run in out_dir (same settings) continues from its latest
-    checkpoint. Only process 0 writes; with several devices the clients are
-    sharded; with several processes checkpoints are off (orbax would need
-    every process to write a shared directory).
+    checkpoint. Only process 0 writes the run's files; with several devices
+    the clients are sharded; with several processes `out_dir` must be on
+    storage every process shares: all of them write their shards of each
+    checkpoint there and read config.json and the checkpoints on resume.
 
     Raises:
       simulate.Diverged: every restart went NaN/inf; metrics.csv (up to the
@@ -203,24 +203,16 @@ def run_preset(
     out_dir = Path(out_dir) if out_dir else default_out_dir(name)
     primary = parallel.is_primary()
     checkpoint_dir = out_dir / "checkpoints" if settings["checkpoint_every"] else None
-    if jax.process_count() > 1:
-        if resume:
-            raise ValueError(
-                "--resume needs checkpoints, which are written in single-process runs only."
-            )
-        checkpoint_dir = None
-        if primary and settings["checkpoint_every"]:
-            warnings.warn(
-                "checkpoints are off in a multi-process run (orbax would need every process "
-                "to write a shared directory).", stacklevel=2,
-            )
     config = _config(preset, settings, mesh)
+    # Every process checks (so all of them stop on a bad --out or --resume)
+    # before process 0 rewrites the config.json the others read.
     if resume:
         previous = _check_resumable(out_dir, settings)
         config["started"] = previous.get("started", config["started"])
         config["resumed"] = [*previous.get("resumed", []), _now()]
-    elif primary:
+    else:
         _fresh_dir(out_dir, "config.json")
+    parallel.sync_processes("fedjax_sim: run directory checked")
     if primary:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json(out_dir / "config.json", config)

@@ -12,7 +12,6 @@ official summary counts it as a success through a placeholder; that is a bug).
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 
@@ -20,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim import parallel, simulate
+from fedjax_sim import backend, parallel, simulate
 from fedjax_sim.algorithms import ifca, with_restarts
 from fedjax_sim.data import check_mixture_settings, linear_mixture
 from fedjax_sim.experiments.settings import require_float, require_int, require_seed
@@ -140,7 +139,7 @@ def run(s: dict, progress: bool = True, mesh=None, checkpoint_dir=None, resume: 
         client_chunk=client_chunk,
     )
     algorithm = with_restarts(base, s["restarts"])
-    evaluate = jax.jit(algorithm.evaluate)
+    evaluate = backend.jit(algorithm.evaluate, s["d"])
     dist = jax.jit(jax.vmap(min_dist, in_axes=(0, None)))
     truth = parallel.to_host(problem.train.cluster)
 
@@ -229,7 +228,6 @@ def validate_cell(cell: dict) -> None:
     require_float(cell, "threshold_offset")
 
 
-@functools.partial(jax.jit, static_argnames=("k", "m", "n", "d", "rounds", "restarts"))
 def cell_min_dist(seed_key, seed_ids, sigma, R, lrs, *, k, m, n, d, rounds, restarts):
     """Final min_dist of every (data seed, lr, restart) of one sweep cell.
 
@@ -237,9 +235,23 @@ def cell_min_dist(seed_key, seed_ids, sigma, R, lrs, *, k, m, n, d, rounds, rest
     seed share its X. Restart r's init depends only on r (as in the official
     code, the same inits serve every data seed and lr).
 
+    Jit-compiled with `backend.compiler_options(d)`.
+
     Returns:
       [len(seed_ids), len(lrs), restarts] final min_dist (NaN/inf if diverged).
     """
+    compiled = backend.jit(_cell_min_dist, d, static_argnames=_CELL_STATIC)
+    return compiled(
+        seed_key, seed_ids, sigma, R, lrs,
+        k=k, m=m, n=n, d=d, rounds=rounds, restarts=restarts,
+    )
+
+
+_CELL_STATIC = ("k", "m", "n", "d", "rounds", "restarts")
+
+
+def _cell_min_dist(seed_key, seed_ids, sigma, R, lrs, *, k, m, n, d, rounds, restarts):
+    """The body of `cell_min_dist`."""
     model = linear_regression(d)
     data_key = jax.random.fold_in(seed_key, _DATA)
     init_key = jax.random.fold_in(seed_key, _INIT)

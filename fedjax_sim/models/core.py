@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_sim import backend
+
 Params = Any
 
 
@@ -25,12 +27,24 @@ class Model(NamedTuple):
     example_loss: (predictions [n, ...], y [n, ...]) -> losses [n].
     correct: optional (predictions, y) -> [n] 1.0 where a prediction is right
       (classification); None for regression.
+    cluster_losses: optional stacked form of F_i(θ_j) for all clients and
+      clusters at once, (params [k, ...], x [m, n, ...], y [m, n, ...],
+      num_examples [m]) -> [m, k]. It must equal the vmapped `client_loss`
+      (tests check it); a model supplies it when a hand-laid-out version
+      compiles to faster code. None: `ops.cluster_losses` vmaps client_loss.
+    cluster_grad_sums: optional fused IFCA option-I step, (params [k, ...], x,
+      y, num_examples, choose, weights [m]) -> (losses [m, k], assignment [m],
+      sums), where assignment = choose(losses) and sums (leaves [k, ...]) is
+      Σ_{i: assignment_i = j} weights_i ∇F_i(θ_j). None: `ops.cluster_gradient_sums`
+      takes the VJP of the cluster losses with the one-hot assignment.
     """
 
     init: Callable[[jax.Array], Params]
     apply: Callable[[Params, jax.Array], jax.Array]
     example_loss: Callable[[jax.Array, jax.Array], jax.Array]
     correct: Callable[[jax.Array, jax.Array], jax.Array] | None = None
+    cluster_losses: Callable | None = None
+    cluster_grad_sums: Callable | None = None
 
 
 def masked_mean(values: jax.Array, num_examples) -> jax.Array:
@@ -56,8 +70,63 @@ def squared_error(pred, y):
     return jnp.square(pred - y)
 
 
+def _linear_residuals(theta, x, y, num_examples):
+    """Residuals x·θ_j − y of every client and cluster, [m, n, k], 0 on padding rows.
+
+    One [m·n, d] × [d, k] product with k minor: the layout XLA:CPU runs
+    fastest. (vmapping `client_loss` over clusters, then clients, asks for
+    [m, k, n] and costs a transposed copy per pass.)
+    """
+    predictions = jnp.einsum("mnd,kd->mnk", x, theta)
+    real = jnp.arange(x.shape[1])[None, :] < num_examples[:, None]
+    return jnp.where(real[:, :, None], predictions - y[:, :, None], 0.0)
+
+
+def _inverse_counts(num_examples):
+    return 1.0 / jnp.maximum(num_examples, 1).astype(jnp.float32)
+
+
+def linear_cluster_losses(theta, x, y, num_examples):
+    """[m, k] mean squared residuals (no ½) of k linear models on m clients."""
+    r = _linear_residuals(theta, x, y, num_examples)
+    return jnp.sum(r * r, axis=1) * _inverse_counts(num_examples)[:, None]
+
+
+def linear_cluster_grad_sums(theta, x, y, num_examples, choose, weights):
+    """Fused IFCA option-I step for linear regression (see `Model.cluster_grad_sums`).
+
+    ∇F_i(θ_j) = (2/n_i) Σ_rows r_ij x. Each client contributes to one cluster
+    only, so its chosen residual column is picked first and the gradient is a
+    per-client [n] · [n, d] product: one pass over X after the forward one,
+    with no [m, k, d] intermediate. (The generic VJP contracts the one-hot
+    cotangent with X over m and n for every cluster: k times the work and a
+    transposed read of X.) Picking uses `where`, not a multiply, so a diverged
+    (NaN) model that nobody chose does not spill into the other clusters.
+    """
+    k = theta.shape[0]
+    r = _linear_residuals(theta, x, y, num_examples)
+    inv = _inverse_counts(num_examples)
+    losses = jnp.sum(r * r, axis=1) * inv[:, None]
+    assignment = choose(losses)
+    picked = (assignment[:, None] == jnp.arange(k)[None, :]) & (weights != 0)[:, None]
+    r_chosen = jnp.sum(jnp.where(picked[:, None, :], r, 0.0), axis=-1)  # [m, n]
+    coef = r_chosen * (2.0 * inv * weights)[:, None]
+    if x.shape[-1] < backend.YNN_MIN_FEATURES:
+        # Narrow features compile without YNN fusions (`fedjax_sim.backend`),
+        # where XLA's loop fusion of this product-sum beats a batched [1, n]·[n, d] dot.
+        client_grads = jnp.sum(coef[:, :, None] * x, axis=1)
+    else:
+        client_grads = jnp.einsum("mn,mnd->md", coef, x)
+    sums = jnp.sum(jnp.where(picked[:, :, None], client_grads[:, None, :], 0.0), axis=0)
+    return losses, assignment, sums
+
+
 def linear_regression(d: int) -> Model:
-    """y = xᵀθ, no bias; θ^(0) ~ Bernoulli(0.5)^d as in the official IFCA code."""
+    """y = xᵀθ, no bias; θ^(0) ~ Bernoulli(0.5)^d as in the official IFCA code.
+
+    Carries the stacked `cluster_losses` and fused `cluster_grad_sums` above;
+    they equal the generic vmapped/VJP path to float rounding (tested).
+    """
 
     def init(key):
         return jax.random.bernoulli(key, 0.5, (d,)).astype(jnp.float32)
@@ -65,7 +134,13 @@ def linear_regression(d: int) -> Model:
     def apply(theta, x):
         return x @ theta
 
-    return Model(init, apply, squared_error)
+    return Model(
+        init,
+        apply,
+        squared_error,
+        cluster_losses=linear_cluster_losses,
+        cluster_grad_sums=linear_cluster_grad_sums,
+    )
 
 
 def softmax_cross_entropy(logits, labels):

@@ -2,7 +2,7 @@
 
 from fedjax_sim.ops.aggregation import divide_segments, segment_average, segment_totals
 from fedjax_sim.ops.chunking import check_client_chunk, map_client_chunks, scan_client_chunks
-from fedjax_sim.ops.clustering import assign_clusters, cluster_losses
+from fedjax_sim.ops.clustering import assign_clusters, cluster_gradient_sums, cluster_losses
 from fedjax_sim.ops.kmeans import kmeans
 from fedjax_sim.ops.local_update import client_keys, client_update, local_update, sample_batch
 from fedjax_sim.ops.mixup import mixup, mixup_client
@@ -14,6 +14,7 @@ __all__ = [
     "check_client_chunk",
     "client_keys",
     "client_update",
+    "cluster_gradient_sums",
     "cluster_losses",
     "divide_segments",
     "kmeans",

@@ -17,20 +17,45 @@ def check_client_chunk(client_chunk) -> None:
         )
 
 
+def _chunk_layout(num_clients: int, client_chunk: int) -> tuple[int, int]:
+    """(clients per chunk, number of chunks) for `scan_client_chunks`.
+
+    The fewest chunks of at most `client_chunk` clients, then the smallest
+    chunk that covers the clients in that many: fewer than num_chunks
+    padding clients, none when client_chunk divides num_clients.
+    """
+    check_client_chunk(client_chunk)
+    num_chunks = -(-num_clients // client_chunk)
+    return -(-num_clients // num_chunks), num_chunks
+
+
 def scan_client_chunks(fn, carry, clients, client_chunk: int):
     """A `lax.scan` over the client axis, `client_chunk` clients per step.
 
-    Each step gathers its chunk of `clients` (no copy of the whole axis is
-    made, so a [m, n, ...] data array is read in place). When m is not a
-    multiple of the chunk, the last chunk is padded with copies of the last
-    client: real inputs, so they cannot produce NaNs of their own, but `fn`
-    must give them weight 0 (`valid` is False there), and their outputs are
-    cut off.
+    The m clients go in the fewest chunks S of at most `client_chunk`, each
+    of c = ⌈m / S⌉ clients, and the chunks are strided: chunk t holds
+    clients t, S + t, 2S + t, ..., (c − 1)S + t. A client axis sharded over
+    D devices in contiguous blocks (`parallel.client_sharding`) then gives
+    every chunk c/D clients from every device's own block: when c·S = m
+    (always when client_chunk divides m) and D divides c, the chunks are
+    sliced, and the outputs written back, without moving client data between
+    devices (the [m, ...] leaves are viewed as [c, S, ...], of which each
+    device holds c/D whole rows). No copy of the whole axis is made: a
+    [m, n, ...] data array is read in place, one [c, n, ...] slice per step.
+    When c·S > m, chunk t gathers its clients by index and the positions past
+    m are padded with copies of the last client: real inputs, so they cannot
+    produce NaNs of their own, but `fn` must give them weight 0 (`valid` is
+    False there), and their outputs are cut off. Either way the results are
+    right on any mesh; only the data movement differs.
+
+    Which clients share a chunk depends only on m and client_chunk, never on
+    the devices, so a chunked run gives the same numbers on any mesh.
 
     Args:
       fn: (carry, part, valid) -> (carry, out). `part` is `clients` with
-        leaves [c, ...] (c = min(client_chunk, m)); `valid` is [c] bool; `out`
-        is a pytree of per-client outputs, leaves [c, ...].
+        leaves [c, ...] (c <= min(client_chunk, m), see `_chunk_layout`);
+        `valid` is [c] bool; `out` is a pytree of per-client outputs, leaves
+        [c, ...].
       carry: initial accumulator (e.g. per-cluster sums).
       clients: pytree, leaves [m, ...] (data, ids, keys, per-client params).
       client_chunk: clients per step (static).
@@ -38,20 +63,42 @@ def scan_client_chunks(fn, carry, clients, client_chunk: int):
     Returns:
       (final carry, outputs with leaves [m, ...]).
     """
-    check_client_chunk(client_chunk)
     m = jax.tree.leaves(clients)[0].shape[0]
-    chunk = min(client_chunk, m)
-    num_chunks = -(-m // chunk)
+    chunk, num_chunks = _chunk_layout(m, client_chunk)
+    positions = jnp.arange(chunk) * num_chunks  # chunk 0; chunk t adds t
+    if chunk * num_chunks == m:
+        grid = jax.tree.map(lambda a: a.reshape((chunk, num_chunks) + a.shape[1:]), clients)
 
-    def body(carry, start):
-        pos = start + jnp.arange(chunk)
-        valid = pos < m
-        idx = jnp.minimum(pos, m - 1)
-        part = jax.tree.map(lambda a: a[idx], clients)
-        return fn(carry, part, valid)
+        def take(t):
+            return jax.tree.map(
+                lambda a: jax.lax.dynamic_index_in_dim(a, t, axis=1, keepdims=False), grid
+            )
+    else:
 
-    carry, outs = jax.lax.scan(body, carry, jnp.arange(num_chunks) * chunk)
-    outs = jax.tree.map(lambda a: a.reshape((num_chunks * chunk,) + a.shape[2:])[:m], outs)
+        def take(t):
+            idx = jnp.minimum(positions + t, m - 1)
+            return jax.tree.map(lambda a: a[idx], clients)
+
+    # The outputs go straight to their places in a [c, S, ...] buffer (a view
+    # of [m, ...]): scan's own [S, c, ...] stacking would need a transposed
+    # copy of every output at the end.
+    part_shape = jax.eval_shape(take, 0)
+    valid_shape = jax.ShapeDtypeStruct((chunk,), jnp.bool_)
+    _, out_shape = jax.eval_shape(fn, carry, part_shape, valid_shape)
+    outs = jax.tree.map(
+        lambda o: jnp.zeros((o.shape[0], num_chunks) + o.shape[1:], o.dtype), out_shape
+    )
+
+    def body(state, t):
+        carry, outs = state
+        carry, out = fn(carry, take(t), positions + t < m)
+        outs = jax.tree.map(
+            lambda buf, o: jax.lax.dynamic_update_index_in_dim(buf, o, t, axis=1), outs, out
+        )
+        return (carry, outs), None
+
+    (carry, outs), _ = jax.lax.scan(body, (carry, outs), jnp.arange(num_chunks))
+    outs = jax.tree.map(lambda a: a.reshape((chunk * num_chunks,) + a.shape[2:])[:m], outs)
     return carry, outs
 
 

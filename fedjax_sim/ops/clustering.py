@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,14 +29,55 @@ def cluster_losses(
     Returns:
       [m, k] losses (masked means over each client's real rows).
     """
-    one = functools.partial(client_loss, model)
-    over_clusters = jax.vmap(one, in_axes=(0, None, None, None))
-    over_clients = jax.vmap(over_clusters, in_axes=(None, 0, 0, 0))
+    if model.cluster_losses is not None:
+        stacked = model.cluster_losses
+    else:
+        one = functools.partial(client_loss, model)
+        over_clusters = jax.vmap(one, in_axes=(0, None, None, None))
+        stacked = jax.vmap(over_clusters, in_axes=(None, 0, 0, 0))
     return map_client_chunks(
-        lambda part: over_clients(cluster_params, part.x, part.y, part.num_examples),
+        lambda part: stacked(cluster_params, part.x, part.y, part.num_examples),
         data,
         client_chunk,
     )
+
+
+def cluster_gradient_sums(
+    model: Model,
+    cluster_params,
+    data: FederatedData,
+    choose: Callable[[jax.Array], jax.Array] | None = None,
+    weights: jax.Array | None = None,
+):
+    """IFCA option I's E-step and summed gradients in one pass.
+
+    Args:
+      model: the cluster model.
+      cluster_params: params pytree, leaves [k, ...].
+      data: m clients.
+      choose: [m, k] losses -> [m] int assignment (default `assign_clusters`).
+      weights: [m] client weights (default 1; 0 leaves a client out).
+
+    Returns:
+      (losses [m, k], assignment [m], sums) with sums (leaves [k, ...]) equal
+      to Σ_{i: assignment_i = j} weights_i ∇F_i(θ_j). Uses the model's fused
+      `cluster_grad_sums` when it has one; otherwise the VJP of
+      `cluster_losses` with the weighted one-hot assignment as cotangent.
+    """
+    if choose is None:
+        choose = assign_clusters
+    if weights is None:
+        weights = jnp.ones((data.num_clients,), jnp.float32)
+    if model.cluster_grad_sums is not None:
+        return model.cluster_grad_sums(
+            cluster_params, data.x, data.y, data.num_examples, choose, weights
+        )
+    losses, vjp = jax.vjp(lambda p: cluster_losses(model, p, data), cluster_params)
+    assignment = choose(losses)
+    k = losses.shape[1]
+    cotangent = jax.nn.one_hot(assignment, k, dtype=losses.dtype) * weights[:, None]
+    (sums,) = vjp(cotangent.astype(losses.dtype))
+    return losses, assignment, sums
 
 
 @jax.jit

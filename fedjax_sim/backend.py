@@ -1,0 +1,66 @@
+"""Per-shape XLA compiler options, and the jit that applies them.
+
+On CPU, XLA hands dots, reductions and elementwise fusions to its YNNPACK
+library ("YNN fusions"). For wide features (a linear model with d = 1000, an
+MLP on 784 pixels) that is what makes the GEMMs fast. For narrow ones
+(d = 10, the IFCA synthetic success sweeps) each round is many small
+reductions over [m, n, k] arrays, which YNNPACK runs several times slower
+than XLA's own loop fusions. `benchmarks/rounds_per_sec.py` measured the
+IFCA round at (m, n, d, k) = (10⁴, 10, 10, 4) at about 4 ms with YNN fusions
+and 1.6 ms without; at d = 1000, 13 ms without and 9 ms with. The crossover
+(IFCA round, 2 CPU cores) was between d = 32 (0.89× the time without) and
+d = 100 (1.16×), hence `YNN_MIN_FEATURES`.
+
+Only the speed changes: both settings compute the same function (to float
+rounding, from the order of summation), and a given shape always gets the same
+setting, so a seed still gives the same numbers run after run.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+
+YNN_MIN_FEATURES = 64
+_YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
+
+
+@functools.cache
+def _cpu_option_supported() -> bool:
+    """Whether this jaxlib's CPU compiler knows the YNN fusion option."""
+    try:
+        jax.jit(lambda x: x + 1).lower(1.0).compile(compiler_options={_YNN_OPTION: ""})
+    except Exception:  # an older or newer XLA without the (experimental) flag
+        return False
+    return True
+
+
+def compiler_options(feature_size: int | None) -> dict[str, str]:
+    """XLA options for a computation whose examples have `feature_size` features.
+
+    Empty (XLA's defaults) off CPU, for wide features, for unknown sizes, or
+    where this jaxlib lacks the option.
+    """
+    if feature_size is None or feature_size >= YNN_MIN_FEATURES:
+        return {}
+    if jax.default_backend() != "cpu" or not _cpu_option_supported():
+        return {}
+    return {_YNN_OPTION: ""}  # an empty list of fusion types: no YNN fusions
+
+
+def feature_size(data) -> int:
+    """Features per example of a FederatedData (x is [m, n, *features])."""
+    return math.prod(data.x.shape[2:])
+
+
+@functools.lru_cache(maxsize=64)
+def _jitted(fun, options: tuple, static_argnames: tuple):
+    return jax.jit(fun, static_argnames=static_argnames, compiler_options=dict(options) or None)
+
+
+def jit(fun, feature_size: int | None, static_argnames: tuple[str, ...] = ()):
+    """`jax.jit(fun)` with `compiler_options(feature_size)`; cached per options."""
+    options = tuple(sorted(compiler_options(feature_size).items()))
+    return _jitted(fun, options, tuple(static_argnames))

@@ -1,0 +1,40 @@
+"""Small federations shared by the tests that run in subprocesses (forced devices).
+
+Importable from a `python -c` script through `subprocess_env`, which puts this
+folder on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TESTS_DIR = str(Path(__file__).resolve().parent)
+
+
+def subprocess_env(devices: int) -> dict[str, str]:
+    """os.environ with `devices` forced CPU devices and this folder importable."""
+    path = os.pathsep.join(p for p in (TESTS_DIR, os.environ.get("PYTHONPATH")) if p)
+    return {
+        **os.environ,
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "PYTHONPATH": path,
+    }
+
+
+def eight_clients():
+    """8 ragged clients (1–6 rows, d=5) of two linear clusters; (data, model)."""
+    import numpy as np
+
+    from fedjax_sim import FederatedData, linear_regression
+
+    rng = np.random.default_rng(0)
+    counts = [1, 6, 4, 6, 2, 5, 6, 3]
+    truth = [0, 0, 0, 0, 1, 1, 1, 1]
+    theta = np.stack([np.ones(5), -np.ones(5)]).astype(np.float32)
+    xs = [rng.normal(size=(c, 5)).astype(np.float32) for c in counts]
+    ys = [
+        x @ theta[t] + 0.1 * rng.normal(size=len(x)).astype(np.float32)
+        for x, t in zip(xs, truth, strict=True)
+    ]
+    return FederatedData.from_clients(xs, ys, cluster=truth), linear_regression(5)
