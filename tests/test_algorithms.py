@@ -565,6 +565,10 @@ def test_federated_data_from_clients_pads_and_masks():
         (dict(k=2, m=4, sigma=float("nan")), "sigma"),
         (dict(k=2, m=4, R=float("nan")), "R must"),
         (dict(k=2, m=4, d=0), "d must"),
+        (dict(k=2, m=2**32), "m must be at most"),
+        (dict(k=2, m=4, n=2**30, d=3), r"n·\(d\+1\) must be at most"),
+        (dict(k=2, m=4, n_test=2**62), r"n_test·\(d\+1\) must be at most"),
+        (dict(k=2, m=4, n_test=-1), "n_test must"),
     ],
 )
 def test_check_mixture_settings_rejects(settings, match):

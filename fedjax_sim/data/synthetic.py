@@ -26,11 +26,21 @@ class LinearMixture(NamedTuple):
     theta_star: jax.Array  # [k, d]
 
 
-def check_mixture_settings(k: int, m: int, n: int, d: int, sigma: float, R: float) -> None:
+MAX_SIZE = 2**31 - 1  # client ids and per-client draws are int32-indexed
+
+
+def check_mixture_settings(
+    k: int, m: int, n: int, d: int, sigma: float, R: float, n_test: int = 0
+) -> None:
     """Raises ValueError, naming the setting, for values the generator cannot use."""
     for name, value in (("k", k), ("m", m), ("n", n), ("d", d)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
+    if not isinstance(n_test, int) or isinstance(n_test, bool) or n_test < 0:
+        raise ValueError(f"n_test must be an integer >= 0; got {n_test!r}.")
+    for name, value in (("m", m), ("n·(d+1)", n * (d + 1)), ("n_test·(d+1)", n_test * (d + 1))):
+        if value > MAX_SIZE:
+            raise ValueError(f"{name} must be at most 2**31 - 1 = {MAX_SIZE}; got {value}.")
     if m % k:
         raise ValueError(
             f"m must be divisible by k (clusters are contiguous and equal-size); got m={m}, k={k}."

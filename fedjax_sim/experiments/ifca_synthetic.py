@@ -52,10 +52,10 @@ RUN_DEFAULTS = {
 
 
 def validate_run(s: dict) -> None:
-    check_mixture_settings(s["k"], s["m"], s["n"], s["d"], s["sigma"], s["R"])
-    require_float(s, "lr")
     for key in ("rounds", "restarts", "eval_every", "local_steps", "n_test"):
         require_int(s, key)
+    check_mixture_settings(s["k"], s["m"], s["n"], s["d"], s["sigma"], s["R"], s["n_test"])
+    require_float(s, "lr")
     require_seed(s)
     require_int(s, "checkpoint_every", minimum=0)
     require_float(s, "memory_budget_gb")

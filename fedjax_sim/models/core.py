@@ -97,11 +97,12 @@ def linear_cluster_grad_sums(theta, x, y, num_examples, choose, weights):
 
     ∇F_i(θ_j) = (2/n_i) Σ_rows r_ij x. Each client contributes to one cluster
     only, so its chosen residual column is picked first and the gradient is a
-    per-client [n] · [n, d] product: one pass over X after the forward one,
-    with no [m, k, d] intermediate. (The generic VJP contracts the one-hot
-    cotangent with X over m and n for every cluster: k times the work and a
-    transposed read of X.) Picking uses `where`, not a multiply, so a diverged
-    (NaN) model that nobody chose does not spill into the other clusters.
+    per-client [n] · [n, d] product: one pass over X after the forward one.
+    (The generic VJP contracts the one-hot cotangent with X over m and n for
+    every cluster: k times the multiply-adds and a transposed read of X.)
+    Picking selects (a gather and `where`s), never multiplies by a 0/1 mask,
+    so a diverged (NaN) model that nobody chose does not spill into the
+    other clusters.
     """
     k = theta.shape[0]
     r = _linear_residuals(theta, x, y, num_examples)
@@ -109,7 +110,8 @@ def linear_cluster_grad_sums(theta, x, y, num_examples, choose, weights):
     losses = jnp.sum(r * r, axis=1) * inv[:, None]
     assignment = choose(losses)
     picked = (assignment[:, None] == jnp.arange(k)[None, :]) & (weights != 0)[:, None]
-    r_chosen = jnp.sum(jnp.where(picked[:, None, :], r, 0.0), axis=-1)  # [m, n]
+    r_chosen = jnp.take_along_axis(r, assignment[:, None, None], axis=2)[:, :, 0]  # [m, n]
+    r_chosen = jnp.where((weights != 0)[:, None], r_chosen, 0.0)
     coef = r_chosen * (2.0 * inv * weights)[:, None]
     if x.shape[-1] < backend.YNN_MIN_FEATURES:
         # Narrow features compile without YNN fusions (`fedjax_sim.backend`),
