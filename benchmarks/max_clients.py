@@ -58,7 +58,7 @@ try:
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from fedjax_sim import memory
+from fedjax_sim import backend, memory
 from fedjax_sim.algorithms import ifca
 from fedjax_sim.data import FederatedData, linear_mixture
 from fedjax_sim.models import linear_regression, mlp_classifier
@@ -166,7 +166,9 @@ def run_round(task: str, data: FederatedData, chunk: int | None) -> dict:
     held_gb = _status_kb("VmRSS") / 2**20
     state = jax.jit(algorithm.init)(jax.random.key(1), data)
     t0 = time.perf_counter()
-    compiled = jax.jit(algorithm.round).lower(state, data, jax.random.key(2)).compile()
+    compiled = backend.jit(algorithm.round, backend.feature_size(data)).lower(
+        state, data, jax.random.key(2)
+    ).compile()
     compile_s = time.perf_counter() - t0
     stats = compiled.memory_analysis()
     times = []

@@ -10,19 +10,21 @@ In one run this measures, on whatever JAX backend is the default:
    b = a*s + b, b donated, over arrays far larger than the caches; 2 reads +
    1 write per element) and a matmul peak (a large square f32 `jnp.dot`).
 2. For each (m, n, d, k): the steady-state seconds per round of
-   `jax.jit(ifca(linear_regression(d), num_clusters=k, learning_rate=lr).round)`
-   (IFCA option I, gradient averaging; compile time measured apart with
-   `.lower().compile()`), and of the same round written the way per-client
-   simulators run it: a Python loop over clients, numpy float32, each client
-   computing its k losses, its argmin and its own gradient, then the server's
-   sum / m and SGD step. Both start from the same state on the same data, and
-   the script asserts that one round of each gives the same cluster params
-   (np.allclose, float32 tolerance) and the same assignments. The timed rounds
-   run in interleaved blocks (vectorized, loop, vectorized, ...) so that other
-   load on a shared machine falls on both sides of the ratio. Extras: the same
-   round run 20 at a time inside one `lax.scan` (no per-round dispatch), and
-   with ifca's `client_chunk` (clients processed a cache-sized chunk at a time)
-   where this fedjax_sim has that option.
+   `fedjax_sim.backend.jit(ifca(linear_regression(d), num_clusters=k,
+   learning_rate=lr).round, d)` -- jax.jit with the per-shape XLA options
+   that fedjax_sim.simulate compiles rounds with (IFCA option I, gradient
+   averaging; compile time measured apart with `.lower().compile()`), and of
+   the same round written the way per-client simulators run it: a Python loop
+   over clients, numpy float32, each client computing its k losses, its
+   argmin and its own gradient, then the server's sum / m and SGD step. Both
+   start from the same state on the same data, and the script asserts that
+   one round of each gives the same cluster params (np.allclose, float32
+   tolerance) and the same assignments. The timed rounds run in interleaved
+   blocks (vectorized, loop, vectorized, ...) so that other load on a shared
+   machine falls on both sides of the ratio. Extras: the same round run 20 at
+   a time inside one `lax.scan` (no per-round dispatch), and with ifca's
+   `client_chunk` (clients processed a cache-sized chunk at a time) where
+   this fedjax_sim has that option.
 3. One official sweep cell of the IFCA synthetic experiment (k=2, m=n=100,
    d=1000, σ=0.1, R=0.25; 40 data seeds × 3 lrs × 10 restarts × 300
    iterations), built self-contained here: per data seed a `linear_mixture`
@@ -523,9 +525,9 @@ def main(argv=None) -> list[dict]:
     )
     args = parser.parse_args(argv)
 
-    backend = jax.default_backend()
+    platform_name = jax.default_backend()
     if args.sweep_seeds is None:
-        args.sweep_seeds = 1 if args.quick else (2 if backend == "cpu" else OFFICIAL_SEEDS)
+        args.sweep_seeds = 1 if args.quick else (2 if platform_name == "cpu" else OFFICIAL_SEEDS)
     if args.sweep_seeds < 0:
         parser.error(f"--sweep-seeds must be >= 0; got {args.sweep_seeds}")
 
@@ -534,10 +536,10 @@ def main(argv=None) -> list[dict]:
 
     started = time.perf_counter()
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    cpu = "cpu" if backend == "cpu" else str(jax.devices()[0].device_kind)
+    cpu = "cpu" if platform_name == "cpu" else str(jax.devices()[0].device_kind)
     meta = {
         "date_utc": date,
-        "backend": backend,
+        "backend": platform_name,
         "device": str(jax.devices()[0].device_kind),
         "num_devices": jax.device_count(),
         "host_cpus": os.cpu_count(),
@@ -553,11 +555,11 @@ def main(argv=None) -> list[dict]:
         **_library_provenance(),
     }
     log(
-        f"fedjax_sim rounds/s benchmark — {date}, backend {backend} ({cpu}), "
+        f"fedjax_sim rounds/s benchmark — {date}, backend {platform_name} ({cpu}), "
         f"{os.cpu_count()} host CPUs, jax {jax.__version__}{' [quick]' if args.quick else ''}"
     )
 
-    on_cpu = backend == "cpu"
+    on_cpu = platform_name == "cpu"
     if args.quick:
         probes = {**stream_bandwidth(1 << 20, 5), **matmul_peak(256, 3)}
         configs, cell = QUICK_CONFIGS, QUICK_CELL

@@ -48,8 +48,11 @@ def scan_client_chunks(fn, carry, clients, client_chunk: int):
     False there), and their outputs are cut off. Either way the results are
     right on any mesh; only the data movement differs.
 
-    Which clients share a chunk depends only on m and client_chunk, never on
-    the devices, so a chunked run gives the same numbers on any mesh.
+    With a single device (nothing to shard) the chunks are contiguous
+    instead, chunk t holding clients tc, ..., tc + c − 1, which slices faster.
+    Which clients share a chunk depends only on m, client_chunk and whether
+    JAX sees one device or several, so chunked runs on 2, 4, ... devices give
+    the same numbers, and a 1-device run the same up to float summation order.
 
     Args:
       fn: (carry, part, valid) -> (carry, out). `part` is `clients` with
@@ -65,35 +68,53 @@ def scan_client_chunks(fn, carry, clients, client_chunk: int):
     """
     m = jax.tree.leaves(clients)[0].shape[0]
     chunk, num_chunks = _chunk_layout(m, client_chunk)
-    positions = jnp.arange(chunk) * num_chunks  # chunk 0; chunk t adds t
-    if chunk * num_chunks == m:
+    # Strided chunks only pay where a client axis can be sharded. On one
+    # device a contiguous chunk gathered by index ran the IFCA round 1.3–2.5×
+    # faster than slicing the [c, S, ...] view (m = 100, d = 1000, chunks of
+    # 10–20; m = 10⁴, d = 10, chunks of 1000).
+    strided = jax.device_count() > 1
+    axis = 1 if strided else 0
+    if strided:
+        positions = jnp.arange(chunk) * num_chunks  # chunk 0; chunk t adds t
+
+        def where(t):
+            return positions + t
+    else:
+
+        def where(t):
+            return t * chunk + jnp.arange(chunk)
+
+    if strided and chunk * num_chunks == m:
         grid = jax.tree.map(lambda a: a.reshape((chunk, num_chunks) + a.shape[1:]), clients)
 
         def take(t):
             return jax.tree.map(
-                lambda a: jax.lax.dynamic_index_in_dim(a, t, axis=1, keepdims=False), grid
+                lambda a: jax.lax.dynamic_index_in_dim(a, t, axis=axis, keepdims=False), grid
             )
     else:
 
         def take(t):
-            idx = jnp.minimum(positions + t, m - 1)
+            idx = jnp.minimum(where(t), m - 1)
             return jax.tree.map(lambda a: a[idx], clients)
 
-    # The outputs go straight to their places in a [c, S, ...] buffer (a view
-    # of [m, ...]): scan's own [S, c, ...] stacking would need a transposed
-    # copy of every output at the end.
+    # The outputs go straight to their places in a grid-shaped buffer (a view
+    # of [m, ...]): with strided chunks, scan's own [S, c, ...] stacking would
+    # need a transposed copy of every output at the end.
     part_shape = jax.eval_shape(take, 0)
     valid_shape = jax.ShapeDtypeStruct((chunk,), jnp.bool_)
     _, out_shape = jax.eval_shape(fn, carry, part_shape, valid_shape)
-    outs = jax.tree.map(
-        lambda o: jnp.zeros((o.shape[0], num_chunks) + o.shape[1:], o.dtype), out_shape
-    )
+
+    def buffer(o):
+        shape = (o.shape[0], num_chunks) if strided else (num_chunks, o.shape[0])
+        return jnp.zeros(shape + o.shape[1:], o.dtype)
+
+    outs = jax.tree.map(buffer, out_shape)
 
     def body(state, t):
         carry, outs = state
-        carry, out = fn(carry, take(t), positions + t < m)
+        carry, out = fn(carry, take(t), where(t) < m)
         outs = jax.tree.map(
-            lambda buf, o: jax.lax.dynamic_update_index_in_dim(buf, o, t, axis=1), outs, out
+            lambda buf, o: jax.lax.dynamic_update_index_in_dim(buf, o, t, axis=axis), outs, out
         )
         return (carry, outs), None
 
