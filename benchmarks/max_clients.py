@@ -53,10 +53,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-try:
-    import fedjax_sim  # noqa: F401
-except ImportError:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# The fedjax_sim of this checkout, not whatever copy site-packages holds.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from fedjax_sim import backend, memory
 from fedjax_sim.algorithms import ifca

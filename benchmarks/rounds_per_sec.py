@@ -53,12 +53,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-try:
-    import fedjax_sim
-except ImportError:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    import fedjax_sim
-
+# The fedjax_sim of this checkout, not whatever copy site-packages holds
+# (a stale non-editable install would otherwise be measured silently).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import fedjax_sim  # noqa: E402
 from fedjax_sim import backend
 from fedjax_sim.algorithms.ifca import ifca
 from fedjax_sim.data.synthetic import linear_mixture
@@ -478,8 +476,10 @@ def _library_provenance() -> dict:
                 ["git", *cmd], cwd=package, capture_output=True, text=True, timeout=10, check=True
             ).stdout.strip()
 
-        out["git_head"] = git("rev-parse", "--short", "HEAD")
-        out["git_dirty"] = bool(git("status", "--porcelain", "--", "."))
+        top = pathlib.Path(git("rev-parse", "--show-toplevel")).resolve()
+        if top == package.resolve().parent:  # the fedjax_sim checkout, not some enclosing repo
+            out["git_head"] = git("rev-parse", "--short", "HEAD")
+            out["git_dirty"] = bool(git("status", "--porcelain", "--", "."))
     except (OSError, subprocess.SubprocessError):
         pass
     return out

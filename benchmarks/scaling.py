@@ -21,6 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+# The fedjax_sim of this checkout (workers too), not a copy in site-packages.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 WORKER = "--worker"
 
 
