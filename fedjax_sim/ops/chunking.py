@@ -77,11 +77,11 @@ def scan_client_chunks(fn, carry, clients, client_chunk: int):
     if strided:
         positions = jnp.arange(chunk) * num_chunks  # chunk 0; chunk t adds t
 
-        def where(t):
+        def clients_of(t):  # the client ids chunk t holds
             return positions + t
     else:
 
-        def where(t):
+        def clients_of(t):  # the client ids chunk t holds
             return t * chunk + jnp.arange(chunk)
 
     if strided and chunk * num_chunks == m:
@@ -94,7 +94,7 @@ def scan_client_chunks(fn, carry, clients, client_chunk: int):
     else:
 
         def take(t):
-            idx = jnp.minimum(where(t), m - 1)
+            idx = jnp.minimum(clients_of(t), m - 1)
             return jax.tree.map(lambda a: a[idx], clients)
 
     # The outputs go straight to their places in a grid-shaped buffer (a view
@@ -112,7 +112,7 @@ def scan_client_chunks(fn, carry, clients, client_chunk: int):
 
     def body(state, t):
         carry, outs = state
-        carry, out = fn(carry, take(t), where(t) < m)
+        carry, out = fn(carry, take(t), clients_of(t) < m)
         outs = jax.tree.map(
             lambda buf, o: jax.lax.dynamic_update_index_in_dim(buf, o, t, axis=axis), outs, out
         )
