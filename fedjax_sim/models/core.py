@@ -86,10 +86,15 @@ def _inverse_counts(num_examples):
     return 1.0 / jnp.maximum(num_examples, 1).astype(jnp.float32)
 
 
+def _mean_squares(r, inv):
+    """[m, n, k] masked residuals, [m] 1/n_i -> [m, k] mean squared residuals."""
+    return jnp.sum(r * r, axis=1) * inv[:, None]
+
+
 def linear_cluster_losses(theta, x, y, num_examples):
     """[m, k] mean squared residuals (no ½) of k linear models on m clients."""
     r = _linear_residuals(theta, x, y, num_examples)
-    return jnp.sum(r * r, axis=1) * _inverse_counts(num_examples)[:, None]
+    return _mean_squares(r, _inverse_counts(num_examples))
 
 
 def linear_cluster_grad_sums(theta, x, y, num_examples, choose, weights):
@@ -107,11 +112,12 @@ def linear_cluster_grad_sums(theta, x, y, num_examples, choose, weights):
     k = theta.shape[0]
     r = _linear_residuals(theta, x, y, num_examples)
     inv = _inverse_counts(num_examples)
-    losses = jnp.sum(r * r, axis=1) * inv[:, None]
+    losses = _mean_squares(r, inv)
     assignment = choose(losses)
-    picked = (assignment[:, None] == jnp.arange(k)[None, :]) & (weights != 0)[:, None]
+    taking_part = weights != 0
+    picked = (assignment[:, None] == jnp.arange(k)[None, :]) & taking_part[:, None]
     r_chosen = jnp.take_along_axis(r, assignment[:, None, None], axis=2)[:, :, 0]  # [m, n]
-    r_chosen = jnp.where((weights != 0)[:, None], r_chosen, 0.0)
+    r_chosen = jnp.where(taking_part[:, None], r_chosen, 0.0)
     coef = r_chosen * (2.0 * inv * weights)[:, None]
     if x.shape[-1] < backend.YNN_MIN_FEATURES:
         # Narrow features compile without YNN fusions (`fedjax_sim.backend`),
