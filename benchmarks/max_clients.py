@@ -14,14 +14,15 @@ without (None, everything at once):
   mlp: IFCA option II (model averaging), `mlp_classifier((784,), (200,), 10)`,
     k=4, n=50 N(0, 1) inputs with random labels per client, τ=2 local SGD steps.
 
-Every m runs in its own subprocess. It builds the data in chunks of clients
-written in place into preallocated arrays (donated buffers; `linear_mixture`'s
-`client_ids` gives exactly the rows of the whole problem), so building the
-data never needs more than the data plus one chunk. Then, for each mode
+Every m runs in its own subprocess (`harness.run_subprocess`). It builds the
+data in chunks of clients written in place into preallocated arrays (donated
+buffers; `linear_mixture`'s `client_ids` gives exactly the rows of the whole
+problem), so building the data never needs more than the data plus one chunk. Then, for each mode
 (chunked first, as the unchunked one is the likelier to die), it resets the
-process's peak RSS (Linux clear_refs), compiles the jitted round, runs it
-(twice when a round is quick, timing the second) and reports the peak RSS of
-that phase, which includes the data it holds. A watchdog in the parent kills a
+process's peak RSS (Linux clear_refs), compiles the jitted round and runs it
+(`harness.compile_then_time`: compile apart, a first round, and a second,
+timed, when the first took under 5 s) and reports the peak RSS of that
+phase, which includes the data it holds. A watchdog in the parent kills a
 child whose RSS passes --limit-gb or that leaves less than --min-free-gb of
 the machine's memory available to other processes (RLIMIT_AS is useless with
 XLA, which reserves far more address space than it touches).
@@ -32,7 +33,11 @@ when that passes --limit-gb or the memory available now, when its
 extrapolated time passes --max-trial-s or the time left of the task's
 --budget-s, or at its first failure. The JSON written to --out has one row per (m, mode)
 and, per task and mode, the largest m that ran and the m where the line
-through the last two peaks reaches --limit-gb.
+through the last two peaks reaches --limit-gb, plus the run's `meta`
+(`harness.collect_meta`, with the machine ceilings in `meta["probes"]`);
+synthetic rows also get `fraction_of_stream` (`harness.linear_round_bytes`
+per second over the stream probe). `--checkout DIR` measures another
+fedjax_sim checkout (children included).
 """
 
 from __future__ import annotations
@@ -43,25 +48,24 @@ import functools
 import json
 import os
 import platform
-import signal
-import subprocess
 import sys
-import threading
 import time
 
+import harness
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-# The fedjax_sim of this checkout, not whatever copy site-packages holds.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# The fedjax_sim of --checkout (default: this one), not a copy in site-packages;
+# read before argparse runs, since fedjax_sim is imported here at module level.
+ROOT = harness.resolve_checkout(harness.checkout_from_argv())
+harness.use_checkout(ROOT)
 
-from fedjax_sim import backend, memory
-from fedjax_sim.algorithms import ifca
-from fedjax_sim.data import FederatedData, linear_mixture
-from fedjax_sim.models import linear_regression, mlp_classifier
+from fedjax_sim import backend, memory  # noqa: E402
+from fedjax_sim.algorithms import ifca  # noqa: E402
+from fedjax_sim.data import FederatedData, linear_mixture  # noqa: E402
+from fedjax_sim.models import linear_regression, mlp_classifier  # noqa: E402
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 LADDERS = {
     "synthetic": (10**5, 3 * 10**5, 10**6, 2 * 10**6, 10**7, 2 * 10**7, 4 * 10**7, 8 * 10**7),
     "mlp": (1000, 2000, 4000, 8000, 16000, 32000, 64000, 128000),
@@ -163,20 +167,14 @@ def run_round(task: str, data: FederatedData, chunk: int | None) -> dict:
     _reset_peak_rss()
     held_gb = _status_kb("VmRSS") / 2**20
     state = jax.jit(algorithm.init)(jax.random.key(1), data)
-    t0 = time.perf_counter()
-    compiled = backend.jit(algorithm.round, backend.feature_size(data)).lower(
-        state, data, jax.random.key(2)
-    ).compile()
-    compile_s = time.perf_counter() - t0
-    stats = compiled.memory_analysis()
-    times = []
-    for r in range(2):
-        t0 = time.perf_counter()
-        new_state, metrics = compiled(state, data, jax.random.key(2 + r))
-        jax.block_until_ready((new_state, metrics))
-        times.append(time.perf_counter() - t0)
-        if times[-1] > 5.0:  # a slow round: one timing is enough
-            break
+    # A second round (key 3, from the same state) only when the first took < 5 s.
+    timing = harness.compile_then_time(
+        backend.jit(algorithm.round, backend.feature_size(data)), state, data, jax.random.key(2),
+        reps=1, min_reps=0, budget_s=5.0,
+        next_args=lambda i, args, out: (args[0], args[1], jax.random.key(2 + i)),
+    )
+    stats = timing.compiled.memory_analysis()
+    new_state, metrics = timing.output
     params = jax.tree.leaves(new_state.cluster_params)
     return {
         "client_chunk": chunk,
@@ -186,9 +184,9 @@ def run_round(task: str, data: FederatedData, chunk: int | None) -> dict:
         "estimated_bytes_per_client": memory.estimate_bytes_per_client(
             model, data, option=option, num_clusters=K
         ),
-        "compile_seconds": compile_s,
-        "seconds_per_round": times[-1],
-        "first_round_seconds": times[0],
+        "compile_seconds": timing.compile_s,
+        "seconds_per_round": timing.median_s if timing.count else timing.first_call_s,
+        "first_round_seconds": timing.first_call_s,
         "train_loss": float(metrics["train_loss"]),
         "finite": all(bool(np.all(np.isfinite(p))) for p in params),
     }
@@ -212,50 +210,35 @@ def run_trial(task: str, m: int, chunks: list[int | None]) -> None:
 
 
 def _meminfo_gb(field: str) -> float:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 2**20
-    return float("nan")
+    value = harness.meminfo_gib(field)
+    return float("nan") if value is None else value
 
 
 def launch(task: str, m: int, chunks: list[int | None], limit_gb: float, min_free_gb: float,
            timeout_s: float) -> list[dict]:
     """One child for one m and the given modes, watched; one row per mode."""
     spec = ",".join("none" if c is None else str(c) for c in chunks)
-    cmd = [sys.executable, os.path.abspath(__file__), "--trial", task, str(m), spec]
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            start_new_session=True)
-    killed, max_rss = [], [0.0]
+    cmd = [sys.executable, os.path.abspath(__file__), "--trial", task, str(m), spec,
+           "--checkout", str(ROOT)]
+    max_rss = [0.0]
 
-    def watch():
-        while proc.poll() is None:
-            try:
-                rss_gb = _status_kb("VmRSS", str(proc.pid)) / 2**20
-            except (OSError, ValueError):
-                return
-            max_rss[0] = max(max_rss[0], rss_gb)
-            reason = None
-            if rss_gb > limit_gb:
-                reason = f"RSS {rss_gb:.1f} GB passed --limit-gb {limit_gb}"
-            elif _meminfo_gb("MemAvailable") < min_free_gb:
-                reason = f"machine below {min_free_gb} GB available (RSS {rss_gb:.1f} GB)"
-            elif time.perf_counter() - start > timeout_s:
-                reason = f"ran past {timeout_s:.0f} s"
-            if reason:
-                killed.append(reason)
-                os.killpg(proc.pid, signal.SIGKILL)
-                return
-            time.sleep(0.05)
+    def watch(pid: int) -> str | None:
+        try:
+            rss_gb = _status_kb("VmRSS", str(pid)) / 2**20
+        except (OSError, ValueError):
+            return None
+        max_rss[0] = max(max_rss[0], rss_gb)
+        if rss_gb > limit_gb:
+            return f"RSS {rss_gb:.1f} GB passed --limit-gb {limit_gb}"
+        if _meminfo_gb("MemAvailable") < min_free_gb:
+            return f"machine below {min_free_gb} GB available (RSS {rss_gb:.1f} GB)"
+        return None
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    out, err = proc.communicate()
-    watcher.join()
-    wall = time.perf_counter() - start
-    done = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    finished = harness.run_subprocess(
+        cmd, env=harness.checkout_env(ROOT), timeout=timeout_s, watch=watch
+    )
+    wall = finished.wall_s
+    done = finished.json_objects()
     rows = []
     for i, chunk in enumerate(chunks):
         row = {"task": task, "m": m, "client_chunk": chunk, "child_wall_seconds": wall}
@@ -266,8 +249,8 @@ def launch(task: str, m: int, chunks: list[int | None], limit_gb: float, min_fre
         else:
             row["ok"] = False
             row["max_rss_seen_gb"] = max_rss[0]
-            row["error"] = killed[0] if killed else (
-                f"exit {proc.returncode}: " + err.decode().strip()[-400:]
+            row["error"] = finished.killed or (
+                f"exit {finished.returncode}: " + finished.stderr.strip()[-400:]
             )
         rows.append(row)
     return rows
@@ -350,6 +333,7 @@ def main(argv=None) -> int:
                         help="seconds per task, TASK=S,... or one number for every task")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--trial", nargs=3, help=argparse.SUPPRESS)
+    harness.add_checkout_arg(parser)  # read at import time (harness.checkout_from_argv)
     args = parser.parse_args(argv)
 
     if args.trial:
@@ -367,6 +351,8 @@ def main(argv=None) -> int:
     else:
         budgets = dict.fromkeys(ladders, float(args.budget_s))
     began = time.perf_counter()
+    meta = harness.collect_meta(ROOT, quick=args.quick)
+    probes = harness.machine_ceilings(quick=args.quick)
     rows, summary = [], []
     for task in args.tasks.split(","):
         task_began = time.perf_counter()
@@ -399,6 +385,11 @@ def main(argv=None) -> int:
                              timeout_s=max(2 * allowed, 60.0))
             for mode, row in zip(run, results, strict=True):
                 row["mode"] = mode
+                if task == "synthetic" and row["ok"]:
+                    row["fraction_of_stream"] = (
+                        harness.linear_round_bytes(m, SYN["n"], SYN["d"])
+                        / row["seconds_per_round"] / (probes["stream_GBps"] * 1e9)
+                    )
                 series[mode].append(row)
                 print(_describe(row), flush=True)
                 if not row["ok"]:
@@ -427,9 +418,10 @@ def main(argv=None) -> int:
         "total_seconds": time.perf_counter() - began,
         "summary": summary,
         "trials": rows,
+        "meta": {**harness.finish_meta(meta, began), "probes": probes,
+                 "round_bytes_model": harness.LINEAR_ROUND_BYTES_MODEL + " (synthetic rows)"},
     }
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    harness.write_json(args.out, result, indent=1)
     print(json.dumps(summary, indent=1))
     return 0
 

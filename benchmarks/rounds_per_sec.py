@@ -2,13 +2,18 @@
 
 Usage:
   python benchmarks/rounds_per_sec.py --out rounds_per_sec.json
-  python benchmarks/rounds_per_sec.py --quick --out /tmp/quick.json   # smoke run, ~20 s
+  python benchmarks/rounds_per_sec.py --quick --no-compare --out /tmp/quick.json  # smoke run
+  # an old commit and this one, side by side, with this script:
+  git worktree add /tmp/fedjax_old b9b1bc9
+  python benchmarks/rounds_per_sec.py --checkout /tmp/fedjax_old --out old.json
+  python benchmarks/rounds_per_sec.py --out new.json
+  python benchmarks/rounds_per_sec.py --pair old.json new.json   # Markdown table
 
 In one run this measures, on whatever JAX backend is the default:
 
-1. Two machine ceilings: streaming memory bandwidth (a jitted triad
-   b = a*s + b, b donated, over arrays far larger than the caches; 2 reads +
-   1 write per element) and a matmul peak (a large square f32 `jnp.dot`).
+1. Two machine ceilings (`harness.stream_bandwidth`, `harness.matmul_peak`):
+   streaming memory bandwidth (a jitted triad b = a*s + b, b donated, 2 reads
+   + 1 write per element) and a matmul peak (a large square f32 `jnp.dot`).
 2. For each (m, n, d, k): the steady-state seconds per round of
    `fedjax_sim.backend.jit(ifca(linear_regression(d), num_clusters=k,
    learning_rate=lr).round, d)` -- jax.jit with the per-shape XLA options
@@ -20,47 +25,49 @@ In one run this measures, on whatever JAX backend is the default:
    start from the same state on the same data, and the script asserts that
    one round of each gives the same cluster params (np.allclose, float32
    tolerance) and the same assignments. The timed rounds run in interleaved
-   blocks (vectorized, loop, vectorized, ...) so that other load on a shared
-   machine falls on both sides of the ratio. Extras: the same round run 20 at
-   a time inside one `lax.scan` (no per-round dispatch), and with ifca's
-   `client_chunk` (clients processed a cache-sized chunk at a time) where
-   this fedjax_sim has that option.
+   blocks (`harness.interleaved_blocks`: vectorized, chunked, scan, loop,
+   then again) so that other load on a shared machine falls on both sides of
+   the ratio. Extras: 20 rounds in one `lax.scan` through fedjax_sim's own
+   `simulate.scan_rounds` (`run_rounds` in checkouts before the rename), and
+   ifca's `client_chunk` (clients processed a cache-sized chunk at a time)
+   where this fedjax_sim has that option.
 3. One official sweep cell of the IFCA synthetic experiment (k=2, m=n=100,
    d=1000, σ=0.1, R=0.25; 40 data seeds × 3 lrs × 10 restarts × 300
-   iterations), built self-contained here: per data seed a `linear_mixture`
-   problem, then `vmap` over lrs × restarts of `lax.scan` over 300 rounds, the
-   restart's init key depending only on the restart index and the data shared
-   (in_axes None). `--sweep-seeds N` times N seeds and extrapolates to 40.
+   iterations), timed through the package's own compiled cell,
+   `fedjax_sim.experiments.ifca_synthetic.cell_min_dist`, one data seed per
+   call. `--sweep-seeds N` times N seeds and extrapolates to 40.
+4. Optionally (`--compare-preset`, the default; `--no-compare` skips it), the
+   end-to-end wall time of `python -m fedjax_sim.cli compare ifca-synthetic
+   --set seeds=10` run from the measured checkout in a subprocess. Skipped
+   when that checkout's CLI has no `compare` command; a failure is recorded
+   as an error string.
 
-The JSON written to --out is a list with one object per (m, n, d, k); the
-object whose shape matches the sweep cell also carries a `sweep_cell` object.
+Only APIs present both in b9b1bc9 and after the refactor are imported, so the
+same script measures either (`--checkout DIR`).
+
+The JSON written to --out is a list: one object per (m, n, d, k) (`"kind":
+"config"`; the one whose shape matches the sweep cell also carries a
+`sweep_cell` object), then, unless --no-compare, one `"kind": "comparison"`
+object. Every object carries the run's `meta`.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import hashlib
-import json
+import importlib
 import os
 import pathlib
-import platform
-import subprocess
+import re
 import sys
+import tempfile
 import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
+import harness
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-# The fedjax_sim of this checkout, not whatever copy site-packages holds
-# (a stale non-editable install would otherwise be measured silently).
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import fedjax_sim  # noqa: E402
-from fedjax_sim import backend
-from fedjax_sim.algorithms.ifca import ifca
-from fedjax_sim.data.synthetic import linear_mixture
-from fedjax_sim.models.core import linear_regression
 
 FULL_CONFIGS = ((100, 100, 1000, 2), (1000, 10, 10, 4), (10000, 10, 10, 4), (100000, 10, 10, 4))
 QUICK_CONFIGS = ((10, 10, 20, 2), (100, 5, 5, 4))
@@ -73,66 +80,50 @@ QUICK_CELL = dict(
     k=2, m=10, n=10, d=20, sigma=0.1, R=0.25, lrs=(1.0, 0.1, 0.01), restarts=10, iterations=20
 )
 OFFICIAL_SEEDS = 40
+CELL_SEED = 0  # the cell's seed_key is jax.random.key(CELL_SEED), as the sweep's default seed
 
-# One jitted generator for every shape: compiled once per (k, m, n, d), shared
-# by a round benchmark and the sweep cell of the same shape (σ, R are traced).
-_mixture = jax.jit(linear_mixture, static_argnames=("k", "m", "n", "d", "n_test"))
 DATA_SIGMA, DATA_R = 0.1, 0.25
-
 ROUND_LR = 0.1  # stable for X ~ N(0, 1) (Hessian ≈ 2I), so timed rounds stay finite
 RTOL, ATOL = 1e-4, 1e-5  # float32: sums over m·n terms in a different order
+SCAN_LEN = 20
+
+# The comparison row: the lead's end-to-end command, run from the measured checkout.
+COMPARE_ARGS = ("compare", "ifca-synthetic", "--set", "seeds=10")
+COMPARE_TIMEOUT_S = 1800.0
 
 
-def _times(fn, reps: int) -> list[float]:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
+class Library(NamedTuple):
+    """The pieces of the measured fedjax_sim this script uses (present in old and new)."""
+
+    ifca: Callable
+    linear_mixture: Callable
+    linear_regression: Callable
+    backend: Any
+    cell_min_dist: Callable
+    scan_rounds: Callable  # simulate.scan_rounds, or run_rounds before the rename
+    scan_rounds_name: str
 
 
-# --------------------------------------------------------------------------- probes
-
-
-def stream_bandwidth(num_floats: int, reps: int) -> dict:
-    """Triad b ← a*s + b: bytes moved (2 reads + 1 write) over the median time.
-
-    b is donated, so the output reuses its buffer: without that every call
-    writes a freshly mapped output and times the page faults (on the 2-core
-    CPU here, ~2.5 GB/s instead of ~10).
-    """
-    rng = np.random.default_rng(123)  # numpy inputs: no extra XLA compile for the probe
-    a = jnp.asarray(rng.standard_normal(num_floats, np.float32))
-    box = [jnp.asarray(rng.standard_normal(num_floats, np.float32))]
-    s = jnp.float32(1.0001)  # a traced scalar, so XLA cannot fold the multiply away
-    triad = jax.jit(lambda a, b, s: a * s + b, donate_argnums=1)
-
-    def step():
-        box[0] = triad(a, box[0], s)
-        jax.block_until_ready(box[0])
-
-    step()
-    t = float(np.median(_times(step, reps)))
-    moved = 3 * num_floats * 4
-    return {
-        "stream_GBps": moved / t / 1e9,
-        "stream_bytes_moved": moved,
-        "stream_s": t,
-        "stream_kernel": "b = a*s + b (b donated), f32, 2 reads + 1 write per element",
-    }
-
-
-def matmul_peak(size: int, reps: int) -> dict:
-    """GFLOP/s of one large square f32 matmul (2·N³ flops), median over reps."""
-    rng = np.random.default_rng(321)
-    a = jnp.asarray(rng.standard_normal((size, size), np.float32))
-    b = jnp.asarray(rng.standard_normal((size, size), np.float32))
-    mm = jax.jit(jnp.dot)
-    jax.block_until_ready(mm(a, b))
-    times = _times(lambda: jax.block_until_ready(mm(a, b)), reps)
-    t = float(np.median(times))
-    return {"matmul_peak_GFLOPs": 2 * size**3 / t / 1e9, "matmul_size": size, "matmul_s": t}
+def load_library(checkout) -> Library:
+    """Imports fedjax_sim from `checkout` (verified) and picks out what is measured."""
+    harness.use_checkout(checkout)
+    backend = importlib.import_module("fedjax_sim.backend")
+    simulate = importlib.import_module("fedjax_sim.simulate")
+    ifca = importlib.import_module("fedjax_sim.algorithms").ifca
+    if not callable(ifca):  # fedjax_sim.algorithms.ifca as a module
+        ifca = ifca.ifca
+    name = "scan_rounds" if hasattr(simulate, "scan_rounds") else "run_rounds"
+    return Library(
+        ifca=ifca,
+        linear_mixture=importlib.import_module("fedjax_sim.data").linear_mixture,
+        linear_regression=importlib.import_module("fedjax_sim.models").linear_regression,
+        backend=backend,
+        cell_min_dist=importlib.import_module(
+            "fedjax_sim.experiments.ifca_synthetic"
+        ).cell_min_dist,
+        scan_rounds=getattr(simulate, name),
+        scan_rounds_name=f"fedjax_sim.simulate.{name}",
+    )
 
 
 # --------------------------------------------------------------------------- the loop
@@ -178,55 +169,48 @@ def _cache_chunk(m: int, n: int, d: int, chunk_bytes: int = 2 << 20) -> int:
     return max(c for c in range(1, min(m, limit) + 1) if m % c == 0)
 
 
-def bench_config(m, n, d, k, *, vec_budget_s, loop_budget_s, loop_max_rounds, blocks, log) -> dict:
-    """Times one (m, n, d, k); see the module docstring.
-
-    The timed rounds run in `blocks` interleaved blocks (vectorized, scanned,
-    loop, then again), so that on a shared machine a burst of other load
-    falls on both sides of the ratio rather than on one.
-    """
-    data = _mixture(jax.random.key(0), k=k, m=m, n=n, d=d, sigma=DATA_SIGMA, R=DATA_R).train
-    alg = ifca(linear_regression(d), num_clusters=k, learning_rate=ROUND_LR)
+def bench_config(
+    lib: Library, m, n, d, k, *, vec_budget_s, loop_budget_s, loop_max_rounds, blocks, log
+) -> dict:
+    """Times one (m, n, d, k); see the module docstring."""
+    mixture = jax.jit(lib.linear_mixture, static_argnames=("k", "m", "n", "d", "n_test"))
+    data = mixture(jax.random.key(0), k=k, m=m, n=n, d=d, sigma=DATA_SIGMA, R=DATA_R).train
+    alg = lib.ifca(lib.linear_regression(d), num_clusters=k, learning_rate=ROUND_LR)
     state0 = alg.init(jax.random.key(1), data)
-    round_keys = jax.random.split(jax.random.key(2), 512)
-    key_list = list(round_keys)  # sliced here, so no indexing op runs inside the timed loop
+    key_list = list(jax.random.split(jax.random.key(2), 512))  # no indexing op in the timed loop
     jax.block_until_ready((data, state0, key_list))
 
-    # Vectorized: compile apart (AOT), then a first call.
-    t0 = time.perf_counter()
-    compiled = backend.jit(alg.round, d).lower(state0, data, key_list[0]).compile()
-    compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    state1, _ = compiled(state0, data, key_list[0])
-    jax.block_until_ready(state1)
-    first_call_s = time.perf_counter() - t0
+    # Vectorized: compiled apart (AOT), then a first call.
+    compiled, compile_s = harness.compile_ahead(
+        lib.backend.jit(alg.round, d), state0, data, key_list[0]
+    )
+    first_call_s, (state1, _) = harness.timed_call(compiled, state0, data, key_list[0])
 
-    # Many rounds in one lax.scan (how fedjax_sim's simulator runs them): no
-    # per-round dispatch. Reported as an extra; the headline is jit(alg.round).
-    scan_len = 20
+    # SCAN_LEN rounds in one lax.scan, through the simulator's own compiled
+    # scan (no per-round dispatch). An extra; the headline is jit(alg.round).
+    scan_key = jax.random.key(3)
 
-    def many(state, data, keys):
-        return jax.lax.scan(lambda s, key: (alg.round(s, data, key)[0], None), state, keys)[0]
+    def scanned():
+        return lib.scan_rounds(alg, state1, data, scan_key, 0, SCAN_LEN)[0]
 
-    scan_keys = round_keys[:scan_len]
-    scanned = backend.jit(many, d).lower(state1, data, scan_keys).compile()
-    jax.block_until_ready(scanned(state1, data, scan_keys))
+    scan_first_s, _ = harness.timed_call(scanned)  # traces and compiles
 
     # The same round processing `client_chunk` clients at a time (ifca's
     # client_chunk option, where this fedjax_sim has it): a chunk's X is
     # reused from cache between the forward pass and the VJP. An extra.
     chunk = _cache_chunk(m, n, d)
-    chunked = None
     try:
-        alg_c = ifca(
-            linear_regression(d), num_clusters=k, learning_rate=ROUND_LR, client_chunk=chunk
+        alg_c = lib.ifca(
+            lib.linear_regression(d), num_clusters=k, learning_rate=ROUND_LR, client_chunk=chunk
         )
     except TypeError:  # a fedjax_sim without client_chunk
         alg_c = None
+    chunked = state1_c = None
     if alg_c is not None:
-        chunked = backend.jit(alg_c.round, d).lower(state0, data, key_list[0]).compile()
-        state1_c, _ = chunked(state0, data, key_list[0])
-        jax.block_until_ready(state1_c)
+        chunked, _ = harness.compile_ahead(
+            lib.backend.jit(alg_c.round, d), state0, data, key_list[0]
+        )
+        _, (state1_c, _) = harness.timed_call(chunked, state0, data, key_list[0])
 
     # The per-client loop, on the same float32 data, from the same state; its
     # first round is checked against the vectorized first round.
@@ -260,50 +244,45 @@ def bench_config(m, n, d, k, *, vec_budget_s, loop_budget_s, loop_max_rounds, bl
             f"(max |diff| = {chunk_diff:.3g})"
         )
 
-    # Steady state, in interleaved blocks.
-    state, theta = state1, theta1
-    state_c = state1_c if chunked is not None else None
-    times, scan_times, chunk_times, loop_times = [], [], [], []
+    # Steady state, in interleaved blocks; each arm chains its own state.
+    box = {"vec": state1, "chunk": state1_c, "theta": theta1, "i": 1}
+
+    def next_key():
+        box["i"] += 1
+        return key_list[box["i"] % len(key_list)]
+
+    def vec_step():
+        box["vec"], _ = compiled(box["vec"], data, next_key())
+        return box["vec"]
+
+    def chunk_step():
+        box["chunk"], _ = chunked(box["chunk"], data, next_key())
+        return box["chunk"]
+
+    def loop_step():
+        box["theta"], _ = loop_round(box["theta"], clients, ROUND_LR)
+
     loop_per_block = int(
         max(1, min(loop_max_rounds, (loop_budget_s / blocks) // max(loop_first_s, 1e-9)))
     )
-    i = 1
-    for _ in range(blocks):
-        start, count = time.perf_counter(), 0
-        while count < 5 or (time.perf_counter() - start < vec_budget_s / blocks and count < 500):
-            t0 = time.perf_counter()
-            state, _ = compiled(state, data, key_list[i % len(key_list)])
-            jax.block_until_ready(state)
-            times.append(time.perf_counter() - t0)
-            i, count = i + 1, count + 1
-        if chunked is not None:
-            start, count = time.perf_counter(), 0
-            while count < 5 or (
-                time.perf_counter() - start < vec_budget_s / blocks / 2 and count < 500
-            ):
-                t0 = time.perf_counter()
-                state_c, _ = chunked(state_c, data, key_list[i % len(key_list)])
-                jax.block_until_ready(state_c)
-                chunk_times.append(time.perf_counter() - t0)
-                i, count = i + 1, count + 1
-        per_scan = float(np.median(times)) * scan_len
-        scan_reps = max(1, min(10, int(vec_budget_s / blocks / 2 // max(per_scan, 1e-9))))
-        scan_times += _times(
-            lambda: jax.block_until_ready(scanned(state1, data, scan_keys)), scan_reps
-        )
-        for _ in range(loop_per_block):
-            t0 = time.perf_counter()
-            theta, _ = loop_round(theta, clients, ROUND_LR)
-            loop_times.append(time.perf_counter() - t0)
-    vec_s = float(np.median(times))
-    scan_s = float(np.median(scan_times)) / scan_len
-    loop_s = float(np.median(loop_times))
-    loop_rounds = len(loop_times)
-    chunk_s = float(np.median(chunk_times)) if chunk_times else None
+    block_s = vec_budget_s / blocks
+    arms = {"vectorized": harness.Arm(vec_step, 5, block_s, 500)}
+    if chunked is not None:
+        arms["chunked"] = harness.Arm(chunk_step, 5, block_s / 2, 500)
+    arms["scan"] = harness.Arm(scanned, 1, block_s / 2, 10)
+    arms["loop"] = harness.Arm(loop_step, loop_per_block, 0.0, loop_per_block)
+    times = harness.interleaved_blocks(arms, blocks)
+
+    vec_s = float(np.median(times["vectorized"]))
+    scan_s = float(np.median(times["scan"])) / SCAN_LEN
+    loop_s = float(np.median(times["loop"]))
+    chunk_s = float(np.median(times["chunked"])) if chunked is not None else None
 
     x_bytes = int(x_np.nbytes)
+    round_bytes = harness.linear_round_bytes(m, n, d)
     flops = 4 * m * n * d * k
     row = {
+        "kind": "config",
         "m": m,
         "n": n,
         "d": d,
@@ -314,10 +293,12 @@ def bench_config(m, n, d, k, *, vec_budget_s, loop_budget_s, loop_max_rounds, bl
         "achieved_GBps": x_bytes / vec_s / 1e9,
         "compile_s": compile_s,
         # extras
-        "vectorized_rounds_timed": len(times),
+        "vectorized_rounds_timed": len(times["vectorized"]),
         "timing_blocks": blocks,
-        "scan_rounds_timed": len(scan_times) * scan_len,
-        "vectorized_s_per_round_min": float(np.min(times)),
+        "scan_rounds_timed": len(times["scan"]) * SCAN_LEN,
+        "scan_function": lib.scan_rounds_name,
+        "scan_first_call_s": scan_first_s,
+        "vectorized_s_per_round_min": float(np.min(times["vectorized"])),
         "vectorized_first_call_s": first_call_s,
         "vectorized_scan_s_per_round": scan_s,
         "scan_speedup": loop_s / scan_s,
@@ -325,10 +306,13 @@ def bench_config(m, n, d, k, *, vec_budget_s, loop_budget_s, loop_max_rounds, bl
         "vectorized_chunked_s_per_round": chunk_s,
         "chunked_speedup": loop_s / chunk_s if chunk_s else None,
         "chunked_max_abs_param_diff": chunk_diff,
-        "loop_rounds_timed": loop_rounds,
-        "loop_s_per_round_min": float(np.min(loop_times)),
+        "loop_rounds_timed": len(times["loop"]),
+        "loop_s_per_round_min": float(np.min(times["loop"])),
         "loop_first_round_s": loop_first_s,
         "x_bytes": x_bytes,
+        "round_bytes": round_bytes,
+        "round_bytes_model": harness.LINEAR_ROUND_BYTES_MODEL,
+        "round_GBps": round_bytes / vec_s / 1e9,
         "round_flops": flops,
         "round_GFLOPs": flops / vec_s / 1e9,
         "verified_equal": close and same_assignment,
@@ -350,100 +334,66 @@ def bench_config(m, n, d, k, *, vec_budget_s, loop_budget_s, loop_max_rounds, bl
 # --------------------------------------------------------------------------- sweep cell
 
 
-def make_sweep_cell(cell: dict):
-    """Returns (make_data, train) for one data seed of the official sweep cell.
-
-    make_data(data_key) -> (train FederatedData, theta_star [k, d]).
-    train(data, theta_star) -> min_dist [len(lrs), restarts].
-    """
-    k, m, n, d = cell["k"], cell["m"], cell["n"], cell["d"]
-    iterations = cell["iterations"]
-    model = linear_regression(d)
-    lrs = jnp.asarray(cell["lrs"], jnp.float32)
-    restarts = jnp.arange(cell["restarts"])
-    init_root = jax.random.key(10_000)  # restart r's init key: fold_in(init_root, r), any seed/lr
-    round_root = jax.random.key(20_000)
-
-    def make_data(data_key):
-        problem = _mixture(data_key, k=k, m=m, n=n, d=d, sigma=cell["sigma"], R=cell["R"])
-        return problem.train, problem.theta_star
-
-    def one_run(lr, restart, data, theta_star):
-        alg = ifca(model, num_clusters=k, learning_rate=lr)
-        state = alg.init(jax.random.fold_in(init_root, restart), data)
-
-        def step(state, t):
-            state, _ = alg.round(state, data, jax.random.fold_in(round_root, t))
-            return state, None
-
-        state, _ = jax.lax.scan(step, state, jnp.arange(iterations))
-        theta = state.cluster_params  # [k, d]
-        dist = jnp.linalg.norm(theta[:, None, :] - theta_star[None, :, :], axis=-1)
-        return jnp.mean(jnp.min(dist, axis=1))  # official min_dist
-
-    over_restarts = jax.vmap(one_run, in_axes=(None, 0, None, None))
-    over_lrs = jax.vmap(over_restarts, in_axes=(0, None, None, None))
-
-    def train(data, theta_star):
-        return over_lrs(lrs, restarts, data, theta_star)
-
-    return make_data, train
-
-
-def bench_sweep_cell(cell: dict, seeds: int, matmul_gflops: float, log) -> dict:
+def bench_sweep_cell(lib: Library, cell: dict, seeds: int, matmul_gflops: float, log) -> dict:
+    """Times `cell_min_dist`, one data seed per call: a warm-up (compiles), then seeds 0..N−1."""
     k, m, n, d = cell["k"], cell["m"], cell["n"], cell["d"]
     runs = len(cell["lrs"]) * cell["restarts"]
-    make_data, train = make_sweep_cell(cell)
-    key0 = jax.random.key(0)
+    seed_key = jax.random.key(CELL_SEED)
+    sigma, R = jnp.float32(cell["sigma"]), jnp.float32(cell["R"])
+    lrs = jnp.asarray(cell["lrs"], jnp.float32)
 
-    t0 = time.perf_counter()
-    data0, theta_star0 = make_data(key0)  # `_mixture` compiles here, unless already cached
-    train_c = backend.jit(train, d).lower(data0, theta_star0).compile()
-    compile_s = time.perf_counter() - t0
-    del data0, theta_star0
+    def one_seed(seed_ids):
+        return lib.cell_min_dist(
+            seed_key, seed_ids, sigma, R, lrs,
+            k=k, m=m, n=n, d=d, rounds=cell["iterations"], restarts=cell["restarts"],
+        )
 
-    data_s, train_s, best = [], [], []
-    for seed in range(seeds):
-        t0 = time.perf_counter()
-        data, theta_star = make_data(jax.random.key(seed))
-        jax.block_until_ready(data)
-        t1 = time.perf_counter()
-        min_dist = train_c(data, theta_star)
-        jax.block_until_ready(min_dist)
-        t2 = time.perf_counter()
-        data_s.append(t1 - t0)
-        train_s.append(t2 - t1)
+    best = []
+
+    def on_call(i, seconds, min_dist):
+        if i == 0:
+            log(f"  sweep cell warm-up (seed 0, compiles): {seconds:.2f} s")
+            return
         md = np.asarray(min_dist)
         best.append(float(np.nanmin(md)) if np.isfinite(md).any() else float("nan"))
         log(
-            f"  sweep cell seed {seed}: data {t1 - t0:.2f} s, 30 runs × "
-            f"{cell['iterations']} iterations {t2 - t1:.2f} s, best min_dist {best[-1]:.4f}"
+            f"  sweep cell seed {i - 1}: {runs} runs × {cell['iterations']} iterations "
+            f"(data included) {seconds:.2f} s, best min_dist {best[-1]:.4f}"
         )
 
-    seconds = float(np.sum(data_s) + np.sum(train_s))
+    timing = harness.compile_then_time(
+        one_seed, jnp.asarray([0], jnp.int32), reps=seeds,
+        next_args=lambda i, args, out: (jnp.asarray([i - 1], jnp.int32),),
+        on_call=on_call,
+    )
+    seconds = float(np.sum(timing.times))
     per_seed = seconds / seeds
+    compile_s = max(timing.first_call_s - timing.median_s, 0.0)
     flops_iter_run = 4 * m * n * d * k
     flops_seed = flops_iter_run * cell["iterations"] * runs
     gflops = flops_seed * seeds / seconds / 1e9
-    gflops_train = flops_seed * seeds / float(np.sum(train_s)) / 1e9
-    measured_all = seeds >= OFFICIAL_SEEDS
     return {
         "cell": {kk: (list(v) if isinstance(v, tuple) else v) for kk, v in cell.items()},
+        "timed_function": "fedjax_sim.experiments.ifca_synthetic.cell_min_dist",
+        "timed_call": f"cell_min_dist(jax.random.key({CELL_SEED}), [seed], sigma, R, lrs, ...): "
+        "one data seed per call, its data generated inside",
         "runs_per_seed": runs,
         "seeds_official": OFFICIAL_SEEDS,
         "seeds_measured": seeds,
         "measured_seconds": seconds,
-        "measured_seconds_note": f"wall time of the {seeds} measured seed(s): data generation "
-        "+ training, compile excluded",
-        "measured_data_seconds_per_seed": data_s,
-        "measured_train_seconds_per_seed": train_s,
+        "measured_seconds_note": f"wall time of the {seeds} measured seed(s), data generation "
+        "included, after a warm-up call on seed 0 that compiles",
+        "measured_seconds_per_seed": timing.times,
         "seconds_per_seed": per_seed,
         "official_40_seed_seconds": per_seed * OFFICIAL_SEEDS,
         "official_40_seed_seconds_is": "measured"
-        if measured_all
+        if seeds >= OFFICIAL_SEEDS
         else f"extrapolated: mean seconds per seed over {seeds} measured seed(s) × 40",
         "official_40_seed_seconds_incl_compile": per_seed * OFFICIAL_SEEDS + compile_s,
         "compile_s": compile_s,
+        "compile_s_is": "first call (seed 0) minus the median seed: cell_min_dist compiles "
+        "inside its first call",
+        "first_call_s": timing.first_call_s,
         "flop_count": "per iteration per run: forward X@Θ 2·m·n·d·k + backward (VJP) "
         "2·m·n·d·k = 4·m·n·d·k; elementwise work, argmin and data "
         "generation not counted",
@@ -451,38 +401,78 @@ def bench_sweep_cell(cell: dict, seeds: int, matmul_gflops: float, log) -> dict:
         "flops_per_seed": flops_seed,
         "flops_40_seeds": flops_seed * OFFICIAL_SEEDS,
         "achieved_GFLOPs": gflops,
-        "achieved_GFLOPs_training_only": gflops_train,
         "matmul_peak_GFLOPs": matmul_gflops,
         "fraction_of_matmul_peak": gflops / matmul_gflops,
         "best_min_dist_per_seed": best,
     }
 
 
+# --------------------------------------------------------------------------- comparison row
+
+
+def _cli_sources(root: pathlib.Path) -> str:
+    package = root / "fedjax_sim"
+    paths = [package / "cli.py", *sorted((package / "cli").rglob("*.py"))]
+    return "".join(p.read_text() for p in paths if p.is_file())
+
+
+def cli_has_command(root: pathlib.Path, command: str) -> tuple[bool, str]:
+    """Whether the checkout's `fedjax_sim.cli` has `command`, and how that was decided.
+
+    The source must name it as a string literal; then `--help` decides (the
+    source alone when `--help` itself fails).
+    """
+    source = _cli_sources(root)
+    if not source:
+        return False, "no fedjax_sim/cli.py (or fedjax_sim/cli/) in the checkout"
+    if not re.search(rf"""["']{re.escape(command)}["']""", source):
+        return False, f"fedjax_sim.cli's source has no {command!r} command"
+    done = harness.run_subprocess(
+        [sys.executable, "-m", "fedjax_sim.cli", "--help"],
+        cwd=root, env=harness.checkout_env(root), timeout=300,
+    )
+    if done.error() is not None:
+        return True, f"named in fedjax_sim.cli's source (--help failed: {done.error()})"
+    if re.search(rf"\b{re.escape(command)}\b", done.stdout):
+        return True, "listed by `python -m fedjax_sim.cli --help`"
+    return False, f"`python -m fedjax_sim.cli --help` does not list {command!r}"
+
+
+def bench_comparison(root: pathlib.Path, timeout_s: float, log) -> dict:
+    """End-to-end seconds of the CLI's `compare` command, or why there are none."""
+    row = {
+        "kind": "comparison",
+        "command": "python -m fedjax_sim.cli " + " ".join(COMPARE_ARGS)
+        + " --out TMPDIR --no-progress",
+        "cwd": str(root),
+        "comparison_seconds": None,
+    }
+    available, why = cli_has_command(root, COMPARE_ARGS[0])
+    row["detected"] = why
+    if not available:
+        row["skipped"] = why
+        log(f"comparison row skipped: {why}")
+        return row
+    log(f"comparison row: {row['command']} ...")
+    with tempfile.TemporaryDirectory(prefix="fedjax_compare_") as tmp:
+        cmd = [sys.executable, "-m", "fedjax_sim.cli", *COMPARE_ARGS,
+               "--out", os.path.join(tmp, "out"), "--no-progress"]
+        done = harness.run_subprocess(
+            cmd, cwd=root, env=harness.checkout_env(root), timeout=timeout_s
+        )
+    row["wall_seconds"] = done.wall_s
+    row["returncode"] = done.returncode
+    if done.error() is None:
+        row["comparison_seconds"] = done.wall_s
+        log(f"comparison row: {done.wall_s:.1f} s")
+    else:
+        row["error"] = done.error()
+        row["stderr_tail"] = done.stderr[-2000:]
+        log(f"comparison row failed: {row['error']}")
+    return row
+
+
 # --------------------------------------------------------------------------- main
-
-
-def _library_provenance() -> dict:
-    """What was measured: the git HEAD and a hash of fedjax_sim's sources as run."""
-    package = pathlib.Path(fedjax_sim.__file__).parent
-    digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        digest.update(str(path.relative_to(package)).encode())
-        digest.update(path.read_bytes())
-    out = {"fedjax_sim_sources_sha256": digest.hexdigest()[:16]}
-    try:
-
-        def git(*cmd):
-            return subprocess.run(
-                ["git", *cmd], cwd=package, capture_output=True, text=True, timeout=10, check=True
-            ).stdout.strip()
-
-        top = pathlib.Path(git("rev-parse", "--show-toplevel")).resolve()
-        if top == package.resolve().parent:  # the fedjax_sim checkout, not some enclosing repo
-            out["git_head"] = git("rev-parse", "--short", "HEAD")
-            out["git_dirty"] = bool(git("status", "--porcelain", "--", "."))
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return out
 
 
 def _fmt_table(rows) -> str:
@@ -492,7 +482,7 @@ def _fmt_table(rows) -> str:
     head = (
         f"{'m':>7} {'n':>4} {'d':>5} {'k':>2} | {'vec s/rnd':>11} {'speedup':>8} | "
         f"{'scan s/rnd':>11} {'chunk':>6} {'chunk s/rnd':>11} | {'loop s/rnd':>11} | "
-        f"{'X GB/s':>7} {'stream':>7} {'%':>5} | {'compile s':>9}"
+        f"{'X GB/s':>7} {'stream':>7} {'%1X':>5} {'%rnd':>5} | {'compile s':>9}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -502,7 +492,8 @@ def _fmt_table(rows) -> str:
             f"{sec(r['vectorized_scan_s_per_round'])} {str(r['client_chunk'] or '-'):>6} "
             f"{sec(r['vectorized_chunked_s_per_round'])} | {sec(r['loop_s_per_round'])} | "
             f"{r['achieved_GBps']:>7.2f} {r['stream_GBps']:>7.2f} "
-            f"{100 * r['achieved_GBps'] / r['stream_GBps']:>5.1f} | {r['compile_s']:>9.2f}"
+            f"{100 * r['achieved_fraction_of_stream']:>5.1f} "
+            f"{100 * r['fraction_of_stream']:>5.1f} | {r['compile_s']:>9.2f}"
         )
     return "\n".join(lines)
 
@@ -513,7 +504,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="tiny sizes, a smoke run for tests (~10-25 s on 2 CPU cores, mostly XLA compiles)",
+        help="tiny sizes, a smoke run for tests (~20-30 s on 2 CPU cores, mostly XLA compiles)",
     )
     parser.add_argument(
         "--sweep-seeds",
@@ -523,8 +514,31 @@ def main(argv=None) -> list[dict]:
         "accelerator, 2 on CPU, 1 with --quick; 0 skips the cell); "
         "fewer than 40 are extrapolated to 40",
     )
+    parser.add_argument(
+        "--compare-preset", dest="compare", action=argparse.BooleanOptionalAction, default=True,
+        help="time `python -m fedjax_sim.cli " + " ".join(COMPARE_ARGS) + "` end to end from "
+        "the measured checkout (default on; skipped where its CLI has no `compare`); "
+        "--no-compare-preset or --no-compare skips it",
+    )
+    parser.add_argument("--no-compare", dest="compare", action="store_false",
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--compare-timeout", type=float, default=COMPARE_TIMEOUT_S,
+                        help="seconds before the comparison command is killed (an error row)")
+    parser.add_argument(
+        "--pair", nargs=2, metavar=("OLD_JSON", "NEW_JSON"),
+        help="measure nothing: print a Markdown table of two runs (see compare_runs.py)",
+    )
+    harness.add_checkout_arg(parser)
     args = parser.parse_args(argv)
 
+    if args.pair:
+        import compare_runs
+
+        print(compare_runs.markdown(*args.pair))
+        return []
+
+    root = harness.resolve_checkout(args.checkout)
+    lib = load_library(root)
     platform_name = jax.default_backend()
     if args.sweep_seeds is None:
         args.sweep_seeds = 1 if args.quick else (2 if platform_name == "cpu" else OFFICIAL_SEEDS)
@@ -535,40 +549,22 @@ def main(argv=None) -> list[dict]:
         print(msg, flush=True)
 
     started = time.perf_counter()
-    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    cpu = "cpu" if platform_name == "cpu" else str(jax.devices()[0].device_kind)
-    meta = {
-        "date_utc": date,
-        "backend": platform_name,
-        "device": str(jax.devices()[0].device_kind),
-        "num_devices": jax.device_count(),
-        "host_cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "numpy": np.__version__,
-        "platform": platform.platform(),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv])
-        if argv is None
-        else f"main({argv!r})",
-        "quick": args.quick,
-        "loadavg_start": list(os.getloadavg()),
-        **_library_provenance(),
-    }
+    meta = harness.collect_meta(root, quick=args.quick, scan_function=lib.scan_rounds_name)
+    if argv is not None:
+        meta["command"] = f"main({argv!r})"
     log(
-        f"fedjax_sim rounds/s benchmark — {date}, backend {platform_name} ({cpu}), "
-        f"{os.cpu_count()} host CPUs, jax {jax.__version__}{' [quick]' if args.quick else ''}"
+        f"fedjax_sim rounds/s benchmark — {meta['date_utc']}, backend {platform_name} "
+        f"({meta['cpu_model']}), {meta['host_cpus']} host CPUs, jax {jax.__version__}"
+        f"{' [quick]' if args.quick else ''}\n"
+        f"measuring {meta['fedjax_sim_file']} (git {meta['git_head']}"
+        f"{', dirty' if meta['git_dirty'] else ''}, sources {meta['fedjax_sim_sources_sha256']})"
     )
 
-    on_cpu = platform_name == "cpu"
+    probes = harness.machine_ceilings(quick=args.quick)
     if args.quick:
-        probes = {**stream_bandwidth(1 << 20, 5), **matmul_peak(256, 3)}
         configs, cell = QUICK_CONFIGS, QUICK_CELL
         budgets = dict(vec_budget_s=0.05, loop_budget_s=0.05, loop_max_rounds=2, blocks=1)
     else:
-        probes = {
-            **stream_bandwidth((1 << 25) if on_cpu else (1 << 28), 10),
-            **matmul_peak(2048 if on_cpu else 8192, 5),
-        }
         configs, cell = FULL_CONFIGS, FULL_CELL
         budgets = dict(vec_budget_s=3.0, loop_budget_s=6.0, loop_max_rounds=3, blocks=3)
     log(
@@ -577,48 +573,54 @@ def main(argv=None) -> list[dict]:
     )
 
     rows = []
+    stream_Bps = probes["stream_GBps"] * 1e9
     for m, n, d, k in configs:
-        row = bench_config(m, n, d, k, log=log, **budgets)
+        row = bench_config(lib, m, n, d, k, log=log, **budgets)
         row["stream_GBps"] = probes["stream_GBps"]
-        row["achieved_fraction_of_stream"] = row["achieved_GBps"] / probes["stream_GBps"]
+        row["achieved_fraction_of_stream"] = row["achieved_GBps"] * 1e9 / stream_Bps
+        row["fraction_of_stream"] = row["round_bytes"] / row["vectorized_s_per_round"] / stream_Bps
         row["matmul_peak_GFLOPs"] = probes["matmul_peak_GFLOPs"]
         rows.append(row)
 
+    sweep = None
     if args.sweep_seeds > 0:
-        sweep = bench_sweep_cell(cell, args.sweep_seeds, probes["matmul_peak_GFLOPs"], log)
+        sweep = bench_sweep_cell(lib, cell, args.sweep_seeds, probes["matmul_peak_GFLOPs"], log)
         shape = (cell["m"], cell["n"], cell["d"], cell["k"])
         for row in rows:
             if (row["m"], row["n"], row["d"], row["k"]) == shape:
                 row["sweep_cell"] = sweep
-    else:
-        sweep = None
 
-    meta["loadavg_end"] = list(os.getloadavg())
-    meta["total_seconds"] = time.perf_counter() - started
+    comparison = bench_comparison(root, args.compare_timeout, log) if args.compare else None
+
+    harness.finish_meta(meta, started)
     meta["probes"] = probes
-    for row in rows:
+    out_rows = rows + ([comparison] if comparison is not None else [])
+    for row in out_rows:
         row["meta"] = meta
 
     log("")
     log(_fmt_table(rows))
+    log("(%1X: one pass of X over the stream probe; %rnd: fraction_of_stream, "
+        f"{harness.LINEAR_ROUND_BYTES_MODEL})")
     if sweep is not None:
         log(
             f"\nsweep cell k={cell['k']} m={cell['m']} n={cell['n']} d={cell['d']}, "
             f"{sweep['runs_per_seed']} runs × {cell['iterations']} iterations per seed: "
             f"{sweep['seeds_measured']} seed(s) measured in {sweep['measured_seconds']:.1f} s "
-            f"(compile {sweep['compile_s']:.1f} s); 40 seeds: "
+            f"(compile ≈ {sweep['compile_s']:.1f} s); 40 seeds: "
             f"{sweep['official_40_seed_seconds']:.1f} s ({sweep['official_40_seed_seconds_is']}); "
             f"{sweep['achieved_GFLOPs']:.1f} GFLOP/s = "
             f"{100 * sweep['fraction_of_matmul_peak']:.0f}% of the matmul probe "
             f"({sweep['matmul_peak_GFLOPs']:.1f} GFLOP/s)"
         )
+    if comparison is not None and comparison["comparison_seconds"] is not None:
+        log(f"comparison ({comparison['command']}): {comparison['comparison_seconds']:.1f} s")
     log(f"total {meta['total_seconds']:.1f} s")
 
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(rows, f, indent=2)
+        harness.write_json(args.out, out_rows)
         log(f"wrote {args.out}")
-    return rows
+    return out_rows
 
 
 if __name__ == "__main__":

@@ -1,35 +1,39 @@
 """Seconds per IFCA round vs number of clients m, clusters k, and devices.
 
-Each point runs in a fresh subprocess, because JAX fixes its device count
-when it starts (`XLA_FLAGS=--xla_force_host_platform_device_count=N` forces N
-CPU devices; on a GPU/TPU machine the real devices are used). The round is
-IFCA option I on the synthetic mixture of linear regressions, clients sharded
-over a 1-D mesh. Compile time is reported apart from the steady-state time
-(median of several timed rounds, each ending in `block_until_ready`).
+Each point runs in a fresh subprocess (`harness.run_point_subprocess`),
+because JAX fixes its device count when it starts
+(`XLA_FLAGS=--xla_force_host_platform_device_count=N` forces N CPU devices;
+on a GPU/TPU machine the real devices are used). The round is IFCA option I
+on the synthetic mixture of linear regressions, clients sharded over a 1-D
+mesh. `harness.compile_then_time` reports compile time apart from the
+steady-state time (median of several timed rounds after a warm-up, each
+ending in `block_until_ready`). Each point also gets `fraction_of_stream`:
+the round's bytes (`harness.linear_round_bytes`: 2 passes over X + y) per
+second over the stream probe, measured once in the parent.
 
     python benchmarks/scaling.py --out scaling.json   # also writes scaling.png
     python benchmarks/scaling.py --quick --out /tmp/s.json
+    python benchmarks/scaling.py --quick --checkout /tmp/fedjax_old --out /tmp/s_old.json
+
+The JSON is a list with one object per point, each carrying the run's `meta`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-# The fedjax_sim of this checkout (workers too), not a copy in site-packages.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import harness
 
 WORKER = "--worker"
 
 
 def measure(m: int, n: int, d: int, k: int, devices: int, repeats: int) -> dict:
+    """One point, in this (fresh) process; fedjax_sim must already be imported by the caller."""
     import jax
-    import numpy as np
 
     from fedjax_sim import backend, ifca, linear_mixture, linear_regression
     from fedjax_sim.parallel import make_mesh, shard_clients
@@ -40,39 +44,35 @@ def measure(m: int, n: int, d: int, k: int, devices: int, repeats: int) -> dict:
         data = shard_clients(data, make_mesh(devices))
     algorithm = ifca(linear_regression(d), num_clusters=k, learning_rate=0.1)
     state = jax.jit(algorithm.init)(jax.random.key(1), data)
-    step = backend.jit(algorithm.round, d)  # as fedjax_sim.simulate compiles rounds
-    start = time.perf_counter()
-    compiled = step.lower(state, data, jax.random.key(2)).compile()
-    compile_s = time.perf_counter() - start
-    state, _ = compiled(state, data, jax.random.key(2))  # warm-up
-    jax.block_until_ready(state)
-    times = []
-    for t in range(repeats):
-        start = time.perf_counter()
-        state, _ = compiled(state, data, jax.random.key(3 + t))
-        jax.block_until_ready(state)
-        times.append(time.perf_counter() - start)
+    # A warm-up round on key 2, then `repeats` rounds on keys 3, 4, ..., chained.
+    timing = harness.compile_then_time(
+        backend.jit(algorithm.round, d),  # as fedjax_sim.simulate compiles rounds
+        state, data, jax.random.key(2),
+        reps=repeats,
+        next_args=lambda i, args, out: (out[0], args[1], jax.random.key(2 + i)),
+    )
     return {
         "m": m, "n": n, "d": d, "k": k, "devices": devices,
         "backend": jax.default_backend(),
-        "s_per_round": float(np.median(times)),
-        "compile_s": compile_s,
-        "rounds_per_s": float(1.0 / np.median(times)),
+        "s_per_round": timing.median_s,
+        "compile_s": timing.compile_s,
+        "rounds_per_s": 1.0 / timing.median_s,
+        "s_per_round_min": timing.min_s,
+        "rounds_timed": timing.count,
+        "first_round_s": timing.first_call_s,
+        "round_bytes": harness.linear_round_bytes(m, n, d),
     }
 
 
-def run_point(m, n, d, k, devices, repeats) -> dict:
-    env = dict(os.environ)
-    if devices > 1:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    proc = subprocess.run(
-        [sys.executable, __file__, WORKER, json.dumps([m, n, d, k, devices, repeats])],
-        capture_output=True, text=True, env=env,
+def run_point(m, n, d, k, devices, repeats, checkout: Path) -> dict:
+    env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"} if devices > 1 else {}
+    r = harness.run_point_subprocess(
+        __file__, [WORKER, json.dumps([m, n, d, k, devices, repeats]), "--checkout", str(checkout)],
+        env=env,
     )
-    if proc.returncode != 0:
-        return {"m": m, "n": n, "d": d, "k": k, "devices": devices,
-                "error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    if "error" in r:
+        return {"m": m, "n": n, "d": d, "k": k, "devices": devices, "error": r["error"]}
+    return r
 
 
 def plot(results: list[dict], path: Path) -> None:
@@ -100,13 +100,21 @@ def plot(results: list[dict], path: Path) -> None:
 
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == WORKER:
-        print(json.dumps(measure(*json.loads(sys.argv[2]))))
+        module = harness.use_checkout(harness.checkout_from_argv())
+        point = measure(*json.loads(sys.argv[2]))
+        point["fedjax_sim_file"] = module.__file__
+        print(json.dumps(harness.strict_json(point)))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file (a PNG is written beside it)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds")
     parser.add_argument("--max-devices", type=int, default=4)
+    harness.add_checkout_arg(parser)
     args = parser.parse_args()
+    root = harness.resolve_checkout(args.checkout)
+    started = time.perf_counter()
+    meta = harness.collect_meta(root, quick=args.quick)
+    probes = harness.machine_ceilings(quick=args.quick)
     n, d = 10, 10
     if args.quick:
         grid = {"m": [100, 1000], "k": [1, 4], "devices": [1, 2]}
@@ -119,15 +127,24 @@ def main() -> None:
     for axis, values in grid.items():
         for value in values:
             point = {"m": base_m, "k": 4, "devices": 1, axis: value}
-            r = run_point(point["m"], n, d, point["k"], point["devices"], repeats)
+            r = run_point(point["m"], n, d, point["k"], point["devices"], repeats, root)
             r["sweep"] = axis
+            if "s_per_round" in r:
+                r["fraction_of_stream"] = (
+                    r["round_bytes"] / r["s_per_round"] / (probes["stream_GBps"] * 1e9)
+                )
             results.append(r)
             shown = {key: r.get(key) for key in ("sweep", "m", "k", "devices", "s_per_round",
-                                                  "compile_s", "error") if key in r}
+                                                  "compile_s", "fraction_of_stream", "error")
+                     if key in r}
             print(json.dumps(shown), flush=True)
+    harness.finish_meta(meta, started)
+    meta["probes"] = probes
+    meta["round_bytes_model"] = harness.LINEAR_ROUND_BYTES_MODEL
+    for r in results:
+        r["meta"] = meta
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    harness.write_json(out, results)
     plot(results, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 

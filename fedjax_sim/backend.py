@@ -24,6 +24,8 @@ import math
 
 import jax
 
+from fedjax_sim.data.federated import FederatedData
+
 YNN_MIN_FEATURES = 64
 _YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
 
@@ -51,9 +53,19 @@ def compiler_options(feature_size: int | None) -> dict[str, str]:
     return {_YNN_OPTION: ""}  # an empty list of fusion types: no YNN fusions
 
 
-def feature_size(data) -> int:
-    """Features per example of a FederatedData (x is [m, n, *features])."""
-    return math.prod(data.x.shape[2:])
+def feature_size(data) -> int | None:
+    """Features per example of client data (x: leaves [m, n, *features]), summed over leaves.
+
+    `data` may be a FederatedData or any pytree holding one (an algorithm's
+    inputs); None when there is none.
+    """
+    def is_clients(node):
+        return isinstance(node, FederatedData)
+
+    found = [n for n in jax.tree.leaves(data, is_leaf=is_clients) if is_clients(n)]
+    if not found:
+        return None
+    return sum(math.prod(a.shape[2:]) for a in jax.tree.leaves(found[0].x))
 
 
 @functools.lru_cache(maxsize=64)

@@ -20,6 +20,14 @@ opened. The newest `max_to_keep` steps are kept.
 The directory is created on the first save, so a run shorter than its
 checkpoint interval leaves none behind.
 
+Atomic renames do not protect a step from what happens after it is written
+(a disk that fills or fails, a copy that stops half-way, a hand that deletes
+a file): `restore_latest_intact` tries the steps newest first, skips each one
+that is empty, lacks an item or fails to restore, and deletes the skipped ones
+once an older step has restored, so the resumed run can write those rounds
+again. When no step restores it raises `CheckpointError`, one line naming the
+directory and what each step held.
+
 Under several processes (`jax.distributed`) every process calls `save` and
 `restore` together on the same (shared) directory, as orbax's multi-host
 checkpointing expects: each process writes the shards its devices hold,
@@ -32,6 +40,8 @@ device, and come back on this process's first device.
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -39,6 +49,10 @@ import jax
 import numpy as np
 
 _STATE, _PROGRESS = "state", "progress"
+# orbax's default step directory name, `DIR/<round>`; its temporary
+# `<round>.orbax-checkpoint-tmp...` directories do not match.
+_STEP_NAME = re.compile(r"0|[1-9][0-9]*")
+_REASON_CHARS = 150
 
 
 def _orbax():
@@ -46,6 +60,10 @@ def _orbax():
     import orbax.checkpoint
 
     return orbax.checkpoint
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that holds step directories but no step that restores."""
 
 
 class Restored(NamedTuple):
@@ -118,6 +136,45 @@ def _key_data_like(x):
     return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
 
 
+def _one_line(error: Exception) -> str:
+    """The exception's type and the first line of its message, cut to `_REASON_CHARS`."""
+    lines = str(error).strip().splitlines()
+    first = lines[0].strip() if lines else ""
+    if len(first) > _REASON_CHARS:
+        first = first[: _REASON_CHARS - 3] + "..."
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
+
+
+def _process_0_says(flag: bool) -> bool:
+    """Process 0's flag on every process, so that all of them take the same branch."""
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.int32(flag)))
+
+
+def _every_process_says(flag: bool) -> bool:
+    """Whether the flag holds on every process."""
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+
+    return bool(np.min(multihost_utils.process_allgather(np.int32(flag))))
+
+
+def _process_0_steps(steps: list[int]) -> list[int]:
+    """Process 0's list of steps on every process."""
+    if jax.process_count() == 1:
+        return steps
+    from jax.experimental import multihost_utils
+
+    count = int(multihost_utils.broadcast_one_to_all(np.int32(len(steps))))
+    padded = np.zeros(count, np.int32)
+    padded[: min(count, len(steps))] = steps[:count]
+    return [int(s) for s in multihost_utils.broadcast_one_to_all(padded)]
+
+
 def encode_history(value):
     """History rows as JSON-able values; numpy arrays and scalars keep their dtype."""
     if isinstance(value, (np.ndarray, np.generic, jax.Array)):
@@ -177,14 +234,44 @@ class RunCheckpoints:
         return self._manager
 
     def _exists(self) -> bool:
-        exists = self.directory.exists()
+        # Opening the manager syncs the processes, so they must all choose
+        # alike: process 0's view decides.
+        return _process_0_says(self.directory.exists())
+
+    def _step_dirs(self) -> list[int]:
+        """Rounds of the `DIR/<round>/` directories on disk, whatever orbax makes of them."""
+        if not self.directory.is_dir():
+            return []
+        return [int(p.name) for p in self.directory.iterdir()
+                if p.is_dir() and _STEP_NAME.fullmatch(p.name)]
+
+    def _incomplete(self, step: int, listed) -> str | None:
+        """Why step directory `step` cannot be a checkpoint, seen without reading it (None: it may be)."""
+        path = self.directory / str(step)
+        if not path.is_dir():
+            return "no step directory"
+        if not any(path.iterdir()):
+            return "empty step directory"
+        missing = [item for item in (_STATE, _PROGRESS) if not (path / item).is_dir()]
+        if missing:
+            return f"no {' or '.join(repr(item) for item in missing)} item"
+        if step not in listed:
+            return "not a finished orbax step"
+        return None
+
+    def _delete_steps(self, steps: list[int]) -> None:
+        """Removes the step directories (process 0 deletes, every process waits for it)."""
+        if not steps:
+            return
+        if jax.process_index() == 0:
+            for step in steps:
+                shutil.rmtree(self.directory / str(step), ignore_errors=True)
         if jax.process_count() > 1:
-            # Opening the manager syncs the processes, so they must all choose
-            # alike: process 0's view decides.
             from jax.experimental import multihost_utils
 
-            exists = bool(multihost_utils.broadcast_one_to_all(np.int32(exists)))
-        return exists
+            multihost_utils.sync_global_devices("fedjax_sim:deleted_broken_steps")
+        # orbax caches its list of steps; it would refuse to save a deleted one again.
+        self._open().reload()
 
     def steps(self) -> list[int]:
         """Rounds with a complete checkpoint, oldest first."""
@@ -269,6 +356,58 @@ class RunCheckpoints:
             state=jax.tree_util.tree_unflatten(treedef, leaves),
             key=key,
             history=decode_history(progress["history"]),
+        )
+
+    def restore_latest_intact(self, abstract_state, abstract_key) -> tuple[
+        Restored | None, list[tuple[int, str]]
+    ]:
+        """The newest checkpoint that restores, skipping (and then deleting) broken newer ones.
+
+        Every `DIR/<round>/` directory counts, also one orbax does not list: an
+        empty one, one without the `state` or `progress` item, and one whose
+        restore raises (a truncated array file, missing metadata, bad JSON) is
+        skipped. Once an older step restores, the skipped step directories
+        are deleted, so that the resumed run can save those rounds again
+        (orbax refuses to save a step it already has); when none restores,
+        nothing is deleted.
+
+        Args:
+          abstract_state: as for `restore`.
+          abstract_key: as for `restore`.
+
+        Returns:
+          (restored, skipped): the newest checkpoint that restores (None when
+          the directory holds no step directory at all) and the (round,
+          one-line reason) of each newer step skipped, newest first.
+
+        Raises:
+          CheckpointError: step directories exist but none restores.
+        """
+        if self._manager is None and not self._exists():
+            return None, []
+        listed = set(self._open().all_steps())
+        candidates = _process_0_steps(sorted(listed | set(self._step_dirs()), reverse=True))
+        skipped = []
+        for step in candidates:
+            reason = self._incomplete(step, listed)
+            if _process_0_says(reason is not None):
+                skipped.append((step, reason or "incomplete on process 0"))
+                continue
+            try:
+                restored = self.restore(abstract_state, abstract_key, step)
+            except Exception as error:  # orbax, tensorstore and json raise many kinds
+                restored, reason = None, _one_line(error)
+            if _every_process_say_ok := _every_process_says(reason is None):
+                del _every_process_say_ok
+                self._delete_steps([s for s, _ in skipped])
+                return restored, skipped
+            skipped.append((step, reason or "failed to restore on another process"))
+        if not skipped:
+            return None, []
+        found = ", ".join(f"round {step} ({reason})" for step, reason in skipped)
+        raise CheckpointError(
+            f"no intact checkpoint in {self.directory}: {found}; remove the directory or "
+            "start a new run in another output directory (--out)."
         )
 
     def close(self) -> None:

@@ -1,25 +1,63 @@
-"""Run-directory files, written atomically (write to a temporary file, then rename)."""
+"""Run-directory files: JSON and CSV, whole files written atomically.
+
+`write_json` and `write_csv` write a temporary file beside the target, fsync it
+and rename it over the target, so a reader or a crash sees the old file or the
+new one, never half of one. `append_csv` appends and fsyncs instead, for files
+that grow while a run goes; `read_csv` drops a last line a crash cut short.
+
+Formats:
+
+* JSON is strict (RFC 8259): float NaN and ±inf, whether Python floats, numpy
+  scalars or elements of numpy arrays, at any depth of lists, tuples and dicts,
+  are written as ``null``; no ``NaN``/``Infinity`` token ever reaches the file,
+  so any JSON reader (jq, JavaScript, pandas) can load it.
+* CSV records end with "\\n". A field holding "\\r" or "\\n" is quoted, so
+  `read_csv` gives back any text; it also reads files with "\\r\\n" line ends.
+  Floats are written with `repr`, so they read back exactly.
+* Files get the mode a plain `open()` would give them (0666 less the umask).
+"""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import math
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
-# RFC 4180 line ends: Python's csv writer quotes a field holding "\r" only
-# when "\r" is part of the terminator, so "\n" alone would corrupt such text.
-_EOL = "\r\n"
+# Python's csv writer quotes a field holding "\r" only when "\r" is part of the
+# line terminator, so records are formatted with "\r\n" and the terminator is
+# then cut to "\n".
+_CSV_TERMINATOR = "\r\n"
+_EOL = "\n"
+_TEMP_NAME_TRIES = 100
+
+
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """Creates an empty, unique temporary file beside `path`.
+
+    Created like `open()` creates a file (mode 0666, which the kernel narrows by
+    the umask and the directory's default ACL), not 0600 as `tempfile.mkstemp`.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    flags |= getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    for _ in range(_TEMP_NAME_TRIES):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no unused temporary file name beside {path}")
 
 
 def _atomic_write(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _create_temp(path)
     try:
-        with os.fdopen(fd, "w", newline="") as f:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -38,18 +76,32 @@ def _clean(value):
     return value
 
 
-def write_json(path, obj) -> None:
-    def default(o):
-        cleaned = _clean(o)
-        if cleaned is o:
-            raise TypeError(f"not JSON serializable: {type(o).__name__}")
-        return cleaned
+def _strict(value):
+    """`value` with numpy values made plain and non-finite floats made None."""
+    if isinstance(value, dict):
+        return {_clean(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None
+    cleaned = _clean(value)
+    if cleaned is value:
+        return value  # json.dumps decides: a str, int, bool or None, else a TypeError
+    return _strict(cleaned)
 
-    _atomic_write(Path(path), json.dumps(obj, indent=2, sort_keys=False, default=default) + "\n")
+
+def write_json(path, obj) -> None:
+    """Writes `obj` as strict JSON (non-finite floats become null), atomically."""
+
+    def unencodable(o):
+        raise TypeError(f"not JSON serializable: {type(o).__name__}")
+
+    text = json.dumps(_strict(obj), indent=2, allow_nan=False, default=unencodable)
+    _atomic_write(Path(path), text + "\n")
 
 
 def read_json(path):
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
         return json.load(f)
 
 
@@ -60,22 +112,40 @@ def _format(value):
     return value
 
 
+def _records(rows: list[dict], columns: list[str], header: bool) -> str:
+    """CSV text of `rows` (and the header first if asked), each record ending in "\\n"."""
+    parts: list[str] = []
+    writer = csv.DictWriter(
+        _Sink(parts), fieldnames=columns, extrasaction="ignore", lineterminator=_CSV_TERMINATOR
+    )
+    out = []
+
+    def take():
+        record = "".join(parts)
+        parts.clear()
+        out.append(record[: -len(_CSV_TERMINATOR)] + _EOL)
+
+    if header:
+        writer.writeheader()
+        take()
+    for row in rows:
+        writer.writerow({c: _format(row.get(c, "")) for c in columns})
+        take()
+    return "".join(out)
+
+
+class _Sink:
+    def __init__(self, parts: list[str]):
+        self.parts = parts
+
+    def write(self, s):
+        self.parts.append(s)
+
+
 def write_csv(path, rows: list[dict], columns: list[str] | None = None) -> None:
     """Writes all rows at once (atomically). Columns default to the union of keys, in order."""
     columns = columns or _columns(rows)
-    lines = []
-
-    class _Sink:
-        def write(self, s):
-            lines.append(s)
-
-    writer = csv.DictWriter(
-        _Sink(), fieldnames=columns, extrasaction="ignore", lineterminator=_EOL
-    )
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({c: _format(row.get(c, "")) for c in columns})
-    _atomic_write(Path(path), "".join(lines))
+    _atomic_write(Path(path), _records(rows, columns, header=True))
 
 
 def append_csv(path, rows: list[dict], columns: list[str]) -> None:
@@ -87,14 +157,9 @@ def append_csv(path, rows: list[dict], columns: list[str]) -> None:
     path = Path(path)
     _drop_partial_line(path)
     new = not path.exists() or path.stat().st_size == 0
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(
-            f, fieldnames=columns, extrasaction="ignore", lineterminator=_EOL
-        )
-        if new:
-            writer.writeheader()
-        for row in rows:
-            writer.writerow({c: _format(row.get(c, "")) for c in columns})
+    text = _records(rows, columns, header=new)
+    with open(path, "a", encoding="utf-8", newline="") as f:
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
 

@@ -61,11 +61,33 @@ def min_dist(cluster_params: jax.Array, theta_star: jax.Array) -> jax.Array:
 
 
 def summarize_clients(evaluation: dict, prefix: str = "") -> dict:
-    """Average and worst case of the per-client losses (and accuracies)."""
+    """Average and worst case of the per-client losses (and accuracies).
+
+    Averages are weighted by the evaluation's `client_weight` (the algorithm
+    decides: 1 per client with data for most, examples per client for
+    one-shot clustering); clients of weight 0 (no data) are left out of the
+    averages and of the worst case.
+    """
     loss = to_host(evaluation["client_loss"]).astype(np.float64)
-    out = {f"{prefix}loss": float(np.mean(loss)), f"{prefix}loss_worst": float(np.max(loss))}
+    weight = to_host(evaluation.get("client_weight", np.ones_like(loss))).astype(np.float64)
+    counted = weight > 0
+
+    def average(values):
+        total = np.sum(weight, axis=-1)
+        return np.sum(np.where(counted, values, 0.0) * weight, axis=-1) / np.where(
+            total > 0, total, np.nan)
+
+    def worst(values, reduce):
+        fill = -np.inf if reduce is np.max else np.inf
+        return reduce(np.where(counted, values, fill), axis=-1)
+
+    def scalar(v):
+        return float(v) if np.ndim(v) == 0 else v
+
+    out = {f"{prefix}loss": scalar(average(loss)),
+           f"{prefix}loss_worst": scalar(worst(loss, np.max))}
     if "client_accuracy" in evaluation:
         acc = to_host(evaluation["client_accuracy"]).astype(np.float64)
-        out[f"{prefix}accuracy"] = float(np.mean(acc))
-        out[f"{prefix}accuracy_worst"] = float(np.min(acc))
+        out[f"{prefix}accuracy"] = scalar(average(acc))
+        out[f"{prefix}accuracy_worst"] = scalar(worst(acc, np.min))
     return out

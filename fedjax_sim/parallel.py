@@ -22,6 +22,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from fedjax_sim.data.federated import FederatedData
+
 AXIS = "clients"
 
 
@@ -64,15 +66,53 @@ def shard_clients(tree, mesh: Mesh):
     return jax.device_put(tree, client_sharding(mesh))
 
 
-def shard_state(state, num_clients: int, mesh: Mesh):
-    """Per-client state leaves (leading axis m) sharded, the rest replicated."""
+def _is_clients(node) -> bool:
+    return isinstance(node, FederatedData)
 
-    def place(leaf):
-        if getattr(leaf, "ndim", 0) >= 1 and leaf.shape[0] == num_clients:
-            return jax.device_put(leaf, client_sharding(mesh))
-        return jax.device_put(leaf, replicated(mesh))
 
-    return jax.tree.map(place, state)
+def input_shardings(inputs, mesh: Mesh):
+    """Per leaf of an algorithm's inputs: client-sharded inside `FederatedData`, else replicated.
+
+    Decided by type: the client data's leaves have the client axis first;
+    anything else (`ServerData`, plain arrays) is replicated.
+    """
+
+    def place(node):
+        if _is_clients(node):
+            check_divisible(node.num_clients, mesh)
+            return jax.tree.map(lambda _: client_sharding(mesh), node)
+        return replicated(mesh)
+
+    return jax.tree.map(place, inputs, is_leaf=_is_clients)
+
+
+def place_inputs(inputs, mesh: Mesh):
+    """An algorithm's inputs placed by `input_shardings`."""
+    return jax.device_put(inputs, input_shardings(inputs, mesh))
+
+
+def client_data(inputs) -> FederatedData:
+    """The (first) `FederatedData` inside an algorithm's inputs."""
+    found = [n for n in jax.tree.leaves(inputs, is_leaf=_is_clients) if _is_clients(n)]
+    if not found:
+        raise ValueError("the algorithm's inputs hold no FederatedData.")
+    return found[0]
+
+
+def state_shardings(client_axes, mesh: Mesh):
+    """NamedShardings from an algorithm's `client_axes(state)` (-1: replicated)."""
+
+    def spec(axis):
+        if axis < 0:
+            return replicated(mesh)
+        return NamedSharding(mesh, P(*([None] * axis), AXIS))
+
+    return jax.tree.map(spec, client_axes)
+
+
+def shard_state(state, client_axes, mesh: Mesh):
+    """State leaves placed by the algorithm's declared client axes."""
+    return jax.device_put(state, state_shardings(client_axes, mesh))
 
 
 def to_host(x) -> np.ndarray:

@@ -11,17 +11,18 @@ whole state, the key and the history, and the chunks after it are the same.
 from __future__ import annotations
 
 import functools
+import sys
+import time
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tqdm.auto import tqdm
 
 from fedjax_sim import backend, parallel
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.checkpoint import RunCheckpoints
-from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.logs import Progress
 from fedjax_sim.metrics import summarize_clients
 
 
@@ -58,24 +59,30 @@ class Diverged(RuntimeError):
                            self.checkpoint_round, self.checkpoint_dir))
 
 
-def _run_rounds(algorithm: Algorithm, state, data: FederatedData, round_key, start, length: int):
+def _scan_rounds(algorithm: Algorithm, state, data, round_key, start, length: int):
     def body(s, t):
         return algorithm.round(s, data, jax.random.fold_in(round_key, t))
 
     return jax.lax.scan(body, state, start + jnp.arange(length))
 
 
-def run_rounds(algorithm: Algorithm, state, data: FederatedData, round_key, start, length: int):
-    """Rounds start, ..., start + length − 1 as one jit-compiled `lax.scan`.
+def scan_rounds(algorithm: Algorithm, state, data, round_key, start, length: int):
+    """Rounds start, ..., start + length − 1 as one jit-compiled `lax.scan`: the one loop of rounds.
 
-    Compiled with `backend.compiler_options` for the data's feature size.
+    Round t's key is fold_in(round_key, t). `simulate.run`, sweep cells,
+    comparisons and the benchmarks all run rounds through this. Compiled
+    with `backend.compiler_options` for the data's feature size; inside an
+    enclosing jit/vmap (a sweep cell) it is simply traced.
 
     Returns (state, metrics of every round stacked on a leading [length] axis).
     """
-    compiled = backend.jit(
-        _run_rounds, backend.feature_size(data), static_argnames=("algorithm", "length")
+    return _compiled_scan(data)(algorithm, state, data, round_key, start, length)
+
+
+def _compiled_scan(data):
+    return backend.jit(
+        _scan_rounds, backend.feature_size(data), static_argnames=("algorithm", "length")
     )
-    return compiled(algorithm, state, data, round_key, start, length)
 
 
 @functools.partial(jax.jit, static_argnames=("lead",))
@@ -179,7 +186,7 @@ class _Watch:
         return t, name, _kind(values)
 
 
-def default_evaluate(algorithm: Algorithm, data: FederatedData) -> Callable[[object], dict]:
+def default_evaluate(algorithm: Algorithm, data) -> Callable[[object], dict]:
     """Average and worst-case client loss (and accuracy) on `data`."""
     evaluate = backend.jit(algorithm.evaluate, backend.feature_size(data))
     return lambda state: summarize_clients(evaluate(state, data))
@@ -194,13 +201,10 @@ def _abstract_state(algorithm, key, data, mesh):
     abstract = jax.eval_shape(algorithm.init, key, data)
     if mesh is None:
         return abstract
+    shardings = parallel.state_shardings(algorithm.client_axes(abstract), mesh)
     return jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(
-            x.shape, x.dtype,
-            sharding=parallel.client_sharding(mesh)
-            if x.ndim >= 1 and x.shape[0] == data.num_clients else parallel.replicated(mesh),
-        ),
-        abstract,
+        lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+        abstract, shardings,
     )
 
 
@@ -212,8 +216,14 @@ def _same_key(a, b) -> bool:
     return np.array_equal(data(a), data(b))
 
 
-def _resume(checkpoints, latest, resume, rounds, algorithm, key, key_init, data, mesh):
-    """(state, history, rounds done) of the latest checkpoint, after checking it may be used."""
+def _resume(checkpoints, resume, rounds, algorithm, key, key_init, data, mesh):
+    """(state, history, rounds done) of the newest intact checkpoint, or None when there is none.
+
+    A corrupt or partial newer checkpoint is skipped, saying which and why.
+    """
+    latest = checkpoints.latest_step()
+    if latest is None:
+        return None
     if not resume:
         raise ValueError(
             f"{checkpoints.directory} already holds checkpoints (latest: round {latest}); "
@@ -224,7 +234,13 @@ def _resume(checkpoints, latest, resume, rounds, algorithm, key, key_init, data,
             f"cannot resume: the latest checkpoint in {checkpoints.directory} is of round "
             f"{latest}, past rounds={rounds}."
         )
-    restored = checkpoints.restore(_abstract_state(algorithm, key_init, data, mesh), key, latest)
+    restored, skipped = checkpoints.restore_latest_intact(
+        _abstract_state(algorithm, key_init, data, mesh), key)
+    for step, reason in skipped:
+        print(f"fedjax-sim: skipped checkpoint of round {step} in {checkpoints.directory}: "
+              f"{reason}", file=sys.stderr)
+    if restored is None:
+        return None
     if not _same_key(restored.key, key):
         raise ValueError(
             f"cannot resume: the checkpoints in {checkpoints.directory} were written with "
@@ -233,9 +249,43 @@ def _resume(checkpoints, latest, resume, rounds, algorithm, key, key_init, data,
     return restored.state, restored.history, restored.round
 
 
+class _Timer:
+    """Seconds spent compiling vs running, for rounds_per_second without compilation."""
+
+    def __init__(self):
+        self.compile_seconds = 0.0
+        self._compiled = {}
+
+    def scan(self, algorithm, state, data, round_key, start, length):
+        """scan_rounds, compiled ahead of time once per chunk length (compile timed apart)."""
+        compiled = self._compiled.get(length)
+        if compiled is None:
+            t0 = time.perf_counter()
+            compiled = _compiled_scan(data).lower(
+                algorithm, state, data, round_key, start, length).compile()
+            self.compile_seconds += time.perf_counter() - t0
+            self._compiled[length] = compiled
+        return compiled(state, data, round_key, start)
+
+    def first_call(self, fn):
+        """fn, whose first call (tracing and compiling it) counts as compilation."""
+        called = [False]
+
+        def wrapped(*args):
+            if called[0]:
+                return fn(*args)
+            called[0] = True
+            t0 = time.perf_counter()
+            out = fn(*args)
+            self.compile_seconds += time.perf_counter() - t0
+            return out
+
+        return wrapped
+
+
 def run(
     algorithm: Algorithm,
-    data: FederatedData,
+    data,
     key,
     *,
     rounds: int,
@@ -248,6 +298,8 @@ def run(
     checkpoint_every: int | None = None,
     resume: bool = False,
     copies_axis: bool = False,
+    on_rows: Callable[[list[dict]], None] | None = None,
+    timing: dict | None = None,
 ):
     """Runs `rounds` rounds of `algorithm` on `data`, evaluating every `eval_every`.
 
@@ -258,16 +310,19 @@ def run(
 
     Args:
       algorithm: Algorithm(init, round, evaluate).
-      data: the training clients.
+      data: the algorithm's inputs: a FederatedData, or any pytree holding
+        one beside server-side arrays (`ServerData`).
       key: PRNG key; the same key gives the same numbers.
       rounds: number of communication rounds (>= 0).
       eval_every: evaluate after every this many rounds (and at round 0 and
         at the last round).
       evaluate: state -> dict of host values for one history row; default:
         loss / loss_worst (and accuracy) of `algorithm.evaluate` on `data`.
-      progress: draw a tqdm progress bar.
-      mesh: optional `jax.sharding.Mesh` (see `parallel.make_mesh`): the client
-        axis of `data` and of the per-client state is sharded over it.
+      progress: report progress (`logs.Progress`: a bar on a terminal, one
+        plain line per chunk elsewhere).
+      mesh: optional `jax.sharding.Mesh` (see `parallel.make_mesh`): client
+        data and the state's declared per-client leaves are sharded over it,
+        everything else replicated.
       checkpoint_dir: where to write checkpoints (`checkpoint.RunCheckpoints`);
         None: no checkpoints. Under several processes every process passes
         the same directory, on storage they share; each writes its shards.
@@ -275,14 +330,23 @@ def run(
         eval_every). Chunks end at multiples of both eval_every and
         checkpoint_every, and history rows stay at multiples of eval_every
         (and the last round).
-      resume: continue from the latest checkpoint in checkpoint_dir (from
-        round 0 if there is none). Without it, a checkpoint_dir that already
+      resume: continue from the newest intact checkpoint in checkpoint_dir
+        (from round 0 if there is none); a corrupt or partial newer one is
+        skipped with a message. Without it, a checkpoint_dir that already
         holds checkpoints is refused.
       copies_axis: the leading axis of every state leaf, round metric and
         evaluation value holds independent copies of the run (as made by
         `with_restarts`): a diverged copy is a failed copy and the run goes
         on; the run diverges only when every copy has. Evaluation values
         without that axis count for every copy.
+      on_rows: called first with the history so far (the round-0 row, or a
+        resumed run's restored rows), then with each new row as soon as it
+        exists (before the chunk's checkpoint is written), e.g. to append
+        them to metrics.csv.
+      timing: a dict filled in with `rounds_run` (rounds this call ran, not
+        counting those restored from a checkpoint), `start_round`,
+        `compile_seconds` (compiling the round chunks and the first
+        evaluation) and `run_seconds` (the rest of the wall time).
 
     Returns:
       (final state, history): history is a list of dict rows, each with
@@ -305,6 +369,8 @@ def run(
         )
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs the checkpoint_dir to resume from.")
+    wall = time.perf_counter()
+    timer = _Timer()
     every = (eval_every,)
     checkpoints = None
     if checkpoint_dir is not None:
@@ -312,28 +378,29 @@ def run(
         every = (eval_every, checkpoint_every)
         checkpoints = RunCheckpoints(checkpoint_dir)
     if mesh is not None:
-        data = parallel.shard_clients(data, mesh)
-    evaluate = evaluate or default_evaluate(algorithm, data)
+        data = parallel.place_inputs(data, mesh)
+    evaluate = timer.first_call(evaluate or default_evaluate(algorithm, data))
     key_init, key_rounds = jax.random.split(key)
+    on_rows = on_rows or (lambda rows: None)
 
-    state = None
+    restored = None
     last_saved = None
-    if checkpoints is not None and (latest := checkpoints.latest_step()) is not None:
+    if checkpoints is not None:
         try:
-            state, history, done = _resume(
-                checkpoints, latest, resume, rounds, algorithm, key, key_init, data, mesh
-            )
+            restored = _resume(checkpoints, resume, rounds, algorithm, key, key_init, data, mesh)
         except BaseException:
             checkpoints.close()
             raise
+    if restored is not None:
+        state, history, done = restored
         last_saved = done
-
-    if state is None:
+    else:
         state = jax.jit(algorithm.init)(key_init, data)
         if mesh is not None:
-            state = parallel.shard_state(state, data.num_clients, mesh)
+            state = parallel.shard_state(state, algorithm.client_axes(state), mesh)
         history = [{"round": 0, **evaluate(state)}]
         done = 0
+    start_round = done
     copies = None
     if copies_axis:
         leaves = jax.tree.leaves(state)
@@ -344,14 +411,23 @@ def run(
         return Diverged(*found, history=list(rows), checkpoint_round=last_saved,
                         checkpoint_dir=None if checkpoints is None else checkpoints.directory)
 
+    def record_timing():
+        if timing is not None:
+            timing.update(
+                rounds_run=done - start_round, start_round=start_round,
+                compile_seconds=timer.compile_seconds,
+                run_seconds=max(time.perf_counter() - wall - timer.compile_seconds, 0.0),
+            )
+
     try:
         if done == 0 and (found := watch.check(state, {}, None, 0, 0)) is not None:
             raise diverged(found, history)
-        with tqdm(total=rounds, initial=done, disable=not progress, desc=description,
-                  unit="round") as bar:
+        on_rows(list(history))
+        with Progress(rounds, initial=done, description=description, unit="round",
+                      enabled=progress) as bar:
             while done < rounds:
                 end = _next_boundary(done, rounds, every)
-                state, metrics = run_rounds(algorithm, state, data, key_rounds, done, end - done)
+                state, metrics = timer.scan(algorithm, state, data, key_rounds, done, end - done)
                 row = None
                 if end % eval_every == 0 or end == rounds:
                     last = {
@@ -364,17 +440,17 @@ def run(
                     raise diverged(found, history)
                 if row is not None:
                     history.append(row)
-                bar.update(end - done)
+                    on_rows([row])
+                bar.advance(end - done, postfix=row)
                 done = end
                 if checkpoints is not None and done % checkpoint_every == 0:
                     checkpoints.save(done, state, key, history)
                     last_saved = done
-                if row is not None and "loss" in row and np.ndim(row["loss"]) == 0:
-                    bar.set_postfix(loss=f"{row['loss']:.4g}")
     finally:
+        record_timing()
         if checkpoints is not None:
             checkpoints.close()
     return state, history
 
 
-__all__ = ["Diverged", "default_evaluate", "run", "run_rounds"]
+__all__ = ["Diverged", "default_evaluate", "run", "scan_rounds"]

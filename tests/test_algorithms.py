@@ -75,11 +75,12 @@ def test_ifca_k1_model_averaging_equals_fedavg(ragged, linear_model, weighting):
         s_clu, _ = round_clu(s_clu, ragged, k)
         chex.assert_trees_all_close(s_clu.cluster_params[0], s_fed.params, rtol=RTOL, atol=ATOL)
         assert not np.allclose(s_fed.params, before)  # the rounds do move the model
-    np.testing.assert_array_equal(s_clu.assignment, 0)
+    # The empty client takes no part: it is never assigned.
+    np.testing.assert_array_equal(s_clu.assignment, np.where(_np_data(ragged)[2] > 0, 0, -1))
 
 
 def test_ifca_k1_gradient_equals_distributed_gradient_descent(ragged, linear_model, ref):
-    """θ ← θ − lr · mean_i ∇F_i(θ) over all m clients (the empty one contributes 0)."""
+    """θ ← θ − lr · mean_i ∇F_i(θ) over the m clients holding data (the empty one takes no part)."""
     lr, rounds = 0.1, 5
     theta0 = np.array([0.5, -1.0, 2.0])
     alg = ifca(
@@ -94,14 +95,15 @@ def test_ifca_k1_gradient_equals_distributed_gradient_descent(ragged, linear_mod
     x, y, n = _np_data(ragged)
     theta = theta0.copy()
     for _ in range(rounds):
-        grads = [ref.grad(theta, x[i], y[i], n[i]) for i in range(ragged.num_clients)]
+        grads = [ref.grad(theta, x[i], y[i], n[i]) for i in range(ragged.num_clients) if n[i]]
         theta = theta - lr * np.mean(grads, axis=0)
     np.testing.assert_allclose(state.cluster_params[0], theta, rtol=1e-4, atol=1e-5)
 
 
 def test_ifca_gradient_rounds_equal_loop(ragged, linear_model, ref):
-    """Option I with k = 3: each cluster's gradient sum is divided by m, not the cluster size;
-    a cluster nobody picks does not move."""
+    """Option I with k = 3: each cluster's gradient sum is divided by m (the clients holding
+    data), not the cluster size; a cluster nobody picks does not move; the empty client is
+    never assigned and not counted."""
     lr, rounds = 0.1, 4
     theta0 = np.array([[0.0, 0.0, 0.0], [1.0, -1.0, 0.5], [50.0, 50.0, 50.0]])
     alg = ifca(
@@ -113,6 +115,7 @@ def test_ifca_gradient_rounds_equal_loop(ragged, linear_model, ref):
     )
     x, y, n = _np_data(ragged)
     m = ragged.num_clients
+    real = [i for i in range(m) if n[i] > 0]
     theta = theta0.copy()
     state = alg.init(jax.random.key(0), ragged)
     round_ = jax.jit(alg.round)
@@ -121,16 +124,17 @@ def test_ifca_gradient_rounds_equal_loop(ragged, linear_model, ref):
         losses = np.array(
             [[ref.loss(theta[j], x[i], y[i], n[i]) for j in range(3)] for i in range(m)]
         )
-        assign = np.argmin(losses, axis=1)
+        assign = np.where(n > 0, np.argmin(losses, axis=1), -1)
         grads = np.zeros_like(theta)
-        for i in range(m):
+        for i in real:
             grads[assign[i]] += ref.grad(theta[assign[i]], x[i], y[i], n[i])
-        theta = theta - lr * grads / m
+        theta = theta - lr * grads / len(real)
         np.testing.assert_array_equal(state.assignment, assign)
         np.testing.assert_allclose(state.cluster_params, theta, rtol=1e-4, atol=1e-5)
-        np.testing.assert_array_equal(metrics["cluster_sizes"], np.bincount(assign, minlength=3))
+        np.testing.assert_array_equal(
+            metrics["cluster_sizes"], np.bincount(assign[real], minlength=3))
         np.testing.assert_allclose(
-            metrics["train_loss"], np.mean(losses[np.arange(m), assign]), rtol=1e-4
+            metrics["train_loss"], np.mean(losses[real, assign[real]]), rtol=1e-4
         )
     np.testing.assert_array_equal(state.cluster_params[2], theta0[2])  # the empty cluster
 
@@ -161,14 +165,14 @@ def test_ifca_model_round_equals_per_client_loop(ragged, linear_model, ref, weig
     assign, trained, chosen_loss = [], [], []
     for i in range(m):
         losses = [ref.loss(theta0[j], x[i], y[i], n[i]) for j in range(k)]
-        j = int(np.argmin(losses))  # first minimum: the empty client (all 0) picks 0
-        theta = theta0[j].copy()
+        j = int(np.argmin(losses)) if n[i] else -1  # the empty client takes no part
+        theta = theta0[max(j, 0)].copy()
         for _ in range(tau):
             theta = theta - lr * ref.grad(theta, x[i], y[i], n[i])
         assign.append(j)
         trained.append(theta)
         chosen_loss.append(losses[j])
-    weights = np.ones(m) if weighting == "uniform" else n.astype(np.float64)
+    weights = (np.ones(m) if weighting == "uniform" else n.astype(np.float64)) * (n > 0)
     want = theta0.copy()
     for j in range(k):
         members = [i for i in range(m) if assign[i] == j]
@@ -180,8 +184,11 @@ def test_ifca_model_round_equals_per_client_loop(ragged, linear_model, ref, weig
     np.testing.assert_array_equal(new.assignment, assign)
     np.testing.assert_allclose(new.cluster_params, want, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(new.cluster_params[2], theta0[2])
-    np.testing.assert_array_equal(metrics["cluster_sizes"], np.bincount(assign, minlength=k))
-    np.testing.assert_allclose(metrics["train_loss"], np.mean(chosen_loss), rtol=1e-4)
+    real = n > 0
+    np.testing.assert_array_equal(
+        metrics["cluster_sizes"], np.bincount(np.asarray(assign)[real], minlength=k))
+    np.testing.assert_allclose(metrics["train_loss"], np.mean(np.asarray(chosen_loss)[real]),
+                               rtol=1e-4)
     np.testing.assert_array_equal(new.stable, 0)  # the first assignment is a change
     assert int(new.round) == 1
 
@@ -227,10 +234,12 @@ def _six_clients(seed=0):
     return FederatedData.from_arrays(x, y)
 
 
-@pytest.mark.parametrize("option", ["gradient", "model"])
-def test_ifca_participation_cohort(linear_model, ref, option):
+@pytest.mark.parametrize("option,divide_by", [("gradient", "m"), ("gradient", "cohort"),
+                                               ("model", "m")])
+def test_ifca_participation_cohort(linear_model, ref, option, divide_by):
     """Half the clients take part: exactly 3 re-assign, the others keep assignment and
-    stable counter; with option II the picked cluster is the mean over the cohort."""
+    stable counter; with option II the picked cluster is the mean over the cohort; option
+    I divides the cohort's gradient sum by m (the paper) or by the cohort size."""
     data = _six_clients()
     lr, tau = 0.05, 2
     # Everyone sits in cluster 0 (a bad model); any participant will move to cluster 1.
@@ -240,9 +249,9 @@ def test_ifca_participation_cohort(linear_model, ref, option):
         num_clusters=2,
         option=option,
         learning_rate=lr,
-        local_steps=tau,
         participation=0.5,
         init_params=_fixed_params(theta0),
+        **({"local_steps": tau} if option == "model" else {"divide_by": divide_by}),
     )
     base = alg.init(jax.random.key(0), data)
     base = base._replace(assignment=jnp.zeros(6, jnp.int32), stable=jnp.full(6, 5, jnp.int32))
@@ -267,8 +276,9 @@ def test_ifca_participation_cohort(linear_model, ref, option):
                     theta = theta - lr * ref.grad(theta, x[i], y[i], n[i])
                 trained.append(theta)
             want = np.mean(trained, axis=0)
-        else:  # the gradient sum over the cohort divided by the cohort size
-            g = sum(ref.grad(theta0[1], x[i], y[i], n[i]) for i in cohort) / 3
+        else:  # the gradient sum over the cohort divided by m = 6 or the cohort size 3
+            g = sum(ref.grad(theta0[1], x[i], y[i], n[i]) for i in cohort)
+            g /= 6 if divide_by == "m" else 3
             want = theta0[1] - lr * g
         np.testing.assert_allclose(new.cluster_params[1], want, rtol=1e-4, atol=1e-5)
         seen.update(cohort.tolist())
@@ -313,7 +323,8 @@ def _build(name, model):
     """The registered factory with whichever of the pooled settings it accepts."""
     factory = ALGORITHMS[name]
     accepted = inspect.signature(factory).parameters
-    return factory(model, **{k: v for k, v in _POOL.items() if k in accepted})
+    pool = dict(_POOL, option="model") if name == "ifca" else _POOL  # option I has no τ
+    return factory(model, **{k: v for k, v in pool.items() if k in accepted})
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))

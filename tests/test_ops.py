@@ -103,14 +103,14 @@ def test_cluster_losses_flax_model_ignores_padding():
 
 
 def _without_fused(model: Model) -> Model:
-    """The same model with its stacked/fused kernels removed: the generic vmap/VJP path."""
-    return model._replace(cluster_losses=None, cluster_grad_sums=None)
+    """The same model without its declared structure: the generic vmap/VJP path."""
+    return model._replace(structure=None)
 
 
-def test_linear_model_carries_fused_kernels(linear_model):
+def test_linear_model_declares_its_fused_structure(linear_model):
     # Otherwise the tests below would compare the generic path with itself.
-    assert linear_model.cluster_losses is not None
-    assert linear_model.cluster_grad_sums is not None
+    assert linear_model.structure == "linear"
+    assert _without_fused(linear_model).structure is None
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "generic"])

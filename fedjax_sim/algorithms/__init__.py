@@ -1,6 +1,6 @@
 """Algorithms as NamedTuples of pure functions, and their registry."""
 
-from fedjax_sim.algorithms.base import Algorithm, with_restarts
+from fedjax_sim.algorithms.base import Algorithm, with_restarts, with_seeds
 from fedjax_sim.algorithms.fedavg import FedAvgState, fedavg
 from fedjax_sim.algorithms.ifca import IFCAState, ifca
 from fedjax_sim.algorithms.local import LocalState, local_models
@@ -37,4 +37,5 @@ __all__ = [
     "local_models",
     "one_shot_clustering",
     "with_restarts",
+    "with_seeds",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -10,7 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_sim.models.core import Model, check_model_data
+
 State = Any
+NOT_PER_CLIENT = -1
+
+
+def no_client_axes(state):
+    """Every state leaf is shared (replicated over devices)."""
+    return jax.tree.map(lambda _: NOT_PER_CLIENT, state)
 
 
 class Algorithm(NamedTuple):
@@ -18,14 +27,32 @@ class Algorithm(NamedTuple):
     evaluate(state, data) -> per-client metrics.
 
     `round` is one communication round: pure and jit-able. `evaluate` returns a
-    dict with at least `client_loss` [m] and `assignment` [m] (the cluster
-    model each client uses, -1 where the notion does not apply), and
+    dict with `client_loss` [m], `assignment` [m] (the cluster model each
+    client uses, -1 where the notion does not apply), `client_weight` [m]
+    (its weight in averages over clients: 0 for a client without data), and
     `client_accuracy` [m] for classification models.
+
+    `client_axes(state)` says, for every state leaf, which axis is the client
+    axis (NOT_PER_CLIENT for shared leaves): devices shard per-client state
+    by this declaration, never by guessing from shapes.
     """
 
     init: Callable[..., State]
     round: Callable[..., tuple[State, dict]]
     evaluate: Callable[..., dict]
+    client_axes: Callable[[State], Any] = no_client_axes
+
+
+def per_client_fields(*names: str) -> Callable[[State], Any]:
+    """client_axes for a NamedTuple state whose fields `names` have the client axis first."""
+
+    def client_axes(state):
+        return type(state)(*(
+            jax.tree.map(lambda _, axis=0 if field in names else NOT_PER_CLIENT: axis, value)
+            for field, value in zip(state._fields, state, strict=True)
+        ))
+
+    return client_axes
 
 
 def client_optimizer(optimizer, learning_rate) -> optax.GradientTransformation:
@@ -38,8 +65,10 @@ def client_optimizer(optimizer, learning_rate) -> optax.GradientTransformation:
         return optimizer
     if learning_rate is None:
         raise ValueError("give either an optax optimizer or a learning_rate.")
-    if isinstance(learning_rate, (int, float, np.number)) and not (learning_rate >= 0):
-        raise ValueError(f"learning_rate must be a number >= 0; got {learning_rate!r}.")
+    if isinstance(learning_rate, (int, float, np.number)) and not (
+        math.isfinite(float(learning_rate)) and learning_rate >= 0
+    ):
+        raise ValueError(f"learning_rate must be a finite number >= 0; got {learning_rate!r}.")
     return optax.sgd(learning_rate)
 
 
@@ -53,15 +82,64 @@ def check_fraction(name: str, value: float) -> None:
         raise ValueError(f"{name} must be in (0, 1]; got {value!r}.")
 
 
+def check_steps(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
+
+
+def check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}; got {value!r}.")
+
+
+def check_inputs(model: Model, params, data) -> None:
+    """Shape checks of a model against the client data (trace time, shapes only)."""
+    check_model_data(model, params, data)
+
+
 def num_params(params) -> int:
     """Floats in one model (static)."""
     return sum(int(x.size) for x in jax.tree.leaves(params))
 
 
-def tree_weighted_mean(tree, weights):
-    """Σ_i w_i tree[i] / Σ_i w_i over the leading axis of every leaf."""
-    w = weights / jnp.sum(weights)
-    return jax.tree.map(lambda a: jnp.tensordot(w.astype(a.dtype), a, axes=1), tree)
+def mean_over(values, weights):
+    """Σ_i w_i values_i / Σ_i w_i over [s]; 0 when every weight is 0."""
+    w = weights.astype(values.dtype)
+    return jnp.sum(jnp.where(w > 0, values, 0.0) * w) / jnp.maximum(jnp.sum(w), 1e-30)
+
+
+def client_weights(batch_active, num_examples, weighting: str):
+    """[c] weights of a batch's clients in an average: 0 for inactive slots."""
+    base = num_examples.astype(jnp.float32) if weighting == "examples" else 1.0
+    return jnp.where(batch_active, base, 0.0).astype(jnp.float32)
+
+
+def broadcast_to_clients(params, count: int):
+    """One model copied to `count` clients (leaves [count, ...])."""
+    return jax.tree.map(lambda p: jnp.broadcast_to(p, (count,) + p.shape), params)
+
+
+def _copies(algorithm: Algorithm, count: int, data_axis) -> Algorithm:
+    """`count` independent copies as one vmap; copy r's keys are fold_in(key, r)."""
+    ids = jnp.arange(count)
+
+    def fold(key):
+        return jax.vmap(lambda r: jax.random.fold_in(key, r))(ids)
+
+    def init(key, data):
+        return jax.vmap(algorithm.init, in_axes=(0, data_axis))(fold(key), data)
+
+    def round_(state, data, key):
+        return jax.vmap(algorithm.round, in_axes=(0, data_axis, 0))(state, data, fold(key))
+
+    def evaluate(state, data):
+        return jax.vmap(algorithm.evaluate, in_axes=(0, data_axis))(state, data)
+
+    def client_axes(state):
+        inner = algorithm.client_axes(state)  # only the structure is read
+        return jax.tree.map(lambda a: a + 1 if a != NOT_PER_CLIENT else a, inner)
+
+    return Algorithm(init, round_, evaluate, client_axes)
 
 
 def with_restarts(algorithm: Algorithm, restarts: int) -> Algorithm:
@@ -70,20 +148,21 @@ def with_restarts(algorithm: Algorithm, restarts: int) -> Algorithm:
     Every copy shares the data; copy r's keys are fold_in(key, r). The state,
     round metrics and evaluation outputs gain a leading [restarts] axis.
     """
-    if restarts < 1:
+    if not isinstance(restarts, int) or restarts < 1:
         raise ValueError(f"restarts must be >= 1; got {restarts}.")
-    ids = jnp.arange(restarts)
+    return _copies(algorithm, restarts, None)
 
-    def fold(key):
-        return jax.vmap(lambda r: jax.random.fold_in(key, r))(ids)
 
-    def init(key, data):
-        return jax.vmap(algorithm.init, in_axes=(0, None))(fold(key), data)
+def with_seeds(algorithm: Algorithm, seeds: int, *, shared_data: bool = False) -> Algorithm:
+    """Runs an algorithm on `seeds` seeds at once (vmap), like `with_restarts`.
 
-    def round_(state, data, key):
-        return jax.vmap(algorithm.round, in_axes=(0, None, 0))(state, data, fold(key))
-
-    def evaluate(state, data):
-        return jax.vmap(algorithm.evaluate, in_axes=(0, None))(state, data)
-
-    return Algorithm(init, round_, evaluate)
+    Seed s's keys are fold_in(key, s), so seed s of `with_seeds` equals a
+    plain run with key fold_in(key, s). Each seed has its own data (a data
+    seed, a split): the data's leaves carry a leading [seeds] axis, unless
+    shared_data=True. Several algorithms run with the same key and data get
+    the same data and the same initialisation keys seed by seed, which is what
+    a paired comparison needs.
+    """
+    if not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds must be >= 1; got {seeds}.")
+    return _copies(algorithm, seeds, None if shared_data else 0)

@@ -15,23 +15,20 @@ import optax
 
 from fedjax_sim.algorithms.base import (
     Algorithm,
+    broadcast_to_clients,
+    check_choice,
     check_fraction,
+    check_inputs,
+    check_steps,
     client_optimizer,
+    client_weights,
     cohort_size,
-    tree_weighted_mean,
+    mean_over,
 )
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
-from fedjax_sim.ops import (
-    check_client_chunk,
-    client_keys,
-    divide_segments,
-    local_update,
-    map_client_chunks,
-    sample_uniform,
-    scan_client_chunks,
-    segment_totals,
-)
+from fedjax_sim.ops import check_client_chunk, cohort_sums, local_update, map_client_chunks
+from fedjax_sim.ops import sample_cohort
 
 
 class FedAvgState(NamedTuple):
@@ -50,9 +47,11 @@ def evaluate_shared(
                 part.x, part.y, part.num_examples
             )
 
+        active = part.active()
         out = {
             "client_loss": per_client(client_loss),
-            "assignment": jnp.zeros((part.num_clients,), jnp.int32),
+            "assignment": jnp.where(active, 0, -1).astype(jnp.int32),
+            "client_weight": active.astype(jnp.float32),
         }
         if model.correct is not None:
             out["client_accuracy"] = per_client(client_accuracy)
@@ -81,69 +80,44 @@ def fedavg(
       local_steps: τ.
       batch_size: None for full-batch steps, else the minibatch size.
       participation: fraction of clients per round, uniform without replacement.
-      weighting: "uniform" or "examples" (weights ∝ num_examples).
+      weighting: "uniform" or "examples" (weights ∝ num_examples). Clients
+        without data have weight 0; when the whole cohort has none the model
+        is kept.
       client_chunk: None trains the whole cohort at once; else this many
         clients at a time, accumulating the weighted sum of trained models
-        (never holding [s, ...] of them). If every client of the cohort has
-        weight 0 (weighting="examples", all empty) the model is kept; the
-        unchunked mean is NaN then.
+        (never holding [s, ...] of them).
     """
-    if not isinstance(local_steps, int) or local_steps < 1:
-        raise ValueError(f"local_steps must be an integer >= 1; got {local_steps!r}.")
+    check_steps("local_steps", local_steps)
+    if batch_size is not None:
+        check_steps("batch_size", batch_size)
     check_fraction("participation", participation)
-    if weighting not in ("uniform", "examples"):
-        raise ValueError(f"weighting must be 'uniform' or 'examples'; got {weighting!r}.")
+    check_choice("weighting", weighting, ("uniform", "examples"))
     check_client_chunk(client_chunk)
     opt = client_optimizer(optimizer, learning_rate)
 
     def init(key, data: FederatedData) -> FedAvgState:
-        del data
-        return FedAvgState(model.init(key), jnp.zeros((), jnp.int32))
+        params = model.init(key)
+        check_inputs(model, params, data)
+        return FedAvgState(params, jnp.zeros((), jnp.int32))
 
     def round_(state: FedAvgState, data: FederatedData, key):
         m = data.num_clients
-        s = cohort_size(m, participation)
-        key_cohort, key_local = jax.random.split(key)
-        ids = sample_uniform(key_cohort, m, s) if s < m else jnp.arange(m, dtype=jnp.int32)
-        keys = client_keys(key_local, ids)
+        cohort = sample_cohort(key, m, cohort_size(m, participation))
 
-        def weights_of(part: FederatedData):
-            if weighting == "examples":
-                return part.num_examples.astype(jnp.float32)
-            return jnp.ones((part.num_clients,), jnp.float32)
+        def client_step(batch):  # τ local steps from the global model, weighted sum
+            start = broadcast_to_clients(state.params, batch.keys.shape[0])
+            trained, _, losses = local_update(model, opt, start, batch.data, batch.keys,
+                                              num_steps=local_steps, batch_size=batch_size)
+            weights = client_weights(batch.active, batch.data.num_examples, weighting)
+            total = jax.tree.map(lambda t: jnp.tensordot(weights, t, axes=1), trained)
+            return (total, jnp.sum(weights)), (losses[:, 0], batch.active)
 
-        def train(part: FederatedData, keys):
-            c = part.num_clients
-            start = jax.tree.map(lambda p: jnp.broadcast_to(p, (c,) + p.shape), state.params)
-            trained, _, losses = local_update(
-                model, opt, start, part, keys, num_steps=local_steps, batch_size=batch_size,
-            )
-            return trained, losses[:, 0]
-
-        if client_chunk is None:
-            cohort = data.take(ids) if s < m else data
-            trained, first_losses = train(cohort, keys)
-            params = tree_weighted_mean(trained, weights_of(cohort))
-        else:
-
-            def add_chunk(acc, part, valid):
-                ids_c, keys_c = part
-                chunk = data.take(ids_c)
-                trained, first = train(chunk, keys_c)
-                # Segment 0 is the model; padding clients go to segment 1, dropped.
-                totals = segment_totals(trained, jnp.where(valid, 0, 1), 1, weights_of(chunk))
-                return optax.tree.add(acc, totals), first
-
-            zero = (
-                jax.tree.map(lambda p: jnp.zeros((1,) + p.shape, p.dtype), state.params),
-                jnp.zeros((1,), jnp.float32),
-            )
-            (totals, weight), first_losses = scan_client_chunks(
-                add_chunk, zero, (ids, keys), client_chunk
-            )
-            one = jax.tree.map(lambda p: p[None], state.params)
-            params = jax.tree.map(lambda p: p[0], divide_segments(totals, weight, one))
-        metrics = {"train_loss": jnp.mean(first_losses)}
+        zero = (optax.tree.zeros_like(state.params), jnp.zeros(()))
+        (total, weight), (first_losses, active) = cohort_sums(
+            client_step, data, cohort, zero, client_chunk=client_chunk)
+        params = jax.tree.map(lambda t, p: jnp.where(weight > 0, t / jnp.maximum(weight, 1e-30), p),
+                              total, state.params)
+        metrics = {"train_loss": mean_over(first_losses, active)}
         return FedAvgState(params, state.round + 1), metrics
 
     def evaluate(state: FedAvgState, data: FederatedData) -> dict:

@@ -6,7 +6,9 @@ Framework for Clustered Federated Learning". NeurIPS 2020, arXiv:2006.04088.
 Each round every participating client evaluates all k cluster models on its
 data and picks the one with the lowest loss; the cluster models are then
 updated from the clients that picked them, by gradient averaging (option I) or
-model averaging after τ local steps (option II). See PAPERS.md §1.
+model averaging after τ local steps (option II). With weight sharing (a split
+model), the trunk is shared by every cluster and averaged over every
+participating client, and only the heads are clustered. See PAPERS.md §1.
 """
 
 from __future__ import annotations
@@ -19,80 +21,111 @@ import optax
 
 from fedjax_sim.algorithms.base import (
     Algorithm,
+    broadcast_to_clients,
+    check_choice,
     check_fraction,
+    check_inputs,
+    check_steps,
     client_optimizer,
+    client_weights,
     cohort_size,
+    mean_over,
     num_params,
+    per_client_fields,
 )
 from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.models.core import Model, client_accuracy
+from fedjax_sim.models.core import Model, client_accuracy, combine, partition
 from fedjax_sim.ops import (
     assign_clusters,
     check_client_chunk,
-    client_keys,
     cluster_gradient_sums,
     cluster_losses,
+    cohort_sums,
     divide_segments,
     local_update,
     map_client_chunks,
-    sample_uniform,
-    scan_client_chunks,
+    put,
+    sample_cohort,
     segment_totals,
+    take,
 )
 
 OPTIONS = ("gradient", "model")
 WEIGHTINGS = ("uniform", "examples")
+DIVISORS = ("m", "cohort")
 
 
 class IFCAState(NamedTuple):
-    cluster_params: object  # pytree, leaves [k, ...]
+    cluster_params: object  # pytree, leaves [k, ...] (with weight sharing: the heads)
+    shared_params: object  # the trunk every cluster shares (weight sharing); {} otherwise
     opt_state: object  # server optimizer state for option I (leaves [k, ...]); () for option II
     assignment: jax.Array  # [m] int32, last cluster of each client; -1 before it took part
     stable: jax.Array  # [m] int32, consecutive rounds with an unchanged assignment
     round: jax.Array  # int32, rounds done
 
 
-def _check(num_clusters, option, local_steps, batch_size, participation, weighting, stable_rounds):
-    if not isinstance(num_clusters, int) or num_clusters < 1:
+def _check(num_clusters, option, local_steps, batch_size, participation, weighting, divide_by,
+           stable_rounds, weight_sharing, model):
+    if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:
         raise ValueError(f"num_clusters (k) must be an integer >= 1; got {num_clusters!r}.")
-    if option not in OPTIONS:
-        raise ValueError(f"option must be one of {OPTIONS}; got {option!r}.")
-    if not isinstance(local_steps, int) or local_steps < 1:
-        raise ValueError(f"local_steps (τ) must be an integer >= 1; got {local_steps!r}.")
-    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-        raise ValueError(f"batch_size must be None (full batch) or >= 1; got {batch_size!r}.")
+    check_choice("option", option, OPTIONS)
     check_fraction("participation", participation)
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {WEIGHTINGS}; got {weighting!r}.")
-    if stable_rounds is not None and (not isinstance(stable_rounds, int) or stable_rounds < 1):
-        raise ValueError(f"stable_rounds must be None or an integer >= 1; got {stable_rounds!r}.")
+    if option == "gradient":
+        # Option I takes one full-batch gradient per client: these would be ignored.
+        ignored = {"local_steps": local_steps, "batch_size": batch_size, "weighting": weighting,
+                   "weight_sharing": weight_sharing or None}
+        given = [name for name, value in ignored.items() if value is not None]
+        if given:
+            raise ValueError(
+                f"option 'gradient' (IFCA option I) takes one full-batch gradient per client "
+                f"and has no {', '.join(given)}; use option 'model' for local training."
+            )
+        check_choice("divide_by", divide_by, DIVISORS)
+    else:
+        if divide_by != "m":
+            raise ValueError("divide_by applies to option 'gradient' only.")
+        check_steps("local_steps (τ)", 1 if local_steps is None else local_steps)
+        if batch_size is not None:
+            check_steps("batch_size", batch_size)
+        check_choice("weighting", weighting or "uniform", WEIGHTINGS)
+    if weight_sharing and not model.is_split:
+        raise ValueError("weight_sharing needs a split model (models.split_model).")
+    if stable_rounds is not None:
+        check_steps("stable_rounds", stable_rounds)
 
 
 def evaluate_clusters(
-    model: Model, cluster_params, data: FederatedData, client_chunk: int | None = None
+    model: Model, cluster_params, data: FederatedData, client_chunk: int | None = None,
+    shared=None, assignment=None,
 ) -> dict:
-    """Each client uses the cluster model with the lowest loss on `data`.
+    """Per-client loss (and accuracy) with each client's cluster model.
 
-    This is the official IFCA evaluation: on test data each test client picks
-    its argmin-loss model on its own test data (PAPERS.md §1.5). With
-    client_chunk set, clients are evaluated that many at a time.
+    By default each client uses the model with the lowest loss on `data`:
+    the official IFCA evaluation, where each test client picks its argmin-loss
+    model on its own test data (PAPERS.md §1.5). With `assignment` ([m]) the
+    clients use those clusters instead (one-shot clustering's fixed ones).
+    Clients without data get assignment -1 and weight 0.
     """
+    shared = {} if shared is None else shared
 
-    def evaluate_part(part: FederatedData) -> dict:
-        losses = cluster_losses(model, cluster_params, part)
-        assignment = assign_clusters(losses)
+    def evaluate_part(part) -> dict:
+        part, given = part
+        losses = cluster_losses(model, cluster_params, part, shared=shared)
+        chosen = assign_clusters(losses) if given is None else jnp.maximum(given, 0)
+        active = part.active()
         out = {
-            "client_loss": jnp.take_along_axis(losses, assignment[:, None], axis=1)[:, 0],
-            "assignment": assignment,
+            "client_loss": jnp.take_along_axis(losses, chosen[:, None], axis=1)[:, 0],
+            "assignment": jnp.where(active, chosen, -1),
+            "client_weight": active.astype(jnp.float32),
         }
         if model.correct is not None:
-            params = jax.tree.map(lambda p: p[assignment], cluster_params)
+            params = jax.tree.map(lambda p: p[chosen], cluster_params)
             out["client_accuracy"] = jax.vmap(
-                lambda p, x, y, n: client_accuracy(model, p, x, y, n)
+                lambda p, x, y, n: client_accuracy(model, combine(model, shared, p), x, y, n)
             )(params, part.x, part.y, part.num_examples)
         return out
 
-    return map_client_chunks(evaluate_part, data, client_chunk)
+    return map_client_chunks(evaluate_part, (data, assignment), client_chunk)
 
 
 def ifca(
@@ -102,11 +135,13 @@ def ifca(
     num_clusters: int,
     learning_rate=None,
     option: str = "gradient",
-    local_steps: int = 1,
+    local_steps: int | None = None,
     batch_size: int | None = None,
     participation: float = 1.0,
-    weighting: str = "uniform",
+    weighting: str | None = None,
+    divide_by: str = "m",
     stable_rounds: int | None = None,
+    weight_sharing: bool = False,
     init_params=None,
     fixed_assignment: bool = False,
     client_chunk: int | None = None,
@@ -121,47 +156,66 @@ def ifca(
         clients' local optimizer (default SGD at learning_rate).
       num_clusters: k.
       learning_rate: γ, used when `optimizer` is None; may be traced.
-      option: "gradient" (option I: one full-batch gradient per client, the
-        sum over a cluster divided by the number of participating clients,
-        not by the cluster size, as in the official code) or "model"
-        (option II: τ local steps, then the per-cluster mean of the models).
-      local_steps: τ for option II.
-      batch_size: None for full-batch local steps, else the minibatch size.
+      option: "gradient" (option I: one full-batch gradient per client) or
+        "model" (option II: τ local steps, then the per-cluster mean of the
+        models).
+      local_steps: τ for option II (default 1); refused for option I.
+      batch_size: option II: None for full-batch local steps, else the
+        minibatch size; refused for option I.
       participation: fraction of clients sampled per round (uniformly,
         without replacement).
-      weighting: option II cluster mean, "uniform" (the MNIST/CIFAR code) or
-        "examples" (sample-weighted, the FEMNIST code).
+      weighting: option II cluster mean, "uniform" (default; the MNIST/CIFAR
+        code) or "examples" (sample-weighted, the FEMNIST code); refused for
+        option I.
+      divide_by: option I's divisor of a cluster's gradient sum: "m" (the
+        paper's and the official code's γ/m, m = the clients holding data;
+        with partial participation the step shrinks with the cohort) or
+        "cohort" (the clients of this round's cohort holding data).
       stable_rounds: communication reduction; once a client's assignment has
         not changed for this many rounds it receives only its own cluster
         model (downlink d instead of k·d floats) and keeps that assignment.
         None disables it.
+      weight_sharing: option II with a split model: one trunk shared by every
+        cluster, averaged over every participating client (FedAvg on the
+        trunk); only the k heads are clustered.
       init_params: optional key -> cluster params (leaves [k, ...]); default
         k independent `model.init` draws.
       fixed_assignment: used by one-shot clustering: never re-assign; the
         state's assignment is kept as given by init.
       client_chunk: None processes the whole cohort at once; else this many
         clients at a time inside the round (and in evaluate), so peak memory
-        is O(client_chunk × model size): option I sums the chunks' gradient
-        contributions, option II the chunks' per-cluster weighted sums of
-        trained models, never holding [m, ...] trained models. Same result up
-        to float summation order (see `fedjax_sim.memory` to pick a size).
+        is O(client_chunk × model size). Same result up to float summation
+        order (see `fedjax_sim.memory` to pick a size).
+
+    A client without data (num_examples 0) takes no part: it is not
+    assigned, has no weight in any average and is not counted in cluster
+    sizes or the mean loss.
 
     Returns:
       Algorithm(init, round, evaluate) with state IFCAState.
     """
-    _check(num_clusters, option, local_steps, batch_size, participation, weighting, stable_rounds)
+    _check(num_clusters, option, local_steps, batch_size, participation, weighting, divide_by,
+           stable_rounds, weight_sharing, model)
     check_client_chunk(client_chunk)
     k = num_clusters
     opt = client_optimizer(optimizer, learning_rate)
+    local_steps = local_steps or 1
+    weighting = weighting or "uniform"
 
     def init(key, data: FederatedData) -> IFCAState:
         if init_params is None:
             params = jax.vmap(model.init)(jax.random.split(key, k))
         else:
             params = init_params(key)
+        check_inputs(model, jax.tree.map(lambda p: p[0], params), data)
+        shared, heads = {}, params
+        if weight_sharing:  # every cluster starts from cluster 0's trunk
+            shared, heads = partition(model, params)
+            shared = jax.tree.map(lambda p: p[0], shared)
         m = data.num_clients
         return IFCAState(
-            cluster_params=params,
+            cluster_params=heads,
+            shared_params=shared,
             opt_state=opt.init(params) if option == "gradient" else (),
             assignment=jnp.full((m,), -1, jnp.int32),
             stable=jnp.zeros((m,), jnp.int32),
@@ -170,118 +224,86 @@ def ifca(
 
     def round_(state: IFCAState, data: FederatedData, key):
         m = data.num_clients
-        s = cohort_size(m, participation)
-        key_cohort, key_local = jax.random.split(key)
-        ids = sample_uniform(key_cohort, m, s) if s < m else jnp.arange(m, dtype=jnp.int32)
-        params = state.cluster_params
+        cohort = sample_cohort(key, m, cohort_size(m, participation))
+        params, shared = state.cluster_params, state.shared_params
+        prev, prev_stable = take(cohort, (state.assignment, state.stable))
+        frozen = jnp.full((cohort.size,), fixed_assignment)
+        if stable_rounds is not None:
+            frozen |= prev_stable >= stable_rounds
 
-        def cohort_of(per_client):  # [m] -> [s]; no gather when everyone takes part
-            return per_client[ids] if s < m else per_client
+        def assign(losses, batch):  # ĵ_i = argmin_j F_i(θ_j), unless frozen or empty
+            prev_c, frozen_c = batch.inputs
+            chosen = jnp.where(frozen_c, prev_c, assign_clusters(losses))
+            return jnp.where(batch.active, chosen, prev_c)
 
-        prev = cohort_of(state.assignment)
-        prev_stable = cohort_of(state.stable)
-        if stable_rounds is None:
-            frozen = jnp.zeros((s,), bool)
-        else:
-            frozen = prev_stable >= stable_rounds
-        if fixed_assignment:
-            frozen = jnp.ones((s,), bool)
-
-        def choose(losses, frozen, prev):
-            return jnp.where(frozen, prev, assign_clusters(losses))
-
-        # Both options reduce the cohort to sums that add over clients, so a
-        # chunk of clients contributes its part and padding clients (valid
-        # False) contribute nothing.
-        def gradient_part(cohort, ids, prev, frozen, valid):
-            # One forward pass gives the [s, k] loss matrix and, with the
-            # assignment, Σ_i s_ij ∇F_i(θ_j) for all j at once.
-            weights = None if valid is None else valid.astype(jnp.float32)
+        def gradient_step(batch):  # option I: s_i and ∇F_i(θ_ĵi), summed per cluster
+            weights = batch.active.astype(jnp.float32)
             losses, assignment, grad_sum = cluster_gradient_sums(
-                model, params, cohort, lambda losses: choose(losses, frozen, prev), weights
-            )
-            return grad_sum, (losses, assignment)
+                model, params, batch.data, lambda losses: assign(losses, batch), weights)
+            return (grad_sum, jnp.sum(weights)), (losses, assignment)
 
-        def model_part(cohort, ids, prev, frozen, valid):
-            losses = cluster_losses(model, params, cohort)
-            assignment = choose(losses, frozen, prev)
-            start = jax.tree.map(lambda p: p[assignment], params)
-            trained, _, _ = local_update(
-                model,
-                opt,
-                start,
-                cohort,
-                client_keys(key_local, ids),
-                num_steps=local_steps,
-                batch_size=batch_size,
-            )
-            weights = (
-                cohort.num_examples.astype(jnp.float32)
-                if weighting == "examples"
-                else jnp.ones((ids.shape[0],), jnp.float32)
-            )
-            # Segment id k is out of range: segment_totals drops padding clients.
-            segment = assignment if valid is None else jnp.where(valid, assignment, k)
-            return segment_totals(trained, segment, k, weights), (losses, assignment)
-
-        part_sums = gradient_part if option == "gradient" else model_part
-        if client_chunk is None:
-            cohort = data.take(ids) if s < m else data
-            sums, (losses, assignment) = part_sums(cohort, ids, prev, frozen, None)
-        else:
-
-            # With everyone taking part the chunks slice `data` itself, so on a
-            # device mesh each chunk reads its rows where they live; a sampled
-            # cohort gathers its rows by id.
-            def add_chunk(acc, part, valid):
-                data_c, ids_c, prev_c, frozen_c = part
-                if data_c is None:
-                    data_c = data.take(ids_c)
-                sums_c, out = part_sums(data_c, ids_c, prev_c, frozen_c, valid)
-                return optax.tree.add(acc, sums_c), out
-
-            zero = optax.tree.zeros_like(params)
-            if option == "model":
-                zero = (zero, jnp.zeros((k,), jnp.float32))
-            sums, (losses, assignment) = scan_client_chunks(
-                add_chunk, zero, (data if s == m else None, ids, prev, frozen), client_chunk
-            )
+        def model_step(batch):  # option II: θ̃_i = LocalUpdate(θ_ĵi, γ, τ), summed per cluster
+            losses = cluster_losses(model, params, batch.data, shared=shared)
+            assignment = assign(losses, batch)
+            heads = jax.tree.map(lambda p: p[jnp.maximum(assignment, 0)], params)
+            start = heads
+            if weight_sharing:
+                start = combine(model, broadcast_to_clients(shared, assignment.shape[0]), heads)
+            trained, _, _ = local_update(model, opt, start, batch.data, batch.keys,
+                                         num_steps=local_steps, batch_size=batch_size)
+            trunks, heads = partition(model, trained) if weight_sharing else ({}, trained)
+            weights = client_weights(batch.active, batch.data.num_examples, weighting)
+            segment = jnp.where(batch.active, assignment, k)  # id k is dropped
+            totals = segment_totals(heads, segment, k, weights)
+            trunk_total = jax.tree.map(lambda t: jnp.tensordot(weights, t, axes=1), trunks)
+            return (totals, trunk_total, jnp.sum(weights)), (losses, assignment)
 
         if option == "gradient":
-            grads = jax.tree.map(lambda g: g / s, sums)
+            zero = (optax.tree.zeros_like(params), jnp.zeros(()))
+            (grad_sum, active), (losses, assignment) = cohort_sums(
+                gradient_step, data, cohort, zero, inputs=(prev, frozen),
+                client_chunk=client_chunk)
+            divisor = jnp.sum(data.active()) if divide_by == "m" else active
+            grads = jax.tree.map(lambda g: g / jnp.maximum(divisor, 1), grad_sum)
             updates, opt_state = opt.update(grads, state.opt_state, params)
-            new_params = optax.apply_updates(params, updates)
+            new_params, new_shared = optax.apply_updates(params, updates), shared
         else:
-            totals, seg_weight = sums
+            zero = ((optax.tree.zeros_like(params), jnp.zeros((k,))),
+                    optax.tree.zeros_like(shared), jnp.zeros(()))
+            ((totals, seg_weight), trunk_total, weight), (losses, assignment) = cohort_sums(
+                model_step, data, cohort, zero, inputs=(prev, frozen),
+                client_chunk=client_chunk)
             new_params = divide_segments(totals, seg_weight, fallback=params)
+            new_shared = jax.tree.map(
+                lambda t, s: jnp.where(weight > 0, t / jnp.maximum(weight, 1e-30), s),
+                trunk_total, shared)
             opt_state = state.opt_state
-        counts = jnp.zeros((k,)).at[assignment].add(1.0)
 
-        same = assignment == prev
-        stable_cohort = jnp.where(same, prev_stable + 1, 0)
-        if s < m:
-            stable = state.stable.at[ids].set(stable_cohort)
-            new_assignment = state.assignment.at[ids].set(assignment)
-        else:  # the whole federation took part: no scatter needed
-            stable, new_assignment = stable_cohort, assignment
-        d = num_params(jax.tree.map(lambda p: p[0], params))
-        chosen = jnp.take_along_axis(losses, assignment[:, None], axis=1)[:, 0]
+        active = take(cohort, data.active())
+        counts = jax.ops.segment_sum(active.astype(jnp.float32),
+                                     jnp.where(active, assignment, k), k)
+        stable = jnp.where(active & (assignment == prev), prev_stable + 1,
+                           jnp.where(active, 0, prev_stable))
+        d = num_params(jax.tree.map(lambda p: p[0], params)) + num_params(shared)
+        chosen = jnp.take_along_axis(losses, jnp.maximum(assignment, 0)[:, None], axis=1)[:, 0]
         metrics = {
-            "train_loss": jnp.mean(chosen),
+            "train_loss": mean_over(chosen, active),
             "cluster_sizes": counts,
             "downlink_floats": jnp.sum(jnp.where(frozen, d, k * d)).astype(jnp.float32),
             "frozen_clients": jnp.sum(frozen).astype(jnp.int32),
         }
-        new_state = IFCAState(
+        return IFCAState(
             cluster_params=new_params,
+            shared_params=new_shared,
             opt_state=opt_state,
-            assignment=new_assignment,
-            stable=stable,
+            assignment=put(cohort, state.assignment, assignment),
+            stable=put(cohort, state.stable, stable),
             round=state.round + 1,
-        )
-        return new_state, metrics
+        ), metrics
 
     def evaluate(state: IFCAState, data: FederatedData) -> dict:
-        return evaluate_clusters(model, state.cluster_params, data, client_chunk)
+        fixed = state.assignment if fixed_assignment else None
+        return evaluate_clusters(model, state.cluster_params, data, client_chunk,
+                                 shared=state.shared_params, assignment=fixed)
 
-    return Algorithm(init, round_, evaluate)
+    return Algorithm(init, round_, evaluate, per_client_fields("assignment", "stable"))

@@ -8,7 +8,15 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_sim.algorithms.base import Algorithm, client_optimizer
+from fedjax_sim.algorithms.base import (
+    Algorithm,
+    broadcast_to_clients,
+    check_inputs,
+    check_steps,
+    client_optimizer,
+    mean_over,
+    per_client_fields,
+)
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
 from fedjax_sim.ops import check_client_chunk, client_keys, local_update, map_client_chunks
@@ -38,17 +46,22 @@ def local_models(
       client_chunk: None trains (and evaluates) all clients at once; else this
         many at a time, so gradients, optimizer states and activations exist
         for one chunk only (the state itself is [m, ...] either way).
+
+    A client without data keeps its initial model and has weight 0 in every
+    average.
     """
-    if not isinstance(local_steps, int) or local_steps < 1:
-        raise ValueError(f"local_steps must be an integer >= 1; got {local_steps!r}.")
+    check_steps("local_steps", local_steps)
+    if batch_size is not None:
+        check_steps("batch_size", batch_size)
     check_client_chunk(client_chunk)
     opt = client_optimizer(optimizer, learning_rate)
 
     def init(key, data: FederatedData) -> LocalState:
         m = data.num_clients
+        p = model.init(key)
+        check_inputs(model, p, data)
         if shared_init:
-            p = model.init(key)
-            params = jax.tree.map(lambda a: jnp.broadcast_to(a, (m,) + a.shape), p)
+            params = broadcast_to_clients(p, m)
         else:
             params = jax.vmap(model.init)(client_keys(key, jnp.arange(m)))
         return LocalState(params, jnp.zeros((), jnp.int32))
@@ -59,7 +72,8 @@ def local_models(
             model, opt, state.params, data, client_keys(key, ids),
             num_steps=local_steps, batch_size=batch_size, client_chunk=client_chunk,
         )
-        return LocalState(params, state.round + 1), {"train_loss": jnp.mean(losses[:, 0])}
+        return LocalState(params, state.round + 1), {
+            "train_loss": mean_over(losses[:, 0], data.active())}
 
     def evaluate(state: LocalState, data: FederatedData) -> dict:
         def evaluate_part(part) -> dict:
@@ -70,7 +84,8 @@ def local_models(
 
             out = {
                 "client_loss": per_client(client_loss),
-                "assignment": jnp.full((x.shape[0],), -1, jnp.int32),
+                "assignment": jnp.full((n.shape[0],), -1, jnp.int32),
+                "client_weight": (n > 0).astype(jnp.float32),
             }
             if model.correct is not None:
                 out["client_accuracy"] = per_client(client_accuracy)
@@ -79,4 +94,4 @@ def local_models(
         clients = (state.params, data.x, data.y, data.num_examples)
         return map_client_chunks(evaluate_part, clients, client_chunk)
 
-    return Algorithm(init, round_, evaluate)
+    return Algorithm(init, round_, evaluate, per_client_fields("params"))

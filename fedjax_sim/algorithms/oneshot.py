@@ -7,6 +7,13 @@ scikit-learn; here the local models are the simulated model itself, trained
 with `pretrain_steps` local steps from a shared init [I: a choice that keeps
 the baseline model-agnostic]. The cluster models start from the mean of
 their members' local models [I].
+
+As in the official code, the clusters are fixed once: every client, in
+training and in evaluation (its test twin), uses the cluster k-means gave it
+(the official code evaluates with the training cluster labels), never the
+lowest-loss model; averages over clients (the cluster models' updates and the
+reported loss/accuracy) are sample-weighted, as the official FEMNIST code
+weights by client sample counts.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_sim.algorithms.base import Algorithm, client_optimizer
+from fedjax_sim.algorithms.base import Algorithm, check_steps, client_optimizer
 from fedjax_sim.algorithms.ifca import IFCAState, ifca
 from fedjax_sim.algorithms.local import local_models
 from fedjax_sim.data.federated import FederatedData
@@ -33,7 +40,7 @@ def one_shot_clustering(
     local_steps: int = 1,
     batch_size: int | None = None,
     participation: float = 1.0,
-    weighting: str = "uniform",
+    weighting: str = "examples",
     kmeans_restarts: int = 8,
     client_chunk: int | None = None,
 ) -> Algorithm:
@@ -41,10 +48,10 @@ def one_shot_clustering(
 
     client_chunk (None: all clients at once) bounds the memory of the local
     pre-training, the rounds and evaluation as in `local_models` and `ifca`;
-    k-means itself still sees all m flattened local models.
+    k-means itself still sees all m flattened local models. Clients without
+    data take no part in k-means (assignment -1) nor in any average.
     """
-    if not isinstance(pretrain_steps, int) or pretrain_steps < 1:
-        raise ValueError(f"pretrain_steps must be an integer >= 1; got {pretrain_steps!r}.")
+    check_steps("pretrain_steps", pretrain_steps)
     opt = client_optimizer(optimizer, learning_rate)
     local = local_models(
         model, opt, local_steps=pretrain_steps, batch_size=batch_size, client_chunk=client_chunk
@@ -65,12 +72,22 @@ def one_shot_clustering(
         flat = jax.vmap(lambda p: jnp.concatenate([a.ravel() for a in jax.tree.leaves(p)]))(
             state.params
         )
-        labels, _ = kmeans(k_means, flat, num_clusters, restarts=kmeans_restarts)
+        active = data.active()
+        labels, _ = kmeans(k_means, flat, num_clusters, restarts=kmeans_restarts,
+                           weights=active)
+        labels = jnp.where(active, labels, -1)
         fallback = jax.tree.map(
             lambda a: jnp.broadcast_to(a[0], (num_clusters,) + a.shape[1:]), state.params
         )
-        cluster_params, _ = segment_average(state.params, labels, num_clusters, fallback=fallback)
+        cluster_params, _ = segment_average(
+            state.params, labels, num_clusters, weights=data.num_examples.astype(jnp.float32),
+            fallback=fallback,
+        )
         base = clustered.init(k_init, data)
         return base._replace(cluster_params=cluster_params, assignment=labels)
 
-    return Algorithm(init, clustered.round, clustered.evaluate)
+    def evaluate(state: IFCAState, data: FederatedData) -> dict:
+        out = clustered.evaluate(state, data)
+        return {**out, "client_weight": data.num_examples.astype(jnp.float32)}
+
+    return Algorithm(init, clustered.round, evaluate, clustered.client_axes)

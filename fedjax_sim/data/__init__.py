@@ -1,6 +1,6 @@
 """Client data: stacked padded arrays and generators."""
 
-from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.data.federated import FederatedData, ServerData
 from fedjax_sim.data.synthetic import (
     LinearMixture,
     bernoulli_init,
@@ -11,6 +11,7 @@ from fedjax_sim.data.synthetic import (
 __all__ = [
     "FederatedData",
     "LinearMixture",
+    "ServerData",
     "bernoulli_init",
     "check_mixture_settings",
     "linear_mixture",

@@ -3,12 +3,21 @@
 Clients hold different numbers of examples. They are padded once, on the host,
 to the largest client; `num_examples` records how many rows of each client are
 real, and every loss, gradient and batch sampler in fedjax_sim masks the rest,
-so ragged clients are exact, not approximate.
+so ragged clients are exact, not approximate. A client with 0 examples takes
+no part in any algorithm.
+
+Features may be any pytree of per-client arrays with leading [m, n_max] axes
+(an image array; node features and adjacency of molecular graphs; token ids).
+Arrays with no client axis (a datacenter dataset, a central loss's inputs) go
+in `ServerData` beside the clients: the type, not an array's shape, says what
+is per-client, so devices shard `FederatedData` over clients and replicate
+`ServerData`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -46,30 +55,36 @@ class FederatedData:
     """m clients, padded to n_max examples each.
 
     Attributes:
-      x: [m, n_max, ...] features; rows at or past `num_examples[i]` are padding.
+      x: features, an array [m, n_max, ...] or any pytree of such arrays
+        (e.g. {"nodes": [m, n, atoms, f], "adjacency": [m, n, atoms, atoms]});
+        rows at or past `num_examples[i]` are padding.
       y: [m, n_max, ...] targets, padded like `x`.
       num_examples: [m] int32, the number of real rows of each client.
       cluster: [m] int32 ground-truth cluster of each client, -1 where unknown.
         Read only by metrics, never by an algorithm.
     """
 
-    x: jax.Array
+    x: Any
     y: jax.Array
     num_examples: jax.Array
     cluster: jax.Array
 
     @property
     def num_clients(self) -> int:
-        return self.x.shape[0]
+        return self.num_examples.shape[0]
 
     @property
     def max_examples(self) -> int:
-        return self.x.shape[1]
+        return self.y.shape[1]
 
     def mask(self) -> jax.Array:
-        """[m, n_max] float mask, 1 on real rows and 0 on padding."""
-        rows = jnp.arange(self.x.shape[1])
-        return (rows[None, :] < self.num_examples[:, None]).astype(self.x.dtype)
+        """[m, n_max] float32 mask, 1 on real rows and 0 on padding."""
+        rows = jnp.arange(self.max_examples)
+        return (rows[None, :] < self.num_examples[:, None]).astype(jnp.float32)
+
+    def active(self) -> jax.Array:
+        """[m] bool, True for clients holding at least one example."""
+        return self.num_examples > 0
 
     def take(self, idx) -> FederatedData:
         """The clients `idx` ([s] ints, repeats allowed), as a new FederatedData."""
@@ -80,21 +95,32 @@ class FederatedData:
         """Builds from already stacked arrays, validating shapes on the host.
 
         Args:
-          x: [m, n_max, ...] features.
+          x: [m, n_max, ...] features, or a pytree (dict, tuple) of such arrays.
           y: [m, n_max, ...] targets.
           num_examples: [m] ints in [0, n_max]; defaults to n_max for every client.
           cluster: [m] ints (-1 = unknown); defaults to all -1.
         """
-        x = np.asarray(x)
+        paths, treedef = jax.tree_util.tree_flatten_with_path(x)
+        if not paths:
+            raise ValueError("x must hold at least one array; got an empty pytree.")
+        names = [
+            "x" + jax.tree_util.keystr(p) if p else "x" for p, _ in paths
+        ]
+        xs = [np.asarray(a) for _, a in paths]
         y = np.asarray(y)
-        if x.ndim < 2:
-            raise ValueError(f"x must be [m, n_max, ...] (at least 2-D); got shape {x.shape}.")
-        if y.ndim < 2 or y.shape[:2] != x.shape[:2]:
-            raise ValueError(
-                f"x and y must agree on their first two axes [m, n_max]; got x {x.shape} "
-                f"and y {y.shape}."
-            )
-        m, n_max = x.shape[:2]
+        if y.ndim < 2:
+            raise ValueError(f"y must be [m, n_max, ...] (at least 2-D); got shape {y.shape}.")
+        for name, a in zip(names, xs, strict=True):
+            if a.ndim < 2:
+                raise ValueError(
+                    f"{name} must be [m, n_max, ...] (at least 2-D); got shape {a.shape}."
+                )
+            if y.shape[:2] != a.shape[:2]:
+                raise ValueError(
+                    f"{name} and y must agree on their first two axes [m, n_max]; got "
+                    f"{name} {a.shape} and y {y.shape}."
+                )
+        m, n_max = y.shape[:2]
         if num_examples is None:
             num_examples = np.full((m,), n_max, np.int32)
         num_examples = np.asarray(num_examples)
@@ -115,7 +141,9 @@ class FederatedData:
         if not np.issubdtype(cluster.dtype, np.integer):
             raise ValueError(f"cluster must be integers; got dtype {cluster.dtype}.")
         rows = np.arange(n_max)[None, :] < num_examples[:, None]
-        x_dev = _to_device(x, "x", rows)
+        x_dev = jax.tree_util.tree_unflatten(
+            treedef, [_to_device(a, name, rows) for name, a in zip(names, xs, strict=True)]
+        )
         y_dev = _to_device(y, "y", rows)
         return cls(
             x=x_dev,
@@ -174,3 +202,18 @@ class FederatedData:
             x[i, : len(a)] = a
             y[i, : len(b)] = b
         return cls.from_arrays(x, y, counts.astype(np.int32), cluster)
+
+
+@struct.dataclass
+class ServerData:
+    """Arrays an algorithm reads on the server, with no client axis.
+
+    A datacenter dataset, a central loss's inputs, a regularizer's table:
+    passed to an algorithm beside the clients and replicated over devices,
+    never sharded as if it were clients.
+
+    Attributes:
+      arrays: any pytree of arrays.
+    """
+
+    arrays: Any

@@ -86,6 +86,13 @@ def linear_mixture(
     Returns:
       LinearMixture(train [s, n, d], test [s, n_test, d], theta_star [k, d]).
     """
+    # k, m, n, d and n_test are static, so a bad one is named here rather than
+    # deep inside JAX; sigma and R may be traced (a sweep vmaps them) and are
+    # checked only when they are concrete numbers.
+    def concrete(v):
+        return 0.0 if isinstance(v, jax.core.Tracer) else v
+
+    check_mixture_settings(k, m, n, d, concrete(sigma), concrete(R), n_test=n_test)
     k_theta, k_train, k_test = jax.random.split(key, 3)
     bits = jax.random.bernoulli(k_theta, 0.5, (k * d,)).astype(jnp.float32).reshape(k, d)
     theta_star = R * bits

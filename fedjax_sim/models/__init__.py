@@ -1,27 +1,37 @@
 """Models: pure init/apply/loss functions; flax modules plug in via `from_flax`."""
 
 from fedjax_sim.models.core import (
-    MLP,
     Model,
+    check_model_data,
     client_accuracy,
     client_loss,
+    combine,
     from_flax,
     linear_regression,
     masked_mean,
-    mlp_classifier,
+    partition,
+    soft_cross_entropy,
     softmax_cross_entropy,
+    split_model,
     squared_error,
 )
+from fedjax_sim.models.zoo import MLP, MLPTrunk, mlp_classifier
 
 __all__ = [
     "MLP",
+    "MLPTrunk",
     "Model",
+    "check_model_data",
     "client_accuracy",
     "client_loss",
+    "combine",
     "from_flax",
     "linear_regression",
     "masked_mean",
     "mlp_classifier",
+    "partition",
+    "soft_cross_entropy",
     "softmax_cross_entropy",
+    "split_model",
     "squared_error",
 ]

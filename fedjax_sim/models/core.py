@@ -1,12 +1,16 @@
-"""A model is three pure functions: init, apply and a per-example loss.
+"""A model is pure functions: init, apply and a per-example loss.
 
 Algorithms only ever call `client_loss`, which masks padded rows, so any flax
-module plugs in through `from_flax`.
+module plugs in through `from_flax`. A model may be split into a trunk (a
+feature map g, shared by every cluster under weight sharing, and the place
+where DRFLM mixes examples) and a head (features -> predictions, the part IFCA
+clusters); `split_model` builds one, `partition`/`combine` move between the
+whole params and the (shared, per-cluster) parts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -14,37 +18,52 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fedjax_sim import backend
-
 Params = Any
+
+TRUNK, HEAD = "trunk", "head"
 
 
 class Model(NamedTuple):
     """Pure functions of one model.
 
     init: key -> params.
-    apply: (params, x [n, ...]) -> predictions [n, ...].
+    apply: (params, x [n, ...]) -> predictions [n, ...] (x may be a pytree).
     example_loss: (predictions [n, ...], y [n, ...]) -> losses [n].
     correct: optional (predictions, y) -> [n] 1.0 where a prediction is right
       (classification); None for regression.
-    cluster_losses: optional stacked form of F_i(θ_j) for all clients and
-      clusters at once, (params [k, ...], x [m, n, ...], y [m, n, ...],
-      num_examples [m]) -> [m, k]. It must equal the vmapped `client_loss`
-      (tests check it); a model supplies it when a hand-laid-out version
-      compiles to faster code. None: `ops.cluster_losses` vmaps client_loss.
-    cluster_grad_sums: optional fused IFCA option-I step, (params [k, ...], x,
-      y, num_examples, choose, weights [m]) -> (losses [m, k], assignment [m],
-      sums), where assignment = choose(losses) and sums (leaves [k, ...]) is
-      Σ_{i: assignment_i = j} weights_i ∇F_i(θ_j). None: `ops.cluster_gradient_sums`
-      takes the VJP of the cluster losses with the one-hot assignment.
+    structure: optional name of a structure that `ops/` has fused kernels
+      for ("linear": y = xᵀθ with squared error, params a [d] vector).
+      None: the generic vmap/VJP kernels.
+    features, head: set on split models (`split_model`): params are
+      {"trunk": ..., "head": ...}, features(params["trunk"], x) -> [n, f] and
+      head(params["head"], features) -> predictions. None on plain models.
     """
 
     init: Callable[[jax.Array], Params]
-    apply: Callable[[Params, jax.Array], jax.Array]
+    apply: Callable[[Params, Any], jax.Array]
     example_loss: Callable[[jax.Array, jax.Array], jax.Array]
     correct: Callable[[jax.Array, jax.Array], jax.Array] | None = None
-    cluster_losses: Callable | None = None
-    cluster_grad_sums: Callable | None = None
+    structure: str | None = None
+    features: Callable[[Params, Any], jax.Array] | None = None
+    head: Callable[[Params, jax.Array], jax.Array] | None = None
+
+    @property
+    def is_split(self) -> bool:
+        return self.features is not None
+
+
+def partition(model: Model, params) -> tuple[Params, Params]:
+    """(shared, per_cluster) parts: (trunk, head) of a split model, ({}, params) otherwise."""
+    if model.is_split:
+        return params[TRUNK], params[HEAD]
+    return {}, params
+
+
+def combine(model: Model, shared, per_cluster) -> Params:
+    """Inverse of `partition`."""
+    if model.is_split:
+        return {TRUNK: shared, HEAD: per_cluster}
+    return per_cluster
 
 
 def masked_mean(values: jax.Array, num_examples) -> jax.Array:
@@ -65,76 +84,57 @@ def client_accuracy(model: Model, params, x, y, num_examples) -> jax.Array:
     return masked_mean(model.correct(model.apply(params, x), y), num_examples)
 
 
+def check_model_data(model: Model, params, data) -> None:
+    """Raises ValueError, naming the argument, when the model cannot take `data`.
+
+    Uses shapes only (`jax.eval_shape`): the model must accept one client's
+    features, and its per-example loss against that client's targets must be
+    one value per row ([n]); a scalar-output model given [n, 1] labels would
+    otherwise broadcast to an [n, n] loss silently.
+    """
+    def one_client(a):
+        return jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
+
+    x = jax.tree.map(one_client, data.x)
+    y = one_client(data.y)
+    n = y.shape[0]
+    try:
+        pred = jax.eval_shape(model.apply, params, x)
+    except (TypeError, ValueError) as err:
+        shapes = jax.tree.map(lambda a: tuple(a.shape), x)
+        raise ValueError(
+            f"data.x does not fit the model: one client's features have shape {shapes} "
+            f"([n_max, ...]); the model's apply failed with: {str(err).splitlines()[0]}"
+        ) from None
+    try:
+        loss = jax.eval_shape(model.example_loss, pred, y)
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"data.y does not fit the model: predictions have shape {pred.shape}, labels "
+            f"{y.shape}; the loss failed with: {str(err).splitlines()[0]}"
+        ) from None
+    if loss.shape != (n,):
+        raise ValueError(
+            f"data.y has shape {tuple(y.shape)} per client but the model predicts "
+            f"{tuple(pred.shape)}: the per-example loss would have shape {loss.shape}, not "
+            f"({n},). Give labels shaped like the predictions (e.g. [m, n] for a scalar "
+            "output)."
+        )
+
+
 def squared_error(pred, y):
     """(y − ŷ)², no ½: the official IFCA code uses torch MSELoss."""
     return jnp.square(pred - y)
 
 
-def _linear_residuals(theta, x, y, num_examples):
-    """Residuals x·θ_j − y of every client and cluster, [m, n, k], 0 on padding rows.
-
-    One [m·n, d] × [d, k] product with k minor: the layout XLA:CPU runs
-    fastest. (vmapping `client_loss` over clusters, then clients, asks for
-    [m, k, n] and costs a transposed copy per pass.)
-    """
-    predictions = jnp.einsum("mnd,kd->mnk", x, theta)
-    real = jnp.arange(x.shape[1])[None, :] < num_examples[:, None]
-    return jnp.where(real[:, :, None], predictions - y[:, :, None], 0.0)
-
-
-def _inverse_counts(num_examples):
-    return 1.0 / jnp.maximum(num_examples, 1).astype(jnp.float32)
-
-
-def _mean_squares(r, inv):
-    """[m, n, k] masked residuals, [m] 1/n_i -> [m, k] mean squared residuals."""
-    return jnp.sum(r * r, axis=1) * inv[:, None]
-
-
-def linear_cluster_losses(theta, x, y, num_examples):
-    """[m, k] mean squared residuals (no ½) of k linear models on m clients."""
-    r = _linear_residuals(theta, x, y, num_examples)
-    return _mean_squares(r, _inverse_counts(num_examples))
-
-
-def linear_cluster_grad_sums(theta, x, y, num_examples, choose, weights):
-    """Fused IFCA option-I step for linear regression (see `Model.cluster_grad_sums`).
-
-    ∇F_i(θ_j) = (2/n_i) Σ_rows r_ij x. Each client contributes to one cluster
-    only, so its chosen residual column is picked first and the gradient is a
-    per-client [n] · [n, d] product: one pass over X after the forward one.
-    (The generic VJP contracts the one-hot cotangent with X over m and n for
-    every cluster: k times the multiply-adds and a transposed read of X.)
-    Picking selects (a gather and `where`s), never multiplies by a 0/1 mask,
-    so a diverged (NaN) model that nobody chose does not spill into the
-    other clusters.
-    """
-    k = theta.shape[0]
-    r = _linear_residuals(theta, x, y, num_examples)
-    inv = _inverse_counts(num_examples)
-    losses = _mean_squares(r, inv)
-    assignment = choose(losses)
-    taking_part = weights != 0
-    picked = (assignment[:, None] == jnp.arange(k)[None, :]) & taking_part[:, None]
-    r_chosen = jnp.take_along_axis(r, assignment[:, None, None], axis=2)[:, :, 0]  # [m, n]
-    r_chosen = jnp.where(taking_part[:, None], r_chosen, 0.0)
-    coef = r_chosen * (2.0 * inv * weights)[:, None]
-    if x.shape[-1] < backend.YNN_MIN_FEATURES:
-        # Narrow features compile without YNN fusions (`fedjax_sim.backend`),
-        # where XLA's loop fusion of this product-sum beats a batched [1, n]·[n, d] dot.
-        client_grads = jnp.sum(coef[:, :, None] * x, axis=1)
-    else:
-        client_grads = jnp.einsum("mn,mnd->md", coef, x)
-    sums = jnp.sum(jnp.where(picked[:, :, None], client_grads[:, None, :], 0.0), axis=0)
-    return losses, assignment, sums
-
-
 def linear_regression(d: int) -> Model:
     """y = xᵀθ, no bias; θ^(0) ~ Bernoulli(0.5)^d as in the official IFCA code.
 
-    Carries the stacked `cluster_losses` and fused `cluster_grad_sums` above;
-    they equal the generic vmapped/VJP path to float rounding (tested).
+    Declares structure "linear", so `ops` uses its fused kernels
+    (`ops/linear.py`); they equal the generic path to float rounding (tested).
     """
+    if not isinstance(d, int) or isinstance(d, bool) or d < 1:
+        raise ValueError(f"d must be an integer >= 1; got {d!r}.")
 
     def init(key):
         return jax.random.bernoulli(key, 0.5, (d,)).astype(jnp.float32)
@@ -142,17 +142,17 @@ def linear_regression(d: int) -> Model:
     def apply(theta, x):
         return x @ theta
 
-    return Model(
-        init,
-        apply,
-        squared_error,
-        cluster_losses=linear_cluster_losses,
-        cluster_grad_sums=linear_cluster_grad_sums,
-    )
+    return Model(init, apply, squared_error, structure="linear")
 
 
 def softmax_cross_entropy(logits, labels):
+    """Cross-entropy against integer labels [n]."""
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def soft_cross_entropy(logits, targets):
+    """Cross-entropy against soft labels [n, classes] (rows summing to 1), as mixup makes."""
+    return optax.softmax_cross_entropy(logits, targets)
 
 
 def argmax_correct(logits, labels):
@@ -161,7 +161,7 @@ def argmax_correct(logits, labels):
 
 def from_flax(
     module: nn.Module,
-    example_input: jax.Array,
+    example_input,
     example_loss=softmax_cross_entropy,
     correct=argmax_correct,
 ) -> Model:
@@ -176,22 +176,33 @@ def from_flax(
     return Model(init, apply, example_loss, correct)
 
 
-class MLP(nn.Module):
-    """ReLU multilayer perceptron on flattened inputs."""
+def split_model(
+    trunk: nn.Module,
+    head: nn.Module,
+    example_input,
+    example_loss=softmax_cross_entropy,
+    correct=argmax_correct,
+) -> Model:
+    """A Model made of a trunk (features g(x)) and a head (features -> predictions).
 
-    hidden: Sequence[int]
-    outputs: int
+    Params are {"trunk": ..., "head": ...}; the two parts get independent
+    init keys.
+    """
 
-    @nn.compact
-    def __call__(self, x):
-        x = x.reshape((x.shape[0], -1))
-        for width in self.hidden:
-            x = nn.relu(nn.Dense(width)(x))
-        return nn.Dense(self.outputs)(x)
+    def features(trunk_params, x):
+        return trunk.apply({"params": trunk_params}, x)
 
+    def head_apply(head_params, f):
+        return head.apply({"params": head_params}, f)
 
-def mlp_classifier(input_shape: Sequence[int], hidden: Sequence[int], num_classes: int) -> Model:
-    """An MLP with softmax cross-entropy (e.g. 784-200-10 for rotated MNIST)."""
-    return from_flax(
-        MLP(tuple(hidden), num_classes), jnp.zeros((1, *input_shape), jnp.float32)
-    )
+    def init(key):
+        k_trunk, k_head = jax.random.split(key)
+        trunk_params = trunk.init(k_trunk, example_input)["params"]
+        f = jax.eval_shape(features, trunk_params, example_input)
+        head_params = head.init(k_head, jnp.zeros(f.shape, f.dtype))["params"]
+        return {TRUNK: trunk_params, HEAD: head_params}
+
+    def apply(params, x):
+        return head_apply(params[HEAD], features(params[TRUNK], x))
+
+    return Model(init, apply, example_loss, correct, features=features, head=head_apply)

@@ -2,6 +2,7 @@
 
 from fedjax_sim.ops.aggregation import divide_segments, segment_average, segment_totals
 from fedjax_sim.ops.chunking import check_client_chunk, map_client_chunks, scan_client_chunks
+from fedjax_sim.ops.cohort import Cohort, CohortBatch, cohort_sums, put, sample_cohort, take
 from fedjax_sim.ops.clustering import assign_clusters, cluster_gradient_sums, cluster_losses
 from fedjax_sim.ops.kmeans import kmeans
 from fedjax_sim.ops.local_update import client_keys, client_update, local_update, sample_batch
@@ -10,6 +11,12 @@ from fedjax_sim.ops.sampling import sample_uniform, sample_weighted
 from fedjax_sim.ops.simplex import project_simplex
 
 __all__ = [
+    "Cohort",
+    "CohortBatch",
+    "cohort_sums",
+    "put",
+    "sample_cohort",
+    "take",
     "assign_clusters",
     "check_client_chunk",
     "client_keys",

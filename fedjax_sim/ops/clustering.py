@@ -9,32 +9,59 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.models.core import Model, client_loss
+from fedjax_sim.models.core import Model, client_loss, combine, masked_mean
+from fedjax_sim.ops import linear
 from fedjax_sim.ops.chunking import map_client_chunks
+
+
+def _stacked_losses(model: Model, shared):
+    """(cluster_params [k, ...], x, y, num_examples) -> [m, k] losses, for m clients."""
+    if linear.supports(model, shared):
+        return linear.linear_cluster_losses
+    if model.is_split and jax.tree.leaves(shared):
+        # Weight sharing: the trunk's features once per client, then every head.
+        def one_client(heads, x, y, n):
+            f = model.features(shared, x)
+
+            def per_head(h):
+                return masked_mean(model.example_loss(model.head(h, f), y), n)
+
+            return jax.vmap(per_head)(heads)
+
+        return jax.vmap(one_client, in_axes=(None, 0, 0, 0))
+
+    def one(params, x, y, n):
+        return client_loss(model, combine(model, shared, params), x, y, n)
+
+    over_clusters = jax.vmap(one, in_axes=(0, None, None, None))
+    return jax.vmap(over_clusters, in_axes=(None, 0, 0, 0))
 
 
 @functools.partial(jax.jit, static_argnames=("model", "client_chunk"))
 def cluster_losses(
-    model: Model, cluster_params, data: FederatedData, client_chunk: int | None = None
+    model: Model,
+    cluster_params,
+    data: FederatedData,
+    client_chunk: int | None = None,
+    shared=None,
 ) -> jax.Array:
     """F_i(θ_j) for every client i and cluster model j.
 
     Args:
       model: the model whose `client_loss` is evaluated.
-      cluster_params: params pytree, leaves [k, ...].
+      cluster_params: params pytree, leaves [k, ...] (the per-cluster part
+        when `shared` is given).
       data: m clients.
       client_chunk: None evaluates all clients at once; else this many
         clients at a time (static), bounding the [m, k, n, ...] activations.
+      shared: the params every cluster shares (a split model's trunk under
+        weight sharing); None or {}: the clusters share nothing.
 
     Returns:
       [m, k] losses (masked means over each client's real rows).
     """
-    if model.cluster_losses is not None:
-        stacked = model.cluster_losses
-    else:
-        one = functools.partial(client_loss, model)
-        over_clusters = jax.vmap(one, in_axes=(0, None, None, None))
-        stacked = jax.vmap(over_clusters, in_axes=(None, 0, 0, 0))
+    shared = {} if shared is None else shared
+    stacked = _stacked_losses(model, shared)
     return map_client_chunks(
         lambda part: stacked(cluster_params, part.x, part.y, part.num_examples),
         data,
@@ -60,16 +87,17 @@ def cluster_gradient_sums(
 
     Returns:
       (losses [m, k], assignment [m], sums) with sums (leaves [k, ...]) equal
-      to Σ_{i: assignment_i = j} weights_i ∇F_i(θ_j). Uses the model's fused
-      `cluster_grad_sums` when it has one; otherwise the VJP of
-      `cluster_losses` with the weighted one-hot assignment as cotangent.
+      to Σ_{i: assignment_i = j} weights_i ∇F_i(θ_j). Uses the fused linear
+      kernel (`ops/linear.py`) for a model of structure "linear"; otherwise
+      the VJP of `cluster_losses` with the weighted one-hot assignment as
+      cotangent.
     """
     if choose is None:
         choose = assign_clusters
     if weights is None:
         weights = jnp.ones((data.num_clients,), jnp.float32)
-    if model.cluster_grad_sums is not None:
-        return model.cluster_grad_sums(
+    if linear.supports(model, {}):
+        return linear.linear_cluster_grad_sums(
             cluster_params, data.x, data.y, data.num_examples, choose, weights
         )
     losses, vjp = jax.vjp(lambda p: cluster_losses(model, p, data), cluster_params)

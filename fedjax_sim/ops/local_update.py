@@ -47,7 +47,8 @@ def client_update(
       model, optimizer: the model and the client optimizer (a fresh optimizer
         state each call, as in FedAvg).
       params: the starting params (one model).
-      x, y, num_examples: the client's padded data and its row count.
+      x, y, num_examples: the client's padded data (x may be a pytree of
+        [n_max, ...] arrays) and its row count.
       key: the client's PRNG key (minibatches, mixup).
       num_steps: τ (static).
       batch_size: None for full-batch steps, else the minibatch size (static).
@@ -59,7 +60,7 @@ def client_update(
     Returns:
       (final params, snapshot params or None, [num_steps] step losses).
     """
-    n_max = x.shape[0]
+    n_max = y.shape[0]
 
     def default_loss(p, xb, yb, mb, _key):
         return jnp.sum(mb * model.example_loss(model.apply(p, xb), yb)) / jnp.maximum(
@@ -77,7 +78,8 @@ def client_update(
             mb = (jnp.arange(n_max) < num_examples).astype(jnp.float32)
         else:
             idx, bmask = sample_batch(k_batch, num_examples, n_max, batch_size)
-            xb, yb, mb = x[idx], y[idx], bmask.astype(jnp.float32)
+            xb = jax.tree.map(lambda a: a[idx], x)
+            yb, mb = y[idx], bmask.astype(jnp.float32)
         loss, grads = jax.value_and_grad(loss_fn)(p, xb, yb, mb, k_loss)
         updates, opt_state = optimizer.update(grads, opt_state, p)
         p = optax.apply_updates(p, updates)

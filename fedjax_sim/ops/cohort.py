@@ -1,0 +1,145 @@
+"""The one cohort path: who takes part in a round, and how their work is laid out.
+
+Every algorithm's round calls `sample_cohort` and `cohort_sums` and reads like
+its paper's pseudocode; the plumbing lives here, once:
+
+- sampling the cohort: everyone (no gather at all), uniformly without
+  replacement, or by weights with replacement (DRFA samples ∝ λ);
+- a key per cohort slot, `fold_in(key, slot)`: a client drawn twice gets two
+  keys, so its two copies train differently, and keys do not depend on how
+  clients are laid over devices;
+- gathering the cohort's rows (`take`, and `put` to write per-client state
+  back);
+- processing the cohort in chunks under a memory budget (a `lax.scan` over
+  chunks, padding the last one, strided chunks on a device mesh, see
+  `chunking.scan_client_chunks`), accumulating additive sums so m trained
+  models never exist at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.ops.chunking import scan_client_chunks
+from fedjax_sim.ops.local_update import client_keys
+from fedjax_sim.ops.sampling import sample_uniform, sample_weighted
+
+
+@struct.dataclass
+class Cohort:
+    """The clients of one round.
+
+    Attributes:
+      ids: [s] int32 client ids, slot order (repeats allowed when drawn with
+        replacement).
+      keys: [s] PRNG keys, one per slot.
+      everyone: static; True when the cohort is all m clients in order (then
+        `take`/`put` are the identity and nothing is gathered).
+    """
+
+    ids: jax.Array
+    keys: jax.Array
+    everyone: bool = struct.field(pytree_node=False, default=False)
+
+    @property
+    def size(self) -> int:
+        return self.ids.shape[0]
+
+
+def sample_cohort(key, num_clients: int, size: int, *, weights=None) -> Cohort:
+    """A cohort of `size` slots.
+
+    Args:
+      key: the round's key for sampling and training (split here).
+      num_clients: m.
+      size: s, static. s = m without weights means every client, in order.
+      weights: None: uniform without replacement; else [m] non-negative
+        sampling probabilities, drawn i.i.d. with replacement (a client drawn
+        twice appears twice, with two keys).
+    """
+    key_ids, key_slots = jax.random.split(key)
+    everyone = weights is None and size == num_clients
+    if everyone:
+        ids = jnp.arange(num_clients, dtype=jnp.int32)
+    elif weights is None:
+        ids = sample_uniform(key_ids, num_clients, size)
+    else:
+        ids = sample_weighted(key_ids, jnp.asarray(weights), size)
+    keys = client_keys(key_slots, jnp.arange(size))
+    return Cohort(ids, keys, everyone)
+
+
+def take(cohort: Cohort, per_client):
+    """Per-client values (leaves [m, ...]) of the cohort's slots ([s, ...])."""
+    if cohort.everyone:
+        return per_client
+    return jax.tree.map(lambda a: a[cohort.ids], per_client)
+
+
+def put(cohort: Cohort, per_client, values):
+    """per_client with the cohort's slots set to values (a repeated client: the last slot)."""
+    if cohort.everyone:
+        return values
+    return jax.tree.map(lambda a, v: a.at[cohort.ids].set(v), per_client, values)
+
+
+@struct.dataclass
+class CohortBatch:
+    """Some slots of a cohort, as a round's client step sees them.
+
+    Attributes:
+      data: the slots' client data (leaves [c, n_max, ...]).
+      keys: [c] per-slot keys.
+      inputs: the per-slot values the round passed (leaves [c, ...]).
+      active: [c] bool: a real slot (not chunk padding) whose client holds
+        data. An inactive slot must get weight 0 in every sum.
+    """
+
+    data: FederatedData
+    keys: jax.Array
+    inputs: Any
+    active: jax.Array
+
+
+def cohort_sums(client_step, data: FederatedData, cohort: Cohort, zero, *, inputs=(),
+                client_chunk: int | None = None):
+    """Runs `client_step` over the cohort and adds up what it returns.
+
+    Args:
+      client_step: CohortBatch -> (sums, outputs): `sums` has zero's structure
+        and adds over clients (per-cluster totals, weights); `outputs` is a
+        pytree of per-slot values (leaves [c, ...]).
+      data: all m clients.
+      cohort: from `sample_cohort`.
+      zero: the additive identity of `sums`.
+      inputs: per-slot values for the step (leaves [s, ...]), e.g.
+        `take(cohort, state.assignment)`.
+      client_chunk: None: the whole cohort at once; else at most this many
+        slots at a time (a `lax.scan`, so peak memory is O(client_chunk ×
+        model)); same result up to float summation order.
+
+    Returns:
+      (sums, outputs with leaves [s, ...]).
+    """
+    if client_chunk is None:
+        members = take(cohort, data)
+        return client_step(CohortBatch(members, cohort.keys, inputs, members.active()))
+
+    def add_chunk(acc, part, valid):
+        data_c, ids_c, keys_c, inputs_c = part
+        if data_c is None:  # a sampled cohort gathers its rows by id
+            data_c = data.take(ids_c)
+        batch = CohortBatch(data_c, keys_c, inputs_c, valid & data_c.active())
+        sums, out = client_step(batch)
+        return optax.tree.add(acc, sums), out
+
+    # With everyone taking part the chunks slice `data` itself, so on a device
+    # mesh each chunk reads its rows where they live.
+    slots = (data if cohort.everyone else None, cohort.ids, cohort.keys, inputs)
+    return scan_client_chunks(add_chunk, zero, slots, client_chunk)

@@ -1,0 +1,87 @@
+"""Fused kernels for linear regression (models of structure "linear"), IFCA's hot path.
+
+The synthetic IFCA sweeps spend all their time here. `ops.cluster_losses` and
+`ops.cluster_gradient_sums` pick these when the model declares
+`structure="linear"`; they equal the generic vmap/VJP kernels to float
+rounding (tests check both against a per-client loop).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from fedjax_sim import backend
+
+
+def _residuals(theta, x, y, num_examples):
+    """Residuals x·θ_j − y of every client and cluster, [m, n, k], 0 on padding rows.
+
+    One [m·n, d] × [d, k] product with k minor: the layout XLA:CPU runs
+    fastest. (vmapping `client_loss` over clusters, then clients, asks for
+    [m, k, n] and costs a transposed copy per pass.)
+    """
+    predictions = jnp.einsum("mnd,kd->mnk", x, theta)
+    real = jnp.arange(x.shape[1])[None, :] < num_examples[:, None]
+    return jnp.where(real[:, :, None], predictions - y[:, :, None], 0.0)
+
+
+def _inverse_counts(num_examples):
+    return 1.0 / jnp.maximum(num_examples, 1).astype(jnp.float32)
+
+
+def _mean_squares(r, inv):
+    """[m, n, k] masked residuals, [m] 1/n_i -> [m, k] mean squared residuals."""
+    return jnp.sum(r * r, axis=1) * inv[:, None]
+
+
+def linear_cluster_losses(theta, x, y, num_examples):
+    """[m, k] mean squared residuals (no ½) of k linear models θ [k, d] on m clients."""
+    r = _residuals(theta, x, y, num_examples)
+    return _mean_squares(r, _inverse_counts(num_examples))
+
+
+def linear_cluster_grad_sums(theta, x, y, num_examples, choose, weights):
+    """IFCA option I's losses, assignment and Σ_{i: ĵ_i = j} w_i ∇F_i(θ_j), fused.
+
+    ∇F_i(θ_j) = (2/n_i) Σ_rows r_ij x. Each client contributes to one cluster
+    only, so its chosen residual column is picked first and the gradient is a
+    per-client [n] · [n, d] product: one pass over X after the forward one.
+    (The generic VJP contracts the one-hot cotangent with X over m and n for
+    every cluster: k times the multiply-adds and a transposed read of X.)
+    Picking selects (a gather and `where`s), never multiplies by a 0/1 mask,
+    so a diverged (NaN) model that nobody chose does not spill into the
+    other clusters.
+
+    Args:
+      theta: [k, d]; x: [m, n, d]; y: [m, n]; num_examples: [m].
+      choose: [m, k] losses -> [m] assignment.
+      weights: [m]; 0 leaves a client out.
+
+    Returns:
+      (losses [m, k], assignment [m], sums [k, d]).
+    """
+    k = theta.shape[0]
+    r = _residuals(theta, x, y, num_examples)
+    inv = _inverse_counts(num_examples)
+    losses = _mean_squares(r, inv)
+    assignment = choose(losses)
+    taking_part = weights != 0
+    picked = (assignment[:, None] == jnp.arange(k)[None, :]) & taking_part[:, None]
+    safe = jnp.clip(assignment, 0, k - 1)  # an unassigned (-1) client is not taking part
+    r_chosen = jnp.take_along_axis(r, safe[:, None, None], axis=2)[:, :, 0]  # [m, n]
+    r_chosen = jnp.where(taking_part[:, None], r_chosen, 0.0)
+    coef = r_chosen * (2.0 * inv * weights)[:, None]
+    if x.shape[-1] < backend.YNN_MIN_FEATURES:
+        # Narrow features compile without YNN fusions (`fedjax_sim.backend`),
+        # where XLA's loop fusion of this product-sum beats a batched [1, n]·[n, d] dot.
+        client_grads = jnp.sum(coef[:, :, None] * x, axis=1)
+    else:
+        client_grads = jnp.einsum("mn,mnd->md", coef, x)
+    sums = jnp.sum(jnp.where(picked[:, :, None], client_grads[:, None, :], 0.0), axis=0)
+    return losses, assignment, sums
+
+
+def supports(model, shared) -> bool:
+    """Whether the fused kernels apply: a linear model, no shared (trunk) params."""
+    return model.structure == "linear" and not jax.tree.leaves(shared)
