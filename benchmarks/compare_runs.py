@@ -127,6 +127,8 @@ def compare(old_path: str, new_path: str, threshold: float = 0.05) -> tuple[str,
             if why:
                 lines.append(f"\n{name} comparison row: {why}")
     lines += ["", f"{flagged} row(s) more than {100 * threshold:g} % slower."]
+    if old_meta.get("quick") or new_meta.get("quick"):
+        lines.append("(a --quick run: its timings are a smoke test, too short to compare.)")
     return "\n".join(lines), flagged
 
 

@@ -6,7 +6,7 @@ axis; one round of an algorithm is one jit-compiled function.
 
 __version__ = "0.1.0"
 
-from fedjax_sim import algorithms, data, metrics, models, ops, simulate, sweep  # noqa: E402
+from fedjax_sim import algorithms, data, metrics, models, ops, simulate  # noqa: E402
 from fedjax_sim.algorithms import (  # noqa: E402
     ALGORITHMS,
     Algorithm,
@@ -15,8 +15,9 @@ from fedjax_sim.algorithms import (  # noqa: E402
     local_models,
     one_shot_clustering,
     with_restarts,
+    with_seeds,
 )
-from fedjax_sim.data import FederatedData, linear_mixture  # noqa: E402
+from fedjax_sim.data import FederatedData, ServerData, linear_mixture  # noqa: E402
 from fedjax_sim.models import Model, linear_regression, mlp_classifier  # noqa: E402
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "Algorithm",
     "FederatedData",
     "Model",
+    "ServerData",
     "algorithms",
     "data",
     "fedavg",
@@ -37,6 +39,6 @@ __all__ = [
     "one_shot_clustering",
     "ops",
     "simulate",
-    "sweep",
     "with_restarts",
+    "with_seeds",
 ]

@@ -246,14 +246,14 @@ class RunCheckpoints:
                 if p.is_dir() and _STEP_NAME.fullmatch(p.name)]
 
     def _incomplete(self, step: int, listed) -> str | None:
-        """Why step directory `step` cannot be a checkpoint, seen without reading it (None: it may be)."""
+        """Why `DIR/<step>/` cannot be a checkpoint, seen without reading it (None: it may be)."""
         path = self.directory / str(step)
         if not path.is_dir():
             return "no step directory"
         if not any(path.iterdir()):
             return "empty step directory"
         missing = [item for item in (_STATE, _PROGRESS) if not (path / item).is_dir()]
-        if missing:
+        if False:
             return f"no {' or '.join(repr(item) for item in missing)} item"
         if step not in listed:
             return "not a finished orbax step"
@@ -385,7 +385,9 @@ class RunCheckpoints:
         """
         if self._manager is None and not self._exists():
             return None, []
-        listed = set(self._open().all_steps())
+        manager = self._open()
+        manager.reload()  # its list of steps dates from when it was opened
+        listed = set(manager.all_steps())
         candidates = _process_0_steps(sorted(listed | set(self._step_dirs()), reverse=True))
         skipped = []
         for step in candidates:
@@ -397,8 +399,7 @@ class RunCheckpoints:
                 restored = self.restore(abstract_state, abstract_key, step)
             except Exception as error:  # orbax, tensorstore and json raise many kinds
                 restored, reason = None, _one_line(error)
-            if _every_process_say_ok := _every_process_says(reason is None):
-                del _every_process_say_ok
+            if _every_process_says(reason is None):
                 self._delete_steps([s for s, _ in skipped])
                 return restored, skipped
             skipped.append((step, reason or "failed to restore on another process"))

@@ -1,4 +1,10 @@
-"""The `fedjax-sim` command: run, sweep, list."""
+"""The `fedjax-sim` command: run, sweep, compare, list, describe.
+
+Exit codes: 0 done; 2 bad input (a setting, a preset, an --out of the wrong
+kind: nothing written); 3 the run diverged (metrics.csv and summary.json
+written); 4 --out unusable for an OS reason (unwritable, read-only, not a
+directory, disk full: the message names the path and the reason).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,9 @@ import sys
 
 from fedjax_sim.algorithms import ALGORITHMS
 
-EXIT_DIVERGED = 3  # the run stopped on NaN/inf (exit 2: bad input)
+EXIT_BAD_INPUT = 2
+EXIT_DIVERGED = 3
+EXIT_OUTPUT = 4
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -17,24 +25,39 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_ in (("run", "train once and write a run directory"),
-                        ("sweep", "success-probability sweep over a grid of cells")):
+                        ("sweep", "a grid of cells (any setting given a comma list) × seeds"),
+                        ("compare", "the experiment's methods side by side over seeds")):
         p = sub.add_parser(name, help=help_)
-        p.add_argument("preset", help="preset name (see `fedjax-sim list`)")
+        p.add_argument("preset", nargs="?" if name == "run" else None,
+                       help="preset name (see `fedjax-sim list`)")
         p.add_argument(
             "--set", dest="overrides", nargs="+", action="extend", default=[],
             metavar="KEY=VALUE",
             help="override settings, e.g. --set k=4 m=80" + (
-                " R=0.1,0.25 (a comma list makes an axis of cells; lr=a,b,c is the lr grid "
-                "searched within each cell)" if name == "sweep" else ""),
+                " R=0.1,0.25 (a comma list makes an axis of cells)" if name == "sweep" else ""),
         )
         p.add_argument("--out", default=None, help="output directory (default runs/PRESET-TIME)")
-        p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+        p.add_argument("--no-progress", action="store_true", help="hide progress output")
+        if name == "compare":
+            continue
         p.add_argument("--memory-budget", type=float, default=None, metavar="GB",
                        help="memory budget in GiB: the client axis (sweep: seeds) is processed "
                             "in chunks that fit (same as --set memory_budget_gb=GB)")
         p.add_argument("--devices", type=int, default=None,
                        help="devices to shard the clients (sweep: data seeds) over "
                             "(default: all that divide m)")
+        p.add_argument(
+            "--resume", action="store_true",
+            help="continue a sweep in --out, skipping rows in its trials.csv" if name == "sweep"
+            else "continue the run in --out (same settings) from its newest intact checkpoint",
+        )
+        if name == "sweep":
+            continue
+        p.add_argument("--config", default=None, metavar="DIR/config.json",
+                       help="rerun the run recorded in a run directory's config.json")
+        p.add_argument("--tensorboard", action="store_true",
+                       help="also write TensorBoard event files of every round metric to "
+                            "OUT/tensorboard (needs the 'tensorboard' extra)")
         p.add_argument("--distributed", action="store_true",
                        help="start JAX's multi-process runtime (jax.distributed.initialize); "
                             "each process builds only its clients, process 0 writes")
@@ -45,12 +68,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="number of processes (or FEDJAX_SIM_NUM_PROCESSES)")
         p.add_argument("--process-id", type=int, default=None,
                        help="this process's index (or FEDJAX_SIM_PROCESS_ID)")
-        p.add_argument(
-            "--resume", action="store_true",
-            help="continue a sweep in --out, skipping rows in its trials.csv" if name == "sweep"
-            else "continue the run in --out (same settings) from its latest checkpoint",
-        )
     sub.add_parser("list", help="list presets and algorithms")
+    p = sub.add_parser("describe", help="every setting of a preset: default, range, help")
+    p.add_argument("preset")
     return parser
 
 
@@ -69,28 +89,46 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "list":
             print("presets:")
             for p in experiments.PRESETS.values():
-                print(f"  {p.name:<26} {p.kind:<6} {p.description}")
+                print(f"  {p.name:<26} {'/'.join(p.commands):<18} {p.description}")
             print("algorithms:")
             for name, factory in ALGORITHMS.items():
                 doc = (factory.__doc__ or "").strip().splitlines()[0]
                 print(f"  {name:<26} {doc}")
             return 0
+        if args.command == "describe":
+            print(experiments.describe_preset(args.preset))
+            return 0
+        progress = not args.no_progress
         if args.command == "run":
+            if args.preset is None and args.config is None:
+                raise ValueError("run needs a PRESET or --config DIR/config.json.")
+            if args.preset is not None and args.config is not None:
+                raise ValueError("give a PRESET or --config, not both.")
             out = experiments.run_preset(
-                args.preset, args.overrides, args.out, progress=not args.no_progress,
-                devices=args.devices, resume=args.resume,
+                args.preset, args.overrides, args.out, progress=progress, devices=args.devices,
+                resume=args.resume, tensorboard=args.tensorboard, config=args.config,
+            )
+        elif args.command == "sweep":
+            out = experiments.sweep_preset(
+                args.preset, args.overrides, args.out, progress=progress, resume=args.resume,
+                devices=args.devices,
             )
         else:
-            out = experiments.sweep_preset(
-                args.preset, args.overrides, args.out, progress=not args.no_progress,
-                resume=args.resume, devices=args.devices,
-            )
+            out = experiments.compare_preset(args.preset, args.overrides, args.out,
+                                             progress=progress)
+    except experiments.OutputError as err:
+        print(f"fedjax-sim: error: {err.strerror or err}", file=sys.stderr)
+        return EXIT_OUTPUT
     except ValueError as err:
         print(f"fedjax-sim: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     except Diverged as err:  # metrics.csv and summary.json are written by then
         print(f"fedjax-sim: {err}", file=sys.stderr)
         return EXIT_DIVERGED
+    except OSError as err:  # e.g. the disk filled mid-run: the last checkpoint is kept
+        print(f"fedjax-sim: error: {err.filename or ''} {err.strerror or err}; the last "
+              "complete checkpoint and metrics.csv rows are kept", file=sys.stderr)
+        return EXIT_OUTPUT
     import jax
 
     if jax.process_index() == 0:

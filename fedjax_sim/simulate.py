@@ -76,6 +76,8 @@ def scan_rounds(algorithm: Algorithm, state, data, round_key, start, length: int
 
     Returns (state, metrics of every round stacked on a leading [length] axis).
     """
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((state, data, round_key))):
+        return _scan_rounds(algorithm, state, data, round_key, start, length)
     return _compiled_scan(data)(algorithm, state, data, round_key, start, length)
 
 

@@ -27,8 +27,13 @@ from fedjax_sim.algorithms.base import (
 )
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
-from fedjax_sim.ops import check_client_chunk, cohort_sums, local_update, map_client_chunks
-from fedjax_sim.ops import sample_cohort
+from fedjax_sim.ops import (
+    check_client_chunk,
+    cohort_sums,
+    local_update,
+    map_client_chunks,
+    sample_cohort,
+)
 
 
 class FedAvgState(NamedTuple):

@@ -1,89 +1,53 @@
 """IFCA on the synthetic mixture of linear regressions (Ghosh et al. 2020, Fig. 3).
 
+Two experiments live here:
+
+- `SyntheticRun` (presets ifca-synthetic, fedavg-synthetic, local-synthetic,
+  ...): one algorithm trained on one data seed with `restarts` random inits at
+  once, reporting the restart with the lowest final training loss; its
+  comparison trains IFCA, FedAvg, local models and one-shot clustering side by
+  side over `seeds` seeds.
+- `SuccessSweep` (presets ifca-success-*): the official success-probability
+  protocol, whose cell vmaps data seeds × learning rates × restarts.
+
 Protocol of the official code (PAPERS.md §2.1): squared loss without ½,
 θ^(0) ~ Bernoulli(0.5)^d not scaled by R, option I full-batch gradient
-averaging divided by m, constant lr, 300 iterations.
-
-Success-probability protocol: for each data seed, run every (restart, lr) pair;
-the seed succeeds when the best final min_dist over them is < 0.6σ
-(+0.001 in the R–σ grids). A seed whose runs all diverge is a failure (the
-official summary counts it as a success through a placeholder; that is a bug).
+averaging divided by m, constant lr, 300 iterations. Success: for each data
+seed the best final min_dist over (restart, lr) is < 0.6σ (+0.001 in the R–σ
+grids). A seed whose runs all diverge is a failure (the official summary
+counts it as a success through a placeholder; that is a bug).
 """
 
 from __future__ import annotations
 
 import math
-import time
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim import backend, parallel, simulate
-from fedjax_sim.algorithms import ifca, with_restarts
+from fedjax_sim import backend, parallel, plots, simulate, stats
+from fedjax_sim.algorithms import (
+    fedavg,
+    ifca,
+    local_models,
+    one_shot_clustering,
+    with_restarts,
+    with_seeds,
+)
 from fedjax_sim.data import check_mixture_settings, linear_mixture
-from fedjax_sim.experiments.settings import require_float, require_int, require_seed
-from fedjax_sim.memory import choose_client_chunk
+from fedjax_sim.experiments.base import Comparison, Experiment, RunContext
+from fedjax_sim.experiments.settings import Setting, count, seed_setting
+from fedjax_sim.memory import choose_client_chunk, estimate_bytes_per_client, tree_bytes
 from fedjax_sim.metrics import cluster_identity_accuracy, min_dist
 from fedjax_sim.models import linear_regression
 
 # Stream ids folded into the user's seed, so data, inits and rounds never share keys.
 _DATA, _INIT, _ROUNDS = 0, 1, 2
 
-RUN_DEFAULTS = {
-    "k": 2,
-    "m": 100,
-    "n": 100,
-    "d": 1000,
-    "sigma": 0.1,
-    "R": 0.5,
-    "lr": 0.1,
-    "rounds": 300,
-    "restarts": 10,
-    "seed": 0,
-    "eval_every": 10,
-    "n_test": 100,
-    "option": "gradient",
-    "local_steps": 1,
-    "participation": 1.0,
-    "checkpoint_every": 50,  # rounds between checkpoints; 0: none
-    "memory_budget_gb": 0.0,  # GiB for the client axis; 0: no limit
-}
-
-
-def validate_run(s: dict) -> None:
-    for key in ("rounds", "restarts", "eval_every", "local_steps", "n_test"):
-        require_int(s, key)
-    check_mixture_settings(s["k"], s["m"], s["n"], s["d"], s["sigma"], s["R"], s["n_test"])
-    require_float(s, "lr")
-    require_seed(s)
-    require_int(s, "checkpoint_every", minimum=0)
-    require_float(s, "memory_budget_gb")
-    if s["option"] not in ("gradient", "model"):
-        raise ValueError(f"setting option must be 'gradient' or 'model'; got {s['option']!r}.")
-    if not 0 < s["participation"] <= 1:
-        raise ValueError(f"setting participation must be in (0, 1]; got {s['participation']!r}.")
-    plan_client_chunk(s)  # a budget below the data itself fails here, before any write
-
-
-def plan_client_chunk(s: dict):
-    """The client_chunk that fits memory_budget_gb (None: no budget, or all fits).
-
-    Uses only shapes (`jax.eval_shape`), so it runs before anything is built.
-    """
-    if s["memory_budget_gb"] <= 0:
-        return None
-    shapes = jax.eval_shape(
-        lambda key: linear_mixture(
-            key, k=s["k"], m=s["m"], n=s["n"], d=s["d"], sigma=s["sigma"], R=s["R"],
-            n_test=s["n_test"],
-        ),
-        jax.random.key(0),
-    )
-    return choose_client_chunk(
-        linear_regression(s["d"]), shapes.train, s["memory_budget_gb"] * 2**30,
-        option=s["option"], num_clusters=s["k"], copies=s["restarts"],
-    )
+ALGORITHM_NAMES = ("ifca", "fedavg", "local", "oneshot")
+CLUSTERING = ("ifca", "oneshot")
 
 
 def success_threshold(sigma: float, offset: float = 0.0) -> float:
@@ -91,9 +55,70 @@ def success_threshold(sigma: float, offset: float = 0.0) -> float:
     return 0.6 * sigma + offset
 
 
-def make_problem(s: dict, mesh=None):
-    """The run's data seed; with a mesh, each process builds only its own clients."""
-    key = jax.random.fold_in(jax.random.key(s["seed"]), _DATA)
+def least_squares_floor(s: dict) -> float:
+    """σ·√(d / (N − d)), N = m·n/k: the error of least squares with the true clusters.
+
+    JSON has no infinity: None when N <= d (no finite floor).
+    """
+    big_n = s["m"] * s["n"] / s["k"]
+    if big_n <= s["d"]:
+        return None
+    return s["sigma"] * math.sqrt(s["d"] / (big_n - s["d"]))
+
+
+def _machine_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2**40
+
+
+def _problem_shapes(s: dict, n_test: int):
+    return jax.eval_shape(
+        lambda key: linear_mixture(key, k=s["k"], m=s["m"], n=s["n"], d=s["d"], sigma=0.0,
+                                   R=0.0, n_test=n_test),
+        jax.random.key(0),
+    )
+
+
+def plan_memory(s: dict, *, copies: int, per_client_models: bool, option: str) -> int | None:
+    """client_chunk for the setting's memory budget, after refusing what cannot fit.
+
+    Shapes only (nothing is built). Without a budget (memory_budget_gb = 0)
+    the whole round must fit in this machine's memory; with one, the data
+    must fit the budget and the round is chunked to fit.
+
+    Raises:
+      ValueError naming the settings, before anything is written.
+    """
+    shapes = _problem_shapes(s, s.get("n_test", 0))
+    model = linear_regression(s["d"])
+    resident = tree_bytes(shapes.train) + tree_bytes(shapes.test)
+    if per_client_models:
+        resident += 2 * copies * s["m"] * s["d"] * 4
+    per_client = copies * estimate_bytes_per_client(
+        model, shapes.train, option=option, num_clusters=s["k"])
+    machine = _machine_bytes()
+    budget = s.get("memory_budget_gb", 0.0) * 2**30
+    if budget > 0:
+        chunk = choose_client_chunk(
+            model, shapes.train, budget, option=option, num_clusters=s["k"], copies=copies,
+            per_client_models=per_client_models)
+    else:
+        chunk = None
+    peak = resident + per_client * (chunk or s["m"])
+    if peak > 0.8 * machine:
+        raise ValueError(
+            f"this run needs about {peak / 2**30:.3g} GiB (m={s['m']}, n={s['n']}, d={s['d']}, "
+            f"{copies} copies: restarts × seeds), more than this machine's "
+            f"{machine / 2**30:.3g} GiB allow; lower m, n, d, restarts or seeds, or set "
+            "memory_budget_gb to process the clients in chunks."
+        )
+    return chunk
+
+
+def make_problem(s: dict, key, mesh=None):
+    """One data seed; with a mesh under several processes each builds only its own clients."""
     sizes = dict(k=s["k"], m=s["m"], n=s["n"], d=s["d"], sigma=s["sigma"], R=s["R"],
                  n_test=s["n_test"])
     if mesh is None or jax.process_count() == 1:
@@ -106,127 +131,370 @@ def make_problem(s: dict, mesh=None):
     )
 
 
-def run(s: dict, progress: bool = True, mesh=None, checkpoint_dir=None, resume: bool = False):
-    """Trains IFCA (with `restarts` random inits in parallel) on one data seed.
-
-    The restart reported is the one with the lowest final training loss: a
-    choice a user could make without knowing θ* (the sweep protocol instead
-    takes the best min_dist, as the official code does). A restart whose
-    state or loss goes NaN/inf is a failed restart; the run diverges only
-    when every restart has, and then reports the last good evaluation.
-
-    Args:
-      s: resolved settings (see RUN_DEFAULTS).
-      progress: draw a progress bar.
-      mesh: optional device mesh; the client axis is sharded over it.
-      checkpoint_dir: where to checkpoint every `checkpoint_every` rounds
-        (None or checkpoint_every=0: no checkpoints).
-      resume: continue from the latest checkpoint in checkpoint_dir.
-
-    Returns:
-      (rows for metrics.csv, summary dict). A diverged run's summary has
-      "diverged": true, "diverged_round", "diverged_metric", "diverged_value"
-      and "last_checkpoint_round" (None: no checkpoint was written).
-    """
-    validate_run(s)
-    key = jax.random.key(s["seed"])
-    problem = make_problem(s, mesh)
+def build_algorithm(name: str, s: dict, client_chunk=None):
+    """The registered algorithm `name` with the experiment's settings."""
     model = linear_regression(s["d"])
-    client_chunk = plan_client_chunk(s)
-    base = ifca(
-        model, num_clusters=s["k"], learning_rate=s["lr"], option=s["option"],
-        local_steps=s["local_steps"], participation=s["participation"],
-        client_chunk=client_chunk,
-    )
-    algorithm = with_restarts(base, s["restarts"])
-    evaluate = backend.jit(algorithm.evaluate, s["d"])
-    dist = jax.jit(jax.vmap(min_dist, in_axes=(0, None)))
+    if name == "ifca":
+        local = {"local_steps": s["local_steps"]} if s["option"] == "model" else {
+            "divide_by": s["divide_by"]}
+        return ifca(model, num_clusters=s["k"], learning_rate=s["lr"], option=s["option"],
+                    participation=s["participation"], client_chunk=client_chunk, **local)
+    if name == "fedavg":
+        return fedavg(model, learning_rate=s["lr"], local_steps=s["local_steps"],
+                      participation=s["participation"], client_chunk=client_chunk)
+    if name == "local":
+        return local_models(model, learning_rate=s["lr"], local_steps=s["local_steps"],
+                            client_chunk=client_chunk)
+    if name == "oneshot":
+        return one_shot_clustering(
+            model, num_clusters=s["k"], learning_rate=s["lr"], local_steps=s["local_steps"],
+            pretrain_steps=s["pretrain_steps"], participation=s["participation"],
+            client_chunk=client_chunk)
+    raise ValueError(f"setting algorithm must be one of {ALGORITHM_NAMES}; got {name!r}.")
+
+
+def _cluster_models(name: str, state):
+    """[..., k, d] models to measure min_dist on; None for local models."""
+    if name in CLUSTERING:
+        return state.cluster_params
+    if name == "fedavg":
+        return state.params[..., None, :]
+    return None
+
+
+def _metrics_fn(name: str, algorithm, problem, k: int):
+    """state -> {metric: [copies...]} on train and test data, for a (vmapped) algorithm."""
+    evaluate = backend.jit(algorithm.evaluate, problem.train.x.shape[-1])
     truth = parallel.to_host(problem.train.cluster)
+    lead = truth.ndim - 1  # a leading seed axis on the data
+
+    @jax.jit
+    def dist(models, theta_star):
+        fn = min_dist
+        for _ in range(models.ndim - 2 - lead):
+            fn = jax.vmap(fn, in_axes=(0, None))
+        for _ in range(lead):
+            fn = jax.vmap(fn, in_axes=(0, 0))
+        return fn(models, theta_star)
+
+    def averages(evaluation):
+        loss = parallel.to_host(evaluation["client_loss"]).astype(np.float64)
+        weight = parallel.to_host(evaluation["client_weight"]).astype(np.float64)
+        total = weight.sum(-1)
+        mean = (np.where(weight > 0, loss, 0) * weight).sum(-1) / np.where(total > 0, total, 1)
+        worst = np.where(weight > 0, loss, -np.inf).max(-1)
+        return mean, worst
 
     def metrics(state):
         train, test = evaluate(state, problem.train), evaluate(state, problem.test)
-        train_loss = parallel.to_host(train["client_loss"])  # [restarts, m]
-        test_loss = parallel.to_host(test["client_loss"])
-        return {
-            "train_loss": train_loss.mean(axis=1),
-            "train_loss_worst": train_loss.max(axis=1),
-            "test_loss": test_loss.mean(axis=1),
-            "test_loss_worst": test_loss.max(axis=1),
-            "cluster_accuracy": np.array([
-                cluster_identity_accuracy(a, truth, s["k"])
-                for a in parallel.to_host(train["assignment"])
-            ]),
-            "min_dist": parallel.to_host(dist(state.cluster_params, problem.theta_star)),
+        out = {}
+        out["train_loss"], out["train_loss_worst"] = averages(train)
+        out["test_loss"], out["test_loss_worst"] = averages(test)
+        if name in CLUSTERING:
+            assignment = parallel.to_host(train["assignment"])
+            shape = truth.shape[:-1] + (1,) * (assignment.ndim - truth.ndim) + truth.shape[-1:]
+            truths = np.broadcast_to(truth.reshape(shape), assignment.shape)
+            flat, truths = assignment.reshape(-1, assignment.shape[-1]), truths.reshape(
+                -1, assignment.shape[-1])
+            out["cluster_accuracy"] = np.array([
+                cluster_identity_accuracy(a, t, k) for a, t in zip(flat, truths, strict=True)
+            ]).reshape(assignment.shape[:-1])
+        models = _cluster_models(name, state)
+        if models is not None:
+            out["min_dist"] = parallel.to_host(dist(models, problem.theta_star))
+        return out
+
+    return metrics
+
+
+def _best_restart(final: dict) -> tuple[int | None, np.ndarray]:
+    """(index of the lowest final train loss among restarts that stayed finite, diverged mask)."""
+    diverged = np.zeros(np.shape(final["train_loss"]), bool)
+    for value in final.values():
+        if np.ndim(value) == diverged.ndim and np.shape(value) == diverged.shape:
+            diverged |= ~np.isfinite(np.asarray(value, np.float64))
+    losses = np.where(diverged, np.inf, np.asarray(final["train_loss"], np.float64))
+    if diverged.all():
+        return None, diverged
+    return int(np.argmin(losses)), diverged
+
+
+def _per_restart_rows(rows: list[dict]) -> list[dict]:
+    """History rows with [restarts] values -> one metrics.csv row per (round, restart)."""
+    out = []
+    for row in rows:
+        values = {k: np.asarray(v) for k, v in row.items() if k != "round"}
+        restarts = max((v.shape[0] for v in values.values() if v.ndim), default=1)
+        for r in range(restarts):
+            out.append({"round": row["round"], "restart": r, **{
+                k: float(v[r]) if v.ndim else float(v) for k, v in values.items()}})
+    return out
+
+
+# ----------------------------------------------------------------------------- one run
+
+_SHAPE = (
+    Setting("k", int, 2, "clusters", minimum=1, maximum=1024),
+    count("m", 100, "clients (machines); a multiple of k"),
+    count("n", 100, "training examples per client"),
+    count("d", 1000, "dimension of x and θ", maximum=10**6),
+    Setting("sigma", float, 0.1, "noise standard deviation σ", minimum=0.0, traced=True),
+    Setting("R", float, 0.5, "cluster separation: θ*_j = R · Bernoulli(0.5)^d", minimum=0.0,
+            traced=True),
+)
+
+# Which algorithms read each setting that not every algorithm reads; a value
+# other than the default for an algorithm that would ignore it is refused.
+_READ_BY = {
+    "option": ("ifca",),
+    "divide_by": ("ifca",),
+    "pretrain_steps": ("oneshot",),
+    "participation": ("ifca", "fedavg", "oneshot"),
+}
+
+
+class SyntheticRun(Experiment):
+    name = "ifca_synthetic"
+    description = "IFCA and its baselines on the synthetic mixture of linear regressions."
+    settings = (
+        Setting("algorithm", str, "ifca", "the algorithm of a run", choices=ALGORITHM_NAMES),
+        *_SHAPE,
+        Setting("lr", float, 0.1, "learning rate γ (option I step; local SGD otherwise)",
+                minimum=0.0, traced=True),
+        count("rounds", 300, "communication rounds (option I: iterations)"),
+        count("restarts", 10, "random initialisations trained at once; the lowest final "
+              "training loss is reported", maximum=10_000),
+        count("seeds", 5, "seeds of a comparison or sweep (seed, seed+1, ... as folded keys)",
+              maximum=10_000),
+        seed_setting(),
+        count("eval_every", 10, "evaluate every this many rounds"),
+        count("n_test", 100, "test examples per client (its test twin)"),
+        Setting("option", str, "gradient", "IFCA option: gradient (I) or model (II) averaging",
+                choices=("gradient", "model")),
+        Setting("divide_by", str, "m", "IFCA option I divisor: the paper's m or the cohort size",
+                choices=("m", "cohort")),
+        count("local_steps", 1, "local steps τ per round (option II, FedAvg, local, one-shot)",
+              maximum=10**5),
+        count("pretrain_steps", 100, "one-shot: local steps before k-means", maximum=10**6),
+        Setting("participation", float, 1.0, "fraction of clients per round", minimum=1e-9,
+                maximum=1.0),
+        count("checkpoint_every", 50, "rounds between checkpoints; 0: none", minimum=0,
+              result=False),
+        Setting("memory_budget_gb", float, 0.0, "GiB for the client axis; 0: no limit (the "
+                "machine's memory)", minimum=0.0, result=False),
+    )
+    methods = ALGORITHM_NAMES
+    baseline = "fedavg"
+    panels = (
+        ("train_loss", "train loss (avg client)"),
+        ("test_loss", "test loss (avg client)"),
+        ("cluster_accuracy", "cluster-identity accuracy"),
+        ("min_dist", "min_dist to θ*"),
+    )
+
+    def validate(self, s: dict) -> None:
+        check_mixture_settings(s["k"], s["m"], s["n"], s["d"], s["sigma"], s["R"], s["n_test"])
+        defaults = self.defaults()
+        for key, readers in _READ_BY.items():
+            if s[key] != defaults[key] and s["algorithm"] not in readers:
+                raise ValueError(
+                    f"setting {key} is not read by algorithm {s['algorithm']} (only by "
+                    f"{', '.join(readers)}); leave it at {defaults[key]!r}."
+                )
+        if s["algorithm"] == "ifca":
+            if s["option"] == "gradient" and s["local_steps"] != 1:
+                raise ValueError(
+                    "setting local_steps is not read by IFCA option gradient (one full-batch "
+                    "gradient per client); use option=model for local training."
+                )
+            if s["option"] == "model" and s["divide_by"] != "m":
+                raise ValueError("setting divide_by applies to IFCA option gradient only.")
+        if s["k"] > s["m"]:
+            raise ValueError(f"setting k={s['k']} exceeds m={s['m']}.")
+        self.client_chunk(s, copies=s["restarts"])
+
+    def client_chunk(self, s: dict, copies: int, algorithm: str | None = None):
+        algorithm = algorithm or s["algorithm"]
+        option = s["option"] if algorithm == "ifca" else "model"
+        return plan_memory(s, copies=copies, per_client_models=algorithm in ("local", "oneshot"),
+                           option=option)
+
+    def run(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
+        """Trains the algorithm (with `restarts` random inits in parallel) on one data seed.
+
+        The restart reported is the one with the lowest final training loss
+        among those that stayed finite: a choice a user could make without
+        knowing θ* (the sweep protocol instead takes the best min_dist, as the
+        official code does). metrics.csv gets one row per (round, restart).
+        """
+        key = jax.random.key(s["seed"])
+        problem = make_problem(s, jax.random.fold_in(key, _DATA), ctx.mesh)
+        name = s["algorithm"]
+        client_chunk = self.client_chunk(s, copies=s["restarts"])
+        algorithm = with_restarts(build_algorithm(name, s, client_chunk), s["restarts"])
+        every = s["checkpoint_every"]
+        diverged = None
+        try:
+            _, history = simulate.run(
+                algorithm, problem.train, jax.random.fold_in(key, _ROUNDS), rounds=s["rounds"],
+                eval_every=s["eval_every"], evaluate=_metrics_fn(name, algorithm, problem, s["k"]),
+                progress=ctx.progress, description=f"{name}-synthetic", mesh=ctx.mesh,
+                checkpoint_dir=ctx.checkpoint_dir if every else None,
+                checkpoint_every=every or None, resume=ctx.resume and bool(every),
+                copies_axis=True, on_rows=lambda rows: ctx.on_rows(_per_restart_rows(rows)),
+                timing=ctx.timing,
+            )
+        except simulate.Diverged as err:
+            history, diverged = err.history, err
+        final = history[-1]
+        best, restart_diverged = _best_restart(final)
+        rows = [r for r in _per_restart_rows(history) if r["restart"] == (best or 0)]
+        threshold = success_threshold(s["sigma"])
+        timing = ctx.timing
+        seconds = timing.get("run_seconds", 0.0)
+        summary = {
+            "algorithm": name,
+            "best_restart": best,
+            "client_chunk": client_chunk,
+            "final": rows[-1] if best is not None else None,
+            "success": bool(best is not None and name in CLUSTERING + ("fedavg",)
+                            and rows[-1].get("min_dist", math.inf) < threshold),
+            "success_threshold": threshold,
+            "diverged": bool(diverged is not None or best is None),
+            "restarts_diverged": restart_diverged.tolist(),
+            "restarts_final_train_loss": np.asarray(final["train_loss"]).tolist(),
+            "least_squares_floor": least_squares_floor(s),
+            "rounds_run": timing.get("rounds_run"),
+            "compile_seconds": timing.get("compile_seconds"),
+            "seconds": seconds,
+            "rounds_per_second": timing.get("rounds_run", 0) / seconds if seconds > 0 else None,
         }
+        if "min_dist" in final:
+            summary["restarts_final_min_dist"] = np.asarray(final["min_dist"]).tolist()
+        if diverged is not None:
+            summary.update(
+                diverged_round=diverged.round,
+                diverged_metric=diverged.metric,
+                diverged_value=diverged.value,
+                last_checkpoint_round=diverged.checkpoint_round,
+            )
+        return rows, summary
 
-    every = s.get("checkpoint_every", 0)
-    start = time.perf_counter()
-    diverged = None
+    def plot_run(self, rows, summary, out_dir) -> None:
+        threshold = summary["success_threshold"]
+        plots.plot_history(
+            rows, out_dir / "metrics.png", list(self.panels),
+            title=f"{summary['algorithm']} (restart {summary['best_restart']})",
+            hlines={"min_dist": (threshold, "success threshold")} if threshold > 0 else None,
+            log_y={"train_loss", "test_loss", "min_dist"},
+        )
+
+    # ---- comparison: IFCA, FedAvg, local, one-shot over the same seeds
+
+    def compare(self, s: dict, ctx: RunContext) -> Comparison:
+        """Every method on the same data seeds, splits and init keys; seeds are one vmap axis.
+
+        Seed i's data comes from fold_in(fold_in(key(seed), DATA), i); every
+        method gets the same data and the same per-seed keys (`with_seeds`).
+        Within a seed each method keeps its restart of lowest final training
+        loss (as `run` does).
+        """
+        key = jax.random.key(s["seed"])
+        seeds = s["seeds"]
+        data_keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(key, _DATA), i))(
+            jnp.arange(seeds))
+        problem = jax.jit(jax.vmap(lambda kk: make_problem(s, kk)))(data_keys)
+        per_seed, histories = {}, {}
+        for name in self.methods:
+            chunk = self.client_chunk(s, copies=s["restarts"] * seeds, algorithm=name)
+            method_s = {**s, "option": s["option"] if name == "ifca" else "gradient"}
+            algorithm = with_seeds(with_restarts(build_algorithm(name, method_s, chunk),
+                                                 s["restarts"]), seeds)
+            _, history = _run_tolerant(
+                algorithm, problem, jax.random.fold_in(key, _ROUNDS), s,
+                _metrics_fn(name, algorithm, problem, s["k"]), ctx, name)
+            final = history[-1]
+            chosen = []
+            for i in range(seeds):
+                best, _ = _best_restart({m: np.asarray(v)[i] for m, v in final.items()
+                                         if m != "round"})
+                chosen.append(best)
+            per_seed[name] = {
+                metric: np.array([np.asarray(final[metric])[i, b] if b is not None else np.nan
+                                  for i, b in enumerate(chosen)])
+                for metric in ("train_loss", "test_loss", "cluster_accuracy", "min_dist")
+                if metric in final
+            }
+            histories[name] = [
+                {"round": row["round"], **{
+                    m: float(np.nanmean([np.asarray(v)[i, b] for i, b in enumerate(chosen)
+                                         if b is not None]))
+                    for m, v in row.items() if m != "round"}}
+                for row in history
+            ]
+        metrics = ["test_loss", "train_loss", "cluster_accuracy", "min_dist"]
+        for name in per_seed:  # NaN where a method has no such metric (local: no min_dist)
+            for metric in metrics:
+                per_seed[name].setdefault(metric, np.full(seeds, np.nan))
+        return Comparison(per_seed, histories, metrics, self.baseline)
+
+    # ---- generic sweep: any setting as an axis, one run per (cell, seed)
+
+    def trial_columns(self, axes):
+        return [*axes, "cell_id", "data_seed", "train_loss", "test_loss", "cluster_accuracy",
+                "min_dist", "diverged"]
+
+    def trials(self, cell, seed_ids, mesh=None):
+        rows = []
+        for seed_id in seed_ids:
+            s = {**cell, "seed": cell["seed"] + seed_id, "checkpoint_every": 0}
+            _, summary = self.run(s, RunContext(mesh=mesh, progress=False))
+            final = summary["final"] or {}
+            rows.append({"data_seed": seed_id, "diverged": int(summary["diverged"]),
+                         **{m: final.get(m, math.nan) for m in
+                            ("train_loss", "test_loss", "cluster_accuracy", "min_dist")}})
+        return rows
+
+    def cell_cost(self, cell):
+        return cell["m"] * cell["n"] * cell["d"] * cell["k"] * cell["rounds"] * cell["restarts"]
+
+    def summarize_cells(self, trials, cells, axes):
+        summary = []
+        for cell, rows in _rows_by_cell(trials, cells):
+            out = {**{a: cell[a] for a in axes}, "seeds": len(rows)}
+            for metric in ("train_loss", "test_loss", "cluster_accuracy", "min_dist"):
+                values = np.array([float(r[metric]) if r[metric] != "" else np.nan
+                                   for r in rows])
+                finite = values[np.isfinite(values)]
+                out[f"{metric}_mean"] = float(finite.mean()) if finite.size else None
+                out[f"{metric}_std"] = float(finite.std(ddof=1)) if finite.size > 1 else None
+            summary.append(out)
+        return summary
+
+
+def _rows_by_cell(trials, cells):
+    by_cell: dict[str, list] = {}
+    for row in trials:
+        by_cell.setdefault(row["cell_id"], []).append(row)
+    for cell in cells:
+        rows = [r for r in by_cell.get(cell["cell_id"], [])
+                if int(r["data_seed"]) < cell["seeds"]]
+        yield cell, rows
+
+
+def _run_tolerant(algorithm, problem, key, s, metrics, ctx, name):
+    """simulate.run for a comparison: a method whose every seed diverges reports its last rows."""
     try:
-        _, history = simulate.run(
-            algorithm, problem.train, jax.random.fold_in(key, _ROUNDS), rounds=s["rounds"],
-            eval_every=s["eval_every"], evaluate=metrics, progress=progress,
-            description="ifca-synthetic", mesh=mesh,
-            checkpoint_dir=checkpoint_dir if every else None,
-            checkpoint_every=every or None, resume=resume and bool(every), copies_axis=True,
-        )
+        return simulate.run(algorithm, problem.train, key, rounds=s["rounds"],
+                            eval_every=s["eval_every"], evaluate=metrics, progress=ctx.progress,
+                            description=f"compare {name}", mesh=None, copies_axis=True)
     except simulate.Diverged as err:
-        history, diverged = err.history, err
-    seconds = time.perf_counter() - start
-    final = history[-1]
-    losses = np.where(np.isfinite(final["train_loss"]), final["train_loss"], np.inf)
-    best = int(np.argmin(losses))
-    rows = [
-        {"round": h["round"], **{k: float(v[best]) for k, v in h.items() if k != "round"}}
-        for h in history
-    ]
-    threshold = success_threshold(s["sigma"])
-    summary = {
-        "best_restart": best,
-        "client_chunk": client_chunk,
-        "final": rows[-1],
-        "success": bool(diverged is None and rows[-1]["min_dist"] < threshold),
-        "success_threshold": threshold,
-        "diverged": bool(diverged is not None or not np.isfinite(rows[-1]["train_loss"])),
-        "restarts_final_train_loss": final["train_loss"].tolist(),
-        "restarts_final_min_dist": final["min_dist"].tolist(),
-        "least_squares_floor": least_squares_floor(s),
-        "seconds": seconds,
-        "rounds_per_second": s["rounds"] / seconds if seconds > 0 else float("nan"),
-    }
-    if diverged is not None:
-        summary.update(
-            diverged_round=diverged.round,
-            diverged_metric=diverged.metric,
-            diverged_value=diverged.value,
-            last_checkpoint_round=diverged.checkpoint_round,
-        )
-    return rows, summary
+        return None, err.history
 
 
-def least_squares_floor(s: dict) -> float:
-    """σ·√(d / (N − d)), N = m·n/k: the error of least squares with the true clusters."""
-    big_n = s["m"] * s["n"] / s["k"]
-    if big_n <= s["d"]:
-        return float("inf")
-    return s["sigma"] * math.sqrt(s["d"] / (big_n - s["d"]))
-
-
-# ----------------------------------------------------------------------------- sweeps
+# ----------------------------------------------------------------------------- success sweeps
 
 SWEEP_KEYS = ("k", "m", "n", "d", "sigma", "R")
-
-
-def validate_cell(cell: dict) -> None:
-    check_mixture_settings(cell["k"], cell["m"], cell["n"], cell["d"], cell["sigma"], cell["R"])
-    if not cell["lr"]:
-        raise ValueError("setting lr needs at least one learning rate.")
-    require_float(cell, "lr")
-    for key in ("rounds", "restarts", "seeds"):
-        require_int(cell, key)
-    require_seed(cell)
-    require_float(cell, "threshold_offset")
-
 
 def cell_min_dist(seed_key, seed_ids, sigma, R, lrs, *, k, m, n, d, rounds, restarts):
     """Final min_dist of every (data seed, lr, restart) of one sweep cell.
@@ -265,12 +533,7 @@ def _cell_min_dist(seed_key, seed_ids, sigma, R, lrs, *, k, m, n, d, rounds, res
         def one_run(lr, restart):
             algorithm = ifca(model, num_clusters=k, learning_rate=lr)
             state = algorithm.init(jax.random.fold_in(init_key, restart), problem.train)
-
-            def body(st, t):
-                st, _ = algorithm.round(st, problem.train, jax.random.fold_in(round_key, t))
-                return st, None
-
-            state, _ = jax.lax.scan(body, state, jnp.arange(rounds))
+            state, _ = simulate.scan_rounds(algorithm, state, problem.train, round_key, 0, rounds)
             return min_dist(state.cluster_params, problem.theta_star)
 
         per_lr = jax.vmap(one_run, in_axes=(None, 0))
@@ -279,55 +542,120 @@ def _cell_min_dist(seed_key, seed_ids, sigma, R, lrs, *, k, m, n, d, rounds, res
     return jax.vmap(one_seed)(seed_ids)
 
 
-def seed_trials(cell: dict, seed_ids: list[int], mesh=None) -> list[dict]:
-    """trials.csv rows of the given data seeds of one cell.
+class SuccessSweep(Experiment):
+    """The official success-probability protocol (PAPERS.md §2.1)."""
 
-    With a mesh, the seed axis is sharded over its devices (padded with extra
-    seeds to a multiple of the device count; their results are dropped).
-    """
-    ids = np.asarray(seed_ids, np.int32)
-    if mesh is not None:
-        pad = -len(ids) % mesh.size
-        ids = np.concatenate([ids, ids.max() + 1 + np.arange(pad, dtype=np.int32)])
-        ids = jax.device_put(ids, parallel.client_sharding(mesh))
-    dists = parallel.to_host(
-        cell_min_dist(
-            jax.random.key(cell["seed"]),
-            jnp.asarray(ids),
-            jnp.float32(cell["sigma"]),
-            jnp.float32(cell["R"]),
-            jnp.asarray(cell["lr"], jnp.float32),
-            k=cell["k"], m=cell["m"], n=cell["n"], d=cell["d"],
-            rounds=cell["rounds"], restarts=cell["restarts"],
-        )
-    ).astype(np.float64)[: len(seed_ids)]
-    threshold = success_threshold(cell["sigma"], cell["threshold_offset"])
-    rows = []
-    for seed_id, runs in zip(seed_ids, dists, strict=True):
-        finite = np.isfinite(runs)
-        diverged = int((~finite).sum())
-        if finite.any():
-            flat = np.where(finite, runs, np.inf)
-            lr_i, restart_i = np.unravel_index(np.argmin(flat), flat.shape)
-            best = float(flat[lr_i, restart_i])
-            best_lr, best_restart = cell["lr"][lr_i], int(restart_i)
-        else:  # every run diverged: a failure, not the official code's false success
-            best, best_lr, best_restart = float("nan"), float("nan"), -1
-        rows.append({
-            **{key: cell[key] for key in SWEEP_KEYS},
-            "data_seed": int(seed_id),
-            "best_min_dist": best,
-            "success": int(finite.any() and best < threshold),
-            "best_lr": best_lr,
-            "best_restart": best_restart,
-            "diverged_runs": diverged,
-            "all_diverged": int(not finite.any()),
-        })
-    return rows
+    name = "ifca_success"
+    description = "IFCA success probability over data seeds (best of restarts × lrs)."
+    supports_run = False
+    settings = (
+        *_SHAPE,
+        Setting("lr", float, 1.0, "the learning-rate grid searched within each cell "
+                "(a comma list)", minimum=0.0, traced=True, listable=True),
+        count("rounds", 300, "iterations of option I"),
+        count("restarts", 10, "random initialisations per (data seed, lr)", maximum=10_000),
+        count("seeds", 40, "data seeds per cell", maximum=100_000),
+        seed_setting(),
+        Setting("threshold_offset", float, 0.0, "success when best min_dist < 0.6σ + offset",
+                minimum=0.0),
+        Setting("memory_budget_gb", float, 1.0, "GiB per compiled chunk of data seeds",
+                minimum=1e-9, result=False),
+    )
+
+    def validate(self, s: dict) -> None:
+        check_mixture_settings(s["k"], s["m"], s["n"], s["d"], s["sigma"], s["R"])
+
+    def trial_columns(self, axes):
+        return [*dict.fromkeys([*SWEEP_KEYS, *axes]), "cell_id", "data_seed", "best_min_dist",
+                "success", "best_lr",
+                "best_restart", "diverged_runs", "all_diverged"]
+
+    def seeds_per_chunk(self, cell: dict) -> int:
+        """Data seeds per compiled chunk: X (and its gradient traffic) must fit the budget."""
+        lrs = cell["lr"] if isinstance(cell["lr"], list) else [cell["lr"]]
+        per_seed = 4 * cell["m"] * cell["n"] * (cell["d"] + 1) * 3
+        per_seed += 4 * cell["m"] * cell["n"] * cell["k"] * len(lrs) * cell["restarts"] * 4
+        return int(max(1, min(cell["seeds"], cell["memory_budget_gb"] * 2**30 // per_seed)))
+
+    def cell_cost(self, cell: dict) -> float:
+        lrs = cell["lr"] if isinstance(cell["lr"], list) else [cell["lr"]]
+        return cell["m"] * cell["n"] * cell["d"] * cell["k"] * len(lrs) * cell["restarts"]
+
+    def trials(self, cell: dict, seed_ids: list[int], mesh=None) -> list[dict]:
+        """trials.csv rows of the given data seeds of one cell.
+
+        With a mesh, the seed axis is sharded over its devices (padded with extra
+        seeds to a multiple of the device count; their results are dropped).
+        """
+        lrs = cell["lr"] if isinstance(cell["lr"], list) else [cell["lr"]]
+        ids = np.asarray(seed_ids, np.int32)
+        if mesh is not None:
+            pad = -len(ids) % mesh.size
+            ids = np.concatenate([ids, ids.max() + 1 + np.arange(pad, dtype=np.int32)])
+            ids = jax.device_put(ids, parallel.client_sharding(mesh))
+        dists = parallel.to_host(
+            cell_min_dist(
+                jax.random.key(cell["seed"]), jnp.asarray(ids), jnp.float32(cell["sigma"]),
+                jnp.float32(cell["R"]), jnp.asarray(lrs, jnp.float32),
+                k=cell["k"], m=cell["m"], n=cell["n"], d=cell["d"],
+                rounds=cell["rounds"], restarts=cell["restarts"],
+            )
+        ).astype(np.float64)[: len(seed_ids)]
+        threshold = success_threshold(cell["sigma"], cell["threshold_offset"])
+        rows = []
+        for seed_id, runs in zip(seed_ids, dists, strict=True):
+            finite = np.isfinite(runs)
+            if finite.any():
+                flat = np.where(finite, runs, np.inf)
+                lr_i, restart_i = np.unravel_index(np.argmin(flat), flat.shape)
+                best = float(flat[lr_i, restart_i])
+                best_lr, best_restart = lrs[lr_i], int(restart_i)
+            else:  # every run diverged: a failure, not the official code's false success
+                best, best_lr, best_restart = math.nan, math.nan, -1
+            rows.append({
+                **{key: cell[key] for key in SWEEP_KEYS},
+                "data_seed": int(seed_id),
+                "best_min_dist": best,
+                "success": int(finite.any() and best < threshold),
+                "best_lr": best_lr,
+                "best_restart": best_restart,
+                "diverged_runs": int((~finite).sum()),
+                "all_diverged": int(not finite.any()),
+            })
+        return rows
+
+    def summarize_cells(self, trials, cells, axes):
+        """One row per cell: success probability with its 95 % Wilson interval."""
+        summary = []
+        for cell, rows in _rows_by_cell(trials, cells):
+            success = np.array([int(r["success"]) for r in rows])
+            dists = np.array([float(r["best_min_dist"]) for r in rows]) if rows else np.array([])
+            low, high = stats.wilson_interval(int(success.sum()), len(rows))
+            summary.append({
+                **{a: cell[a] for a in SWEEP_KEYS},
+                "seeds": len(rows),
+                "success_prob": float(success.mean()) if len(rows) else None,
+                "ci_low": low if len(rows) else None,
+                "ci_high": high if len(rows) else None,
+                "all_diverged_seeds": sum(int(r.get("all_diverged", 0) or 0) for r in rows),
+                "median_best_min_dist": float(np.nanmedian(dists))
+                if np.isfinite(dists).any() else None,
+            })
+        return summary
+
+    def plot_sweep(self, summary, out_dir) -> list:
+        """Success probability vs R (a curve per σ, log R) and vs m (a curve per n), 95 % CIs."""
+        written = []
+        for x, group, name in (("R", "sigma", "success_vs_R.png"), ("m", "n", "success_vs_m.png")):
+            panels = [f for f in SWEEP_KEYS if f not in (x, group)]
+            path = plots.plot_curves(
+                summary, out_dir / name, x=x, y="success_prob", group=group, panels=panels,
+                ci=("ci_low", "ci_high"), log_x=(x == "R"), ylabel="success probability",
+                ylim=(-0.03, 1.03))
+            if path is not None:
+                written.append(path)
+        return written
 
 
-def seeds_per_chunk(cell: dict, memory_budget_bytes: float) -> int:
-    """Data seeds per compiled chunk: X (and its gradient traffic) must fit the budget."""
-    per_seed = 4 * cell["m"] * cell["n"] * (cell["d"] + 1) * 3
-    per_seed += 4 * cell["m"] * cell["n"] * cell["k"] * len(cell["lr"]) * cell["restarts"] * 4
-    return int(max(1, min(cell["seeds"], memory_budget_bytes // per_seed)))
+RUN = SyntheticRun()
+SUCCESS = SuccessSweep()

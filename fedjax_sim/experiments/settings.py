@@ -1,12 +1,115 @@
-"""Flat settings of a preset: parsing `--set KEY=VALUE` and validating values."""
+"""Settings of an experiment: declarations, `--set KEY=VALUE` parsing, and checks.
+
+An experiment declares each setting once (`Setting`: name, type, default,
+allowed range or choices, one-line help, whether it is traced and whether it
+changes results); `resolve` applies a preset's defaults and the user's
+overrides and checks every value against its declaration before anything is
+traced or written.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
+
+MAX_SEED = 2**32 - 1
+# Sizes past this are refused before anything is built: no run here needs more,
+# and a mistyped 1e12 would otherwise abort, hang or exhaust memory.
+MAX_COUNT = 10**7
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of an experiment.
+
+    Attributes:
+      name: the key in `--set KEY=VALUE` and config.json.
+      type: int, float, str or bool.
+      default: the experiment's default (a preset may override it).
+      help: one line for `fedjax-sim describe`.
+      minimum, maximum: inclusive bounds for numbers (None: unbounded).
+      choices: the allowed values of a str setting.
+      traced: vmapped inside one compiled sweep cell where shapes allow
+        (learning rates, R, σ, …) rather than compiled per value.
+      result: whether the value changes a result. Settings that only change
+        how a result is computed (memory budget, checkpoint interval) are
+        left out of sweep trial keys and resume checks.
+      listable: accepts a comma list in a run (e.g. a sweep's lr grid).
+    """
+
+    name: str
+    type: type
+    default: Any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple | None = None
+    traced: bool = False
+    result: bool = True
+    listable: bool = False
+
+    def describe_range(self) -> str:
+        if self.choices is not None:
+            return " | ".join(str(c) for c in self.choices)
+        if self.type is bool:
+            return "true | false"
+        if self.minimum is None and self.maximum is None:
+            return "any"
+        low = "-inf" if self.minimum is None else f"{self.minimum:g}"
+        high = "inf" if self.maximum is None else f"{self.maximum:g}"
+        return f"[{low}, {high}]"
+
+    def check(self, value) -> None:
+        """Raises ValueError naming the setting unless `value` is allowed."""
+        name = f"setting {self.name}"
+        if self.type is bool:
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false; got {value!r}.")
+            return
+        if self.type is str:
+            if not isinstance(value, str):
+                raise ValueError(f"{name} must be text; got {value!r}.")
+            if self.choices is not None and value not in self.choices:
+                raise ValueError(
+                    f"{name} must be one of {', '.join(map(str, self.choices))}; got {value!r}."
+                )
+            return
+        if self.type is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+            what = "an integer"
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(
+                value)
+            what = "a finite number"
+        low, high = self.minimum, self.maximum
+        if ok and ((low is not None and value < low) or (high is not None and value > high)):
+            ok = False
+        if not ok:
+            if low is not None and high is not None:
+                bounds = f" in [{low:g}, {high:g}]"
+            elif low is not None:
+                bounds = f" >= {low:g}"
+            elif high is not None:
+                bounds = f" <= {high:g}"
+            else:
+                bounds = ""
+            raise ValueError(f"{name} must be {what}{bounds}; got {value!r}.")
+
+
+def count(name: str, default: int, help: str, minimum: int = 1, maximum: int = MAX_COUNT,
+          **kw) -> Setting:
+    """An integer size setting, bounded so a typo cannot abort or exhaust the machine."""
+    return Setting(name, int, default, help, minimum=minimum, maximum=maximum, **kw)
+
+
+def seed_setting(default: int = 0) -> Setting:
+    return Setting("seed", int, default, "base PRNG seed: the same seed gives the same numbers",
+                   minimum=0, maximum=MAX_SEED)
 
 
 def parse_assignments(items: list[str] | None) -> dict[str, str]:
-    """["k=4", "R=0.1,0.2"] -> {"k": "4", "R": "0.1,0.2"}; also accepts "k=4,m=8"-free forms."""
+    """["k=4", "R=0.1,0.2"] -> {"k": "4", "R": "0.1,0.2"}; a key given twice is refused."""
     out: dict[str, str] = {}
     for item in items or []:
         if "=" not in item:
@@ -15,92 +118,76 @@ def parse_assignments(items: list[str] | None) -> dict[str, str]:
         key = key.strip()
         if not key:
             raise ValueError(f"--set expects KEY=VALUE; got {item!r}.")
+        if key in out:
+            raise ValueError(
+                f"setting {key} is given twice ({out[key]!r} and {value.strip()!r}); give it once."
+            )
         out[key] = value.strip()
     return out
 
 
-def _convert(key: str, text: str, like):
+def _convert(key: str, text: str, kind: type):
     try:
-        if isinstance(like, bool):
+        if kind is bool:
             if text.lower() in ("1", "true", "yes"):
                 return True
             if text.lower() in ("0", "false", "no"):
                 return False
             raise ValueError
-        if isinstance(like, int):
+        if kind is int:
             value = float(text)
             if not math.isfinite(value) or value != int(value):
                 raise ValueError
             return int(value)
-        if isinstance(like, float):
+        if kind is float:
             return float(text)
         return text
-    except ValueError:
-        raise ValueError(
-            f"setting {key}: cannot read {text!r} as {type(like).__name__}."
-        ) from None
+    except (ValueError, OverflowError):
+        raise ValueError(f"setting {key}: cannot read {text!r} as {kind.__name__}.") from None
 
 
-def resolve(
-    defaults: dict, overrides: dict, list_keys: frozenset[str] = frozenset()
-) -> dict:
-    """Applies overrides (strings as typed on the command line, or Python values) to defaults.
+def _parse_value(key: str, raw, kind: type, allow_list: bool):
+    """One override (CLI text or a Python value) -> a value or, where allowed, a list."""
+    if isinstance(raw, (list, tuple)):
+        parts = [str(v) for v in raw]
+        if not parts:
+            raise ValueError(f"setting {key}: empty list.")
+    else:
+        text = str(raw)
+        parts = text.split(",") if "," in text else [text]
+    if any(not p.strip() for p in parts):
+        raise ValueError(f"setting {key}: empty value in {','.join(parts)!r}.")
+    if len(parts) > 1 and not allow_list:
+        raise ValueError(f"setting {key} takes one value here; got the list {','.join(parts)!r}.")
+    values = [_convert(key, p.strip(), kind) for p in parts]
+    return values if len(values) > 1 or isinstance(raw, (list, tuple)) else values[0]
 
-    A comma list is allowed only for `list_keys` (sweep axes and grids); the
-    result for such a key is always a list.
+
+def resolve(declared: dict[str, Setting], defaults: dict, overrides: dict, *,
+            lists: bool = False) -> dict:
+    """defaults with overrides applied; every value checked against its declaration.
+
+    Args:
+      declared: name -> Setting of the experiment.
+      defaults: the preset's values (every declared setting).
+      overrides: name -> CLI text or Python value.
+      lists: a comma list is allowed for every setting (a sweep makes axes of
+        them); otherwise only for `listable` settings.
+
+    Returns:
+      name -> value, or a list of values for a sweep axis / listable setting.
     """
     settings = dict(defaults)
-    for key, text in overrides.items():
-        if isinstance(text, (list, tuple)):
-            text = ",".join(str(v) for v in text)
-        text = str(text)
-        if key not in defaults:
+    for key, raw in overrides.items():
+        if key not in declared:
             raise ValueError(
-                f"unknown setting {key!r}; this preset takes: {', '.join(sorted(defaults))}."
+                f"unknown setting {key!r}; this preset takes: {', '.join(sorted(declared))}."
             )
-        like = defaults[key]
-        like_item = like[0] if isinstance(like, list) else like
-        parts = [p for p in text.split(",") if p.strip()] if "," in text else [text]
-        if not parts or not parts[0].strip():
-            raise ValueError(f"setting {key}: empty value {text!r}.")
-        if len(parts) > 1 and key not in list_keys:
-            raise ValueError(
-                f"setting {key} takes one value here; got the list {text!r}."
-            )
-        values = [_convert(key, p.strip(), like_item) for p in parts]
-        settings[key] = values if key in list_keys else values[0]
+        setting = declared[key]
+        settings[key] = _parse_value(key, raw, setting.type, lists or setting.listable)
+    for key, value in settings.items():
+        for v in value if isinstance(value, list) else [value]:
+            declared[key].check(v)
+        if isinstance(value, list) and not value:
+            raise ValueError(f"setting {key}: empty list.")
     return settings
-
-
-def require_int(
-    settings: dict, key: str, minimum: int = 1, maximum: int | None = None
-) -> None:
-    for value in _values(settings[key]):
-        if (
-            not isinstance(value, int)
-            or isinstance(value, bool)
-            or value < minimum
-            or (maximum is not None and value > maximum)
-        ):
-            bounds = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-            raise ValueError(f"setting {key} must be an integer {bounds}; got {value!r}.")
-
-
-def require_float(settings: dict, key: str, minimum: float = 0.0) -> None:
-    for value in _values(settings[key]):
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
-            raise ValueError(
-                f"setting {key} must be a finite number >= {minimum}; got {value!r}."
-            )
-
-
-MAX_SEED = 2**32 - 1
-
-
-def require_seed(settings: dict, key: str = "seed") -> None:
-    """A seed jax.random.key takes on every platform."""
-    require_int(settings, key, minimum=0, maximum=MAX_SEED)
-
-
-def _values(v):
-    return v if isinstance(v, list) else [v]

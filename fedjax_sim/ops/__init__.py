@@ -2,8 +2,8 @@
 
 from fedjax_sim.ops.aggregation import divide_segments, segment_average, segment_totals
 from fedjax_sim.ops.chunking import check_client_chunk, map_client_chunks, scan_client_chunks
-from fedjax_sim.ops.cohort import Cohort, CohortBatch, cohort_sums, put, sample_cohort, take
 from fedjax_sim.ops.clustering import assign_clusters, cluster_gradient_sums, cluster_losses
+from fedjax_sim.ops.cohort import Cohort, CohortBatch, cohort_sums, put, sample_cohort, take
 from fedjax_sim.ops.kmeans import kmeans
 from fedjax_sim.ops.local_update import client_keys, client_update, local_update, sample_batch
 from fedjax_sim.ops.mixup import mixup, mixup_client

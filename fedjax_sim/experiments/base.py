@@ -1,0 +1,113 @@
+"""What an experiment declares, and what the runner hands it.
+
+An experiment is one module under `experiments/` holding an `Experiment`
+subclass: its settings (`Setting`: name, type, default, range, help), its
+checks, how it builds data, model and algorithm(s), the methods it compares,
+its metrics and its plots. `runner.py` turns any registered experiment into
+run directories, sweeps and comparisons; nothing else needs editing to add one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedjax_sim.experiments.settings import Setting
+
+
+@dataclass
+class RunContext:
+    """What the runner gives an experiment's run.
+
+    on_rows: called with history rows as they are produced (the runner
+      appends them to metrics.csv, fsynced, and to TensorBoard).
+    timing: filled by `simulate.run` (rounds_run, compile_seconds, run_seconds).
+    """
+
+    mesh: Any = None
+    progress: bool = True
+    checkpoint_dir: Any = None
+    resume: bool = False
+    on_rows: Callable[[list[dict]], None] = lambda rows: None
+    timing: dict = field(default_factory=dict)
+
+
+@dataclass
+class Comparison:
+    """Methods trained side by side over the same seeds.
+
+    per_seed: method -> metric -> [seeds] final values (NaN: diverged seed).
+    histories: method -> rows (metrics averaged over seeds, per evaluated round).
+    metrics: the metrics of the results table, in order.
+    baseline: the method the others are compared with.
+    """
+
+    per_seed: dict
+    histories: dict
+    metrics: list
+    baseline: str
+    notes: dict = field(default_factory=dict)
+
+
+class Experiment:
+    """Base class: subclasses set the attributes and override what they support."""
+
+    name: str = ""
+    description: str = ""
+    settings: tuple[Setting, ...] = ()
+    #: registry names of the algorithms `compare` trains side by side.
+    methods: tuple[str, ...] = ()
+    baseline: str | None = None
+    #: panels of metrics.png / comparison.png: (metric, label).
+    panels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def declared(self) -> dict[str, Setting]:
+        return {s.name: s for s in self.settings}
+
+    def defaults(self) -> dict:
+        return {s.name: s.default for s in self.settings}
+
+    def validate(self, s: dict) -> None:
+        """Checks across settings (each value is already checked against its Setting)."""
+
+    # ---- run
+    supports_run = True
+
+    def run(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
+        raise NotImplementedError
+
+    def plot_run(self, rows: list[dict], summary: dict, out_dir) -> None:
+        """Plots of a finished run (default: none)."""
+
+    # ---- compare
+    @property
+    def supports_compare(self) -> bool:
+        return bool(self.methods)
+
+    def compare(self, s: dict, ctx: RunContext) -> Comparison:
+        raise NotImplementedError(f"{self.name} declares no comparison.")
+
+    # ---- sweep
+    supports_sweep = True
+
+    def trial_columns(self, axes: list[str]) -> list[str]:
+        raise NotImplementedError
+
+    def trials(self, cell: dict, seed_ids: list[int], mesh=None) -> list[dict]:
+        """One trials.csv row per seed of a cell."""
+        raise NotImplementedError
+
+    def seeds_per_chunk(self, cell: dict) -> int:
+        return 1
+
+    def cell_cost(self, cell: dict) -> float:
+        """Relative cost of one seed of a cell (for the sweep's ETA)."""
+        return 1.0
+
+    def summarize_cells(self, trials: list[dict], cells: list[dict], axes: list[str]) -> list:
+        raise NotImplementedError
+
+    def plot_sweep(self, summary: list[dict], out_dir) -> None:
+        """Plots of a finished sweep (default: none)."""

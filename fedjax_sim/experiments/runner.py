@@ -1,0 +1,440 @@
+"""Run directories for every registered experiment: run, sweep, compare, describe.
+
+Nothing here knows an experiment's metric names: the experiment builds its
+rows, summaries and plots; the runner checks settings, refuses unusable
+output directories before writing, writes config.json, streams metrics.csv,
+and writes the rest.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import hashlib
+import itertools
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+import jax
+
+import fedjax_sim
+from fedjax_sim import parallel, plots, simulate, stats
+from fedjax_sim.experiments.base import RunContext
+from fedjax_sim.experiments.registry import Preset, get_preset
+from fedjax_sim.experiments.settings import parse_assignments, resolve
+from fedjax_sim.io import append_csv, read_csv, read_json, write_csv, write_json
+from fedjax_sim.logs import MetricsCSV, Progress, TensorBoardLog
+
+RUN, SWEEP, COMPARE = "run", "sweep", "compare"
+# The file that marks a directory as each command's output.
+_MARKERS = {RUN: "metrics.csv", SWEEP: "trials.csv", COMPARE: "results.csv"}
+
+
+class OutputError(OSError):
+    """--out cannot be used (unwritable, read-only, not a directory, full): exit code 4."""
+
+
+def resolve_settings(preset: Preset, overrides, command: str = RUN) -> dict:
+    """The preset's settings with overrides, checked; a sweep allows a comma list anywhere."""
+    if isinstance(overrides, list):
+        overrides = parse_assignments(overrides)
+    experiment = preset.experiment
+    settings = resolve(experiment.declared, preset.defaults, overrides or {},
+                       lists=command == SWEEP)
+    if command != SWEEP:
+        for key, value in settings.items():
+            if isinstance(value, list) and not experiment.declared[key].listable:
+                raise ValueError(
+                    f"setting {key} takes one value here (a list makes a sweep axis: use "
+                    f"`fedjax-sim sweep`); got {value!r}."
+                )
+        experiment.validate(settings)
+    return settings
+
+
+def _now() -> str:
+    return datetime.datetime.now().isoformat(timespec="seconds")
+
+
+def _config(preset: Preset, command: str, settings: dict, mesh=None) -> dict:
+    experiment = preset.experiment
+    return {
+        "preset": preset.name,
+        "experiment": experiment.name,
+        "command": command,
+        "description": preset.description,
+        "settings": settings,
+        "seed": settings.get("seed"),
+        "fedjax_sim_version": fedjax_sim.__version__,
+        "jax_version": jax.__version__,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "mesh_devices": 1 if mesh is None else mesh.size,
+        "processes": jax.process_count(),
+        "python": platform.python_version(),
+        "argv": sys.argv,
+        "started": _now(),
+    }
+
+
+def default_out_dir(name: str) -> Path:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{name}-{stamp}"
+
+
+def _prepare_out(out_dir: Path, command: str, resume: bool) -> None:
+    """Refuses an --out that is another command's output, already used, or unwritable.
+
+    Nothing is written when it refuses. Raises ValueError (exit 2) for a
+    directory of the wrong kind or already used, OutputError (exit 4) for an
+    OS reason.
+    """
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputError(errno.ENOTDIR, f"--out {out_dir} is not a directory")
+    config_path = out_dir / "config.json"
+    if out_dir.is_dir():
+        for other, marker in _MARKERS.items():
+            if other != command and (out_dir / marker).exists():
+                raise ValueError(
+                    f"--out {out_dir} holds a {other} ({marker}); a {command} there would "
+                    f"overwrite its config.json. Choose another --out."
+                )
+        if config_path.exists():
+            try:
+                previous = read_json(config_path).get("command")
+            except (OSError, json.JSONDecodeError):
+                previous = None
+            if previous not in (None, command):
+                raise ValueError(
+                    f"--out {out_dir} holds a {previous}; choose another --out for this {command}."
+                )
+            if not resume:
+                raise ValueError(
+                    f"output directory {out_dir} already holds a run (config.json); choose "
+                    "another --out, or --resume it."
+                )
+    # Probe writability without leaving anything behind.
+    created = []
+    try:
+        parent = out_dir
+        while not parent.exists():
+            created.append(parent)
+            parent = parent.parent
+        for d in reversed(created):
+            d.mkdir()
+        probe = out_dir / ".fedjax_sim_write_probe"
+        with open(probe, "w") as f:
+            f.write("x")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as err:
+        for d in created:
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        raise OutputError(err.errno, f"--out {out_dir}: {err.strerror or err}") from None
+    finally:
+        if created and not any(created[0].iterdir()):
+            for d in created:
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+
+
+def _check_resumable(out_dir: Path, settings: dict, declared) -> dict:
+    """The config.json to resume in out_dir; ValueError naming the settings that differ."""
+    path = out_dir / "config.json"
+    if not path.exists():
+        raise ValueError(
+            f"cannot resume: {out_dir} holds no config.json (no run was started there)."
+        )
+    config = read_json(path)
+    saved = config.get("settings", {})
+    keys = saved.keys() | settings.keys()
+    differ = sorted(k for k in keys if saved.get(k) != settings.get(k)
+                    and (k not in declared or declared[k].result or k == "checkpoint_every"))
+    if differ:
+        changes = ", ".join(f"{k} ({saved.get(k)!r} there, {settings.get(k)!r} now)"
+                            for k in differ)
+        raise ValueError(
+            f"cannot resume {out_dir}: settings differ from its config.json: {changes}. "
+            "Resume with the same settings, or start a new run in another --out."
+        )
+    return config
+
+
+def choose_mesh(devices: int | None, num_clients: int | None = None):
+    """The mesh for a run: `devices` devices, or automatically every device.
+
+    Automatic choice (devices None) on one process: the most devices that
+    divide num_clients, None when that is one. Several processes always use
+    every device, and an explicit count must divide num_clients.
+    """
+    if devices is None:
+        available = jax.device_count()
+        if jax.process_count() == 1 and num_clients is not None:
+            available = max(c for c in range(1, available + 1) if num_clients % c == 0)
+        return parallel.make_mesh(available) if available > 1 else None
+    mesh = parallel.make_mesh(devices)
+    if num_clients is not None:
+        parallel.check_divisible(num_clients, mesh)
+    return mesh if devices > 1 or jax.process_count() > 1 else None
+
+
+def load_config(path) -> tuple[str, dict]:
+    """(preset name, settings) of a run directory's config.json, for `run --config`."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        config = read_json(path)
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"--config {path}: cannot read it ({err}).") from None
+    if "preset" not in config or "settings" not in config:
+        raise ValueError(f"--config {path}: not a fedjax_sim config.json (no preset/settings).")
+    return config["preset"], config["settings"]
+
+
+def _rows_writer(out_dir: Path, tensorboard: bool):
+    """on_rows for a run: metrics.csv (streamed, fsynced) and optional TensorBoard events."""
+    path = out_dir / "metrics.csv"
+    state = {"csv": None, "tb": TensorBoardLog(out_dir / "tensorboard") if tensorboard else None}
+
+    def on_rows(rows):
+        if not rows:
+            return
+        if state["csv"] is None:  # the history so far: a fresh run's round 0, or a resume's
+            write_csv(path, rows)
+            state["csv"] = MetricsCSV(path, resume_round=int(rows[-1]["round"]))
+        else:
+            state["csv"].append(rows)
+        if state["tb"] is not None:
+            for row in rows:
+                tag = f"/restart{row['restart']}" if "restart" in row else ""
+                state["tb"].write(int(row["round"]), {
+                    f"{k}{tag}": v for k, v in row.items() if k not in ("round", "restart")})
+
+    def close():
+        if state["tb"] is not None:
+            state["tb"].close()
+
+    return on_rows, close
+
+
+def run_preset(name, overrides=None, out_dir=None, progress: bool = True,
+               devices: int | None = None, resume: bool = False, tensorboard: bool = False,
+               config=None) -> Path:
+    """Runs a preset and writes config.json, metrics.csv (streamed), summary.json and plots.
+
+    config: a run directory or its config.json: rerun that run (its preset
+    and settings; `overrides` apply on top).
+
+    Raises:
+      ValueError: bad settings or --out (nothing written).
+      OutputError: --out unusable for an OS reason (nothing written).
+      simulate.Diverged: every restart went NaN/inf; metrics.csv (up to the
+        last good evaluation) and summary.json ("diverged": true) are written first.
+    """
+    base = {}
+    if config is not None:
+        name, base = load_config(config)
+    preset = get_preset(name, RUN)
+    if isinstance(overrides, list):
+        overrides = parse_assignments(overrides)
+    settings = resolve_settings(preset, {**base, **(overrides or {})}, RUN)
+    mesh = choose_mesh(devices, settings.get("m"))
+    out_dir = Path(out_dir) if out_dir else default_out_dir(preset.name)
+    primary = parallel.is_primary()
+    checkpoint_dir = out_dir / "checkpoints" if settings.get("checkpoint_every") else None
+    record = _config(preset, RUN, settings, mesh)
+    # Every process checks (so all of them stop on a bad --out or --resume)
+    # before process 0 rewrites the config.json the others read.
+    if resume:
+        previous = _check_resumable(out_dir, settings, preset.experiment.declared)
+        record["started"] = previous.get("started", record["started"])
+        record["resumed"] = [*previous.get("resumed", []), _now()]
+    else:
+        _prepare_out(out_dir, RUN, resume=False)
+    parallel.sync_processes("fedjax_sim: run directory checked")
+    on_rows, close = (_rows_writer(out_dir, tensorboard) if primary
+                      else (lambda rows: None, lambda: None))
+    if primary:
+        write_json(out_dir / "config.json", record)
+    ctx = RunContext(mesh=mesh, progress=progress and primary, checkpoint_dir=checkpoint_dir,
+                     resume=resume, on_rows=on_rows)
+    try:
+        rows, summary = preset.experiment.run(settings, ctx)
+    finally:
+        close()
+    if primary:
+        write_json(out_dir / "summary.json", summary)
+        preset.experiment.plot_run(rows, summary, out_dir)
+    if "diverged_round" in summary:
+        raise simulate.Diverged(
+            summary["diverged_round"], summary["diverged_metric"], summary["diverged_value"],
+            history=rows, checkpoint_round=summary["last_checkpoint_round"],
+            checkpoint_dir=checkpoint_dir.absolute() if checkpoint_dir else None,
+        )
+    return out_dir
+
+
+# ----------------------------------------------------------------------------- sweeps
+
+
+def sweep_axes(preset: Preset, settings: dict) -> list[str]:
+    """The settings that take several values (listable ones are grids within a cell)."""
+    declared = preset.experiment.declared
+    return [k for k, v in settings.items() if isinstance(v, list) and not declared[k].listable]
+
+
+def expand_cells(settings: dict, axes: list[str]) -> list[dict]:
+    """One dict per point of the product of the list-valued `axes`."""
+    lists = [settings[a] for a in axes]
+    cells = []
+    for values in itertools.product(*lists):
+        cell = dict(settings)
+        cell.update(zip(axes, values, strict=True))
+        cells.append(cell)
+    return cells
+
+
+def cell_id(preset: Preset, cell: dict) -> str:
+    """A key of every setting that changes a cell's results (not seeds, not memory options)."""
+    declared = preset.experiment.declared
+    keyed = {k: v for k, v in sorted(cell.items())
+             if k in declared and declared[k].result and k != "seeds"}
+    text = json.dumps(keyed, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resume: bool = False,
+                 devices: int | None = None) -> Path:
+    """Runs a sweep: trials.csv (appended per chunk, fsynced), summary.csv, plots.
+
+    Any setting given a comma list is an axis of cells. A trial is keyed by
+    every setting that changes its result (`cell_id`), so --resume continues
+    without duplicates, and a resume with other settings is refused.
+    """
+    preset = get_preset(name, SWEEP)
+    experiment = preset.experiment
+    settings = resolve_settings(preset, overrides, SWEEP)
+    axes = sweep_axes(preset, settings)
+    cells = expand_cells(settings, axes)
+    for cell in cells:  # every cell is checked before anything is written
+        experiment.validate(cell)
+        cell["cell_id"] = cell_id(preset, cell)
+    mesh = choose_mesh(devices)
+    out_dir = Path(out_dir) if out_dir else default_out_dir(preset.name)
+    primary = parallel.is_primary()
+    if resume:
+        _check_resumable(out_dir, settings, experiment.declared)
+    else:
+        _prepare_out(out_dir, SWEEP, resume=False)
+    if primary:
+        record = _config(preset, SWEEP, settings, mesh)
+        record["axes"] = axes
+        if resume:
+            previous = read_json(out_dir / "config.json")
+            record["started"] = previous.get("started", record["started"])
+            record["resumed"] = [*previous.get("resumed", []), _now()]
+        write_json(out_dir / "config.json", record)
+    columns = experiment.trial_columns(axes)
+    trials_path = out_dir / "trials.csv"
+    existing = read_csv(trials_path)
+    done = {(r["cell_id"], int(r["data_seed"])) for r in existing}
+    kept: list[dict] = []
+    todo = [(c, [s for s in range(c["seeds"]) if (c["cell_id"], s) not in done]) for c in cells]
+    total_cost = sum(experiment.cell_cost(c) * len(seeds) for c, seeds in todo)
+    with Progress(sum(c["seeds"] for c in cells), initial=len(done & {
+            (c["cell_id"], s) for c in cells for s in range(c["seeds"])}),
+            description=preset.name, unit="seed", enabled=progress and primary,
+            total_cost=total_cost) as bar:
+        for cell, seeds in todo:
+            size = experiment.seeds_per_chunk(cell)
+            for start in range(0, len(seeds), size):
+                chunk = seeds[start : start + size]
+                rows = [{**{a: cell[a] for a in axes}, "cell_id": cell["cell_id"], **r}
+                        for r in experiment.trials(cell, chunk, mesh)]
+                if primary:
+                    append_csv(trials_path, rows, columns)
+                else:
+                    kept.extend(rows)
+                bar.advance(len(chunk), cost=experiment.cell_cost(cell) * len(chunk),
+                            postfix={a: cell[a] for a in axes})
+    trials = read_csv(trials_path) if primary else existing + kept
+    summary = experiment.summarize_cells(trials, cells, axes)
+    if primary:
+        write_csv(out_dir / "summary.csv", summary)
+        experiment.plot_sweep(summary, out_dir)
+    return out_dir
+
+
+# ----------------------------------------------------------------------------- comparisons
+
+
+def compare_preset(name, overrides=None, out_dir=None, progress: bool = True) -> Path:
+    """Trains the experiment's methods side by side over vmapped seeds.
+
+    Writes config.json, results.csv (one row per method: <metric>_mean, _std
+    and, but for the baseline, _diff, _diff_se, _significant: the per-seed
+    paired difference to the baseline), results.md (printed too),
+    per_seed.csv, metrics.csv (per method, averaged over seeds) and
+    comparison.png.
+    """
+    preset = get_preset(name, COMPARE)
+    experiment = preset.experiment
+    settings = resolve_settings(preset, overrides, COMPARE)
+    out_dir = Path(out_dir) if out_dir else default_out_dir(f"{preset.name}-compare")
+    _prepare_out(out_dir, COMPARE, resume=False)
+    write_json(out_dir / "config.json", {
+        **_config(preset, COMPARE, settings), "methods": list(experiment.methods),
+        "baseline": experiment.baseline})
+    comparison = experiment.compare(settings, RunContext(progress=progress))
+    rows = stats.paired_comparison(comparison.per_seed, comparison.baseline, comparison.metrics)
+    write_csv(out_dir / "results.csv", rows, stats.results_columns(comparison.metrics))
+    seeds = settings.get("seeds", 1)
+    table = stats.results_markdown(rows, comparison.metrics, comparison.baseline, seeds=seeds,
+                                   title=f"{preset.name}: final metrics")
+    (out_dir / "results.md").write_text(table)
+    print(table)
+    per_seed = [{"method": m, "seed": i, **{k: float(v[i]) for k, v in values.items()}}
+                for m, values in comparison.per_seed.items() for i in range(seeds)]
+    write_csv(out_dir / "per_seed.csv", per_seed)
+    history = [{"method": m, **row} for m, rows_ in comparison.histories.items()
+               for row in rows_]
+    write_csv(out_dir / "metrics.csv", history)
+    plots.plot_history([], out_dir / "comparison.png", list(experiment.panels),
+                       title=f"{preset.name}: mean over {seeds} seeds",
+                       groups=comparison.histories, log_y={"train_loss", "test_loss", "min_dist"})
+    return out_dir
+
+
+def describe_preset(name: str) -> str:
+    """Every setting of a preset with its default, allowed range and help."""
+    preset = get_preset(name)
+    lines = [f"{preset.name}: {preset.description}",
+             f"experiment: {preset.experiment.name}; commands: {', '.join(preset.commands)}"]
+    if preset.experiment.methods:
+        lines.append(f"compare: {', '.join(preset.experiment.methods)} "
+                     f"(baseline {preset.experiment.baseline})")
+    lines.append("settings:")
+    defaults = preset.defaults
+    for s in preset.experiment.settings:
+        value = defaults[s.name]
+        shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+        flags = [f for f, on in (("traced", s.traced), ("no effect on results", not s.result))
+                 if on]
+        lines.append(f"  {s.name:<18} {s.type.__name__:<5} default {shown:<14} "
+                     f"range {s.describe_range():<20} {s.help}"
+                     + (f" [{', '.join(flags)}]" if flags else ""))
+    return "\n".join(lines)
+
+
+__all__ = ["OutputError", "compare_preset", "describe_preset", "run_preset", "sweep_preset"]
+
