@@ -253,7 +253,7 @@ class RunCheckpoints:
         if not any(path.iterdir()):
             return "empty step directory"
         missing = [item for item in (_STATE, _PROGRESS) if not (path / item).is_dir()]
-        if False:
+        if missing:
             return f"no {' or '.join(repr(item) for item in missing)} item"
         if step not in listed:
             return "not a finished orbax step"

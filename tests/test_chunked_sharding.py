@@ -69,8 +69,8 @@ SCRIPT = textwrap.dedent(
     sharded = parallel.shard_clients(data, mesh)
     for name in ("I", "II"):
         algorithm = ifca(model, client_chunk=4, **options[name])
-        state = parallel.shard_state(
-            jax.jit(algorithm.init)(jax.random.key(0), sharded), 8, mesh)
+        state = jax.jit(algorithm.init)(jax.random.key(0), sharded)
+        state = parallel.shard_state(state, algorithm.client_axes(state), mesh)
         out["hlo"][f"round {name}"] = collectives(
             jax.jit(algorithm.round).lower(state, sharded, jax.random.key(1)).compile())
         out["hlo"][f"evaluate {name}"] = collectives(

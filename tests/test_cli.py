@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import math
+import os
+import re
+import shutil
 
 import pytest
 
-from fedjax_sim import cli, experiments
+from fedjax_sim import cli, experiments, stats
 
 
 def _rows(path):
@@ -19,8 +23,12 @@ def _rows(path):
 def test_list_names_presets_and_algorithms(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
-    for name in experiments.PRESETS:
-        assert name in out
+    lines = out.splitlines()
+    for name, preset in experiments.PRESETS.items():
+        (line,) = [line for line in lines if line.split()[:1] == [name]]
+        # Each preset with the commands it supports, then its description.
+        assert line.split()[1] == "/".join(preset.commands), line
+        assert line.endswith(preset.description)
     for name in ("ifca", "fedavg", "local", "oneshot"):
         assert f"  {name} " in out
 
@@ -41,13 +49,28 @@ def test_run_writes_a_complete_run_directory(tmp_path):
     assert config["settings"]["k"] == 2 and config["seed"] == 0
     assert config["fedjax_sim_version"]
     rows = _rows(out / "metrics.csv")
-    assert [int(r["round"]) for r in rows] == [0, 5, 10, 15, 20]
+    restarts = config["settings"]["restarts"]
+    # One row per (round, restart).
+    assert [(int(r["round"]), int(r["restart"])) for r in rows] == [
+        (t, i) for t in (0, 5, 10, 15, 20) for i in range(restarts)]
     for column in ("train_loss", "test_loss", "cluster_accuracy", "min_dist"):
         assert all(math.isfinite(float(r[column])) for r in rows), column
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final"]["round"] == 20
-    assert len(summary["restarts_final_min_dist"]) == config["settings"]["restarts"]
-    assert float(rows[-1]["train_loss"]) < float(rows[0]["train_loss"])
+    assert len(summary["restarts_final_min_dist"]) == restarts
+    # The reported restart is the one of lowest final train loss.
+    final = {int(r["restart"]): r for r in rows if int(r["round"]) == 20}
+    best = min(final, key=lambda i: float(final[i]["train_loss"]))
+    assert summary["best_restart"] == best
+    assert summary["final"]["restart"] == best
+    assert summary["final"]["train_loss"] == float(final[best]["train_loss"])
+    assert summary["restarts_final_train_loss"] == [
+        float(final[i]["train_loss"]) for i in range(restarts)]
+    assert summary["rounds_run"] == 20
+    assert summary["compile_seconds"] >= 0
+    assert summary["rounds_per_second"] is None or summary["rounds_per_second"] > 0
+    first = {int(r["restart"]): r for r in rows if int(r["round"]) == 0}
+    assert float(final[best]["train_loss"]) < float(first[best]["train_loss"])
     assert (out / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -63,16 +86,16 @@ def test_run_is_deterministic(tmp_path):
 @pytest.mark.parametrize(
     ("command", "overrides", "message"),
     [
-        ("run", ["k=0"], "k must be an integer >= 1"),
+        ("run", ["k=0"], "setting k must be an integer in [1, 1024]; got 0"),
         ("run", ["k=3"], "m must be divisible by k"),
         ("run", ["lr=-0.1"], "lr must be a finite number >= 0"),
         ("run", ["lr=nan"], "lr must be a finite number >= 0"),
         ("run", ["banana=1"], "unknown setting 'banana'"),
         ("run", ["m=10.5"], "setting m: cannot read"),
         ("run", ["R=0.1,0.2"], "setting R takes one value here"),
-        ("run", ["rounds=0"], "rounds must be an integer >= 1"),
+        ("run", ["rounds=0"], "setting rounds must be an integer in [1, 1e+07]; got 0"),
         ("run", ["memory_budget_gb=0.00000001"], "memory budget"),
-        ("sweep", ["k=0"], "k must be an integer >= 1"),
+        ("sweep", ["k=0"], "setting k must be an integer in [1, 1024]; got 0"),
         ("sweep", ["m=30"], "m must be divisible by k"),
         ("sweep", ["lr=0.1,-1"], "lr must be a finite number >= 0"),
         ("sweep", ["colour=red"], "unknown setting 'colour'"),
@@ -93,10 +116,12 @@ def test_unknown_preset_is_refused(tmp_path, capsys):
     out = tmp_path / "out"
     assert cli.main(["run", "no-such-preset", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "unknown run preset 'no-such-preset'" in err and "ifca-synthetic" in err
+    assert "unknown preset for run 'no-such-preset'" in err and "ifca-synthetic" in err
     assert not out.exists()
     # A sweep preset is not a run preset.
     assert cli.main(["run", "ifca-success-small", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset for run 'ifca-success-small'" in err
     assert not out.exists()
 
 
@@ -106,5 +131,345 @@ def test_existing_run_directory_is_not_overwritten(tmp_path, capsys):
     assert cli.main(args) == 0
     before = (out / "metrics.csv").read_text()
     assert cli.main(args) == 2
-    assert "already holds a config.json" in capsys.readouterr().err
+    assert "already holds a run (config.json)" in capsys.readouterr().err
     assert (out / "metrics.csv").read_text() == before
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _snapshot(root):
+    """Every file (path -> bytes) and directory under root: what "nothing changed" compares."""
+    files, dirs = {}, set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        for d in dirnames:
+            dirs.add(os.path.relpath(os.path.join(dirpath, d), root))
+        for f in filenames:
+            path = os.path.join(dirpath, f)
+            with open(path, "rb") as fh:
+                files[os.path.relpath(path, root)] = fh.read()
+    return files, dirs
+
+
+def _no_constant(token):
+    raise AssertionError(f"non-standard JSON constant {token}")
+
+
+def _assert_strict_files(out):
+    """Every JSON file parses as strict JSON (no NaN/Infinity); no CSV has a "\\r\\n"."""
+    jsons = sorted(out.rglob("*.json"))
+    csvs = sorted(out.rglob("*.csv"))
+    assert out / "config.json" in jsons
+    assert csvs
+    for path in jsons:
+        json.loads(path.read_text(), parse_constant=_no_constant)
+    for path in csvs:
+        data = path.read_bytes()
+        assert b"\r\n" not in data, path
+        assert data.endswith(b"\n"), path
+
+
+def _main(*args):
+    return cli.main([*args, "--no-progress"])
+
+
+def _set(settings):
+    return [f"{k}={v}" for k, v in settings.items()]
+
+
+RUN_TINY = {"k": 2, "m": 8, "n": 10, "d": 5, "rounds": 4, "eval_every": 2, "restarts": 2,
+            "n_test": 5}
+SWEEP_TINY = {"k": 2, "m": 8, "n": 5, "d": 5, "rounds": 5, "restarts": 2, "seeds": 2,
+              "R": 1.0, "sigma": 0.1}
+RUN_PRESETS = [n for n, p in experiments.PRESETS.items() if "run" in p.commands]
+SWEEP_ONLY_PRESETS = [n for n, p in experiments.PRESETS.items() if "run" not in p.commands]
+COMPARE_PRESETS = [n for n, p in experiments.PRESETS.items() if "compare" in p.commands]
+SMALL_SWEEP = ["seeds=2", "R=0.4,0.8"]
+SMALL_RUN = ["rounds=10", "seed=3", "eval_every=5"]
+
+
+def _run_tiny(name):
+    preset = experiments.PRESETS[name]
+    declared = preset.experiment.declared
+    settings = {k: v for k, v in RUN_TINY.items() if k in declared}
+    if preset.defaults.get("algorithm") == "oneshot":  # read by one-shot clustering only
+        settings["pretrain_steps"] = 2
+    return settings
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fixture-run") / "run"
+    assert _main("run", "ifca-synthetic-tiny", "--set", *SMALL_RUN, "--out", str(out)) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fixture-sweep") / "sweep"
+    assert _main("sweep", "ifca-success-small", "--set", *SMALL_SWEEP, "--out", str(out)) == 0
+    return out
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def test_every_preset_runs_or_sweeps():
+    for name, preset in experiments.PRESETS.items():
+        assert "run" in preset.commands or "sweep" in preset.commands, name
+    assert RUN_PRESETS and SWEEP_ONLY_PRESETS and COMPARE_PRESETS
+
+
+@pytest.mark.parametrize("name", list(experiments.PRESETS))
+def test_describe_lists_every_setting(capsys, name):
+    assert cli.main(["describe", name]) == 0
+    out = capsys.readouterr().out
+    preset = experiments.PRESETS[name]
+    listed = {line.split()[0] for line in out.splitlines() if line.startswith("  ")}
+    for setting in preset.experiment.settings:
+        assert setting.name in listed, setting.name
+        (line,) = [l for l in out.splitlines() if l.split()[:1] == [setting.name]]
+        assert setting.help in line and setting.describe_range() in line
+    assert "/".join(preset.commands).replace("/", ", ") in out
+
+
+@pytest.mark.parametrize("name", RUN_PRESETS)
+def test_every_run_preset_runs_tiny(tmp_path, name):
+    out = tmp_path / "run"
+    settings = _run_tiny(name)
+    assert _main("run", name, "--set", *_set(settings), "--out", str(out)) == 0
+    assert {"config.json", "metrics.csv", "summary.json", "metrics.png"} <= {
+        p.name for p in out.iterdir()}
+    rows = _rows(out / "metrics.csv")
+    assert [(int(r["round"]), int(r["restart"])) for r in rows] == [
+        (t, i) for t in (0, 2, 4) for i in range(2)]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rounds_run"] == 4 and summary["diverged"] is False
+    assert summary["algorithm"] == experiments.PRESETS[name].defaults["algorithm"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["preset"] == name and config["command"] == "run"
+    assert all(config["settings"][k] == v for k, v in settings.items())
+    _assert_strict_files(out)
+
+
+@pytest.mark.parametrize("name", SWEEP_ONLY_PRESETS)
+def test_every_sweep_preset_sweeps_tiny(tmp_path, name):
+    out = tmp_path / "sweep"
+    assert _main("sweep", name, "--set", *_set(SWEEP_TINY), "--out", str(out)) == 0
+    trials = _rows(out / "trials.csv")
+    assert [int(r["data_seed"]) for r in trials] == [0, 1]
+    assert len({r["cell_id"] for r in trials}) == 1
+    (row,) = _rows(out / "summary.csv")
+    assert int(row["seeds"]) == 2
+    assert (int(row["k"]), int(row["m"]), float(row["R"]), float(row["sigma"])) == (2, 8, 1.0, 0.1)
+    p = float(row["success_prob"])
+    assert p == sum(int(r["success"]) for r in trials) / 2
+    assert float(row["ci_low"]) <= p <= float(row["ci_high"])
+    _assert_strict_files(out)
+
+
+@pytest.mark.parametrize("name", COMPARE_PRESETS)
+def test_every_compare_preset_compares_tiny(tmp_path, name):
+    out = tmp_path / "compare"
+    settings = {**_run_tiny(name), "seeds": 2}
+    assert _main("compare", name, "--set", *_set(settings), "--out", str(out)) == 0
+    assert {"config.json", "results.csv", "results.md", "per_seed.csv", "metrics.csv",
+            "comparison.png"} <= {p.name for p in out.iterdir()}
+    experiment = experiments.PRESETS[name].experiment
+    with open(out / "results.csv", newline="") as f:
+        header = next(csv.reader(f))
+    rows = _rows(out / "results.csv")
+    assert [r["method"] for r in rows] == list(experiment.methods)  # one row per method
+    metrics = [c[: -len("_mean")] for c in header if c.endswith("_mean")]
+    assert {"train_loss", "test_loss"} <= set(metrics)
+    assert header == stats.results_columns(metrics)
+    assert header == ["method"] + [f"{m}{suffix}" for m in metrics for suffix in (
+        "_mean", "_std", "_diff", "_diff_se", "_significant")]
+    for r in rows:
+        assert math.isfinite(float(r["train_loss_mean"]))
+        if r["method"] == experiment.baseline:
+            assert r["train_loss_diff"] == r["train_loss_significant"] == ""
+        else:
+            assert math.isfinite(float(r["train_loss_diff"]))
+            assert r["train_loss_significant"] in ("True", "False")
+    assert len(_rows(out / "per_seed.csv")) == 2 * len(experiment.methods)
+    _assert_strict_files(out)
+
+
+# ----------------------------------------------------------------------------- file formats
+
+
+@pytest.mark.parametrize(
+    ("command", "preset", "overrides", "code"),
+    [
+        # Diverges: every restart's loss goes to inf (exit 3, files still written).
+        ("run", "ifca-synthetic-tiny", ["rounds=10", "lr=1e6"], 3),
+        # Every run of every seed diverges: NaN min_dist in trials, no median in the summary.
+        ("sweep", "ifca-success-small", [*_set(SWEEP_TINY), "lr=1e6,1e5"], 0),
+        ("run", "ifca-synthetic-tiny", ["rounds=10"], 0),
+    ],
+)
+def test_written_json_is_strict_and_csv_lines_end_in_newline(
+    tmp_path, command, preset, overrides, code
+):
+    out = tmp_path / "out"
+    assert _main(command, preset, "--set", *overrides, "--out", str(out)) == code
+    _assert_strict_files(out)
+    if command == "run":
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["diverged"] is (code == 3)
+    else:
+        (row,) = _rows(out / "summary.csv")
+        assert row["median_best_min_dist"] == ""  # None, not NaN
+        assert all(r["all_diverged"] == "1" for r in _rows(out / "trials.csv"))
+
+
+def test_json_and_csv_of_the_fixture_directories_are_strict(run_dir, sweep_dir):
+    _assert_strict_files(run_dir)
+    _assert_strict_files(sweep_dir)
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [("rounds=50", "rounds"), ("sigma=0.3", "sigma"), ("R=0.4,1.6", "R"), ("seeds=3", "seeds")],
+)
+def test_resume_with_changed_settings_is_refused_and_changes_nothing(
+    tmp_path, capsys, sweep_dir, change, key
+):
+    out = tmp_path / "sweep"
+    shutil.copytree(sweep_dir, out)
+    before = _snapshot(out)
+    overrides = [o for o in SMALL_SWEEP if not o.startswith(f"{key}=")] + [change]
+    capsys.readouterr()
+    assert _main("sweep", "ifca-success-small", "--set", *overrides, "--out", str(out),
+                 "--resume") == 2
+    err = capsys.readouterr().err
+    assert "settings differ" in err and f" {key} (" in err, err
+    # Only the changed setting is named.
+    named = re.findall(r"(\w+) \(", err.split("config.json:", 1)[1])
+    assert named == [key], err
+    assert _snapshot(out) == before
+
+
+def test_run_into_a_sweep_and_sweep_into_a_run_are_refused(tmp_path, capsys, run_dir, sweep_dir):
+    run, sweep = tmp_path / "run", tmp_path / "sweep"
+    shutil.copytree(run_dir, run)
+    shutil.copytree(sweep_dir, sweep)
+    before = _snapshot(tmp_path)
+    capsys.readouterr()
+    assert _main("run", "ifca-synthetic-tiny", "--set", *SMALL_RUN, "--out", str(sweep)) == 2
+    assert "holds a sweep (trials.csv)" in capsys.readouterr().err
+    assert _main("sweep", "ifca-success-small", "--set", *SMALL_SWEEP, "--out", str(run)) == 2
+    assert "holds a run (metrics.csv)" in capsys.readouterr().err
+    assert _main("compare", "ifca-synthetic-tiny", "--out", str(run)) == 2
+    assert "holds a run (metrics.csv)" in capsys.readouterr().err
+    assert _main("run", "ifca-synthetic-tiny", "--set", *SMALL_RUN, "--out", str(sweep),
+                 "--resume") == 2
+    assert _main("sweep", "ifca-success-small", "--set", *SMALL_SWEEP, "--out", str(run),
+                 "--resume") == 2
+    assert _snapshot(tmp_path) == before
+
+
+def test_directory_with_only_a_metrics_csv_is_not_overwritten(tmp_path, capsys, run_dir):
+    out = tmp_path / "run"
+    out.mkdir()
+    shutil.copy(run_dir / "metrics.csv", out / "metrics.csv")
+    before = _snapshot(tmp_path)
+    assert _main("run", "ifca-synthetic-tiny", "--set", "rounds=2", "--out", str(out)) == 2
+    assert "already holds a metrics.csv" in capsys.readouterr().err
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "compare"])
+@pytest.mark.parametrize("where", ["under-a-file", "out-is-a-file", "read-only-dir"])
+def test_unusable_out_exits_4_naming_it_and_creates_nothing(tmp_path, capsys, command, where):
+    if where == "read-only-dir" and os.geteuid() == 0:
+        pytest.skip("root ignores directory permissions (under-a-file covers ENOTDIR)")
+    (tmp_path / "file").write_text("not a directory\n")
+    if where == "under-a-file":
+        out, reason = tmp_path / "file" / "out", os.strerror(errno.ENOTDIR)
+    elif where == "out-is-a-file":
+        out, reason = tmp_path / "file", "not a directory"
+    else:
+        (tmp_path / "ro").mkdir()
+        out, reason = tmp_path / "ro" / "out" / "deeper", os.strerror(errno.EACCES)
+        os.chmod(tmp_path / "ro", 0o500)
+    preset = "ifca-success-small" if command == "sweep" else "ifca-synthetic-tiny"
+    overrides = SMALL_SWEEP if command == "sweep" else ["rounds=2"]
+    before = _snapshot(tmp_path)
+    capsys.readouterr()
+    try:
+        assert _main(command, preset, "--set", *overrides, "--out", str(out)) == 4
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.endswith("\n"), err  # one line
+        assert f"--out {out}" in err, err
+        assert reason.lower() in err.lower(), err
+        assert _snapshot(tmp_path) == before
+    finally:
+        if where == "read-only-dir":
+            os.chmod(tmp_path / "ro", 0o700)
+
+
+@pytest.mark.parametrize(
+    ("command", "overrides", "message"),
+    [
+        ("run", [f"rounds={10**12}"], f"setting rounds must be an integer in [1, 1e+07]; got "
+                                      f"{10**12}"),
+        ("run", [f"restarts={10**12}"], "setting restarts must be an integer in [1, 10000]"),
+        ("run", [f"m={10**9}", "d=1000"], f"setting m must be an integer in [1, 1e+07]; got "
+                                          f"{10**9}"),
+        ("run", ["m=1000000", "n=100", "d=1000"], "m=1000000, n=100, d=1000"),  # memory
+        ("sweep", [f"rounds={10**12}"], "setting rounds must be an integer"),
+        ("sweep", [f"m=80,{10**9}", "d=1000"], "setting m must be an integer"),
+        ("compare", [f"restarts={10**12}"], "setting restarts must be an integer"),
+    ],
+)
+def test_oversized_settings_are_refused_and_nothing_is_written(
+    tmp_path, capsys, command, overrides, message
+):
+    preset = "ifca-success-small" if command == "sweep" else "ifca-synthetic-tiny"
+    out = tmp_path / "out"
+    assert _main(command, preset, "--set", *overrides, "--out", str(out)) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_config_reproduces_the_run(tmp_path, run_dir):
+    again = tmp_path / "again"
+    assert _main("run", "--config", str(run_dir / "config.json"), "--out", str(again)) == 0
+    original = json.loads((run_dir / "config.json").read_text())
+    rerun = json.loads((again / "config.json").read_text())
+    assert rerun["preset"] == original["preset"] == "ifca-synthetic-tiny"
+    assert rerun["settings"] == original["settings"]
+    assert (rerun["settings"]["rounds"], rerun["settings"]["seed"]) == (10, 3)  # not defaults
+    assert (again / "metrics.csv").read_bytes() == (run_dir / "metrics.csv").read_bytes()
+
+
+def test_run_config_with_a_preset_too_is_refused(tmp_path, capsys, run_dir):
+    out = tmp_path / "out"
+    assert _main("run", "ifca-synthetic-tiny", "--config", str(run_dir / "config.json"),
+                 "--out", str(out)) == 2
+    assert "not both" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["--set", "k=2", "k=4"], "setting k is given twice"),
+        (["--set", "k=2", "--set", "k=4"], "setting k is given twice"),
+        (["--set", "R=0.1,,0.2"], "setting R: empty value"),
+        (["--set", "R=0.1,"], "setting R: empty value"),
+    ],
+)
+def test_repeated_or_empty_settings_are_refused(tmp_path, capsys, command, sets, message):
+    preset = "ifca-success-small" if command == "sweep" else "ifca-synthetic-tiny"
+    out = tmp_path / "out"
+    assert _main(command, preset, *sets, "--out", str(out)) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()

@@ -34,10 +34,10 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from fedjax_sim import cli, experiments, sweep
+from fedjax_sim import cli, experiments
 from fedjax_sim import io as fio
 from fedjax_sim.data import FederatedData
-from fedjax_sim.experiments import ifca_synthetic
+from fedjax_sim.experiments import ifca_synthetic, runner
 from fedjax_sim.io import append_csv, read_csv, read_json, write_csv, write_json
 
 # ============================================================================ helpers
@@ -373,10 +373,16 @@ def test_from_arrays_bad_arguments_are_value_errors(m, n_max, how, data):
 
 # ======================================================================= 2. settings
 
-RUN_PRESETS = sorted(n for n, p in experiments.PRESETS.items() if p.kind == "run")
+RUN_PRESETS = sorted(n for n, p in experiments.PRESETS.items() if "run" in p.commands)
 SWEEP_PRESETS = ["ifca-success-small", "ifca-success-m-n-k4", "ifca-success-r-noise-k2"]
-RUN_KEYS = list(ifca_synthetic.RUN_DEFAULTS)
-RUN_INT_KEYS = ["k", "m", "n", "d", "rounds", "restarts", "eval_every", "n_test", "local_steps"]
+RUN_KEYS = list(ifca_synthetic.RUN.defaults())
+RUN_INT_KEYS = [
+    "k", "m", "n", "d", "rounds", "restarts", "seeds", "eval_every", "n_test", "local_steps",
+    "pretrain_steps",
+]
+MAX_COUNT = 10**7  # no size setting may exceed this (a mistyped 1e12 must not abort or hang)
+MAX_SEED = 2**32 - 1
+ALGORITHMS = ("ifca", "fedavg", "local", "oneshot")
 SWEEP_INT_KEYS = ["k", "m", "n", "d", "rounds", "restarts", "seeds"]
 UNKNOWN_KEYS = ["K", "foo", "lr ", "seeds_", "learning_rate"]
 
@@ -424,24 +430,37 @@ def _assert_sane_run_settings(preset, s: dict) -> None:
     """An independent statement of what a valid run setting is."""
     assert set(s) == set(preset.defaults)
     for key in RUN_INT_KEYS:
-        assert type(s[key]) is int and s[key] >= 1, (key, s[key])
-    assert type(s["seed"]) is int and s["seed"] >= 0
+        assert type(s[key]) is int and 1 <= s[key] <= MAX_COUNT, (key, s[key])
+    assert type(s["seed"]) is int and 0 <= s["seed"] <= MAX_SEED
     jax.random.key(s["seed"])  # the run's first step must accept the seed
     if "checkpoint_every" in s:  # 0: no checkpoints
-        assert type(s["checkpoint_every"]) is int and s["checkpoint_every"] >= 0
-    for key in ("sigma", "R", "lr"):
+        assert type(s["checkpoint_every"]) is int and 0 <= s["checkpoint_every"] <= MAX_COUNT
+    for key in ("sigma", "R", "lr", "memory_budget_gb"):
         v = s[key]
         assert isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, (key, v)
     assert math.isfinite(s["participation"]) and 0 < s["participation"] <= 1
+    assert s["algorithm"] in ALGORITHMS
     assert s["option"] in ("gradient", "model")
+    assert s["divide_by"] in ("m", "cohort")
     assert s["m"] % s["k"] == 0
+    # A setting the algorithm would not read keeps its default (never silently ignored).
+    if s["algorithm"] != "ifca":
+        assert s["option"] == "gradient" and s["divide_by"] == "m", s
+    if s["algorithm"] != "oneshot":
+        assert s["pretrain_steps"] == ifca_synthetic.RUN.defaults()["pretrain_steps"], s
+    if s["algorithm"] == "local":
+        assert s["participation"] == 1.0, s
+    if s["algorithm"] == "ifca" and s["option"] == "gradient":
+        assert s["local_steps"] == 1, s  # option I takes one full-batch gradient per client
+    if s["option"] == "model":
+        assert s["divide_by"] == "m", s
+    # The algorithm the run builds (after config.json is written) must take the settings too.
+    ifca_synthetic.build_algorithm(s["algorithm"], s)
 
 
 def _run_decision(preset, overrides):
     """The library's own pre-write check: ValueError or the resolved settings."""
-    settings_ = experiments.resolve_settings(preset, overrides)
-    ifca_synthetic.validate_run(settings_)
-    return settings_
+    return experiments.resolve_settings(preset, overrides, "run")
 
 
 def _assert_writes_nothing(driver, name, overrides, expected_message):
@@ -467,6 +486,11 @@ def _assert_run_writes_nothing(name, overrides, expected_message):
 @example(name="ifca-synthetic-tiny", overrides={"bogus": "1"})
 @example(name="ifca-synthetic-tiny", overrides={"participation": "0"})
 @example(name="ifca-synthetic-tiny", overrides={"option": "both"})
+@example(name="ifca-synthetic-tiny", overrides={"m": "1e12"})  # past the size bound
+@example(name="ifca-synthetic-tiny", overrides={"local_steps": "2"})  # option I ignores it
+@example(name="fedavg-synthetic", overrides={"option": "model"})  # FedAvg has no option
+@example(name="ifca-synthetic-tiny", overrides={"R": "0.5,1.0"})  # a list outside a sweep
+@example(name="ifca-synthetic", overrides={"n_test": "2000000"})  # test data past memory
 def test_run_settings_are_valid_or_a_named_error_with_nothing_written(name, overrides):
     preset = experiments.get_preset(name, "run")
     try:
@@ -523,7 +547,8 @@ def test_infinite_sigma_or_r_is_rejected(key, value):
 
 @pytest.mark.parametrize("seed", [2**63, 2**70])
 def test_seed_a_prng_key_cannot_take_is_rejected_before_writing(seed):
-    """validate_run accepts any seed >= 0; jax.random.key(2**63) then fails after config.json."""
+    """A seed jax.random.key cannot take must be refused by the settings check, not fail after
+    config.json is written."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp, "out")
         with pytest.raises(ValueError, match="seed"):
@@ -547,6 +572,7 @@ def test_seed_a_prng_key_cannot_take_is_rejected_before_writing(seed):
 @example(name="ifca-synthetic-tiny", items=[("k", "3")], malformed=None)  # m=20, k=3
 @example(name="ifca-synthetic-tiny", items=[("lr", "0.1")], malformed="nokey")
 @example(name="ifca-synthetic-tiny", items=[("rounds", "inf")], malformed=None)
+@example(name="ifca-synthetic-tiny", items=[("k", "2"), ("k", "4")], malformed=None)  # twice
 def test_cli_run_bad_settings_exit_2_and_write_nothing(name, items, malformed):
     """`fedjax-sim run --set ...`: invalid settings exit 2 with a message, and no --out dir."""
     assignments = [f"{k}={v}" for k, v in items] + ([malformed] if malformed else [])
@@ -587,33 +613,36 @@ SWEEP_OVERRIDES = st.dictionaries(
 
 
 def _sweep_decision(preset, overrides):
-    """sweep_preset's own pre-write checks (resolve, every cell, memory budget)."""
-    settings_ = experiments.resolve_settings(preset, overrides)
-    cells = sweep.expand_cells(settings_, experiments.SWEEP_AXES)
+    """sweep_preset's own pre-write checks (resolve, including the memory budget; every cell)."""
+    settings_ = experiments.resolve_settings(preset, overrides, "sweep")
+    cells = runner.expand_cells(settings_, runner.sweep_axes(preset, settings_))
     for cell in cells:
-        ifca_synthetic.validate_cell(cell)
-    if not settings_["memory_budget_gb"] > 0:
-        raise ValueError(
-            f"setting memory_budget_gb must be > 0; got {settings_['memory_budget_gb']!r}."
-        )
+        ifca_synthetic.SUCCESS.validate(cell)
     return settings_, cells
 
 
 def _assert_sane_sweep(preset, s, cells):
     assert set(s) == set(preset.defaults)
     assert cells, "a sweep with no cells would write a run directory and then crash"
-    assert isinstance(s["lr"], list) and s["lr"], "lr grid must be non-empty"
+    # lr is the grid searched within a cell: a list, or one learning rate.
+    lrs = s["lr"] if isinstance(s["lr"], list) else [s["lr"]]
+    assert lrs, "lr grid must be non-empty"
     for cell in cells:
+        assert set(cell) == set(preset.defaults)
+        for key, value in cell.items():  # every other comma list is an axis of cells
+            assert key == "lr" or not isinstance(value, list), (key, value)
         for key in SWEEP_INT_KEYS:
-            assert type(cell[key]) is int and cell[key] >= 1, (key, cell[key])
+            assert type(cell[key]) is int and 1 <= cell[key] <= MAX_COUNT, (key, cell[key])
         assert cell["m"] % cell["k"] == 0
-        assert type(cell["seed"]) is int and cell["seed"] >= 0
+        assert type(cell["seed"]) is int and 0 <= cell["seed"] <= MAX_SEED
         jax.random.key(cell["seed"])
         for key in ("sigma", "R", "threshold_offset"):
             assert math.isfinite(cell[key]) and cell[key] >= 0, (key, cell[key])
-        for lr in cell["lr"]:
+        cell_lrs = cell["lr"] if isinstance(cell["lr"], list) else [cell["lr"]]
+        assert cell_lrs == lrs
+        for lr in cell_lrs:
             assert math.isfinite(lr) and lr >= 0
-    assert s["memory_budget_gb"] > 0
+        assert math.isfinite(cell["memory_budget_gb"]) and cell["memory_budget_gb"] > 0
 
 
 def _assert_sweep_writes_nothing(name, overrides, expected_message):
@@ -631,6 +660,9 @@ def _assert_sweep_writes_nothing(name, overrides, expected_message):
 @example(name="ifca-success-m-n-k4", overrides={"m": "100,101"})  # one bad cell of many
 @example(name="ifca-success-small", overrides={"memory_budget_gb": "nan"})
 @example(name="ifca-success-small", overrides={"seeds": "0"})
+@example(name="ifca-success-small", overrides={"R": "0.1,,0.2"})  # an empty item in a list
+@example(name="ifca-success-small", overrides={"memory_budget_gb": "0"})
+@example(name="ifca-success-small", overrides={"seed": str(2**32)})
 def test_sweep_settings_are_valid_or_a_named_error_with_nothing_written(name, overrides):
     preset = experiments.get_preset(name, "sweep")
     try:

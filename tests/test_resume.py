@@ -26,11 +26,12 @@ from fedjax_sim import cli, experiments, simulate
 from fedjax_sim.algorithms import Algorithm, ifca, with_restarts
 from fedjax_sim.checkpoint import RunCheckpoints
 from fedjax_sim.data import linear_mixture
-from fedjax_sim.experiments import ifca_synthetic
+from fedjax_sim.experiments import ifca_synthetic, runner
 from fedjax_sim.io import write_json
 from fedjax_sim.models import linear_regression
 
-TIMING = ("seconds", "rounds_per_second")
+# Timing, and rounds_run (the rounds this process ran: fewer after a resume, by design).
+TIMING = ("seconds", "rounds_per_second", "compile_seconds", "rounds_run")
 
 
 def _summary(out):
@@ -242,15 +243,19 @@ def test_killed_run_resumes_to_identical_results(tmp_path):
         proc.kill()
         proc.stdout.close()
     steps = _checkpoint_steps(killed / "checkpoints")
-    assert not (killed / "metrics.csv").exists(), "the kill landed after the run had finished"
+    assert not (killed / "summary.json").exists(), "the kill landed after the run had finished"
     assert steps and max(steps) < 600, steps
+    # metrics.csv is appended (fsynced) before each checkpoint: the killed run kept its rows.
+    kept = [int(line.split(",")[0]) for line in
+            (killed / "metrics.csv").read_text().splitlines()[1:]]
+    assert kept and max(kept) >= max(steps)
 
     assert cli.main(["run", "ifca-synthetic-tiny", *settings, "--out", str(killed),
                      "--no-progress", "--resume"]) == 0
     assert cli.main(["run", "ifca-synthetic-tiny", *settings, "--out", str(whole),
                      "--no-progress"]) == 0
     text = (whole / "metrics.csv").read_text()
-    assert text.count("\n") == 22  # header, round 0, 30, ..., 600
+    assert text.count("\n") == 1 + 21 * 10  # header, rounds 0, 30, ..., 600 × 10 restarts
     assert (killed / "metrics.csv").read_text() == text
     assert _summary(killed) == _summary(whole)
     config = json.loads((killed / "config.json").read_text())
@@ -266,7 +271,7 @@ def test_resume_with_other_settings_is_refused(tmp_path, capsys):
     # The config.json a run with rounds=2 writes before it starts.
     preset = experiments.get_preset("ifca-synthetic-tiny")
     settings = experiments.resolve_settings(preset, ["rounds=2"])
-    write_json(out / "config.json", experiments._config(preset, settings))
+    write_json(out / "config.json", runner._config(preset, "run", settings))
     before = (out / "config.json").read_text()
     with pytest.raises(ValueError, match=r"settings differ from its config.json: lr \(0.1 there, "
                                          r"0.2 now\), rounds \(2 there, 3 now\)"):
@@ -300,11 +305,13 @@ def test_diverged_run_exits_3_and_keeps_the_last_good_checkpoint(tmp_path, capsy
     assert summary["last_checkpoint_round"] == checkpoint_round
     rounds = [int(line.split(",")[0]) for line in
               (out / "metrics.csv").read_text().splitlines()[1:]]
-    assert rounds == list(range(0, checkpoint_round + 1, 10))  # up to the last good evaluation
+    # One row per restart, up to the last good evaluation.
+    assert sorted(set(rounds)) == list(range(0, checkpoint_round + 1, 10))
 
     # The last good checkpoint restores a finite state.
     settings = json.loads((out / "config.json").read_text())["settings"]
-    problem = ifca_synthetic.make_problem(settings)
+    problem = ifca_synthetic.make_problem(
+        settings, jax.random.fold_in(jax.random.key(settings["seed"]), ifca_synthetic._DATA))
     algorithm = with_restarts(ifca(linear_regression(settings["d"]), num_clusters=settings["k"],
                                    learning_rate=settings["lr"]), settings["restarts"])
     key = jax.random.fold_in(jax.random.key(settings["seed"]), ifca_synthetic._ROUNDS)
@@ -314,3 +321,27 @@ def test_diverged_run_exits_3_and_keeps_the_last_good_checkpoint(tmp_path, capsy
     for leaf in jax.tree.leaves(restored.state):
         assert np.isfinite(np.asarray(leaf)).all()
     assert restored.history[-1]["round"] == checkpoint_round
+
+
+def test_corrupt_newest_checkpoint_resumes_from_the_previous_one(tmp_path, capsys):
+    """A truncated array file in the newest checkpoint: --resume says so, restores the one
+    before, and ends with the same metrics.csv as an uninterrupted run."""
+    settings = ["--set", "rounds=40", "eval_every=10", "checkpoint_every=10", "restarts=2"]
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    for out in (whole, broken):
+        assert cli.main(["run", "ifca-synthetic-tiny", *settings, "--out", str(out),
+                         "--no-progress"]) == 0
+    (broken / "summary.json").unlink()
+    # The OCDBT data file the arrays are read from (`state/d/<hash>`).
+    files = sorted((p for p in (broken / "checkpoints" / "40" / "state" / "d").iterdir()
+                    if p.is_file()), key=lambda p: p.stat().st_size)
+    assert files, "no array data file in the newest checkpoint"
+    data = files[-1].read_bytes()
+    files[-1].write_bytes(data[: len(data) // 2])
+    capsys.readouterr()
+    assert cli.main(["run", "ifca-synthetic-tiny", *settings, "--out", str(broken),
+                     "--no-progress", "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "skipped checkpoint of round 40" in err, err
+    assert (broken / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
+    assert _summary(broken) == _summary(whole)

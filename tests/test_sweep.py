@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_sim import experiments, ifca, linear_mixture, linear_regression, plots
-from fedjax_sim.experiments import ifca_synthetic
+from fedjax_sim import experiments, ifca, linear_mixture, linear_regression, plots, stats
+from fedjax_sim.experiments import ifca_synthetic, runner
 from fedjax_sim.metrics import min_dist
 
 
@@ -28,6 +28,11 @@ def test_small_sweep_success_rises_with_R(tmp_path):
     assert [float(r["R"]) for r in summary] == grid["R"]
     assert all(int(r["seeds"]) == grid["seeds"] == 40 for r in summary)
     p = np.array([float(r["success_prob"]) for r in summary])
+    for row, prob in zip(summary, p, strict=True):  # the 95 % Wilson interval of each cell
+        low, high = stats.wilson_interval(round(prob * 40), 40)
+        assert float(row["ci_low"]) == pytest.approx(low)
+        assert float(row["ci_high"]) == pytest.approx(high)
+        assert float(row["ci_low"]) <= prob <= float(row["ci_high"])
     assert p[0] <= 0.2, p
     assert p[-1] >= 0.9, p
     assert np.all(np.diff(p) >= -1 / 40), p  # rises with R (up to one seed of noise)
@@ -63,7 +68,7 @@ def test_cell_equals_separate_runs():
                     state, _ = step(state, problem.train, key)
                 want = float(min_dist(state.cluster_params, problem.theta_star))
                 np.testing.assert_allclose(got[seed, i, r], want, rtol=2e-4, atol=1e-6)
-    rows = ifca_synthetic.seed_trials(cell, [0, 1])
+    rows = ifca_synthetic.SUCCESS.trials(cell, [0, 1])
     for row, runs in zip(rows, got, strict=True):
         assert row["best_min_dist"] == pytest.approx(float(runs.min()), rel=1e-6)
 
@@ -71,22 +76,27 @@ def test_cell_equals_separate_runs():
 def test_seed_whose_runs_all_diverge_is_a_failure():
     cell = dict(k=2, m=8, n=6, d=4, sigma=0.1, R=0.5, lr=[1e6, 1e5], rounds=30, restarts=2,
                 seeds=2, seed=0, threshold_offset=0.001)
-    rows = ifca_synthetic.seed_trials(cell, [0, 1])
+    rows = ifca_synthetic.SUCCESS.trials(cell, [0, 1])
     for row in rows:
         assert row["all_diverged"] == 1
         assert row["diverged_runs"] == 4
         assert row["success"] == 0
         assert np.isnan(row["best_min_dist"])
-    summary = experiments.sweep.summarize(rows, [cell], ifca_synthetic.SWEEP_KEYS)
+    key = runner.cell_id(experiments.PRESETS["ifca-success-small"], cell)
+    summary = ifca_synthetic.SUCCESS.summarize_cells(
+        [{**r, "cell_id": key} for r in rows], [{**cell, "cell_id": key}], [])
     assert summary[0]["success_prob"] == 0.0
     assert summary[0]["all_diverged_seeds"] == 2
+    assert summary[0]["seeds"] == 2
+    assert summary[0]["ci_low"] == 0.0
+    assert summary[0]["ci_high"] == pytest.approx(stats.wilson_interval(0, 2)[1])
 
 
 def test_diverged_runs_are_never_the_best():
     # lr=1e6 diverges, lr=0.5 does not: the best is the finite one.
     cell = dict(k=2, m=8, n=20, d=4, sigma=0.1, R=1.0, lr=[1e6, 0.5], rounds=60, restarts=4,
                 seeds=1, seed=0, threshold_offset=0.001)
-    (row,) = ifca_synthetic.seed_trials(cell, [0])
+    (row,) = ifca_synthetic.SUCCESS.trials(cell, [0])
     assert row["diverged_runs"] == 4 and row["all_diverged"] == 0
     assert row["best_lr"] == 0.5
     assert np.isfinite(row["best_min_dist"])
@@ -106,6 +116,13 @@ def test_resume_loses_and_duplicates_nothing(tmp_path):
     (part / "trials.csv").write_text("".join(lines[:5]) + lines[5][:7])
     with pytest.raises(ValueError, match="already holds a trials.csv"):
         experiments.sweep_preset("ifca-success-small", overrides, out_dir=part, progress=False)
+    # Resume needs the config.json a sweep writes before its first trial.
+    with pytest.raises(ValueError, match="holds no config.json"):
+        experiments.sweep_preset("ifca-success-small", overrides, out_dir=part, progress=False,
+                                 resume=True)
+    (part / "config.json").write_bytes((full / "config.json").read_bytes())
+    with pytest.raises(ValueError, match=r"already holds a run \(config.json\)"):
+        experiments.sweep_preset("ifca-success-small", overrides, out_dir=part, progress=False)
     experiments.sweep_preset(
         "ifca-success-small", overrides, out_dir=part, progress=False, resume=True
     )
@@ -117,20 +134,40 @@ def test_resume_loses_and_duplicates_nothing(tmp_path):
     assert _rows(part / "summary.csv") == _rows(full / "summary.csv")
 
 
-def test_m_n_grid_expands_to_cells_and_plots_a_curve_per_n(tmp_path):
-    settings = {**experiments.PRESETS["ifca-success-m-n-k2"].defaults}
-    cells = experiments.sweep.expand_cells(settings, ifca_synthetic.SWEEP_KEYS)
+def test_m_n_grid_expands_to_cells_and_plots_a_curve_per_n(tmp_path, monkeypatch):
+    preset = experiments.PRESETS["ifca-success-m-n-k2"]
+    settings = {**preset.defaults}
+    axes = runner.sweep_axes(preset, settings)
+    assert axes == ["m", "n", "R"]  # lr is a grid searched within each cell, not an axis
+    cells = runner.expand_cells(settings, axes)
     assert len(cells) == 7 * 3 * 2
     assert {(c["m"], c["n"], c["R"]) for c in cells} == {
         (m, n, R) for m in settings["m"] for n in settings["n"] for R in settings["R"]
     }
-    summary = [
-        {**{key: c[key] for key in ifca_synthetic.SWEEP_KEYS}, "seeds": 40,
-         "success_prob": min(1.0, c["m"] * c["n"] / 40000)}
-        for c in cells
-    ]
-    written = plots.plot_success(summary, tmp_path)
+    assert all(c["lr"] == settings["lr"] for c in cells)
+    assert len({runner.cell_id(preset, c) for c in cells}) == len(cells)
+    summary = []
+    for c in cells:
+        p = min(1.0, c["m"] * c["n"] / 40000)
+        low, high = stats.wilson_interval(round(p * 40), 40)
+        summary.append({**{key: c[key] for key in ifca_synthetic.SWEEP_KEYS}, "seeds": 40,
+                        "success_prob": p, "ci_low": low, "ci_high": high})
+    calls = []
+    real_plot_curves = plots.plot_curves
+
+    def spy(rows, path, **kw):
+        calls.append((path.name, kw))
+        return real_plot_curves(rows, path, **kw)
+
+    monkeypatch.setattr(plots, "plot_curves", spy)
+    written = ifca_synthetic.SUCCESS.plot_sweep(summary, tmp_path)
     assert sorted(p.name for p in written) == ["success_vs_R.png", "success_vs_m.png"]
+    kwargs = dict(calls)
+    assert kwargs["success_vs_R.png"]["log_x"] is True  # R on a log axis
+    assert kwargs["success_vs_m.png"]["log_x"] is False
+    for kw in kwargs.values():
+        assert kw["ci"] == ("ci_low", "ci_high")  # 95 % intervals drawn
+    assert (tmp_path / "success_vs_R.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "success_vs_m.png").read_bytes()[:4] == b"\x89PNG"
 
 

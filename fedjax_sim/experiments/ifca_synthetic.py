@@ -109,10 +109,10 @@ def plan_memory(s: dict, *, copies: int, per_client_models: bool, option: str) -
     peak = resident + per_client * (chunk or s["m"])
     if peak > 0.8 * machine:
         raise ValueError(
-            f"this run needs about {peak / 2**30:.3g} GiB (m={s['m']}, n={s['n']}, d={s['d']}, "
-            f"{copies} copies: restarts × seeds), more than this machine's "
-            f"{machine / 2**30:.3g} GiB allow; lower m, n, d, restarts or seeds, or set "
-            "memory_budget_gb to process the clients in chunks."
+            f"this run needs about {peak / 2**30:.3g} GiB (m={s['m']}, n={s['n']}, "
+            f"n_test={s.get('n_test', 0)}, d={s['d']}, {copies} copies: restarts × seeds), more "
+            f"than this machine's {machine / 2**30:.3g} GiB allow; lower m, n, n_test, d, "
+            "restarts or seeds, or set memory_budget_gb to process the clients in chunks."
         )
     return chunk
 

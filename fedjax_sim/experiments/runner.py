@@ -116,6 +116,12 @@ def _prepare_out(out_dir: Path, command: str, resume: bool) -> None:
                     f"output directory {out_dir} already holds a run (config.json); choose "
                     "another --out, or --resume it."
                 )
+        own = out_dir / _MARKERS[command]
+        if own.exists() and not resume:
+            raise ValueError(
+                f"output directory {out_dir} already holds a {own.name}; choose another --out, "
+                "or --resume it."
+            )
     # Probe writability without leaving anything behind.
     created = []
     try:
@@ -139,7 +145,7 @@ def _prepare_out(out_dir: Path, command: str, resume: bool) -> None:
                 pass
         raise OutputError(err.errno, f"--out {out_dir}: {err.strerror or err}") from None
     finally:
-        if created and not any(created[0].iterdir()):
+        if created and created[0].is_dir() and not any(created[0].iterdir()):
             for d in created:
                 try:
                     d.rmdir()
@@ -325,6 +331,11 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
     experiment = preset.experiment
     settings = resolve_settings(preset, overrides, SWEEP)
     axes = sweep_axes(preset, settings)
+    if "seeds" in axes:
+        raise ValueError("setting seeds counts the seeds of every cell; it cannot be a sweep axis.")
+    for axis in axes:
+        if len(set(map(str, settings[axis]))) != len(settings[axis]):
+            raise ValueError(f"setting {axis} repeats a value: {settings[axis]!r}.")
     cells = expand_cells(settings, axes)
     for cell in cells:  # every cell is checked before anything is written
         experiment.validate(cell)
