@@ -156,8 +156,12 @@ def with_restarts(algorithm: Algorithm, restarts: int) -> Algorithm:
 def with_seeds(algorithm: Algorithm, seeds: int, *, shared_data: bool = False) -> Algorithm:
     """Runs an algorithm on `seeds` seeds at once (vmap), like `with_restarts`.
 
-    Seed s's keys are fold_in(key, s), so seed s of `with_seeds` equals a
-    plain run with key fold_in(key, s). Each seed has its own data (a data
+    Seed s's keys are fold_in(key, s) in every call: init(key) of seed s is
+    the plain init(fold_in(key, s)) and round(key) of seed s the plain
+    round(fold_in(key, s)). Through `scan_rounds`/`simulate.run` round t of
+    seed s therefore gets fold_in(fold_in(round_key, t), s), not what a
+    plain run with key fold_in(key, s) uses (there the seed is folded in
+    first); to reproduce seed s alone, pass those per-call keys. Each seed has its own data (a data
     seed, a split): the data's leaves carry a leading [seeds] axis, unless
     shared_data=True. Several algorithms run with the same key and data get
     the same data and the same initialisation keys seed by seed, which is what

@@ -86,7 +86,13 @@ def put(cohort: Cohort, per_client, values):
     """per_client with the cohort's slots set to values (a repeated client: the last slot)."""
     if cohort.everyone:
         return values
-    return jax.tree.map(lambda a, v: a.at[cohort.ids].set(v), per_client, values)
+    # Scatters with repeated indices apply in an unspecified order: only a
+    # client's last slot writes.
+    slot = jnp.arange(cohort.size)
+    later = (cohort.ids[None, :] == cohort.ids[:, None]) & (slot[None, :] > slot[:, None])
+    m = jax.tree.leaves(per_client)[0].shape[0]
+    target = jnp.where(jnp.any(later, axis=1), m, cohort.ids)
+    return jax.tree.map(lambda a, v: a.at[target].set(v, mode="drop"), per_client, values)
 
 
 @struct.dataclass
