@@ -170,10 +170,9 @@ def test_cohort_sums_equal_loop_over_slots(kind, garbage_ragged):
     np.testing.assert_array_equal(np.asarray(inputs), np.asarray(per_client_input)[ids])
     want_sums, want_out = loop_over_slots(data, cohort, np.asarray(inputs))
 
-    zero = {name: jnp.zeros(()) for name in want_sums}
     results = {}
     for chunk in (None, 2):
-        sums, out = cohort_sums(noisy_sum_step, data, cohort, zero, inputs=inputs,
+        sums, out = cohort_sums(noisy_sum_step, data, cohort, inputs=inputs,
                                 client_chunk=chunk)
         chex.assert_shape(out["out"], (cohort.size,))
         where = f"{kind}, client_chunk={chunk}"
@@ -196,8 +195,7 @@ def test_cohort_sums_equal_loop_over_slots(kind, garbage_ragged):
 def test_weighted_cohort_repeats_get_different_keys_and_outputs(garbage_ragged):
     data = garbage_ragged
     cohort = weighted_cohort_with_repeat(data)
-    zero = {name: jnp.zeros(()) for name in ("weighted", "weight", "active", "inputs")}
-    _, out = cohort_sums(noisy_sum_step, data, cohort, zero, inputs=jnp.zeros(cohort.size))
+    _, out = cohort_sums(noisy_sum_step, data, cohort, inputs=jnp.zeros(cohort.size))
     ids = np.asarray(cohort.ids)
     n = np.asarray(data.num_examples)
     bits = key_bits(cohort.keys)
@@ -325,8 +323,7 @@ def fedavg_with_server_step(model, *, learning_rate, server_rate, local_steps, c
             total = jax.tree.map(lambda t: jnp.tensordot(w, t, axes=1), trained)
             return (total, jnp.sum(w)), losses[:, 0]
 
-        zero = (optax.tree.zeros_like(state.params), jnp.zeros(()))
-        (total, weight), _ = cohort_sums(client_step, data, members, zero,
+        (total, weight), _ = cohort_sums(client_step, data, members,
                                          client_chunk=client_chunk)
         params = jax.tree.map(lambda t, p: jnp.where(weight > 0, t / jnp.maximum(weight, 1e-30), p),
                               total, state.params)

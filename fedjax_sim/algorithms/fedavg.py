@@ -32,7 +32,9 @@ from fedjax_sim.ops import (
     cohort_sums,
     local_update,
     map_client_chunks,
+    mean_or_keep,
     sample_cohort,
+    weighted_sum,
 )
 
 
@@ -114,14 +116,12 @@ def fedavg(
             trained, _, losses = local_update(model, opt, start, batch.data, batch.keys,
                                               num_steps=local_steps, batch_size=batch_size)
             weights = client_weights(batch.active, batch.data.num_examples, weighting)
-            total = jax.tree.map(lambda t: jnp.tensordot(weights, t, axes=1), trained)
-            return (total, jnp.sum(weights)), (losses[:, 0], batch.active)
+            sums = (weighted_sum(trained, weights), jnp.sum(weights))
+            return sums, (losses[:, 0], batch.active)
 
-        zero = (optax.tree.zeros_like(state.params), jnp.zeros(()))
         (total, weight), (first_losses, active) = cohort_sums(
-            client_step, data, cohort, zero, client_chunk=client_chunk)
-        params = jax.tree.map(lambda t, p: jnp.where(weight > 0, t / jnp.maximum(weight, 1e-30), p),
-                              total, state.params)
+            client_step, data, cohort, client_chunk=client_chunk)
+        params = mean_or_keep(total, weight, state.params)
         metrics = {"train_loss": mean_over(first_losses, active)}
         return FedAvgState(params, state.round + 1), metrics
 

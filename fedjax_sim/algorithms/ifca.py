@@ -44,10 +44,12 @@ from fedjax_sim.ops import (
     divide_segments,
     local_update,
     map_client_chunks,
+    mean_or_keep,
     put,
     sample_cohort,
     segment_totals,
     take,
+    weighted_sum,
 )
 
 OPTIONS = ("gradient", "model")
@@ -126,6 +128,28 @@ def evaluate_clusters(
         return out
 
     return map_client_chunks(evaluate_part, (data, assignment), client_chunk)
+
+
+def _choose(losses, batch):
+    """ĵ_i = argmin_j F_i(θ_j); a frozen client keeps its cluster, an empty one takes no part."""
+    prev, frozen = batch.inputs
+    chosen = jnp.where(frozen, prev, assign_clusters(losses))
+    return jnp.where(batch.active, chosen, prev)
+
+
+def _round_metrics(losses, assignment, active, frozen, state: IFCAState) -> dict:
+    """Mean chosen loss and cluster sizes over the cohort's clients with data; downlink floats."""
+    k = losses.shape[1]
+    d = num_params(jax.tree.map(lambda p: p[0], state.cluster_params))
+    d += num_params(state.shared_params)
+    chosen = jnp.take_along_axis(losses, jnp.maximum(assignment, 0)[:, None], axis=1)[:, 0]
+    return {
+        "train_loss": mean_over(chosen, active),
+        "cluster_sizes": jax.ops.segment_sum(active.astype(jnp.float32),
+                                             jnp.where(active, assignment, k), k),
+        "downlink_floats": jnp.sum(jnp.where(frozen, d, k * d)).astype(jnp.float32),
+        "frozen_clients": jnp.sum(frozen).astype(jnp.int32),
+    }
 
 
 def ifca(
@@ -222,79 +246,62 @@ def ifca(
             round=jnp.zeros((), jnp.int32),
         )
 
+    def gradient_step(state, batch):  # option I: s_i and ∇F_i(θ_ĵi), summed per cluster
+        weights = batch.active.astype(jnp.float32)
+        losses, assignment, grad_sum = cluster_gradient_sums(
+            model, state.cluster_params, batch.data, lambda losses: _choose(losses, batch),
+            weights)
+        return (grad_sum, jnp.sum(weights)), (losses, assignment)
+
+    def gradient_server(state, sums, data):  # θ_j ← θ_j − (γ/m) Σ_i s_ij ∇F_i(θ_j)
+        grad_sum, cohort_clients = sums
+        divisor = jnp.sum(data.active()) if divide_by == "m" else cohort_clients
+        grads = jax.tree.map(lambda g: g / jnp.maximum(divisor, 1), grad_sum)
+        updates, opt_state = opt.update(grads, state.opt_state, state.cluster_params)
+        return optax.apply_updates(state.cluster_params, updates), state.shared_params, opt_state
+
+    def model_step(state, batch):  # option II: θ̃_i = LocalUpdate(θ_ĵi, γ, τ), summed per cluster
+        params, shared = state.cluster_params, state.shared_params
+        losses = cluster_losses(model, params, batch.data, shared=shared)
+        assignment = _choose(losses, batch)
+        start = jax.tree.map(lambda p: p[jnp.maximum(assignment, 0)], params)
+        if weight_sharing:
+            start = combine(model, broadcast_to_clients(shared, assignment.shape[0]), start)
+        trained, _, _ = local_update(model, opt, start, batch.data, batch.keys,
+                                     num_steps=local_steps, batch_size=batch_size)
+        trunks, heads = partition(model, trained) if weight_sharing else ({}, trained)
+        weights = client_weights(batch.active, batch.data.num_examples, weighting)
+        segment = jnp.where(batch.active, assignment, k)  # id k is dropped
+        sums = (segment_totals(heads, segment, k, weights), weighted_sum(trunks, weights),
+                jnp.sum(weights))
+        return sums, (losses, assignment)
+
+    def model_server(state, sums, data):  # θ_j = Σ_i s_ij θ̃_i / Σ_i s_ij; FedAvg on a shared trunk
+        (totals, cluster_weight), trunk_total, weight = sums
+        return (divide_segments(totals, cluster_weight, fallback=state.cluster_params),
+                mean_or_keep(trunk_total, weight, state.shared_params), state.opt_state)
+
+    client_step, server_update = {
+        "gradient": (gradient_step, gradient_server), "model": (model_step, model_server),
+    }[option]
+
     def round_(state: IFCAState, data: FederatedData, key):
         m = data.num_clients
         cohort = sample_cohort(key, m, cohort_size(m, participation))
-        params, shared = state.cluster_params, state.shared_params
         prev, prev_stable = take(cohort, (state.assignment, state.stable))
         frozen = jnp.full((cohort.size,), fixed_assignment)
-        if stable_rounds is not None:
+        if stable_rounds is not None:  # communication reduction
             frozen |= prev_stable >= stable_rounds
-
-        def assign(losses, batch):  # ĵ_i = argmin_j F_i(θ_j), unless frozen or empty
-            prev_c, frozen_c = batch.inputs
-            chosen = jnp.where(frozen_c, prev_c, assign_clusters(losses))
-            return jnp.where(batch.active, chosen, prev_c)
-
-        def gradient_step(batch):  # option I: s_i and ∇F_i(θ_ĵi), summed per cluster
-            weights = batch.active.astype(jnp.float32)
-            losses, assignment, grad_sum = cluster_gradient_sums(
-                model, params, batch.data, lambda losses: assign(losses, batch), weights)
-            return (grad_sum, jnp.sum(weights)), (losses, assignment)
-
-        def model_step(batch):  # option II: θ̃_i = LocalUpdate(θ_ĵi, γ, τ), summed per cluster
-            losses = cluster_losses(model, params, batch.data, shared=shared)
-            assignment = assign(losses, batch)
-            heads = jax.tree.map(lambda p: p[jnp.maximum(assignment, 0)], params)
-            start = heads
-            if weight_sharing:
-                start = combine(model, broadcast_to_clients(shared, assignment.shape[0]), heads)
-            trained, _, _ = local_update(model, opt, start, batch.data, batch.keys,
-                                         num_steps=local_steps, batch_size=batch_size)
-            trunks, heads = partition(model, trained) if weight_sharing else ({}, trained)
-            weights = client_weights(batch.active, batch.data.num_examples, weighting)
-            segment = jnp.where(batch.active, assignment, k)  # id k is dropped
-            totals = segment_totals(heads, segment, k, weights)
-            trunk_total = jax.tree.map(lambda t: jnp.tensordot(weights, t, axes=1), trunks)
-            return (totals, trunk_total, jnp.sum(weights)), (losses, assignment)
-
-        if option == "gradient":
-            zero = (optax.tree.zeros_like(params), jnp.zeros(()))
-            (grad_sum, active), (losses, assignment) = cohort_sums(
-                gradient_step, data, cohort, zero, inputs=(prev, frozen),
-                client_chunk=client_chunk)
-            divisor = jnp.sum(data.active()) if divide_by == "m" else active
-            grads = jax.tree.map(lambda g: g / jnp.maximum(divisor, 1), grad_sum)
-            updates, opt_state = opt.update(grads, state.opt_state, params)
-            new_params, new_shared = optax.apply_updates(params, updates), shared
-        else:
-            zero = ((optax.tree.zeros_like(params), jnp.zeros((k,))),
-                    optax.tree.zeros_like(shared), jnp.zeros(()))
-            ((totals, seg_weight), trunk_total, weight), (losses, assignment) = cohort_sums(
-                model_step, data, cohort, zero, inputs=(prev, frozen),
-                client_chunk=client_chunk)
-            new_params = divide_segments(totals, seg_weight, fallback=params)
-            new_shared = jax.tree.map(
-                lambda t, s: jnp.where(weight > 0, t / jnp.maximum(weight, 1e-30), s),
-                trunk_total, shared)
-            opt_state = state.opt_state
-
+        sums, (losses, assignment) = cohort_sums(
+            lambda batch: client_step(state, batch), data, cohort, inputs=(prev, frozen),
+            client_chunk=client_chunk)
+        params, shared, opt_state = server_update(state, sums, data)
         active = take(cohort, data.active())
-        counts = jax.ops.segment_sum(active.astype(jnp.float32),
-                                     jnp.where(active, assignment, k), k)
-        stable = jnp.where(active & (assignment == prev), prev_stable + 1,
-                           jnp.where(active, 0, prev_stable))
-        d = num_params(jax.tree.map(lambda p: p[0], params)) + num_params(shared)
-        chosen = jnp.take_along_axis(losses, jnp.maximum(assignment, 0)[:, None], axis=1)[:, 0]
-        metrics = {
-            "train_loss": mean_over(chosen, active),
-            "cluster_sizes": counts,
-            "downlink_floats": jnp.sum(jnp.where(frozen, d, k * d)).astype(jnp.float32),
-            "frozen_clients": jnp.sum(frozen).astype(jnp.int32),
-        }
+        stable = jnp.where(active, jnp.where(assignment == prev, prev_stable + 1, 0), prev_stable)
+        metrics = _round_metrics(losses, assignment, active, frozen, state)
         return IFCAState(
-            cluster_params=new_params,
-            shared_params=new_shared,
+            cluster_params=params,
+            shared_params=shared,
             opt_state=opt_state,
             assignment=put(cohort, state.assignment, assignment),
             stable=put(cohort, state.stable, stable),

@@ -69,8 +69,12 @@ class Experiment:
     def defaults(self) -> dict:
         return {s.name: s.default for s in self.settings}
 
-    def validate(self, s: dict) -> None:
-        """Checks across settings (each value is already checked against its Setting)."""
+    def validate(self, s: dict, command: str = "run") -> None:
+        """Checks across settings (each value is already checked against its Setting).
+
+        command: "run", "sweep" (s is one cell) or "compare": which settings
+        are read can depend on it.
+        """
 
     # ---- run
     supports_run = True

@@ -292,9 +292,19 @@ class SyntheticRun(Experiment):
         ("min_dist", "min_dist to θ*"),
     )
 
-    def validate(self, s: dict) -> None:
+    def validate(self, s: dict, command: str = "run") -> None:
         check_mixture_settings(s["k"], s["m"], s["n"], s["d"], s["sigma"], s["R"], s["n_test"])
+        if s["k"] > s["m"]:
+            raise ValueError(f"setting k={s['k']} exceeds m={s['m']}.")
         defaults = self.defaults()
+        if command == "compare":  # every method runs: each setting is read by one of them
+            if s["algorithm"] != defaults["algorithm"]:
+                raise ValueError(
+                    "setting algorithm is not read by compare, which trains "
+                    f"{', '.join(self.methods)}; leave it at {defaults['algorithm']!r}.")
+            for name in self.methods:
+                self.client_chunk(s, copies=s["restarts"] * s["seeds"], algorithm=name)
+            return
         for key, readers in _READ_BY.items():
             if s[key] != defaults[key] and s["algorithm"] not in readers:
                 raise ValueError(
@@ -309,8 +319,6 @@ class SyntheticRun(Experiment):
                 )
             if s["option"] == "model" and s["divide_by"] != "m":
                 raise ValueError("setting divide_by applies to IFCA option gradient only.")
-        if s["k"] > s["m"]:
-            raise ValueError(f"setting k={s['k']} exceeds m={s['m']}.")
         self.client_chunk(s, copies=s["restarts"])
 
     def client_chunk(self, s: dict, copies: int, algorithm: str | None = None):
@@ -367,7 +375,8 @@ class SyntheticRun(Experiment):
             "rounds_run": timing.get("rounds_run"),
             "compile_seconds": timing.get("compile_seconds"),
             "seconds": seconds,
-            "rounds_per_second": timing.get("rounds_run", 0) / seconds if seconds > 0 else None,
+            "rounds_per_second": timing["rounds_run"] / seconds
+            if timing.get("rounds_run") and seconds > 0 else None,
         }
         if "min_dist" in final:
             summary["restarts_final_min_dist"] = np.asarray(final["min_dist"]).tolist()
@@ -407,8 +416,8 @@ class SyntheticRun(Experiment):
         per_seed, histories = {}, {}
         for name in self.methods:
             chunk = self.client_chunk(s, copies=s["restarts"] * seeds, algorithm=name)
-            method_s = {**s, "option": s["option"] if name == "ifca" else "gradient"}
-            algorithm = with_seeds(with_restarts(build_algorithm(name, method_s, chunk),
+            # build_algorithm gives each method only the settings it reads.
+            algorithm = with_seeds(with_restarts(build_algorithm(name, s, chunk),
                                                  s["restarts"]), seeds)
             _, history = _run_tolerant(
                 algorithm, problem, jax.random.fold_in(key, _ROUNDS), s,
@@ -562,7 +571,7 @@ class SuccessSweep(Experiment):
                 minimum=1e-9, result=False),
     )
 
-    def validate(self, s: dict) -> None:
+    def validate(self, s: dict, command: str = "sweep") -> None:
         check_mixture_settings(s["k"], s["m"], s["n"], s["d"], s["sigma"], s["R"])
 
     def trial_columns(self, axes):

@@ -51,7 +51,7 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN) -> dict:
                     f"setting {key} takes one value here (a list makes a sweep axis: use "
                     f"`fedjax-sim sweep`); got {value!r}."
                 )
-        experiment.validate(settings)
+        experiment.validate(settings, command)
     return settings
 
 
@@ -153,7 +153,7 @@ def _prepare_out(out_dir: Path, command: str, resume: bool) -> None:
                     pass
 
 
-def _check_resumable(out_dir: Path, settings: dict, declared) -> dict:
+def _check_resumable(out_dir: Path, settings: dict, declared, command: str) -> dict:
     """The config.json to resume in out_dir; ValueError naming the settings that differ."""
     path = out_dir / "config.json"
     if not path.exists():
@@ -161,6 +161,10 @@ def _check_resumable(out_dir: Path, settings: dict, declared) -> dict:
             f"cannot resume: {out_dir} holds no config.json (no run was started there)."
         )
     config = read_json(path)
+    if config.get("command", command) != command:
+        raise ValueError(
+            f"cannot resume {out_dir} as a {command}: it holds a {config['command']}."
+        )
     saved = config.get("settings", {})
     keys = saved.keys() | settings.keys()
     differ = sorted(k for k in keys if saved.get(k) != settings.get(k)
@@ -262,7 +266,7 @@ def run_preset(name, overrides=None, out_dir=None, progress: bool = True,
     # Every process checks (so all of them stop on a bad --out or --resume)
     # before process 0 rewrites the config.json the others read.
     if resume:
-        previous = _check_resumable(out_dir, settings, preset.experiment.declared)
+        previous = _check_resumable(out_dir, settings, preset.experiment.declared, RUN)
         record["started"] = previous.get("started", record["started"])
         record["resumed"] = [*previous.get("resumed", []), _now()]
     else:
@@ -338,13 +342,13 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
             raise ValueError(f"setting {axis} repeats a value: {settings[axis]!r}.")
     cells = expand_cells(settings, axes)
     for cell in cells:  # every cell is checked before anything is written
-        experiment.validate(cell)
+        experiment.validate(cell, SWEEP)
         cell["cell_id"] = cell_id(preset, cell)
     mesh = choose_mesh(devices)
     out_dir = Path(out_dir) if out_dir else default_out_dir(preset.name)
     primary = parallel.is_primary()
     if resume:
-        _check_resumable(out_dir, settings, experiment.declared)
+        _check_resumable(out_dir, settings, experiment.declared, SWEEP)
     else:
         _prepare_out(out_dir, SWEEP, resume=False)
     if primary:

@@ -1,6 +1,12 @@
 """The vectorized kernels. Each is one jit-compiled function over stacked clients."""
 
-from fedjax_sim.ops.aggregation import divide_segments, segment_average, segment_totals
+from fedjax_sim.ops.aggregation import (
+    divide_segments,
+    mean_or_keep,
+    segment_average,
+    segment_totals,
+    weighted_sum,
+)
 from fedjax_sim.ops.chunking import check_client_chunk, map_client_chunks, scan_client_chunks
 from fedjax_sim.ops.clustering import assign_clusters, cluster_gradient_sums, cluster_losses
 from fedjax_sim.ops.cohort import Cohort, CohortBatch, cohort_sums, put, sample_cohort, take
@@ -26,6 +32,7 @@ __all__ = [
     "divide_segments",
     "kmeans",
     "local_update",
+    "mean_or_keep",
     "map_client_chunks",
     "mixup",
     "mixup_client",
@@ -36,4 +43,5 @@ __all__ = [
     "scan_client_chunks",
     "segment_average",
     "segment_totals",
+    "weighted_sum",
 ]

@@ -94,3 +94,15 @@ def divide_segments(totals, seg_weight: jax.Array, fallback, denom: jax.Array | 
         return jnp.where(nonempty.reshape(shape), mean, fb)
 
     return jax.tree.map(divide, totals, fallback)
+
+
+def weighted_sum(values, weights: jax.Array):
+    """Σ_i w_i values[i] over the leading (client) axis of every leaf."""
+    return jax.tree.map(lambda v: jnp.tensordot(weights.astype(v.dtype), v, axes=1), values)
+
+
+def mean_or_keep(total, weight: jax.Array, fallback):
+    """total / weight, or `fallback` where the (scalar) weight is 0: a model nobody trained."""
+    return jax.tree.map(
+        lambda t, f: jnp.where(weight > 0, t / jnp.maximum(weight, 1e-30).astype(t.dtype), f),
+        total, fallback)

@@ -113,17 +113,16 @@ class CohortBatch:
     active: jax.Array
 
 
-def cohort_sums(client_step, data: FederatedData, cohort: Cohort, zero, *, inputs=(),
+def cohort_sums(client_step, data: FederatedData, cohort: Cohort, *, inputs=(),
                 client_chunk: int | None = None):
     """Runs `client_step` over the cohort and adds up what it returns.
 
     Args:
-      client_step: CohortBatch -> (sums, outputs): `sums` has zero's structure
-        and adds over clients (per-cluster totals, weights); `outputs` is a
-        pytree of per-slot values (leaves [c, ...]).
+      client_step: CohortBatch -> (sums, outputs): `sums` adds over clients
+        (per-cluster totals, weights) and has the same shapes for any number
+        of clients; `outputs` is a pytree of per-slot values (leaves [c, ...]).
       data: all m clients.
       cohort: from `sample_cohort`.
-      zero: the additive identity of `sums`.
       inputs: per-slot values for the step (leaves [s, ...]), e.g.
         `take(cohort, state.assignment)`.
       client_chunk: None: the whole cohort at once; else at most this many
@@ -133,9 +132,13 @@ def cohort_sums(client_step, data: FederatedData, cohort: Cohort, zero, *, input
     Returns:
       (sums, outputs with leaves [s, ...]).
     """
-    if client_chunk is None:
+
+    def whole_cohort():
         members = take(cohort, data)
         return client_step(CohortBatch(members, cohort.keys, inputs, members.active()))
+
+    if client_chunk is None:
+        return whole_cohort()
 
     def add_chunk(acc, part, valid):
         data_c, ids_c, keys_c, inputs_c = part
@@ -145,6 +148,8 @@ def cohort_sums(client_step, data: FederatedData, cohort: Cohort, zero, *, input
         sums, out = client_step(batch)
         return optax.tree.add(acc, sums), out
 
+    # The sums' shapes do not depend on how many clients a step sees.
+    zero = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(whole_cohort)[0])
     # With everyone taking part the chunks slice `data` itself, so on a device
     # mesh each chunk reads its rows where they live.
     slots = (data if cohort.everyone else None, cohort.ids, cohort.keys, inputs)
