@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,7 @@ import pytest
 
 from fedjax_sim import experiments, ifca, linear_mixture, linear_regression, plots, stats
 from fedjax_sim.experiments import ifca_synthetic, runner
+from fedjax_sim.io import read_csv
 from fedjax_sim.metrics import min_dist
 
 
@@ -188,3 +190,24 @@ def test_official_grids_are_the_papers():
                  "ifca-success-m-n-k2", "ifca-success-m-n-k4"):
         grid = p[name].defaults
         assert (grid["rounds"], grid["restarts"], grid["seeds"]) == (300, 10, 40)
+
+
+def test_traced_axes_are_one_compiled_program_equal_to_separate_runs(tmp_path):
+    """A sweep over lr (traced) is one vmapped compile; each trial equals `run` with its seed."""
+    before = ifca_synthetic._final_runs._cache_size()
+    out = experiments.sweep_preset(
+        "ifca-synthetic-tiny", {"lr": "0.05,0.1", "seeds": "2", "rounds": "20"},
+        out_dir=tmp_path / "sweep", progress=False)
+    assert ifca_synthetic._final_runs._cache_size() == before + 1  # both cells, both seeds
+    trials = {(float(r["lr"]), int(r["data_seed"])): r for r in read_csv(out / "trials.csv")}
+    assert len(trials) == 4
+    for lr, seed in ((0.05, 1), (0.1, 0)):
+        run_dir = experiments.run_preset(
+            "ifca-synthetic-tiny", {"lr": str(lr), "seed": str(seed), "rounds": "20",
+                                    "eval_every": "20"},
+            out_dir=tmp_path / f"run-{lr}-{seed}", progress=False)
+        final = json.loads((run_dir / "summary.json").read_text())["final"]
+        row = trials[(lr, seed)]
+        for metric in ("train_loss", "test_loss", "cluster_accuracy", "min_dist"):
+            np.testing.assert_allclose(float(row[metric]), final[metric], rtol=1e-5, atol=1e-7)
+        assert row["diverged"] == "0"

@@ -103,6 +103,15 @@ class Experiment:
         """One trials.csv row per seed of a cell."""
         raise NotImplementedError
 
+    #: cells that differ only in traced settings go to `group_trials` together
+    #: (one compiled, vmapped program); False: one cell at a time.
+    group_cells = False
+
+    def group_trials(self, cells: list[dict], seed_ids: list[int], mesh=None) -> list[dict]:
+        """Rows (each with its cell's "cell_id") of every (cell, seed); default: cell by cell."""
+        return [{"cell_id": cell["cell_id"], **row}
+                for cell in cells for row in self.trials(cell, seed_ids, mesh)]
+
     def seeds_per_chunk(self, cell: dict) -> int:
         return 1
 

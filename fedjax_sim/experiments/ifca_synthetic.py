@@ -20,6 +20,7 @@ counts it as a success through a placeholder; that is a bug).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -47,6 +48,7 @@ from fedjax_sim.models import linear_regression
 _DATA, _INIT, _ROUNDS = 0, 1, 2
 
 ALGORITHM_NAMES = ("ifca", "fedavg", "local", "oneshot")
+TRIAL_METRICS = ("train_loss", "test_loss", "cluster_accuracy", "min_dist")
 CLUSTERING = ("ifca", "oneshot")
 
 
@@ -428,7 +430,7 @@ class SyntheticRun(Experiment):
             per_seed[name] = {
                 metric: np.array([np.asarray(final[metric])[i, b] if b is not None else np.nan
                                   for i, b in enumerate(chosen)])
-                for metric in ("train_loss", "test_loss", "cluster_accuracy", "min_dist")
+                for metric in TRIAL_METRICS
                 if metric in final
             }
             histories[name] = [
@@ -438,27 +440,53 @@ class SyntheticRun(Experiment):
                     for m, v in row.items() if m != "round"}}
                 for row in history
             ]
-        metrics = ["test_loss", "train_loss", "cluster_accuracy", "min_dist"]
+        metrics = ["test_loss", "train_loss", "cluster_accuracy", "min_dist"]  # the table's order
         for name in per_seed:  # NaN where a method has no such metric (local: no min_dist)
             for metric in metrics:
                 per_seed[name].setdefault(metric, np.full(seeds, np.nan))
         return Comparison(per_seed, histories, metrics, self.baseline)
 
-    # ---- generic sweep: any setting as an axis, one run per (cell, seed)
+    # ---- generic sweep: any setting as an axis; cells that differ only in traced
+    # settings (lr, σ, R) and their seeds are one vmapped, compiled program
+
+    group_cells = True
 
     def trial_columns(self, axes):
         return [*axes, "cell_id", "data_seed", "train_loss", "test_loss", "cluster_accuracy",
                 "min_dist", "diverged"]
 
     def trials(self, cell, seed_ids, mesh=None):
+        return self.group_trials([cell], seed_ids, mesh)
+
+    def group_trials(self, cells, seed_ids, mesh=None):
+        """trials.csv rows of every (cell, seed); the cells differ only in traced settings.
+
+        Seed i of a cell is the run with seed = cell's seed + i: the same
+        numbers as `fedjax-sim run` with that seed (to float rounding), its
+        lowest-final-training-loss restart among those that stayed finite.
+        All (cell, seed) pairs, restarts included, are one vmap of one
+        compiled program, in chunks that fit the memory budget (default: half
+        the machine).
+        """
+        del mesh  # the pairs axis is small; clients are not sharded here
+        base = cells[0]
+        pairs = [(c, i) for c in cells for i in seed_ids]
+        traced = [name for name, st in self.declared.items() if st.traced]
+        static = tuple(sorted((k, v) for k, v in base.items()
+                              if k in self.declared and k not in traced and k != "seeds"))
+        per_pair = plan_pair_bytes(base)
+        budget = base["memory_budget_gb"] * 2**30 or 0.5 * _machine_bytes()
+        size = int(max(1, min(len(pairs), budget // per_pair)))
         rows = []
-        for seed_id in seed_ids:
-            s = {**cell, "seed": cell["seed"] + seed_id, "checkpoint_every": 0}
-            _, summary = self.run(s, RunContext(mesh=mesh, progress=False))
-            final = summary["final"] or {}
-            rows.append({"data_seed": seed_id, "diverged": int(summary["diverged"]),
-                         **{m: final.get(m, math.nan) for m in
-                            ("train_loss", "test_loss", "cluster_accuracy", "min_dist")}})
+        for start in range(0, len(pairs), size):
+            chunk = pairs[start : start + size]
+            values = [jnp.asarray([c[t] for c, _ in chunk], jnp.float32) for t in traced]
+            seeds = jnp.asarray([c["seed"] + i for c, i in chunk], jnp.uint32)
+            out = jax.tree.map(np.asarray, _final_runs(static, tuple(traced), *values, seeds))
+            for j, (cell, seed_id) in enumerate(chunk):
+                rows.append({"cell_id": cell.get("cell_id"), "data_seed": seed_id,
+                             **_trial_row(base["algorithm"], base["k"],
+                                          jax.tree.map(lambda a, j=j: a[j], out))})
         return rows
 
     def cell_cost(self, cell):
@@ -468,7 +496,7 @@ class SyntheticRun(Experiment):
         summary = []
         for cell, rows in _rows_by_cell(trials, cells):
             out = {**{a: cell[a] for a in axes}, "seeds": len(rows)}
-            for metric in ("train_loss", "test_loss", "cluster_accuracy", "min_dist"):
+            for metric in TRIAL_METRICS:
                 values = np.array([float(r[metric]) if r[metric] != "" else np.nan
                                    for r in rows])
                 finite = values[np.isfinite(values)]
@@ -496,6 +524,74 @@ def _run_tolerant(algorithm, problem, key, s, metrics, ctx, name):
                             description=f"compare {name}", mesh=None, copies_axis=True)
     except simulate.Diverged as err:
         return None, err.history
+
+def plan_pair_bytes(s: dict) -> int:
+    """Bytes one (cell, seed) of a vectorized sweep holds: its data and every restart's round."""
+    shapes = _problem_shapes(s, s["n_test"])
+    model = linear_regression(s["d"])
+    option = s["option"] if s["algorithm"] == "ifca" else "model"
+    data = tree_bytes(shapes.train) + tree_bytes(shapes.test)
+    work = s["restarts"] * s["m"] * estimate_bytes_per_client(
+        model, shapes.train, option=option, num_clusters=s["k"])
+    return data + work
+
+
+@functools.partial(jax.jit, static_argnames=("static", "traced"))
+def _final_runs(static, traced, *args):
+    """Final evaluation of every (cell, seed) pair of a sweep group, as one vmap.
+
+    Args:
+      static: the group's settings that are not traced, as sorted (key, value) pairs.
+      traced: names of the traced settings, in the order of args.
+      args: one [pairs] array per traced setting, then [pairs] uint32 seeds.
+    """
+    s = dict(static)
+    name = s["algorithm"]
+
+    def one(*values):
+        *traced_values, seed = values
+        cell = {**s, **dict(zip(traced, traced_values, strict=True))}
+        key = jax.random.key(seed)
+        problem = make_problem(cell, jax.random.fold_in(key, _DATA))
+        algorithm = with_restarts(build_algorithm(name, cell), s["restarts"])
+        # As simulate.run: the key splits into the init key and the rounds' key.
+        key_init, key_rounds = jax.random.split(jax.random.fold_in(key, _ROUNDS))
+        state = algorithm.init(key_init, problem.train)
+        state, _ = simulate.scan_rounds(algorithm, state, problem.train, key_rounds, 0,
+                                        s["rounds"])
+        train = algorithm.evaluate(state, problem.train)
+        test = algorithm.evaluate(state, problem.test)
+        out = {"train": (train["client_loss"], train["client_weight"]),
+               "test": (test["client_loss"], test["client_weight"]),
+               "assignment": train["assignment"], "truth": problem.train.cluster}
+        models = _cluster_models(name, state)
+        if models is not None:
+            out["min_dist"] = jax.vmap(min_dist, in_axes=(0, None))(models, problem.theta_star)
+        return out
+
+    return jax.vmap(one)(*args)
+
+
+def _weighted_mean(pair):
+    loss, weight = (np.asarray(a, np.float64) for a in pair)
+    total = weight.sum(-1)
+    return (np.where(weight > 0, loss, 0) * weight).sum(-1) / np.where(total > 0, total, 1)
+
+
+def _trial_row(name: str, k: int, out: dict) -> dict:
+    """One trial's metrics (its best finite restart) from `_final_runs`' per-restart arrays."""
+    final = {"train_loss": _weighted_mean(out["train"]), "test_loss": _weighted_mean(out["test"])}
+    if "min_dist" in out:
+        final["min_dist"] = out["min_dist"].astype(np.float64)
+    if name in CLUSTERING:
+        final["cluster_accuracy"] = np.array([
+            cluster_identity_accuracy(a, out["truth"], k) for a in out["assignment"]])
+    best, _ = _best_restart(final)
+    row = {metric: math.nan for metric in TRIAL_METRICS}
+    if best is not None:
+        row.update({metric: float(values[best]) for metric, values in final.items()})
+    return {**row, "diverged": int(best is None)}
+
 
 
 # ----------------------------------------------------------------------------- success sweeps

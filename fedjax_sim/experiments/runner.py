@@ -44,7 +44,15 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN) -> dict:
     experiment = preset.experiment
     settings = resolve(experiment.declared, preset.defaults, overrides or {},
                        lists=command == SWEEP)
-    if command != SWEEP:
+    if command == SWEEP:
+        axes = sweep_axes(preset, settings)
+        if "seeds" in axes:
+            raise ValueError(
+                "setting seeds counts the seeds of every cell; it cannot be a sweep axis.")
+        for axis in axes:
+            if len(set(map(str, settings[axis]))) != len(settings[axis]):
+                raise ValueError(f"setting {axis} repeats a value: {settings[axis]!r}.")
+    else:
         for key, value in settings.items():
             if isinstance(value, list) and not experiment.declared[key].listable:
                 raise ValueError(
@@ -323,6 +331,18 @@ def cell_id(preset: Preset, cell: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _group_cells(experiment, cells: list[dict]) -> list[list[dict]]:
+    """Cells that differ only in traced settings, together (when the experiment vmaps them)."""
+    if not experiment.group_cells:
+        return [[c] for c in cells]
+    untraced = [k for k, st in experiment.declared.items() if not st.traced]
+    groups: dict[str, list[dict]] = {}
+    for cell in cells:
+        key = json.dumps([cell[k] for k in untraced], default=str)
+        groups.setdefault(key, []).append(cell)
+    return list(groups.values())
+
+
 def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resume: bool = False,
                  devices: int | None = None) -> Path:
     """Runs a sweep: trials.csv (appended per chunk, fsynced), summary.csv, plots.
@@ -335,11 +355,6 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
     experiment = preset.experiment
     settings = resolve_settings(preset, overrides, SWEEP)
     axes = sweep_axes(preset, settings)
-    if "seeds" in axes:
-        raise ValueError("setting seeds counts the seeds of every cell; it cannot be a sweep axis.")
-    for axis in axes:
-        if len(set(map(str, settings[axis]))) != len(settings[axis]):
-            raise ValueError(f"setting {axis} repeats a value: {settings[axis]!r}.")
     cells = expand_cells(settings, axes)
     for cell in cells:  # every cell is checked before anything is written
         experiment.validate(cell, SWEEP)
@@ -364,24 +379,30 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
     existing = read_csv(trials_path)
     done = {(r["cell_id"], int(r["data_seed"])) for r in existing}
     kept: list[dict] = []
-    todo = [(c, [s for s in range(c["seeds"]) if (c["cell_id"], s) not in done]) for c in cells]
-    total_cost = sum(experiment.cell_cost(c) * len(seeds) for c, seeds in todo)
-    with Progress(sum(c["seeds"] for c in cells), initial=len(done & {
-            (c["cell_id"], s) for c in cells for s in range(c["seeds"])}),
-            description=preset.name, unit="seed", enabled=progress and primary,
-            total_cost=total_cost) as bar:
-        for cell, seeds in todo:
-            size = experiment.seeds_per_chunk(cell)
+    groups = _group_cells(experiment, cells)
+    todo = [(group, sorted({s for c in group for s in range(c["seeds"])
+                            if (c["cell_id"], s) not in done})) for group in groups]
+    wanted = {(c["cell_id"], s) for c in cells for s in range(c["seeds"])}
+    total_cost = sum(experiment.cell_cost(c) for c in cells for s in range(c["seeds"])
+                     if (c["cell_id"], s) not in done)
+    with Progress(len(wanted), initial=len(done & wanted), description=preset.name,
+                  unit="seed", enabled=progress and primary, total_cost=total_cost) as bar:
+        for group, seeds in todo:
+            size = experiment.seeds_per_chunk(group[0])
+            by_id = {c["cell_id"]: c for c in group}
             for start in range(0, len(seeds), size):
                 chunk = seeds[start : start + size]
-                rows = [{**{a: cell[a] for a in axes}, "cell_id": cell["cell_id"], **r}
-                        for r in experiment.trials(cell, chunk, mesh)]
+                rows = [{**{a: by_id[r["cell_id"]][a] for a in axes}, **r}
+                        for r in experiment.group_trials(group, chunk, mesh)
+                        if (r["cell_id"], r["data_seed"]) in wanted - done]
                 if primary:
                     append_csv(trials_path, rows, columns)
                 else:
                     kept.extend(rows)
-                bar.advance(len(chunk), cost=experiment.cell_cost(cell) * len(chunk),
-                            postfix={a: cell[a] for a in axes})
+                bar.advance(len(rows), cost=sum(experiment.cell_cost(by_id[r["cell_id"]])
+                                                for r in rows),
+                            postfix={a: group[0][a] for a in axes
+                                     if len({c[a] for c in group}) == 1})
     trials = read_csv(trials_path) if primary else existing + kept
     summary = experiment.summarize_cells(trials, cells, axes)
     if primary:
