@@ -105,7 +105,9 @@ def num_params(params) -> int:
 def mean_over(values, weights):
     """Σ_i w_i values_i / Σ_i w_i over [s]; 0 when every weight is 0."""
     w = weights.astype(values.dtype)
-    return jnp.sum(jnp.where(w > 0, values, 0.0) * w) / jnp.maximum(jnp.sum(w), 1e-30)
+    # One reduction for both sums: on CPU each [s] reduction is a chain of kernels.
+    total, weight = jnp.sum(jnp.stack([jnp.where(w > 0, values, 0.0) * w, w]), axis=1)
+    return total / jnp.maximum(weight, 1e-30)
 
 
 def client_weights(batch_active, num_examples, weighting: str):

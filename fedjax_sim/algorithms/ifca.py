@@ -247,15 +247,20 @@ def ifca(
         )
 
     def gradient_step(state, batch):  # option I: s_i and ∇F_i(θ_ĵi), summed per cluster
-        weights = batch.active.astype(jnp.float32)
+        # A client without data has a zero gradient and no cluster: only chunk
+        # padding needs weight 0 (without chunks the weights fold to a constant).
         losses, assignment, grad_sum = cluster_gradient_sums(
             model, state.cluster_params, batch.data, lambda losses: _choose(losses, batch),
-            weights)
-        return (grad_sum, jnp.sum(weights)), (losses, assignment)
+            batch.real.astype(jnp.float32))
+        return grad_sum, (losses, assignment)
 
-    def gradient_server(state, sums, data):  # θ_j ← θ_j − (γ/m) Σ_i s_ij ∇F_i(θ_j)
-        grad_sum, cohort_clients = sums
-        divisor = jnp.sum(data.active()) if divide_by == "m" else cohort_clients
+    def gradient_server(state, grad_sum, data, cohort, cluster_sizes):
+        # θ_j ← θ_j − (γ/m) Σ_i s_ij ∇F_i(θ_j); m and the cohort count clients holding data.
+        cohort_clients = jnp.sum(cluster_sizes)
+        if divide_by == "cohort" or cohort.everyone:
+            divisor = cohort_clients
+        else:
+            divisor = jnp.sum(data.active())
         grads = jax.tree.map(lambda g: g / jnp.maximum(divisor, 1), grad_sum)
         updates, opt_state = opt.update(grads, state.opt_state, state.cluster_params)
         return optax.apply_updates(state.cluster_params, updates), state.shared_params, opt_state
@@ -276,7 +281,8 @@ def ifca(
                 jnp.sum(weights))
         return sums, (losses, assignment)
 
-    def model_server(state, sums, data):  # θ_j = Σ_i s_ij θ̃_i / Σ_i s_ij; FedAvg on a shared trunk
+    def model_server(state, sums, data, cohort, cluster_sizes):
+        # θ_j = Σ_i s_ij θ̃_i / Σ_i s_ij (an empty cluster keeps θ_j); FedAvg on a shared trunk.
         (totals, cluster_weight), trunk_total, weight = sums
         return (divide_segments(totals, cluster_weight, fallback=state.cluster_params),
                 mean_or_keep(trunk_total, weight, state.shared_params), state.opt_state)
@@ -295,10 +301,11 @@ def ifca(
         sums, (losses, assignment) = cohort_sums(
             lambda batch: client_step(state, batch), data, cohort, inputs=(prev, frozen),
             client_chunk=client_chunk)
-        params, shared, opt_state = server_update(state, sums, data)
         active = take(cohort, data.active())
-        stable = jnp.where(active, jnp.where(assignment == prev, prev_stable + 1, 0), prev_stable)
         metrics = _round_metrics(losses, assignment, active, frozen, state)
+        params, shared, opt_state = server_update(state, sums, data, cohort,
+                                                  metrics["cluster_sizes"])
+        stable = jnp.where(active, jnp.where(assignment == prev, prev_stable + 1, 0), prev_stable)
         return IFCAState(
             cluster_params=params,
             shared_params=shared,

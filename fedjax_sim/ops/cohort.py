@@ -105,12 +105,16 @@ class CohortBatch:
       inputs: the per-slot values the round passed (leaves [c, ...]).
       active: [c] bool: a real slot (not chunk padding) whose client holds
         data. An inactive slot must get weight 0 in every sum.
+      real: [c] bool: a real slot, not chunk padding (a constant True
+        without chunks, which XLA folds away). Enough as a weight where a
+        client without data contributes exactly 0 anyway (a masked gradient).
     """
 
     data: FederatedData
     keys: jax.Array
     inputs: Any
     active: jax.Array
+    real: jax.Array
 
 
 def cohort_sums(client_step, data: FederatedData, cohort: Cohort, *, inputs=(),
@@ -135,7 +139,8 @@ def cohort_sums(client_step, data: FederatedData, cohort: Cohort, *, inputs=(),
 
     def whole_cohort():
         members = take(cohort, data)
-        return client_step(CohortBatch(members, cohort.keys, inputs, members.active()))
+        return client_step(CohortBatch(members, cohort.keys, inputs, members.active(),
+                                       jnp.ones((cohort.size,), bool)))
 
     if client_chunk is None:
         return whole_cohort()
@@ -144,7 +149,7 @@ def cohort_sums(client_step, data: FederatedData, cohort: Cohort, *, inputs=(),
         data_c, ids_c, keys_c, inputs_c = part
         if data_c is None:  # a sampled cohort gathers its rows by id
             data_c = data.take(ids_c)
-        batch = CohortBatch(data_c, keys_c, inputs_c, valid & data_c.active())
+        batch = CohortBatch(data_c, keys_c, inputs_c, valid & data_c.active(), valid)
         sums, out = client_step(batch)
         return optax.tree.add(acc, sums), out
 
