@@ -93,16 +93,16 @@ def default_out_dir(name: str) -> Path:
     return Path("runs") / f"{name}-{stamp}"
 
 
-def _prepare_out(out_dir: Path, command: str, resume: bool) -> None:
+def _prepare_out(out_dir: Path, command: str) -> None:
     """Refuses an --out that is another command's output, already used, or unwritable.
 
-    Nothing is written when it refuses. Raises ValueError (exit 2) for a
+    Nothing is written when it refuses (nor when it accepts: the write probe
+    and any directory it made are removed). Raises ValueError (exit 2) for a
     directory of the wrong kind or already used, OutputError (exit 4) for an
     OS reason.
     """
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputError(errno.ENOTDIR, f"--out {out_dir} is not a directory")
-    config_path = out_dir / "config.json"
     if out_dir.is_dir():
         for other, marker in _MARKERS.items():
             if other != command and (out_dir / marker).exists():
@@ -110,6 +110,7 @@ def _prepare_out(out_dir: Path, command: str, resume: bool) -> None:
                     f"--out {out_dir} holds a {other} ({marker}); a {command} there would "
                     f"overwrite its config.json. Choose another --out."
                 )
+        config_path = out_dir / "config.json"
         if config_path.exists():
             try:
                 previous = read_json(config_path).get("command")
@@ -119,24 +120,22 @@ def _prepare_out(out_dir: Path, command: str, resume: bool) -> None:
                 raise ValueError(
                     f"--out {out_dir} holds a {previous}; choose another --out for this {command}."
                 )
-            if not resume:
-                raise ValueError(
-                    f"output directory {out_dir} already holds a run (config.json); choose "
-                    "another --out, or --resume it."
-                )
+            raise ValueError(
+                f"output directory {out_dir} already holds a run (config.json); choose "
+                "another --out, or --resume it."
+            )
         own = out_dir / _MARKERS[command]
-        if own.exists() and not resume:
+        if own.exists():
             raise ValueError(
                 f"output directory {out_dir} already holds a {own.name}; choose another --out, "
                 "or --resume it."
             )
-    # Probe writability without leaving anything behind.
-    created = []
+    created = []  # the directories the probe makes, deepest first
+    parent = out_dir
+    while not parent.exists():
+        created.append(parent)
+        parent = parent.parent
     try:
-        parent = out_dir
-        while not parent.exists():
-            created.append(parent)
-            parent = parent.parent
         for d in reversed(created):
             d.mkdir()
         probe = out_dir / ".fedjax_sim_write_probe"
@@ -146,19 +145,11 @@ def _prepare_out(out_dir: Path, command: str, resume: bool) -> None:
             os.fsync(f.fileno())
         probe.unlink()
     except OSError as err:
-        for d in created:
-            try:
-                d.rmdir()
-            except OSError:
-                pass
         raise OutputError(err.errno, f"--out {out_dir}: {err.strerror or err}") from None
     finally:
-        if created and created[0].is_dir() and not any(created[0].iterdir()):
-            for d in created:
-                try:
-                    d.rmdir()
-                except OSError:
-                    pass
+        for d in created:
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
 
 
 def _check_resumable(out_dir: Path, settings: dict, declared, command: str) -> dict:
@@ -278,7 +269,7 @@ def run_preset(name, overrides=None, out_dir=None, progress: bool = True,
         record["started"] = previous.get("started", record["started"])
         record["resumed"] = [*previous.get("resumed", []), _now()]
     else:
-        _prepare_out(out_dir, RUN, resume=False)
+        _prepare_out(out_dir, RUN)
     parallel.sync_processes("fedjax_sim: run directory checked")
     on_rows, close = (_rows_writer(out_dir, tensorboard) if primary
                       else (lambda rows: None, lambda: None))
@@ -365,7 +356,7 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
     if resume:
         _check_resumable(out_dir, settings, experiment.declared, SWEEP)
     else:
-        _prepare_out(out_dir, SWEEP, resume=False)
+        _prepare_out(out_dir, SWEEP)
     if primary:
         record = _config(preset, SWEEP, settings, mesh)
         record["axes"] = axes
@@ -427,7 +418,7 @@ def compare_preset(name, overrides=None, out_dir=None, progress: bool = True) ->
     experiment = preset.experiment
     settings = resolve_settings(preset, overrides, COMPARE)
     out_dir = Path(out_dir) if out_dir else default_out_dir(f"{preset.name}-compare")
-    _prepare_out(out_dir, COMPARE, resume=False)
+    _prepare_out(out_dir, COMPARE)
     write_json(out_dir / "config.json", {
         **_config(preset, COMPARE, settings), "methods": list(experiment.methods),
         "baseline": experiment.baseline})
