@@ -29,7 +29,6 @@ from fedjax_sim.algorithms.base import (
     client_optimizer,
     client_weights,
     cohort_size,
-    mean_over,
     num_params,
     per_client_fields,
 )
@@ -143,10 +142,11 @@ def _round_metrics(losses, assignment, active, frozen, state: IFCAState) -> dict
     d = num_params(jax.tree.map(lambda p: p[0], state.cluster_params))
     d += num_params(state.shared_params)
     chosen = jnp.take_along_axis(losses, jnp.maximum(assignment, 0)[:, None], axis=1)[:, 0]
+    # Segment id k drops the clients without data; their count is the mean's divisor.
+    sizes = jax.ops.segment_sum(jnp.ones_like(chosen), jnp.where(active, assignment, k), k)
     return {
-        "train_loss": mean_over(chosen, active),
-        "cluster_sizes": jax.ops.segment_sum(active.astype(jnp.float32),
-                                             jnp.where(active, assignment, k), k),
+        "train_loss": jnp.sum(jnp.where(active, chosen, 0.0)) / jnp.maximum(jnp.sum(sizes), 1.0),
+        "cluster_sizes": sizes,
         "downlink_floats": jnp.sum(jnp.where(frozen, d, k * d)).astype(jnp.float32),
         "frozen_clients": jnp.sum(frozen).astype(jnp.int32),
     }
