@@ -47,6 +47,8 @@ class Comparison:
     histories: dict
     metrics: list
     baseline: str
+    #: caption lines (protocol choices, deviations from the paper, extra counts):
+    #: written under the results table and to notes.json.
     notes: dict = field(default_factory=dict)
 
 
@@ -61,6 +63,8 @@ class Experiment:
     baseline: str | None = None
     #: panels of metrics.png / comparison.png: (metric, label).
     panels: tuple[tuple[str, str], ...] = ()
+    #: metrics of those panels drawn on a log axis.
+    log_metrics: tuple[str, ...] = ()
 
     @property
     def declared(self) -> dict[str, Setting]:
@@ -93,6 +97,9 @@ class Experiment:
     def compare(self, s: dict, ctx: RunContext) -> Comparison:
         raise NotImplementedError(f"{self.name} declares no comparison.")
 
+    def plot_compare(self, comparison: Comparison, out_dir) -> None:
+        """Plots of a finished comparison beyond comparison.png (default: none)."""
+
     # ---- sweep
     supports_sweep = True
 
@@ -124,3 +131,21 @@ class Experiment:
 
     def plot_sweep(self, summary: list[dict], out_dir) -> None:
         """Plots of a finished sweep (default: none)."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    experiment: Experiment
+    description: str
+    overrides: dict = field(default_factory=dict)  # preset defaults over the experiment's
+
+    @property
+    def defaults(self) -> dict:
+        return {**self.experiment.defaults(), **self.overrides}
+
+    @property
+    def commands(self) -> tuple[str, ...]:
+        e = self.experiment
+        return tuple(c for c, ok in (("run", e.supports_run), ("sweep", e.supports_sweep),
+                                     ("compare", e.supports_compare)) if ok)

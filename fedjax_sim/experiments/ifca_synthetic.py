@@ -293,6 +293,7 @@ class SyntheticRun(Experiment):
         ("cluster_accuracy", "cluster-identity accuracy"),
         ("min_dist", "min_dist to θ*"),
     )
+    log_metrics = ("train_loss", "test_loss", "min_dist")
 
     def validate(self, s: dict, command: str = "run") -> None:
         check_mixture_settings(s["k"], s["m"], s["n"], s["d"], s["sigma"], s["R"], s["n_test"])

@@ -2,28 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from fedjax_sim.experiments import ifca_synthetic
-from fedjax_sim.experiments.base import Experiment
+from fedjax_sim.experiments.base import Preset
 
-
-@dataclass(frozen=True)
-class Preset:
-    name: str
-    experiment: Experiment
-    description: str
-    overrides: dict = field(default_factory=dict)  # preset defaults over the experiment's
-
-    @property
-    def defaults(self) -> dict:
-        return {**self.experiment.defaults(), **self.overrides}
-
-    @property
-    def commands(self) -> tuple[str, ...]:
-        e = self.experiment
-        return tuple(c for c, ok in (("run", e.supports_run), ("sweep", e.supports_sweep),
-                                     ("compare", e.supports_compare)) if ok)
+# Experiment modules that declare their own presets (a module-level PRESETS list).
+_EXPERIMENT_MODULES = ()
 
 
 def _success(name, k, m, n, sigma, R, lr, offset, description, d=1000):
@@ -72,6 +55,10 @@ _PRESETS = [
              d=10),
 ]
 
+for _module in _EXPERIMENT_MODULES:
+    _PRESETS += _module.PRESETS
+if len({p.name for p in _PRESETS}) != len(_PRESETS):
+    raise RuntimeError("two presets share a name")
 PRESETS: dict[str, Preset] = {p.name: p for p in _PRESETS}
 
 

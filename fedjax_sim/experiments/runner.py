@@ -428,6 +428,10 @@ def compare_preset(name, overrides=None, out_dir=None, progress: bool = True) ->
     seeds = settings.get("seeds", 1)
     table = stats.results_markdown(rows, comparison.metrics, comparison.baseline, seeds=seeds,
                                    title=f"{preset.name}: final metrics")
+    if comparison.notes:  # the experiment's caption: protocol choices, deviations, extra counts
+        table = table.rstrip("\n") + "\n\n" + "\n".join(
+            f"- {key}: {value}" for key, value in comparison.notes.items()) + "\n"
+        write_json(out_dir / "notes.json", comparison.notes)
     (out_dir / "results.md").write_text(table)
     print(table)
     per_seed = [{"method": m, "seed": i, **{k: float(v[i]) for k, v in values.items()}}
@@ -438,7 +442,8 @@ def compare_preset(name, overrides=None, out_dir=None, progress: bool = True) ->
     write_csv(out_dir / "metrics.csv", history)
     plots.plot_history([], out_dir / "comparison.png", list(experiment.panels),
                        title=f"{preset.name}: mean over {seeds} seeds",
-                       groups=comparison.histories, log_y={"train_loss", "test_loss", "min_dist"})
+                       groups=comparison.histories, log_y=set(experiment.log_metrics))
+    experiment.plot_compare(comparison, out_dir)
     return out_dir
 
 
