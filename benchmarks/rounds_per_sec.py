@@ -498,6 +498,30 @@ def _fmt_table(rows) -> str:
     return "\n".join(lines)
 
 
+# Algorithm suites measured in the same run: benchmarks/<name>.py, each with rows(quick).
+SUITES = ("images", "drfa", "mixed")
+
+
+def bench_suites(names, root: pathlib.Path, quick: bool, log) -> list[dict]:
+    """Rows of each suite (`"kind": "suite:<name>"`); an error row where a suite fails."""
+    import importlib
+
+    out = []
+    for name in names:
+        if not (root / "fedjax_sim").is_dir() or not (pathlib.Path(__file__).parent
+                                                      / f"{name}.py").is_file():
+            continue
+        log(f"\nsuite {name}")
+        try:
+            module = importlib.import_module(name)
+            rows = module.rows(quick)
+        except Exception as err:  # noqa: BLE001 -- one failing suite must not lose the others
+            log(f"suite {name} failed: {type(err).__name__}: {err}")
+            rows = [{"error": f"{type(err).__name__}: {err}"}]
+        out += [{"kind": f"suite:{name}", **row} for row in rows]
+    return out
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="write the JSON results here")
@@ -528,8 +552,18 @@ def main(argv=None) -> list[dict]:
         "--pair", nargs=2, metavar=("OLD_JSON", "NEW_JSON"),
         help="measure nothing: print a Markdown table of two runs (see compare_runs.py)",
     )
+    parser.add_argument(
+        "--suites", default=",".join(SUITES),
+        help="comma list of the algorithm suites measured in the same run, each a sibling "
+        f"module with rows(quick) ({', '.join(SUITES)}; '' for none). Skipped with --checkout "
+        "of a tree that lacks them.",
+    )
     harness.add_checkout_arg(parser)
     args = parser.parse_args(argv)
+    suites = [name for name in args.suites.split(",") if name]
+    unknown = sorted(set(suites) - set(SUITES))
+    if unknown:
+        parser.error(f"--suites: unknown {', '.join(unknown)}; known: {', '.join(SUITES)}")
 
     if args.pair:
         import compare_runs
@@ -591,10 +625,11 @@ def main(argv=None) -> list[dict]:
                 row["sweep_cell"] = sweep
 
     comparison = bench_comparison(root, args.compare_timeout, log) if args.compare else None
+    suite_rows = bench_suites(suites, root, args.quick, log)
 
     harness.finish_meta(meta, started)
     meta["probes"] = probes
-    out_rows = rows + ([comparison] if comparison is not None else [])
+    out_rows = rows + ([comparison] if comparison is not None else []) + suite_rows
     for row in out_rows:
         row["meta"] = meta
 
