@@ -1,0 +1,175 @@
+"""A 2-GT mixed-FL round, vectorized vs a per-client Python loop, and the server branch's share.
+
+The round (`fedjax_sim.algorithms.mixed.mixed_gt2`): S = 100 clients, K = 10 local
+steps at batch 16 on a small MLP (64-32-10), a datacenter of 4096 rows with
+central batch 256 and K central steps. Three arms, timed in interleaved blocks
+(`harness.interleaved_blocks`) after compiling apart:
+
+* `vectorized`: the jitted round (one vmap over the cohort);
+* `loop`: the same round with the clients one at a time: a jitted one-client
+  K-step update called S times from Python, the mean taken on the device, then
+  the jitted server branch (what a simulator without a client axis does);
+* `server`: the server branch alone (ĝ_c, K central steps on
+  w_c g_c + w_f ĝ_f), whose median over the vectorized round's is
+  `server_share`.
+
+FLOP rates are 6·batch·params per step (forward + backward) over
+`matmul_peak()`.
+
+    python benchmarks/mixed.py                 # writes benchmarks/results/mixed.json
+    python benchmarks/mixed.py --quick --out /tmp/mixed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import harness
+
+OUT = Path(__file__).resolve().parent / "results" / "mixed.json"
+
+
+def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int, n_c: int,
+            blocks: int, min_calls: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from fedjax_sim.algorithms.mixed import (
+        client_batch_grad,
+        datacenter_loss,
+        descend,
+        mixed_gt2,
+    )
+    from fedjax_sim.data import FederatedData, ServerData
+    from fedjax_sim.models.zoo import mlp_classifier
+
+    rng = np.random.default_rng(0)
+    x = rng.random((clients, n, 64), np.float32)
+    y = rng.integers(0, 10, (clients, n)).astype(np.int32)
+    data = FederatedData.from_arrays(x, y)
+    server = ServerData({"x": jnp.asarray(rng.random((n_c, 64), np.float32)),
+                         "y": jnp.asarray(rng.integers(0, 10, n_c).astype(np.int32))})
+    model = mlp_classifier((64,), (32,), 10)
+    lr, w_f, w_c = 0.05, 0.5, 0.5
+    algorithm = mixed_gt2(model, learning_rate=lr, local_steps=steps, batch_size=batch,
+                          central_batch_size=central_batch, w_f=w_f, w_c=w_c)
+    inputs = (data, server)
+    state = jax.jit(algorithm.init)(jax.random.key(1), inputs)
+    params = state.params
+    d = sum(int(a.size) for a in jax.tree.leaves(params))
+    opt = optax.sgd(lr)
+    f_c = datacenter_loss(model, central_batch)
+
+    def central_grad(p, k):
+        return jax.value_and_grad(lambda q: f_c(q, server.arrays, k))(p)
+
+    @jax.jit
+    def one_client(p, x_i, y_i, n_i, key, corr):
+        grad = client_batch_grad(model, x_i, y_i, n_i, batch)
+        end, g0, _ = descend(grad, opt, p, jax.random.split(key, steps), scale=w_f,
+                             correction=corr)
+        return optax.tree.sub(end, p), g0
+
+    @jax.jit
+    def server_first(p, key):
+        keys = jax.random.split(key, steps)
+        _, g_c = central_grad(p, keys[0])
+        return optax.tree.scale(w_c, g_c), keys
+
+    @jax.jit
+    def server_branch(p, keys, hat_g_f):
+        end, _, _ = descend(central_grad, opt, p, keys, scale=w_c,
+                            correction=optax.tree.scale(w_f, hat_g_f))
+        return optax.tree.sub(end, p)
+
+    @jax.jit
+    def combine(p, delta_f, delta_c):
+        return optax.apply_updates(p, optax.tree.add(optax.tree.scale(0.5, delta_f),
+                                                     optax.tree.scale(0.5, delta_c)))
+
+    def loop_round(key):
+        corr, keys = server_first(params, key)
+        deltas, grads = [], []
+        for i in range(clients):  # the per-client loop: one dispatch per client
+            delta, g0 = one_client(params, data.x[i], data.y[i], data.num_examples[i],
+                                   jax.random.fold_in(key, i), corr)
+            deltas.append(delta)
+            grads.append(g0)
+        delta_f = jax.tree.map(lambda *a: jnp.mean(jnp.stack(a), 0), *deltas)
+        hat_g_f = jax.tree.map(lambda *a: jnp.mean(jnp.stack(a), 0), *grads)
+        return combine(params, delta_f, server_branch(params, keys, hat_g_f))
+
+    def server_only(key):
+        corr, keys = server_first(params, key)
+        return server_branch(params, keys, corr)
+
+    vectorized = jax.jit(algorithm.round)
+    compile_s = {}
+    t0 = time.perf_counter()
+    vectorized = vectorized.lower(state, inputs, jax.random.key(2)).compile()
+    compile_s["vectorized"] = time.perf_counter() - t0
+    for name, fn in (("loop", loop_round), ("server", server_only)):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(jax.random.key(2)))  # traces and compiles its pieces
+        compile_s[name] = time.perf_counter() - t0
+    key = jax.random.key(3)
+    arms = {
+        "vectorized": harness.Arm(lambda: vectorized(state, inputs, key), min_calls=min_calls),
+        "loop": harness.Arm(lambda: loop_round(key), min_calls=max(1, min_calls // 3)),
+        "server": harness.Arm(lambda: server_only(key), min_calls=min_calls),
+    }
+    times = harness.interleaved_blocks(arms, blocks)
+    median = {name: float(np.median(t)) for name, t in times.items()}
+    flops = 6 * d * (clients * steps * batch + (steps + 1) * central_batch + clients * batch)
+    return {
+        "clients": clients, "local_steps": steps, "batch": batch, "central_batch": central_batch,
+        "params": d, "n": n, "n_c": n_c,
+        "s_vectorized": median["vectorized"], "s_loop": median["loop"],
+        "s_server": median["server"],
+        "speedup": median["loop"] / median["vectorized"],
+        "server_share": median["server"] / median["vectorized"],
+        "calls": {name: len(t) for name, t in times.items()},
+        "compile_s": compile_s,
+        "round_gflop": flops / 1e9,
+        "vectorized_GFLOPs": flops / median["vectorized"] / 1e9,
+    }
+
+
+def rows(quick: bool) -> list[dict]:
+    """The benchmark's rows: one at S = 100, K = 10 (or a tiny one when quick)."""
+    if quick:
+        sizes = dict(clients=8, steps=2, batch=8, central_batch=32, n=16, n_c=256, blocks=1,
+                     min_calls=2)
+    else:
+        sizes = dict(clients=100, steps=10, batch=16, central_batch=256, n=64, n_c=4096,
+                     blocks=5, min_calls=5)
+    return [measure(**sizes)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, a few seconds")
+    parser.add_argument("--out", default=str(OUT), help=f"JSON file (default {OUT})")
+    harness.add_checkout_arg(parser)
+    args = parser.parse_args()
+    root = harness.resolve_checkout(args.checkout)
+    harness.use_checkout(root)
+    started = time.perf_counter()
+    meta = harness.collect_meta(root, quick=args.quick)
+    probes = harness.machine_ceilings(quick=args.quick)
+    results = rows(args.quick)
+    for r in results:
+        r["fraction_of_matmul_peak"] = r["vectorized_GFLOPs"] / probes["matmul_peak_GFLOPs"]
+        print(json.dumps(harness.strict_json(r)), flush=True)
+    harness.write_json(args.out, {"meta": harness.finish_meta({**meta, **probes}, started),
+                                  "rows": results})
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

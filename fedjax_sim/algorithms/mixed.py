@@ -1,0 +1,531 @@
+"""Mixed FL: parallel training and one-/two-way gradient transfer.
+
+Sean Augenstein, Andrew Hard, Lin Ning, Karan Singhal,
+Satyen Kale, Kurt Partridge, Rajiv Mathews. "Mixed Federated Learning: Joint
+Decentralized and Centralized Learning". arXiv:2205.13655.
+
+The mixed objective is f(x) = w_f f_f(x) + w_c f_c(x): f_f the federated loss
+(the cohort's clients), f_c a centralized loss computed on the server, either
+a datacenter dataset (minibatches drawn on the server, `ServerData` arrays
+{"x": [n_c, ...], "y": [n_c, ...]}) or an extra loss term such as a
+regularizer (`central_loss(params, server_arrays, key) -> scalar`). Three
+ways to train it (PAPERS.md §6.2, reconstructed; K = local_steps):
+
+* PT (`mixed_parallel`): clients take K steps on f_i, the server K steps on
+  f_c, both from x^(t); Δ = w_f·mean_i Δ_i + w_c·Δ_c.
+* 1-GT (`mixed_gt1`): the server sends ĝ_c = g_c(x^(t)) with the model;
+  clients take K steps on w_f g_i(y) + w_c ĝ_c (ĝ_c held fixed); Δ = mean_i Δ_i.
+* 2-GT (`mixed_gt2`): as 1-GT on the clients, which also return
+  ĝ_i = g_i(x^(t)) (their first-step gradient); the server takes K steps on
+  w_c g_c(y) + w_f ĝ_f, ĝ_f = mean_i ĝ_i; Δ = α·mean_i Δ_i + (1 − α)·Δ_c.
+
+Then x^(t+1) = ServerOpt(x^(t), −Δ) (SGD at lr 1: x^(t) + Δ).
+
+Choices where the reconstruction is open (settings, documented in the presets'
+notes):
+
+* `combine` (2-GT's α): "half" (α = ½, the text of §6.2) or "mixing"
+  (α = w_f / (w_f + w_c), which makes w_c = 0 reduce to FedAvg).
+* `transfer` (2-GT's ĝ_f): "current" (the central steps run after the
+  clients report and use this round's ĝ_f) or "stale" (they use last round's
+  ĝ_f, zeros in round 0, so the two branches can run concurrently).
+* The central steps use the client optimizer unless `central_optimizer` is
+  given (§6.2: the same η).
+
+Every round logs, at the round-start model x^(t), the sampled dissimilarity
+estimates of §6.4 from ∇̃f_f = the cohort's mean first-step gradient and
+∇̃f_c = a central batch gradient: G̃² = w_f‖∇̃f_f‖² + w_c‖∇̃f_c‖² − ‖∇̃f‖² (B = 1)
+and B̃² = (w_f‖∇̃f_f‖² + w_c‖∇̃f_c‖²)/‖∇̃f‖² (G = 0), and the floats each client
+receives and sends.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_sim.algorithms.base import (
+    Algorithm,
+    check_choice,
+    check_inputs,
+    check_steps,
+    client_optimizer,
+    client_weights,
+    mean_over,
+    num_params,
+)
+from fedjax_sim.algorithms.fedavg import evaluate_shared
+from fedjax_sim.data.federated import FederatedData, ServerData
+from fedjax_sim.models.core import Model
+from fedjax_sim.ops import (
+    check_client_chunk,
+    cohort_sums,
+    mean_or_keep,
+    sample_batch,
+    sample_cohort,
+    take,
+    weighted_sum,
+)
+
+WEIGHTINGS = ("uniform", "examples")
+COMBINES = ("half", "mixing")
+TRANSFERS = ("current", "stale")
+VARIANTS = ("parallel", "gt1", "gt2", "centralized")
+_CENTRAL_STREAM = 0x5E7C
+
+#: central_loss(params, server_arrays, key) -> scalar: an extra loss term on the server.
+CentralLoss = Callable[..., jax.Array]
+
+
+class MixedState(NamedTuple):
+    params: object  # pytree, one model x^(t)
+    server_opt_state: object  # the server optimizer's state (pytree)
+    grad_f: object  # pytree like params: last round's ĝ_f (2-GT "stale" reads it)
+    round: jax.Array  # int32
+
+
+def split_inputs(inputs) -> tuple[FederatedData, ServerData | None]:
+    """(client data, server data or None) of an algorithm's inputs."""
+    if isinstance(inputs, FederatedData):
+        return inputs, None
+    data, server = inputs
+    if not isinstance(data, FederatedData) or not isinstance(server, ServerData):
+        raise ValueError(
+            "mixed FL inputs must be a FederatedData or a (FederatedData, ServerData) pair; "
+            f"got ({type(data).__name__}, {type(server).__name__})."
+        )
+    return data, server
+
+
+def dissimilarity(grad_f, grad_c, w_f, w_c):
+    """Sampled G̃ and B̃ (PAPERS.md §6.4) of a federated and a central gradient.
+
+    Args:
+      grad_f: ∇̃f_f, the cohort-averaged client gradient (pytree).
+      grad_c: ∇̃f_c, a central batch gradient (pytree like grad_f).
+      w_f, w_c: the mixing weights.
+
+    Returns:
+      (G̃, B̃) scalars. G̃² = w_f‖g_f‖² + w_c‖g_c‖² − ‖w_f g_f + w_c g_c‖²,
+      clipped at 0 against rounding; B̃² = (w_f‖g_f‖² + w_c‖g_c‖²)/‖∇̃f‖², 1
+      when both gradients are 0 (finite when only ∇̃f is: its floor is 1e-30).
+      With w_f + w_c = 1, G̃² = w_f w_c ‖g_f − g_c‖² and B̃ >= 1.
+    """
+    sq_f = optax.tree.norm(grad_f, squared=True)
+    sq_c = optax.tree.norm(grad_c, squared=True)
+    mixed = optax.tree.add(optax.tree.scale(w_f, grad_f), optax.tree.scale(w_c, grad_c))
+    sq_mixed = optax.tree.norm(mixed, squared=True)
+    spread = w_f * sq_f + w_c * sq_c
+    g_tilde = jnp.sqrt(jnp.maximum(spread - sq_mixed, 0.0))
+    b_tilde = jnp.where(spread > 0, jnp.sqrt(spread / jnp.maximum(sq_mixed, 1e-30)), 1.0)
+    return g_tilde, b_tilde
+
+
+def descend(batch_grad, optimizer, start, keys, *, scale=1.0, correction=None):
+    """len(keys) optimizer steps on scale·g(y) + correction, from `start`.
+
+    Args:
+      batch_grad: (params, key) -> (loss, gradient) of one stochastic batch.
+      optimizer: optax optimizer (a fresh state).
+      start: params.
+      keys: [K] keys, one per step.
+      scale: the weight of g (w_f on a GT client, w_c on a 2-GT server).
+      correction: None, or a fixed pytree added to every step's direction
+        (the transferred w_c·ĝ_c or w_f·ĝ_f).
+
+    Returns:
+      (params after K steps, g(start) of the first batch, its loss): the first
+      step's raw gradient, without scale or correction, is what 2-GT sends up
+      and what G̃/B̃ read.
+    """
+
+    def step(carry, key):
+        y, opt_state = carry
+        loss, grad = batch_grad(y, key)
+        direction = optax.tree.scale(scale, grad)
+        if correction is not None:
+            direction = optax.tree.add(direction, correction)
+        updates, opt_state = optimizer.update(direction, opt_state, y)
+        return (optax.apply_updates(y, updates), opt_state), (loss, grad)
+
+    # The first step is peeled off so its gradient comes out without a K-long output.
+    carry, (loss0, grad0) = step((start, optimizer.init(start)), keys[0])
+    (end, _), _ = jax.lax.scan(lambda c, k: (step(c, k)[0], None), carry, keys[1:])
+    return end, grad0, loss0
+
+
+def client_batch_grad(model: Model, x, y, num_examples, batch_size: int | None):
+    """(params, key) -> (loss, grad) of one client's masked minibatch loss (full batch if None)."""
+    n_max = y.shape[0]
+
+    def loss_fn(p, key):
+        if batch_size is None:
+            xb, yb = x, y
+            mb = (jnp.arange(n_max) < num_examples).astype(jnp.float32)
+        else:  # the batch key as `ops.client_update` derives it (FedAvg's batches)
+            idx, bmask = sample_batch(jax.random.split(key)[0], num_examples, n_max, batch_size)
+            xb = jax.tree.map(lambda a: a[idx], x)
+            yb, mb = y[idx], bmask.astype(jnp.float32)
+        losses = model.example_loss(model.apply(p, xb), yb)
+        return jnp.sum(mb * losses) / jnp.maximum(jnp.sum(mb), 1.0)
+
+    return jax.value_and_grad(loss_fn)
+
+
+def datacenter_loss(model: Model, batch_size: int | None) -> CentralLoss:
+    """The central loss of a datacenter dataset: the mean loss of a minibatch drawn on the server.
+
+    The server arrays are {"x": [n_c, ...] (any pytree), "y": [n_c, ...]};
+    batch_size None uses every row each step, else a batch without
+    replacement.
+    """
+
+    def loss(params, arrays, key):
+        x, y = arrays["x"], arrays["y"]
+        n_c = y.shape[0]
+        if batch_size is None or batch_size >= n_c:
+            xb, yb = x, y
+        else:
+            idx, _ = sample_batch(key, n_c, n_c, batch_size)
+            xb, yb = jax.tree.map(lambda a: a[idx], x), y[idx]
+        return jnp.mean(model.example_loss(model.apply(params, xb), yb))
+
+    return loss
+
+
+def l2_regularizer(scale: float = 1.0) -> CentralLoss:
+    """A central loss needing no server arrays: scale · ½‖x‖² (an example of an extra term)."""
+
+    def loss(params, arrays, key):
+        del arrays, key
+        return 0.5 * scale * optax.tree.norm(params, squared=True)
+
+    return loss
+
+
+def _check_weight(name: str, value) -> None:
+    if isinstance(value, (int, float, np.number)) and not (
+        math.isfinite(float(value)) and value >= 0
+    ):
+        raise ValueError(f"{name} must be a finite number >= 0; got {value!r}.")
+
+
+def _mixed(
+    variant: str,
+    model: Model,
+    optimizer: optax.GradientTransformation | None,
+    *,
+    learning_rate,
+    server_optimizer,
+    server_learning_rate,
+    central_optimizer,
+    w_f,
+    w_c,
+    local_steps: int,
+    central_steps: int | None,
+    batch_size: int | None,
+    central_batch_size: int | None,
+    clients_per_round: int | None,
+    weighting: str,
+    central_loss: CentralLoss | None,
+    combine: str,
+    transfer: str,
+    client_chunk: int | None,
+) -> Algorithm:
+    check_choice("variant", variant, VARIANTS)
+    check_steps("local_steps", local_steps)
+    central_steps = local_steps if central_steps is None else central_steps
+    check_steps("central_steps", central_steps)
+    for name, value in (("batch_size", batch_size), ("central_batch_size", central_batch_size),
+                        ("clients_per_round", clients_per_round)):
+        if value is not None:
+            check_steps(name, value)
+    _check_weight("w_f", w_f)
+    _check_weight("w_c", w_c)
+    check_choice("weighting", weighting, WEIGHTINGS)
+    check_choice("combine", combine, COMBINES)
+    check_choice("transfer", transfer, TRANSFERS)
+    check_client_chunk(client_chunk)
+    if central_loss is not None and not callable(central_loss):
+        raise ValueError(
+            "central_loss must be None (a datacenter dataset in ServerData) or a callable "
+            f"(params, server_arrays, key) -> scalar; got {central_loss!r}."
+        )
+    opt = client_optimizer(optimizer, learning_rate)
+    central_opt = opt if central_optimizer is None else central_optimizer
+    server_opt = server_optimizer if server_optimizer is not None else optax.sgd(
+        server_learning_rate)
+    f_c = central_loss if central_loss is not None else datacenter_loss(model, central_batch_size)
+
+    def server_arrays(server):
+        if central_loss is None:
+            if server is None or not isinstance(server.arrays, dict) or not {
+                    "x", "y"} <= set(server.arrays):
+                raise ValueError(
+                    "the centralized loss is a datacenter dataset (central_loss=None): give "
+                    "the inputs as (FederatedData, ServerData(arrays={'x': [n_c, ...], "
+                    "'y': [n_c, ...]})), or pass central_loss=(params, arrays, key) -> scalar."
+                )
+            return server.arrays
+        return None if server is None else server.arrays
+
+    def cohort_of(m: int) -> int:
+        s = m if clients_per_round is None else clients_per_round
+        if s > m:
+            raise ValueError(f"clients_per_round={s} exceeds the {m} clients.")
+        return s
+
+    def init(key, inputs) -> MixedState:
+        data, server = split_inputs(inputs)
+        server_arrays(server)
+        cohort_of(data.num_clients)
+        params = model.init(key)
+        check_inputs(model, params, data)
+        return MixedState(params, server_opt.init(params), optax.tree.zeros_like(params),
+                          jnp.zeros((), jnp.int32))
+
+    def central_grad(arrays):
+        return jax.value_and_grad(lambda p, k: f_c(p, arrays, k))
+
+    def round_(state: MixedState, inputs, key):
+        data, server = split_inputs(inputs)
+        arrays = server_arrays(server)
+        x_t = state.params
+        # The cohort and its slots' keys come from the round key exactly as in FedAvg, so
+        # with w_c = 0 the client side is FedAvg's round draw for draw; the server's keys
+        # are a separate stream folded off the same key.
+        cohort = sample_cohort(key, data.num_clients, cohort_of(data.num_clients))
+        central_keys = jax.random.split(jax.random.fold_in(key, _CENTRAL_STREAM), central_steps)
+        g_c = central_grad(arrays)
+
+        if variant == "centralized":
+            return _centralized_round(state, data, g_c, cohort, central_keys)
+
+        if variant in ("gt1", "gt2"):
+            # ĝ_c at the round-start model goes down with it. (2-GT's central scan
+            # starts with the same key at x^(t), so its first gradient is this one.)
+            loss_c, hat_g_c = g_c(x_t, central_keys[0])
+            client_scale, client_corr = w_f, optax.tree.scale(w_c, hat_g_c)
+        else:
+            client_scale, client_corr = 1.0, None
+
+        def client_step(batch):
+            def one(x, y, n, k):
+                grad = client_batch_grad(model, x, y, n, batch_size)
+                end, g0, loss0 = descend(grad, opt, x_t, jax.random.split(k, local_steps),
+                                         scale=client_scale, correction=client_corr)
+                return optax.tree.sub(end, x_t), g0, loss0
+
+            deltas, grads0, losses0 = jax.vmap(one)(batch.data.x, batch.data.y,
+                                                    batch.data.num_examples, batch.keys)
+            weights = client_weights(batch.active, batch.data.num_examples, weighting)
+            sums = (weighted_sum(deltas, weights), weighted_sum(grads0, weights),
+                    jnp.sum(weights))
+            return sums, (losses0, batch.active)
+
+        (delta_total, grad_total, weight), (losses0, active) = cohort_sums(
+            client_step, data, cohort, client_chunk=client_chunk)
+        zeros = optax.tree.zeros_like(x_t)
+        delta_f = mean_or_keep(delta_total, weight, zeros)
+        hat_g_f = mean_or_keep(grad_total, weight, zeros)  # ∇̃f_f at x^(t)
+
+        if variant == "parallel":
+            y_c, hat_g_c, loss_c = descend(lambda p, k: g_c(p, k), central_opt, x_t,
+                                           central_keys)
+            delta = optax.tree.add(optax.tree.scale(w_f, delta_f),
+                                   optax.tree.scale(w_c, optax.tree.sub(y_c, x_t)))
+        elif variant == "gt1":
+            delta = delta_f
+        else:
+            transferred = hat_g_f if transfer == "current" else state.grad_f
+            y_c, _, _ = descend(lambda p, k: g_c(p, k), central_opt, x_t, central_keys,
+                                scale=w_c, correction=optax.tree.scale(w_f, transferred))
+            alpha = 0.5 if combine == "half" else w_f / jnp.maximum(w_f + w_c, 1e-30)
+            delta = optax.tree.add(optax.tree.scale(alpha, delta_f),
+                                   optax.tree.scale(1.0 - alpha, optax.tree.sub(y_c, x_t)))
+
+        updates, server_state = server_opt.update(optax.tree.scale(-1.0, delta),
+                                                  state.server_opt_state, x_t)
+        params = optax.apply_updates(x_t, updates)
+        g_tilde, b_tilde = dissimilarity(hat_g_f, hat_g_c, w_f, w_c)
+        train_loss = mean_over(losses0, active)
+        d = float(num_params(x_t))
+        down = 2 * d if variant in ("gt1", "gt2") else d
+        up = 2 * d if variant == "gt2" else d
+        metrics = {
+            "train_loss": train_loss,
+            "central_loss": loss_c,
+            "mixed_loss": w_f * train_loss + w_c * loss_c,
+            "G_tilde": g_tilde,
+            "B_tilde": b_tilde,
+            "floats_down": jnp.float32(down),
+            "floats_up": jnp.float32(up),
+        }
+        return MixedState(params, server_state, hat_g_f, state.round + 1), metrics
+
+    def _centralized_round(state, data, g_c, cohort, central_keys):
+        """The oracle: K steps of minibatch SGD on the mixed loss with all data on the server.
+
+        Step j draws a fresh cohort's batches (their mean gradient estimates
+        ∇f_f) and a central batch; nothing is communicated.
+        """
+        x_t = state.params
+        s = cohort.size
+
+        def mixed_grad(p, k):
+            k_cohort, k_c = jax.random.split(k)
+            members = sample_cohort(k_cohort, data.num_clients, s)
+            part = take(members, data)
+
+            def one(x, y, n, kk):
+                return client_batch_grad(model, x, y, n, batch_size)(p, kk)
+
+            losses, grads = jax.vmap(one)(part.x, part.y, part.num_examples, members.keys)
+            weights = client_weights(part.active(), part.num_examples, weighting)
+            weight = jnp.sum(weights)
+            grad_f = mean_or_keep(weighted_sum(grads, weights), weight, optax.tree.zeros_like(p))
+            loss_f = mean_over(losses, weights)
+            loss_c, grad_c = g_c(p, k_c)
+            mixed = optax.tree.add(optax.tree.scale(w_f, grad_f), optax.tree.scale(w_c, grad_c))
+            return (loss_f, loss_c, grad_f, grad_c), mixed
+
+        end, _, (loss_f, loss_c, grad_f, grad_c) = descend(mixed_grad, central_opt, x_t,
+                                                            central_keys)
+        updates, server_state = server_opt.update(optax.tree.sub(x_t, end),
+                                                  state.server_opt_state, x_t)
+        params = optax.apply_updates(x_t, updates)
+        g_tilde, b_tilde = dissimilarity(grad_f, grad_c, w_f, w_c)
+        metrics = {
+            "train_loss": loss_f,
+            "central_loss": loss_c,
+            "mixed_loss": w_f * loss_f + w_c * loss_c,
+            "G_tilde": g_tilde,
+            "B_tilde": b_tilde,
+            "floats_down": jnp.float32(0.0),
+            "floats_up": jnp.float32(0.0),
+        }
+        return MixedState(params, server_state, grad_f, state.round + 1), metrics
+
+    def evaluate(state: MixedState, inputs) -> dict:
+        data, _ = split_inputs(inputs)
+        return evaluate_shared(model, state.params, data, client_chunk)
+
+    return Algorithm(init, round_, evaluate)
+
+
+_DOC_ARGS = """
+    Args:
+      model: the shared model.
+      optimizer: client optimizer (default SGD at learning_rate); also the
+        central steps' optimizer unless central_optimizer is given.
+      learning_rate: client lr η when optimizer is None; may be traced.
+      server_optimizer: ServerOpt applied to −Δ (default SGD at
+        server_learning_rate).
+      server_learning_rate: η_s of the default server SGD.
+      central_optimizer: the optimizer of the server's central steps.
+      w_f, w_c: mixing weights of f = w_f f_f + w_c f_c (>= 0; need not sum to 1).
+      local_steps: K, the clients' steps per round.
+      central_steps: the server's steps per round (default K).
+      batch_size: client minibatch size (None: full batch).
+      central_batch_size: datacenter minibatch size (None: all rows).
+      clients_per_round: S, uniformly without replacement (None: all m).
+      weighting: "uniform" or "examples": how clients' deltas and gradients
+        are averaged (f_f's convex combination).
+      central_loss: None: a datacenter dataset in ServerData arrays
+        {"x", "y"}; else (params, server_arrays, key) -> scalar computed on
+        the server (a regularizer; the inputs may then be FederatedData alone).
+      client_chunk: None trains the whole cohort at once; else this many
+        clients at a time.
+"""
+
+
+def mixed_parallel(model: Model, optimizer=None, *, learning_rate=None, server_optimizer=None,
+                   server_learning_rate=1.0, central_optimizer=None, w_f=0.5, w_c=0.5,
+                   local_steps: int = 1, central_steps: int | None = None,
+                   batch_size: int | None = None, central_batch_size: int | None = None,
+                   clients_per_round: int | None = None, weighting: str = "uniform",
+                   central_loss: CentralLoss | None = None,
+                   client_chunk: int | None = None) -> Algorithm:
+    """Mixed FL by parallel training (PT): client and server steps from x^(t), deltas mixed."""
+    return _mixed("parallel", model, optimizer, learning_rate=learning_rate,
+                  server_optimizer=server_optimizer, server_learning_rate=server_learning_rate,
+                  central_optimizer=central_optimizer, w_f=w_f, w_c=w_c, local_steps=local_steps,
+                  central_steps=central_steps, batch_size=batch_size,
+                  central_batch_size=central_batch_size, clients_per_round=clients_per_round,
+                  weighting=weighting, central_loss=central_loss, combine="half",
+                  transfer="current", client_chunk=client_chunk)
+
+
+def mixed_gt1(model: Model, optimizer=None, *, learning_rate=None, server_optimizer=None,
+              server_learning_rate=1.0, w_f=0.5, w_c=0.5, local_steps: int = 1,
+              batch_size: int | None = None, central_batch_size: int | None = None,
+              clients_per_round: int | None = None, weighting: str = "uniform",
+              central_loss: CentralLoss | None = None,
+              client_chunk: int | None = None) -> Algorithm:
+    """Mixed FL by one-way gradient transfer (1-GT): clients step on w_f g_i + w_c ĝ_c."""
+    return _mixed("gt1", model, optimizer, learning_rate=learning_rate,
+                  server_optimizer=server_optimizer, server_learning_rate=server_learning_rate,
+                  central_optimizer=None, w_f=w_f, w_c=w_c, local_steps=local_steps,
+                  central_steps=None, batch_size=batch_size,
+                  central_batch_size=central_batch_size, clients_per_round=clients_per_round,
+                  weighting=weighting, central_loss=central_loss, combine="half",
+                  transfer="current", client_chunk=client_chunk)
+
+
+def mixed_gt2(model: Model, optimizer=None, *, learning_rate=None, server_optimizer=None,
+              server_learning_rate=1.0, central_optimizer=None, w_f=0.5, w_c=0.5,
+              local_steps: int = 1, central_steps: int | None = None,
+              batch_size: int | None = None, central_batch_size: int | None = None,
+              clients_per_round: int | None = None, weighting: str = "uniform",
+              central_loss: CentralLoss | None = None, combine: str = "half",
+              transfer: str = "current", client_chunk: int | None = None) -> Algorithm:
+    """Mixed FL by two-way gradient transfer (2-GT): both sides step on the mixed gradient."""
+    return _mixed("gt2", model, optimizer, learning_rate=learning_rate,
+                  server_optimizer=server_optimizer, server_learning_rate=server_learning_rate,
+                  central_optimizer=central_optimizer, w_f=w_f, w_c=w_c, local_steps=local_steps,
+                  central_steps=central_steps, batch_size=batch_size,
+                  central_batch_size=central_batch_size, clients_per_round=clients_per_round,
+                  weighting=weighting, central_loss=central_loss, combine=combine,
+                  transfer=transfer, client_chunk=client_chunk)
+
+
+def mixed_centralized(model: Model, optimizer=None, *, learning_rate=None,
+                      server_optimizer=None, server_learning_rate=1.0, w_f=0.5, w_c=0.5,
+                      local_steps: int = 1, batch_size: int | None = None,
+                      central_batch_size: int | None = None,
+                      clients_per_round: int | None = None, weighting: str = "uniform",
+                      central_loss: CentralLoss | None = None) -> Algorithm:
+    """The centrally trained oracle: K minibatch-SGD steps per round on the mixed loss, all
+    data pooled on the server (each step a fresh cohort's batches and a central batch)."""
+    return _mixed("centralized", model, optimizer, learning_rate=learning_rate,
+                  server_optimizer=server_optimizer, server_learning_rate=server_learning_rate,
+                  central_optimizer=None, w_f=w_f, w_c=w_c, local_steps=local_steps,
+                  central_steps=None, batch_size=batch_size,
+                  central_batch_size=central_batch_size, clients_per_round=clients_per_round,
+                  weighting=weighting, central_loss=central_loss, combine="half",
+                  transfer="current", client_chunk=None)
+
+
+for _factory in (mixed_parallel, mixed_gt1, mixed_gt2, mixed_centralized):
+    _factory.__doc__ += "\n" + _DOC_ARGS
+
+
+def on_federated_data(algorithm: Algorithm) -> Algorithm:
+    """An algorithm of client data alone (FedAvg: "FL only") run on (FederatedData, ServerData)."""
+
+    def init(key, inputs):
+        return algorithm.init(key, split_inputs(inputs)[0])
+
+    def round_(state, inputs, key):
+        return algorithm.round(state, split_inputs(inputs)[0], key)
+
+    def evaluate(state, inputs):
+        return algorithm.evaluate(state, split_inputs(inputs)[0])
+
+    return Algorithm(init, round_, evaluate, algorithm.client_axes)

@@ -1,0 +1,340 @@
+"""Mixed FL (PT, 1-GT, 2-GT): invariants, a per-client loop reference, G̃/B̃, the synthetic claim."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedjax_sim.algorithms import ALGORITHMS, fedavg
+from fedjax_sim.algorithms.mixed import (
+    dissimilarity,
+    l2_regularizer,
+    mixed_centralized,
+    mixed_gt1,
+    mixed_gt2,
+    mixed_parallel,
+)
+from fedjax_sim.data import FederatedData, ServerData
+from fedjax_sim.experiments.base import RunContext
+from fedjax_sim.experiments.mixed_tasks import MixedSynthetic, binary_auc, rounds_to_target
+from fedjax_sim.models import linear_regression
+from fedjax_sim.ops import sample_cohort
+
+D = 3
+SIZES = (4, 1, 0, 3, 2, 4)  # a one-example client and an empty one
+
+
+def make_inputs(seed=0, sizes=SIZES, n_c=7):
+    rng = np.random.default_rng(seed)
+    theta = rng.normal(size=D)
+    xs, ys = [], []
+    for n in sizes:
+        x = rng.normal(size=(n, D)).astype(np.float32)
+        xs.append(x)
+        ys.append((x @ theta + 0.3 * rng.normal(size=n)).astype(np.float32))
+    data = FederatedData.from_clients(xs, ys)
+    xc = rng.normal(size=(n_c, D)).astype(np.float32)
+    yc = (xc @ (theta + 1.5) + 0.1 * rng.normal(size=n_c)).astype(np.float32)
+    return data, ServerData({"x": jnp.asarray(xc), "y": jnp.asarray(yc)})
+
+
+MODEL = linear_regression(D)
+
+
+def np_grad(theta, x, y):
+    """∇ of mean (xθ − y)² (no ½), float64; 0 for an empty client."""
+    if len(y) == 0:
+        return np.zeros_like(theta), 0.0
+    r = x @ theta - y
+    return 2.0 / len(y) * x.T @ r, float(np.mean(r**2))
+
+
+def client_arrays(data):
+    x, y, n = (np.asarray(a, np.float64) for a in (data.x, data.y, data.num_examples))
+    return [(x[i, : int(n[i])], y[i, : int(n[i])]) for i in range(len(n))]
+
+
+def loop_round(variant, params, grad_f_last, data, server, ids, *, lr, server_lr, w_f, w_c, k,
+               weighting="uniform", combine="half", transfer="current"):
+    """One full-batch round of PT / 1-GT / 2-GT, client by client, in float64 numpy."""
+    clients = client_arrays(data)
+    xc, yc = (np.asarray(server.arrays[a], np.float64) for a in ("x", "y"))
+    x_t = np.asarray(params, np.float64)
+    hat_g_c, loss_c = np_grad(x_t, xc, yc)
+    gt = variant in ("gt1", "gt2")
+    deltas, grads, weights, losses = [], [], [], []
+    for i in ids:
+        xi, yi = clients[i]
+        if len(yi) == 0:
+            continue
+        y = x_t.copy()
+        g0, l0 = np_grad(x_t, xi, yi)
+        for _ in range(k):
+            g, _ = np_grad(y, xi, yi)
+            y = y - lr * ((w_f * g + w_c * hat_g_c) if gt else g)
+        deltas.append(y - x_t)
+        grads.append(g0)
+        losses.append(l0)
+        weights.append(len(yi) if weighting == "examples" else 1.0)
+    w = np.asarray(weights) / np.sum(weights)
+    delta_f = np.tensordot(w, np.asarray(deltas), 1)
+    hat_g_f = np.tensordot(w, np.asarray(grads), 1)
+    if variant == "parallel":
+        y = x_t.copy()
+        for _ in range(k):
+            y = y - lr * np_grad(y, xc, yc)[0]
+        delta = w_f * delta_f + w_c * (y - x_t)
+    elif variant == "gt1":
+        delta = delta_f
+    else:
+        transferred = hat_g_f if transfer == "current" else grad_f_last
+        y = x_t.copy()
+        for _ in range(k):
+            y = y - lr * (w_c * np_grad(y, xc, yc)[0] + w_f * transferred)
+        alpha = 0.5 if combine == "half" else w_f / (w_f + w_c)
+        delta = alpha * delta_f + (1 - alpha) * (y - x_t)
+    spread = w_f * hat_g_f @ hat_g_f + w_c * hat_g_c @ hat_g_c
+    mixed = w_f * hat_g_f + w_c * hat_g_c
+    metrics = {"G_tilde": np.sqrt(max(spread - mixed @ mixed, 0.0)),
+               "B_tilde": np.sqrt(spread / (mixed @ mixed)),
+               "train_loss": np.mean(losses), "central_loss": loss_c}
+    return x_t + server_lr * delta, hat_g_f, metrics
+
+
+FACTORIES = {"parallel": mixed_parallel, "gt1": mixed_gt1, "gt2": mixed_gt2}
+
+CASES = [
+    ("parallel", {}),
+    ("gt1", {"weighting": "examples"}),
+    ("gt2", {}),
+    ("gt2", {"combine": "mixing", "transfer": "stale"}),
+    ("gt2", {"combine": "half", "transfer": "stale", "weighting": "examples"}),
+]
+
+
+@pytest.mark.parametrize(("variant", "options"), CASES)
+def test_rounds_equal_per_client_loop(variant, options):
+    data, server = make_inputs()
+    hyper = dict(lr=0.05, server_lr=0.7, w_f=0.6, w_c=0.4, k=3)
+    alg = FACTORIES[variant](MODEL, learning_rate=hyper["lr"],
+                             server_learning_rate=hyper["server_lr"], w_f=hyper["w_f"],
+                             w_c=hyper["w_c"], local_steps=hyper["k"], clients_per_round=4,
+                             **options)
+    state = alg.init(jax.random.key(0), (data, server))
+    round_ = jax.jit(alg.round)
+    params, grad_f = np.asarray(state.params, np.float64), np.zeros(D)
+    d = float(D)
+    for t in range(3):  # three rounds: 2-GT "stale" reads the previous round's ĝ_f
+        key = jax.random.key(10 + t)
+        ids = np.asarray(sample_cohort(key, data.num_clients, 4).ids)
+        state, metrics = round_(state, (data, server), key)
+        params, grad_f, want = loop_round(variant, params, grad_f, data, server, ids,
+                                          **hyper, **options)
+        np.testing.assert_allclose(np.asarray(state.params), params, rtol=2e-5, atol=2e-5)
+        for name, value in want.items():
+            np.testing.assert_allclose(float(metrics[name]), value, rtol=2e-4, atol=1e-5)
+        assert float(metrics["floats_down"]) == (2 * d if variant != "parallel" else d)
+        assert float(metrics["floats_up"]) == (2 * d if variant == "gt2" else d)
+
+
+def test_no_central_weight_is_fedavg():
+    """w_c = 0 (w_f = 1): every variant is FedAvg, draw for draw (sampled cohort, minibatches).
+
+    2-GT needs combine="mixing" for this (α = w_f/(w_f+w_c) = 1); with the §6.2 text's
+    α = ½ half of the step comes from the server's K steps along ĝ_f (not FedAvg; that
+    combination is checked against the loop reference above)."""
+    data, server = make_inputs(1)
+    common = dict(learning_rate=0.1, local_steps=2, batch_size=2)
+    ref = fedavg(MODEL, participation=4 / 6, **common)
+    ref_round = jax.jit(ref.round)
+    keys = jax.random.split(jax.random.key(3), 2)
+    ref_params = []
+    ref_state = ref.init(jax.random.key(0), data)
+    for key in keys:
+        ref_state, _ = ref_round(ref_state, data, key)
+        ref_params.append(np.asarray(ref_state.params))
+    for variant, options in (("parallel", {}), ("gt1", {}), ("gt2", {"combine": "mixing"})):
+        alg = FACTORIES[variant](MODEL, w_f=1.0, w_c=0.0, clients_per_round=4, **common,
+                                 **options)
+        round_ = jax.jit(alg.round)
+        state = alg.init(jax.random.key(0), (data, server))
+        for key, want in zip(keys, ref_params, strict=True):
+            state, _ = round_(state, (data, server), key)
+            np.testing.assert_allclose(state.params, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("w_f", "w_c"), [(0.5, 0.5), (1.0, 0.25)])
+def test_gt1_one_step_is_sgd_on_the_mixed_loss(w_f, w_c):
+    """K = 1, server SGD at lr 1, every client, full batches: x − η(w_f ∇f_f + w_c ∇f_c)."""
+    data, server = make_inputs(2)
+    lr = 0.07
+    alg = mixed_gt1(MODEL, learning_rate=lr, w_f=w_f, w_c=w_c, local_steps=1)
+    state = alg.init(jax.random.key(0), (data, server))
+    new, _ = jax.jit(alg.round)(state, (data, server), jax.random.key(1))
+    theta = np.asarray(state.params, np.float64)
+    grads = [np_grad(theta, x, y)[0] for x, y in client_arrays(data) if len(y)]
+    g_c = np_grad(theta, *(np.asarray(server.arrays[a], np.float64) for a in ("x", "y")))[0]
+    want = theta - lr * (w_f * np.mean(grads, axis=0) + w_c * g_c)
+    np.testing.assert_allclose(new.params, want, rtol=1e-5, atol=1e-6)
+
+
+def test_regularizer_central_loss_needs_no_server_data():
+    data, _ = make_inputs(3)
+    lr, scale = 0.1, 0.3
+    alg = mixed_gt1(MODEL, learning_rate=lr, local_steps=1, central_loss=l2_regularizer(scale))
+    state = alg.init(jax.random.key(0), data)
+    new, metrics = jax.jit(alg.round)(state, data, jax.random.key(1))
+    theta = np.asarray(state.params, np.float64)
+    grads = [np_grad(theta, x, y)[0] for x, y in client_arrays(data) if len(y)]
+    want = theta - lr * (0.5 * np.mean(grads, axis=0) + 0.5 * scale * theta)
+    np.testing.assert_allclose(new.params, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(metrics["central_loss"]), 0.5 * scale * theta @ theta,
+                               rtol=1e-5)
+
+
+def test_missing_datacenter_is_refused_with_a_clear_message():
+    data, _ = make_inputs()
+    with pytest.raises(ValueError, match="ServerData"):
+        mixed_parallel(MODEL, learning_rate=0.1).init(jax.random.key(0), data)
+    with pytest.raises(ValueError, match="combine"):
+        mixed_gt2(MODEL, learning_rate=0.1, combine="third")
+    with pytest.raises(ValueError, match="clients_per_round"):
+        mixed_gt1(MODEL, learning_rate=0.1, clients_per_round=9).init(
+            jax.random.key(0), make_inputs())
+
+
+def test_client_chunks_equal_the_whole_cohort():
+    data, server = make_inputs(4)
+    kw = dict(learning_rate=0.05, local_steps=2, clients_per_round=5)
+    whole, chunked = mixed_gt2(MODEL, **kw), mixed_gt2(MODEL, client_chunk=2, **kw)
+    state = whole.init(jax.random.key(0), (data, server))
+    a, ma = jax.jit(whole.round)(state, (data, server), jax.random.key(5))
+    b, mb = jax.jit(chunked.round)(state, (data, server), jax.random.key(5))
+    chex.assert_trees_all_close(a.params, b.params, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(ma, mb, rtol=1e-4, atol=1e-6)
+
+
+def test_oracle_step_is_sgd_on_the_mixed_loss():
+    data, server = make_inputs(5)
+    lr = 0.05
+    alg = mixed_centralized(MODEL, learning_rate=lr, local_steps=2)
+    state = alg.init(jax.random.key(0), (data, server))
+    new, _ = jax.jit(alg.round)(state, (data, server), jax.random.key(1))
+    theta = np.asarray(state.params, np.float64)
+    xc, yc = (np.asarray(server.arrays[a], np.float64) for a in ("x", "y"))
+    for _ in range(2):
+        grads = [np_grad(theta, x, y)[0] for x, y in client_arrays(data) if len(y)]
+        theta = theta - lr * (0.5 * np.mean(grads, axis=0) + 0.5 * np_grad(theta, xc, yc)[0])
+    np.testing.assert_allclose(new.params, theta, rtol=1e-5, atol=1e-6)
+
+
+def test_registered():
+    for name in ("mixed_parallel", "mixed_gt1", "mixed_gt2"):
+        assert name in ALGORITHMS
+
+
+VECTORS = st.lists(st.floats(-100, 100, allow_nan=False, width=32), min_size=4, max_size=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(VECTORS, VECTORS, st.floats(0.0, 1.0))
+def test_dissimilarity_identity_and_b_at_least_one(g_f, g_c, w_f):
+    g_f, g_c = np.asarray(g_f, np.float32), np.asarray(g_c, np.float32)
+    w_c = 1.0 - w_f
+    g_tilde, b_tilde = jax.jit(dissimilarity)({"a": g_f[:3], "b": g_f[3:]},
+                                              {"a": g_c[:3], "b": g_c[3:]}, w_f, w_c)
+    want = w_f * w_c * float(np.sum((g_f.astype(np.float64) - g_c) ** 2))
+    scale = 1e-4 * (float(np.sum(g_f.astype(np.float64) ** 2 + g_c.astype(np.float64) ** 2))
+                    + 1e-6)
+    assert abs(float(g_tilde) ** 2 - want) <= scale
+    assert float(b_tilde) >= 1.0 - 1e-4
+    assert np.isfinite(float(b_tilde))
+
+
+def test_dissimilarity_is_zero_for_equal_gradients():
+    g = {"w": jnp.array([1.0, -2.0, 3.0])}
+    g_tilde, b_tilde = dissimilarity(g, g, 0.3, 0.7)
+    assert float(g_tilde) < 1e-3 and abs(float(b_tilde) - 1.0) < 1e-5
+    zero = optax.tree.zeros_like(g)
+    assert float(dissimilarity(zero, zero, 0.5, 0.5)[1]) == 1.0
+
+
+# --------------------------------------------------------------------------- the synthetic preset
+
+
+class _PTAndGT(MixedSynthetic):
+    methods = ("mixed_parallel", "mixed_gt1")
+
+
+def test_synthetic_preset_pt_matches_gt_at_gap_zero_and_lags_at_a_large_gap():
+    experiment = _PTAndGT()
+    small = {**experiment.defaults(), "m": 5, "n_c": 100, "rounds": 40, "eval_every": 40,
+             "seeds": 2}
+    runs = {}
+    for gap in (0.0, 3.0):
+        s = {**small, "gap": gap}
+        experiment.validate(s)
+        runs[gap] = experiment.compare(s, RunContext(progress=False)).per_seed
+    pt0, gt0 = runs[0.0]["mixed_parallel"], runs[0.0]["mixed_gt1"]
+    pt3, gt3 = runs[3.0]["mixed_parallel"], runs[3.0]["mixed_gt1"]
+    # Gap 0: G̃ near 0 (only label noise and sampling separate the two optima), and PT
+    # reaches the target within a few rounds of 1-GT.
+    assert np.all(gt0["G_tilde_median"] < 0.2) and np.all(pt0["G_tilde_median"] < 0.2)
+    assert np.all(np.isfinite(pt0["rounds_to_target"]))
+    assert np.all(np.abs(pt0["rounds_to_target"] - gt0["rounds_to_target"]) <= 3)
+    # Gap 3: G̃ is large; 1-GT still reaches the target, PT stalls at a biased point.
+    assert np.all(gt3["G_tilde_median"] > 10 * gt0["G_tilde_median"])
+    assert np.all(np.isfinite(gt3["rounds_to_target"]))
+    assert np.all(np.isnan(pt3["rounds_to_target"]))
+    assert np.all(pt3["excess_loss"] > 5 * gt3["excess_loss"])
+    assert np.all(pt3["floats_down"] == 10) and np.all(gt3["floats_down"] == 20)
+
+
+def test_binary_auc_and_rounds_to_target_equal_loops():
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 5, 30).astype(np.float32)  # ties on purpose
+    labels = rng.integers(0, 2, 30).astype(np.int32)
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    want = np.mean([1.0 if p > q else 0.5 if p == q else 0.0 for p in pos for q in neg])
+    np.testing.assert_allclose(float(binary_auc(jnp.asarray(scores), jnp.asarray(labels))),
+                               want, rtol=1e-6)
+    values = np.array([[3.0, 5.0], [0.5, 4.0], [0.2, 3.0]])  # [rounds, seeds]
+    got = rounds_to_target(values, 1.0)
+    assert got[0] == 2 and np.isnan(got[1])
+
+
+def test_movielens_client_update_touches_only_its_own_rows():
+    """PT with w_c = 0 and a one-client cohort: the new table differs from the old only on
+    that client's movies (its hinge gradient is exactly zero elsewhere), and the payload
+    of the client's rows matches a hand count."""
+    from fedjax_sim.data.movielens import Ratings, movielens_clients
+    from fedjax_sim.models import recsys
+
+    rng = np.random.default_rng(0)
+    users = np.repeat(np.arange(4), 6).astype(np.int32)
+    items = np.concatenate([rng.choice(12, 6, replace=False) for _ in range(4)]).astype(
+        np.int32)
+    ratings = Ratings(users, items, np.ones(24, np.float32), np.tile(np.arange(6), 4),
+                      4, 12)
+    clients = movielens_clients(ratings, context_len=3)
+    data = FederatedData.from_arrays(clients.x_train, clients.y_train, clients.n_train)
+    model = recsys.dual_encoder(12, 4)
+    alg = mixed_parallel(model, learning_rate=0.5, w_f=1.0, w_c=0.0, local_steps=3,
+                         clients_per_round=1, central_loss=recsys.spreadout_loss())
+    state = alg.init(jax.random.key(0), data)
+    key = jax.random.key(4)
+    (client,) = np.asarray(sample_cohort(key, data.num_clients, 1).ids)
+    new, _ = jax.jit(alg.round)(state, data, key)
+    changed = np.flatnonzero(np.any(np.asarray(new.params["item_table"])
+                                    != np.asarray(state.params["item_table"]), axis=1))
+    own = clients.items[client][clients.items[client] >= 0]
+    assert set(changed) <= set(own) and len(changed) > 0
+    # Hand count: the client's rows × d plus the d×d + d tower, each way.
+    hand = len(own) * 4 + 4 * 4 + 4
+    assert int(recsys.client_floats(clients.num_client_items[client], 4)) == hand
