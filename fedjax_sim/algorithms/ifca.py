@@ -8,7 +8,9 @@ data and picks the one with the lowest loss; the cluster models are then
 updated from the clients that picked them, by gradient averaging (option I) or
 model averaging after τ local steps (option II). With weight sharing (a split
 model), the trunk is shared by every cluster and averaged over every
-participating client, and only the heads are clustered. See PAPERS.md §1.
+participating client, and only the heads are clustered; with a frozen trunk
+(the FEMNIST run: a pretrained trunk in every cluster, only the last layer
+trained) the trunk never changes. See PAPERS.md §1 and §2.5.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from fedjax_sim.ops import (
     take,
     weighted_sum,
 )
+from fedjax_sim.ops.cohort import Cohort
 
 OPTIONS = ("gradient", "model")
 WEIGHTINGS = ("uniform", "examples")
@@ -66,7 +69,12 @@ class IFCAState(NamedTuple):
 
 
 def _check(num_clusters, option, local_steps, batch_size, participation, weighting, divide_by,
-           stable_rounds, weight_sharing, model):
+           stable_rounds, weight_sharing, model, freeze_shared=False, warm_start_rounds=0):
+    if freeze_shared and not weight_sharing:
+        raise ValueError("freeze_shared needs weight_sharing=True (a trunk shared by every "
+                         "cluster to keep frozen).")
+    if not isinstance(warm_start_rounds, int) or warm_start_rounds < 0:
+        raise ValueError(f"warm_start_rounds must be an integer >= 0; got {warm_start_rounds!r}.")
     if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:
         raise ValueError(f"num_clusters (k) must be an integer >= 1; got {num_clusters!r}.")
     check_choice("option", option, OPTIONS)
@@ -169,6 +177,8 @@ def ifca(
     init_params=None,
     fixed_assignment: bool = False,
     client_chunk: int | None = None,
+    freeze_shared: bool = False,
+    warm_start_rounds: int = 0,
 ) -> Algorithm:
     """Builds IFCA.
 
@@ -210,6 +220,15 @@ def ifca(
         clients at a time inside the round (and in evaluate), so peak memory
         is O(client_chunk × model size). Same result up to float summation
         order (see `fedjax_sim.memory` to pick a size).
+      freeze_shared: with weight_sharing, the trunk is never trained (the
+        FEMNIST run of PAPERS.md §2.5: a pretrained trunk, e.g. from
+        `pretrained_trunk`, loaded into every cluster; only the heads train).
+        Each client's features are computed once per round and its local
+        steps train the head alone.
+      warm_start_rounds: the FEMNIST warm start: init splits the clients
+        into k random groups of equal size (client i's group is its
+        assignment) and for this many rounds every client trains the head of
+        its group instead of choosing by loss; 0: no warm start.
 
     A client without data (num_examples 0) takes no part: it is not
     assigned, has no weight in any average and is not counted in cluster
@@ -219,12 +238,14 @@ def ifca(
       Algorithm(init, round, evaluate) with state IFCAState.
     """
     _check(num_clusters, option, local_steps, batch_size, participation, weighting, divide_by,
-           stable_rounds, weight_sharing, model)
+           stable_rounds, weight_sharing, model, freeze_shared, warm_start_rounds)
     check_client_chunk(client_chunk)
     k = num_clusters
     opt = client_optimizer(optimizer, learning_rate)
     local_steps = local_steps or 1
     weighting = weighting or "uniform"
+    # With a frozen trunk the local steps train the head on the trunk's features.
+    head_model = Model(model.init, model.head, model.example_loss, model.correct)
 
     def init(key, data: FederatedData) -> IFCAState:
         if init_params is None:
@@ -237,11 +258,15 @@ def ifca(
             shared, heads = partition(model, params)
             shared = jax.tree.map(lambda p: p[0], shared)
         m = data.num_clients
+        assignment = jnp.full((m,), -1, jnp.int32)
+        if warm_start_rounds:  # k random groups of equal size (sizes differ by at most one)
+            order = jax.random.permutation(jax.random.fold_in(key, k), m)
+            assignment = assignment.at[order].set(jnp.arange(m, dtype=jnp.int32) % k)
         return IFCAState(
             cluster_params=heads,
             shared_params=shared,
             opt_state=opt.init(params) if option == "gradient" else (),
-            assignment=jnp.full((m,), -1, jnp.int32),
+            assignment=assignment,
             stable=jnp.zeros((m,), jnp.int32),
             round=jnp.zeros((), jnp.int32),
         )
@@ -270,11 +295,17 @@ def ifca(
         losses = cluster_losses(model, params, batch.data, shared=shared)
         assignment = _choose(losses, batch)
         start = jax.tree.map(lambda p: p[jnp.maximum(assignment, 0)], params)
-        if weight_sharing:
-            start = combine(model, broadcast_to_clients(shared, assignment.shape[0]), start)
-        trained, _, _ = local_update(model, opt, start, batch.data, batch.keys,
-                                     num_steps=local_steps, batch_size=batch_size)
-        trunks, heads = partition(model, trained) if weight_sharing else ({}, trained)
+        if freeze_shared:  # the trunk's features once, then τ steps on the head alone
+            features = jax.vmap(lambda x: model.features(shared, x))(batch.data.x)
+            heads, _, _ = local_update(head_model, opt, start, batch.data.replace(x=features),
+                                       batch.keys, num_steps=local_steps, batch_size=batch_size)
+            trunks = {}
+        else:
+            if weight_sharing:
+                start = combine(model, broadcast_to_clients(shared, assignment.shape[0]), start)
+            trained, _, _ = local_update(model, opt, start, batch.data, batch.keys,
+                                         num_steps=local_steps, batch_size=batch_size)
+            trunks, heads = partition(model, trained) if weight_sharing else ({}, trained)
         weights = client_weights(batch.active, batch.data.num_examples, weighting)
         segment = jnp.where(batch.active, assignment, k)  # id k is dropped
         sums = (segment_totals(heads, segment, k, weights), weighted_sum(trunks, weights),
@@ -284,8 +315,10 @@ def ifca(
     def model_server(state, sums, data, cohort, cluster_sizes):
         # θ_j = Σ_i s_ij θ̃_i / Σ_i s_ij (an empty cluster keeps θ_j); FedAvg on a shared trunk.
         (totals, cluster_weight), trunk_total, weight = sums
+        shared = (state.shared_params if freeze_shared
+                  else mean_or_keep(trunk_total, weight, state.shared_params))
         return (divide_segments(totals, cluster_weight, fallback=state.cluster_params),
-                mean_or_keep(trunk_total, weight, state.shared_params), state.opt_state)
+                shared, state.opt_state)
 
     client_step, server_update = {
         "gradient": (gradient_step, gradient_server), "model": (model_step, model_server),
@@ -296,6 +329,8 @@ def ifca(
         cohort = sample_cohort(key, m, cohort_size(m, participation))
         prev, prev_stable = take(cohort, (state.assignment, state.stable))
         frozen = jnp.full((cohort.size,), fixed_assignment)
+        if warm_start_rounds:  # a warm-start round trains each group's head
+            frozen |= state.round < warm_start_rounds
         if stable_rounds is not None:  # communication reduction
             frozen |= prev_stable >= stable_rounds
         sums, (losses, assignment) = cohort_sums(
@@ -321,3 +356,61 @@ def ifca(
                                  shared=state.shared_params, assignment=fixed)
 
     return Algorithm(init, round_, evaluate, per_client_fields("assignment", "stable"))
+
+
+def pretrained_trunk(model: Model, trunk_params, num_clusters: int):
+    """init_params for IFCA: `trunk_params` in every cluster, each with its own random head.
+
+    The FEMNIST run's start (PAPERS.md §2.5): the pretrained weights go into
+    every cluster model except the last layer, which cluster j draws from its
+    own key. Use with weight_sharing=True (and freeze_shared=True to train only
+    the heads).
+    """
+    if not model.is_split:
+        raise ValueError("pretrained_trunk needs a split model (models.split_model).")
+
+    def init_params(key):
+        heads = jax.vmap(lambda kk: partition(model, model.init(kk))[1])(
+            jax.random.split(key, num_clusters))
+        trunks = broadcast_to_clients(trunk_params, num_clusters)
+        return combine(model, trunks, heads)
+
+    return init_params
+
+
+def with_balanced_init(algorithm: Algorithm, model: Model, *, num_clusters: int, tries: int,
+                       min_fraction: float, participation: float = 1.0) -> Algorithm:
+    """IFCA's "find a good initializer" rule (official rotated-CIFAR code, PAPERS.md §2.3).
+
+    The official code re-initialises until every cluster model is chosen by at
+    least `min_fraction` of the round's participating clients (35 % for k = 2,
+    10 % for k = 4). Here `tries` inits are drawn at once (vmap) and the first
+    that passes on a cohort drawn from the init key is kept (none passing: the
+    most balanced one) [I: the cohort comes from the init key, not from round
+    0's, so init stays a function of (key, data)].
+    """
+    check_steps("tries", tries)
+    check_fraction("min_fraction", min_fraction)
+    k = num_clusters
+
+    def init(key, data: FederatedData):
+        states = jax.vmap(algorithm.init, in_axes=(0, None))(jax.random.split(key, tries), data)
+        m = data.num_clients
+        cohort: Cohort = sample_cohort(jax.random.fold_in(key, tries), m,
+                                       cohort_size(m, participation))
+        members = take(cohort, data)
+        active = members.active()
+
+        def smallest_share(state):
+            losses = cluster_losses(model, state.cluster_params, members,
+                                    shared=state.shared_params)
+            counts = jax.ops.segment_sum(active.astype(jnp.float32),
+                                         jnp.where(active, assign_clusters(losses), k), k)
+            return jnp.min(counts) / jnp.maximum(jnp.sum(active), 1)
+
+        shares = jax.vmap(smallest_share)(states)
+        ok = shares >= min_fraction
+        choice = jnp.where(jnp.any(ok), jnp.argmax(ok), jnp.argmax(shares))
+        return jax.tree.map(lambda a: a[choice], states)
+
+    return algorithm._replace(init=init)

@@ -197,7 +197,8 @@ def split_model(
 
     def init(key):
         k_trunk, k_head = jax.random.split(key)
-        trunk_params = trunk.init(k_trunk, example_input)["params"]
+        # .get: a parameter-free trunk (flattening, for logistic regression) has no "params".
+        trunk_params = trunk.init(k_trunk, example_input).get("params", {})
         f = jax.eval_shape(features, trunk_params, example_input)
         head_params = head.init(k_head, jnp.zeros(f.shape, f.dtype))["params"]
         return {TRUNK: trunk_params, HEAD: head_params}

