@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from fedjax_sim.algorithms import ALGORITHMS
+from fedjax_sim.data.archives import DataUnavailable
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     except experiments.OutputError as err:
         print(f"fedjax-sim: error: {err.strerror or err}", file=sys.stderr)
         return EXIT_OUTPUT
-    except ValueError as err:
+    except (ValueError, DataUnavailable) as err:  # bad settings, or data not on this machine
         print(f"fedjax-sim: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Diverged as err:  # metrics.csv and summary.json are written by then

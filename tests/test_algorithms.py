@@ -24,6 +24,7 @@ from fedjax_sim.algorithms import (
     with_restarts,
 )
 from fedjax_sim.algorithms.base import client_optimizer
+from fedjax_sim.algorithms.mixed import l2_regularizer
 from fedjax_sim.data import FederatedData, check_mixture_settings, linear_mixture
 from fedjax_sim.models import linear_regression
 
@@ -324,6 +325,8 @@ def _build(name, model):
     factory = ALGORITHMS[name]
     accepted = inspect.signature(factory).parameters
     pool = dict(_POOL, option="model") if name == "ifca" else _POOL  # option I has no τ
+    if name.startswith("mixed_"):  # Mixed FL needs a centralized loss: here a server regularizer
+        pool = dict(pool, central_loss=l2_regularizer(0.1))
     return factory(model, **{k: v for k, v in pool.items() if k in accepted})
 
 

@@ -30,6 +30,15 @@ ALGORITHM_KWARGS = {
     "fedavg": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5}],
     "local": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3}],
     "oneshot": [{"num_clusters": 2, "learning_rate": 0.1, "pretrain_steps": 10}],
+    # Mixed FL: the script adds a server-side regularizer as the centralized loss.
+    "mixed_parallel": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3,
+                        "clients_per_round": 4}],
+    "mixed_gt1": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3}],
+    "mixed_gt2": [{"learning_rate": 0.1, "local_steps": 2, "clients_per_round": 4}],
+    "drfa": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
+              "lambda_lr": 0.05}],
+    "drflm": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
+               "lambda_lr": 0.05}],
 }
 
 SCRIPT = textwrap.dedent(
@@ -39,6 +48,7 @@ SCRIPT = textwrap.dedent(
     from fedjax_sim import ALGORITHMS, simulate
     from federations import eight_clients
     from fedjax_sim.parallel import make_mesh
+    from fedjax_sim.algorithms.mixed import l2_regularizer
 
     cases = json.loads(sys.argv[1])
     data, model = eight_clients()
@@ -48,6 +58,8 @@ SCRIPT = textwrap.dedent(
         for name, index, kwargs in cases:
             if devices == 2 and (name, index) != ("ifca", 0):
                 continue  # 2 devices for one algorithm; 1 vs 4 for all of them
+            if name.startswith("mixed_"):
+                kwargs = {**kwargs, "central_loss": l2_regularizer(0.1)}
             algorithm = ALGORITHMS[name](model, **kwargs)
             state, history = simulate.run(
                 algorithm, data, jax.random.key(7), rounds=5, eval_every=5,
