@@ -1,9 +1,11 @@
 """Algorithms as NamedTuples of pure functions, and their registry."""
 
 from fedjax_sim.algorithms.base import Algorithm, with_restarts, with_seeds
+from fedjax_sim.algorithms.drfa import drfa, drflm
 from fedjax_sim.algorithms.fedavg import FedAvgState, fedavg
 from fedjax_sim.algorithms.ifca import IFCAState, ifca
 from fedjax_sim.algorithms.local import LocalState, local_models
+from fedjax_sim.algorithms.mixed import mixed_gt1, mixed_gt2, mixed_parallel
 from fedjax_sim.algorithms.oneshot import one_shot_clustering
 
 # name -> factory. Every factory takes the model first and its settings as keywords.
@@ -12,6 +14,11 @@ ALGORITHMS = {
     "fedavg": fedavg,
     "local": local_models,
     "oneshot": one_shot_clustering,
+    "mixed_parallel": mixed_parallel,
+    "mixed_gt1": mixed_gt1,
+    "mixed_gt2": mixed_gt2,
+    "drfa": drfa,
+    "drflm": drflm,
 }
 
 

@@ -15,7 +15,9 @@ def mixup_client(key, x, y, num_examples, alpha, beta):
 
     Args:
       key: PRNG key.
-      x: [n, ...] features (or embeddings g(x)).
+      x: [n, ...] features (or embeddings g(x)), or a pytree of such arrays
+        (a graph's node features and adjacency): every leaf is mixed with the
+        same γ and pairing.
       y: [n, ...] targets (float: one-hot labels or regression targets).
       num_examples: number of real rows.
       alpha, beta: Beta parameters (may be traced).
@@ -24,8 +26,8 @@ def mixup_client(key, x, y, num_examples, alpha, beta):
       (x̃, ỹ, γ).
     """
     k_gamma, k_perm = jax.random.split(key)
-    gamma = jax.random.beta(k_gamma, alpha, beta).astype(x.dtype)
-    n = x.shape[0]
+    gamma = jax.random.beta(k_gamma, alpha, beta).astype(jnp.float32)
+    n = y.shape[0]
     rows = jnp.arange(n)
     valid = rows < num_examples
     # A random permutation of the real rows, padding rows mapped to themselves.
@@ -41,7 +43,7 @@ def mixup_client(key, x, y, num_examples, alpha, beta):
             valid.reshape((n,) + (1,) * (a.ndim - 1)), g * a + (1 - g) * a[perm], a
         )
 
-    return mix(x), mix(y), gamma
+    return jax.tree.map(mix, x), mix(y), gamma
 
 
 @jax.jit

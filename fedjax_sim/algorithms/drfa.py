@@ -1,0 +1,336 @@
+"""DRFA and DRFLM: distributionally robust federated averaging, with local mixup.
+
+Yuyang Deng, Mohammad Mahdi Kamani, Mehrdad Mahdavi. "Distributionally Robust
+Federated Averaging". NeurIPS 2020, arXiv:2102.12660.
+
+Jie Wu et al. "Distributionally Robust Federated Learning with Local Mixup"
+(DRFLM), arXiv:2204.07742.
+
+Both solve min_w max_{λ ∈ Δ} Σ_i λ_i f_i(w) (PAPERS.md §3.1, §4.2). One round:
+
+    C_s  ← m clients drawn ∝ λ, with replacement (a client drawn twice trains twice)
+    t'   ← uniform on {1, ..., τ}
+    every j ∈ C_s: τ local SGD steps from w, keeping w_j^(τ) and w_j^(t')
+    w    ← mean_j w_j^(τ);   w̃ ← mean_j w_j^(t')
+    U_s  ← m clients drawn uniformly without replacement
+    v_i  ← (N/m) f_i(w̃; one minibatch) for i ∈ U_s, 0 elsewhere
+    λ    ← Π_Δ(λ + γ τ v)
+
+DRFLM replaces the local step by a mixup step after a feature map g (the
+trunk of a split model; the identity otherwise) and, by default, feeds the
+mixup loss into v.
+
+`official_code=True` reproduces the official FedTorch code
+(`comms/trainings/federated/centered/drfa.py`, PAPERS.md §3.2) instead:
+λ^(0) ∝ sample counts; γ ← 0.9 γ at the start of every round; C_s uniform
+without replacement with the λ-importance-weighted update
+w ← w + Σ_j (λ_j N/m)(w_j − w); a snapshot step per client from {1, ..., τ−1}
+(FedTorch draws it inside its loop over clients); λ floored at 1e-3 by
+clipping and renormalising, every entry (its distributed variant).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_sim.algorithms.base import (
+    Algorithm,
+    broadcast_to_clients,
+    check_choice,
+    check_fraction,
+    check_inputs,
+    check_steps,
+    client_optimizer,
+    cohort_size,
+    mean_over,
+    per_client_fields,
+)
+from fedjax_sim.algorithms.fedavg import evaluate_shared
+from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.models.core import HEAD, TRUNK, Model
+from fedjax_sim.ops import (
+    check_client_chunk,
+    client_update,
+    cohort_sums,
+    mean_or_keep,
+    mixup_client,
+    project_simplex,
+    put,
+    sample_batch,
+    sample_cohort,
+    take,
+    weighted_sum,
+)
+
+LAMBDA_INITS = ("uniform", "examples")
+LAMBDA_LOSSES = ("clean", "mixup")
+OFFICIAL_DECAY = 0.9  # FedTorch: drfa_gamma *= 0.9 at the start of every round
+OFFICIAL_FLOOR = 1e-3  # FedTorch: entries <= 1e-3 set to 1e-3, then renormalised
+
+
+class DRFAState(NamedTuple):
+    params: object  # pytree, the global model w^(s)
+    lam: jax.Array  # [N] float32, λ^(s), on the simplex
+    lam_avg: jax.Array  # [N] float32, λ̂: mean of λ^(0), ..., λ^(s) (the reported weights)
+    lambda_lr: jax.Array  # float32 scalar, γ of the next round (decays with official_code)
+    sampled: jax.Array  # [N] int32, how often each client has been in C_s so far
+    round: jax.Array  # int32
+
+
+def _masked_mean_loss(model: Model, pred, y, mask):
+    return jnp.sum(mask * model.example_loss(pred, y)) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def mixup_batch_loss(model: Model, alpha, beta):
+    """(params, x_b, y_b, mask_b, key) -> the mixup loss of one minibatch (DRFLM's local step).
+
+    γ ~ Beta(α, β) once per minibatch and a random pairing of its real rows
+    (`ops.mixup_client`; standard mixup practice, PAPERS.md §4.2 [I]). On a
+    split model the embeddings h = g(x) are mixed and the head predicts from
+    them, so g is trained through the mixed embeddings (manifold mixup); on a
+    plain model g is the identity and the inputs are mixed. Targets are
+    mixed as floats: regression targets or one-hot / soft labels.
+    """
+
+    def loss(params, xb, yb, mb, key):
+        count = jnp.sum(mb).astype(jnp.int32)  # the real rows of a minibatch come first
+        if model.is_split:
+            h = model.features(params[TRUNK], xb)
+            h_mix, y_mix, _ = mixup_client(key, h, yb, count, alpha, beta)
+            pred = model.head(params[HEAD], h_mix)
+        else:
+            x_mix, y_mix, _ = mixup_client(key, xb, yb, count, alpha, beta)
+            pred = model.apply(params, x_mix)
+        return _masked_mean_loss(model, pred, y_mix, mb)
+
+    return loss
+
+
+def drfa(
+    model: Model,
+    optimizer: optax.GradientTransformation | None = None,
+    *,
+    learning_rate=None,
+    local_steps: int = 1,
+    batch_size: int | None = None,
+    participation: float = 1.0,
+    lambda_lr=0.01,
+    lambda_floor: float | None = None,
+    lambda_init="uniform",
+    official_code: bool = False,
+    client_chunk: int | None = None,
+    mixup: tuple | None = None,
+    lambda_loss: str = "clean",
+) -> Algorithm:
+    """Builds DRFA (PAPERS.md §3.1; `official_code=True`: the FedTorch form, §3.2).
+
+    Args:
+      model: the shared model.
+      optimizer: client optimizer (default SGD at learning_rate; a fresh
+        state on every client every round, as in FedAvg).
+      learning_rate: client lr η when optimizer is None; may be traced.
+      local_steps: τ.
+      batch_size: None for full-batch steps, else the minibatch size; also
+        the size of the one minibatch each client of U_s evaluates w̃ on.
+      participation: m / N, the size of C_s and of U_s.
+      lambda_lr: γ, the λ step size (may be traced). γ = 0 keeps λ = λ^(0):
+        FedAvg with clients sampled by λ^(0).
+      lambda_floor: lower bound on every λ_i after the projection (the exact
+        projection onto the floored simplex); None: 0, or FedTorch's 1e-3 by
+        clip-and-renormalise with official_code.
+      lambda_init: "uniform" (the paper), "examples" (∝ num_examples, the
+        official code), or an explicit [N] array on the simplex.
+      official_code: reproduce the FedTorch deviations (module docstring).
+      client_chunk: None trains the whole cohort at once; else this many
+        slots at a time.
+      mixup: None (DRFA) or (α, β): DRFLM's local mixup step (use `drflm`).
+      lambda_loss: "clean" or "mixup": which loss of w̃ the clients of U_s
+        return for the λ step ("mixup" needs `mixup`).
+    """
+    check_steps("local_steps", local_steps)
+    if batch_size is not None:
+        check_steps("batch_size", batch_size)
+    check_fraction("participation", participation)
+    check_client_chunk(client_chunk)
+    check_choice("lambda_loss", lambda_loss, LAMBDA_LOSSES)
+    if lambda_loss == "mixup" and mixup is None:
+        raise ValueError("lambda_loss='mixup' needs mixup=(alpha, beta) (use drflm).")
+    if official_code and local_steps < 2:
+        raise ValueError(
+            "official_code=True draws the snapshot step from {1, ..., local_steps − 1} (FedTorch); "
+            f"it needs local_steps >= 2; got {local_steps}.")
+    if isinstance(lambda_lr, (int, float, np.number)) and not (
+            np.isfinite(lambda_lr) and lambda_lr >= 0):
+        raise ValueError(f"lambda_lr must be a finite number >= 0; got {lambda_lr!r}.")
+    if lambda_floor is not None and not (0.0 <= float(lambda_floor) < 1.0):
+        raise ValueError(f"lambda_floor must be in [0, 1); got {lambda_floor!r}.")
+    if isinstance(lambda_init, str):
+        check_choice("lambda_init", lambda_init, LAMBDA_INITS)
+    else:
+        lam0 = np.asarray(lambda_init, np.float64)
+        if lam0.ndim != 1 or np.any(lam0 < 0) or not np.isclose(lam0.sum(), 1.0, atol=1e-5):
+            raise ValueError("lambda_init must be 'uniform', 'examples' or a 1-D array of "
+                             f"non-negative weights summing to 1; got {lambda_init!r}.")
+    if official_code:
+        floor = OFFICIAL_FLOOR if lambda_floor is None else float(lambda_floor)
+        floor_method = "clip"
+    else:
+        floor = 0.0 if lambda_floor is None else float(lambda_floor)
+        floor_method = "exact"
+    opt = client_optimizer(optimizer, learning_rate)
+    if mixup is not None:
+        alpha, beta = mixup
+        for name, value in (("alpha", alpha), ("beta", beta)):
+            if isinstance(value, (int, float, np.number)) and not value > 0:
+                raise ValueError(f"mixup {name} must be > 0; got {value!r}.")
+        mixed_loss = mixup_batch_loss(model, alpha, beta)
+    else:
+        mixed_loss = None
+
+    def clean_loss(params, xb, yb, mb, _key):
+        return _masked_mean_loss(model, model.apply(params, xb), yb, mb)
+
+    def init(key, data: FederatedData) -> DRFAState:
+        params = model.init(key)
+        check_inputs(model, params, data)
+        n = data.num_clients
+        if mixup is not None and not jnp.issubdtype(data.y.dtype, jnp.floating):
+            raise ValueError(
+                f"drflm mixes targets, so data.y must be float (regression targets or one-hot "
+                f"labels); got dtype {data.y.dtype}.")
+        if floor * n > 1.0:
+            raise ValueError(f"lambda_floor={floor} is too large for N={n} clients "
+                             "(N · floor must be <= 1).")
+        official_default = official_code and isinstance(lambda_init, str) and (
+            lambda_init == "uniform")
+        init_rule = "examples" if official_default else lambda_init
+        if isinstance(init_rule, str) and init_rule == "uniform":
+            lam = jnp.full((n,), 1.0 / n, jnp.float32)
+        elif isinstance(init_rule, str):  # ∝ sample counts (FedTorch)
+            counts = data.num_examples.astype(jnp.float32)
+            lam = counts / jnp.maximum(jnp.sum(counts), 1.0)
+        else:
+            lam = jnp.asarray(init_rule, jnp.float32)
+            if lam.shape != (n,):
+                raise ValueError(f"lambda_init has shape {lam.shape}; the data has N={n} clients.")
+        return DRFAState(params, lam, lam, jnp.asarray(lambda_lr, jnp.float32),
+                         jnp.zeros((n,), jnp.int32), jnp.zeros((), jnp.int32))
+
+    def round_(state: DRFAState, data: FederatedData, key):
+        n = data.num_clients
+        m = cohort_size(n, participation)
+        key_c, key_t, key_u = jax.random.split(key, 3)
+        gamma = state.lambda_lr * OFFICIAL_DECAY if official_code else state.lambda_lr
+
+        # --- C_s: τ local steps, keeping the snapshot at t'
+        if official_code:
+            cohort = sample_cohort(key_c, n, m)
+            snap_steps = jax.random.randint(key_t, (m,), 1, local_steps)
+            slot_weight = take(cohort, state.lam) * (n / m)
+        else:
+            cohort = sample_cohort(key_c, n, m, weights=state.lam)
+            snap_steps = jnp.full((m,), jax.random.randint(key_t, (), 1, local_steps + 1))
+            slot_weight = jnp.ones((m,), jnp.float32)
+
+        def train(batch):
+            c = batch.keys.shape[0]
+            t_snap, weight = batch.inputs
+
+            def one(p, x, y, count, k, t):
+                return client_update(model, opt, p, x, y, count, k, num_steps=local_steps,
+                                     batch_size=batch_size, snapshot_step=t,
+                                     batch_loss=mixed_loss)
+
+            start = broadcast_to_clients(state.params, c)
+            trained, snaps, losses = jax.vmap(one)(
+                start, batch.data.x, batch.data.y, batch.data.num_examples, batch.keys, t_snap)
+            # A client without data takes no part (its weight is 0).
+            active = batch.active.astype(jnp.float32)
+            sums = (weighted_sum(trained, active * weight), jnp.sum(active * weight),
+                    weighted_sum(snaps, active), jnp.sum(active))
+            return sums, (losses[:, 0], batch.active)
+
+        (w_sum, w_weight, snap_sum, count), (first_losses, active) = cohort_sums(
+            train, data, cohort, inputs=(snap_steps, slot_weight), client_chunk=client_chunk)
+        if official_code:  # w + Σ_j a_j (w_j − w), a_j = λ_j N/m (not normalised)
+            params = jax.tree.map(lambda w, s: (1.0 - w_weight) * w + s, state.params, w_sum)
+        else:
+            params = mean_or_keep(w_sum, w_weight, state.params)
+        w_tilde = mean_or_keep(snap_sum, count, state.params)
+
+        # --- U_s: each returns the loss of w̃ on one minibatch; the λ step
+        lam_cohort = sample_cohort(key_u, n, m)
+        lam_loss = mixed_loss if lambda_loss == "mixup" else clean_loss
+
+        def probe(batch):
+            def one(x, y, count, k):
+                k_batch, k_loss = jax.random.split(k)
+                n_max = y.shape[0]
+                size = n_max if batch_size is None else batch_size
+                idx, mask = sample_batch(k_batch, count, n_max, size)
+                xb = jax.tree.map(lambda a: a[idx], x)
+                return lam_loss(w_tilde, xb, y[idx], mask.astype(jnp.float32), k_loss)
+
+            losses = jax.vmap(one)(batch.data.x, batch.data.y, batch.data.num_examples,
+                                   batch.keys)
+            return (), jnp.where(batch.active, losses, 0.0)
+
+        _, probe_losses = cohort_sums(probe, data, lam_cohort, client_chunk=client_chunk)
+        v = put(lam_cohort, jnp.zeros((n,), jnp.float32), (n / m) * probe_losses)
+        lam = project_simplex(state.lam + gamma * local_steps * v, floor, floor_method)
+        lam_avg = state.lam_avg + (lam - state.lam_avg) / (state.round + 2).astype(jnp.float32)
+        sampled = state.sampled + jax.ops.segment_sum(
+            jnp.ones((m,), jnp.int32), cohort.ids, num_segments=n)
+        metrics = {
+            "train_loss": mean_over(first_losses, active),
+            "lambda_max": jnp.max(lam),
+            "lambda_entropy": -jnp.sum(jnp.where(lam > 0, lam * jnp.log(lam), 0.0)),
+            "probe_loss_worst": jnp.max(probe_losses),
+        }
+        return DRFAState(params, lam, lam_avg, gamma, sampled, state.round + 1), metrics
+
+    def evaluate(state: DRFAState, data: FederatedData) -> dict:
+        out = evaluate_shared(model, state.params, data, client_chunk)
+        out["client_lambda"] = state.lam
+        return out
+
+    return Algorithm(init, round_, evaluate, per_client_fields("lam", "lam_avg", "sampled"))
+
+
+def drflm(
+    model: Model,
+    optimizer: optax.GradientTransformation | None = None,
+    *,
+    learning_rate=None,
+    local_steps: int = 1,
+    batch_size: int | None = None,
+    participation: float = 1.0,
+    lambda_lr=0.01,
+    lambda_floor: float | None = None,
+    lambda_init="uniform",
+    official_code: bool = False,
+    client_chunk: int | None = None,
+    alpha=1.0,
+    beta=1.0,
+    lambda_loss: str = "mixup",
+) -> Algorithm:
+    """Builds DRFLM: DRFA whose local step is a mixup step (PAPERS.md §4.2).
+
+    Args:
+      model: a split model mixes after its trunk g (graph embeddings for the
+        GNN); a plain model mixes its inputs (g = identity).
+      alpha, beta: the Beta(α, β) of the mixing weight γ (Beta(1, 1) is
+        PAPERS.md §5's recommended default [I]).
+      lambda_loss: "mixup" (default: DRFLM's objective is the mixup loss, so
+        the λ ascent uses it [I]) or "clean".
+      (the rest as in `drfa`)
+    """
+    return drfa(model, optimizer, learning_rate=learning_rate, local_steps=local_steps,
+                batch_size=batch_size, participation=participation, lambda_lr=lambda_lr,
+                lambda_floor=lambda_floor, lambda_init=lambda_init, official_code=official_code,
+                client_chunk=client_chunk, mixup=(alpha, beta), lambda_loss=lambda_loss)
