@@ -177,6 +177,10 @@ def extrapolated_compare(preset: str, overrides: list[str], rounds: tuple[int, i
     if r2 == r1:
         return {**short, "rounds_timed": [r1], "extrapolated": False}
     long = bench_compare(preset, [*overrides, f"rounds={r2}", f"eval_every={r2}"], 3600, log)
+    if "error" in short or "error" in long:  # a failed or killed run measures nothing
+        return {"kind": "comparison_extrapolated", "preset": preset, "overrides": overrides,
+                "rounds_timed": [r1, r2], "runs": [short, long], "seconds_per_round": None,
+                "estimated_wall_seconds": None, "extrapolated": False}
     per_round = (long["wall_seconds"] - short["wall_seconds"]) / (r2 - r1)
     estimate = short["wall_seconds"] + per_round * (full_rounds - r1)
     log(f"compare {preset} {' '.join(overrides)}: {per_round:.2f} s per round (all methods and "
