@@ -54,7 +54,7 @@ def compiler_options(feature_size: int | None) -> dict[str, str]:
 
 
 def feature_size(data) -> int | None:
-    """Features per example of client data (x: leaves [m, n, *features]), summed over leaves.
+    """Features per example of client data (x: leaves [..., m, n, *features]), summed over leaves.
 
     `data` may be a FederatedData or any pytree holding one (an algorithm's
     inputs); None when there is none.
@@ -65,7 +65,10 @@ def feature_size(data) -> int | None:
     found = [n for n in jax.tree.leaves(data, is_leaf=is_clients) if is_clients(n)]
     if not found:
         return None
-    return sum(math.prod(a.shape[2:]) for a in jax.tree.leaves(found[0].x))
+    # num_examples is [m], or [copies..., m] under with_seeds / with_restarts of the data:
+    # its shape is the prefix before each leaf's example axis.
+    batch = len(found[0].num_examples.shape) + 1
+    return sum(math.prod(a.shape[batch:]) for a in jax.tree.leaves(found[0].x))
 
 
 @functools.lru_cache(maxsize=64)

@@ -34,3 +34,18 @@ def test_options_change_only_speed():
     np.testing.assert_allclose(narrow.cluster_params, default.cluster_params, rtol=1e-5, atol=1e-6)
     # One compilation per (function, options): the same jitted object comes back.
     assert backend.jit(alg.round, 6) is backend.jit(alg.round, 6)
+
+
+def test_feature_size_reads_features_past_the_client_and_example_axes():
+    """[m, n, d] data, a pytree of leaves, and data stacked over seeds ([S, m, n, d]) all
+    give d per example: the seeds axis is not mistaken for a feature axis."""
+    data = linear_mixture(jax.random.key(0), k=2, m=6, n=5, d=7, sigma=0.1, R=1.0).train
+    assert backend.feature_size(data) == 7
+    seeds = jax.vmap(lambda k: linear_mixture(k, k=2, m=6, n=5, d=7, sigma=0.1, R=1.0).train)(
+        jax.random.split(jax.random.key(1), 3))
+    assert seeds.x.shape == (3, 6, 5, 7)
+    assert backend.feature_size(seeds) == 7
+    assert backend.feature_size((seeds, {"server": np.zeros((4, 9))})) == 7
+    graphs = data.replace(x={"nodes": np.zeros((6, 5, 4, 3)), "adj": np.zeros((6, 5, 4, 4))})
+    assert backend.feature_size(graphs) == 4 * 3 + 4 * 4
+    assert backend.feature_size({"no": np.zeros(3)}) is None
