@@ -97,7 +97,8 @@ def _prepare_out(out_dir: Path, command: str) -> None:
     """Refuses an --out that is another command's output, already used, or unwritable.
 
     Nothing is written when it refuses (nor when it accepts: the write probe
-    and any directory it made are removed). Raises ValueError (exit 2) for a
+    and any directory it made are removed; in a multi-process run an empty new
+    directory is left). Raises ValueError (exit 2) for a
     directory of the wrong kind or already used, OutputError (exit 4) for an
     OS reason.
     """
@@ -135,10 +136,14 @@ def _prepare_out(out_dir: Path, command: str) -> None:
     while not parent.exists():
         created.append(parent)
         parent = parent.parent
+    # Every process of a multi-process run probes the same new directory at once: each
+    # uses its own probe name, tolerates the others' mkdir, and only a lone process
+    # removes the directories it made (another may be probing inside them).
+    alone = jax.process_count() == 1
     try:
         for d in reversed(created):
-            d.mkdir()
-        probe = out_dir / ".fedjax_sim_write_probe"
+            d.mkdir(exist_ok=True)
+        probe = out_dir / f".fedjax_sim_write_probe.{os.getpid()}"
         with open(probe, "w") as f:
             f.write("x")
             f.flush()
@@ -147,7 +152,7 @@ def _prepare_out(out_dir: Path, command: str) -> None:
     except OSError as err:
         raise OutputError(err.errno, f"--out {out_dir}: {err.strerror or err}") from None
     finally:
-        for d in created:
+        for d in created if alone else ():
             if d.is_dir() and not any(d.iterdir()):
                 d.rmdir()
 
