@@ -12,14 +12,25 @@ from pathlib import Path
 TESTS_DIR = str(Path(__file__).resolve().parent)
 
 
+def xla_flags(devices: int) -> str:
+    """XLA_FLAGS forcing `devices` CPU devices, kept after the session's flags (conftest.py)."""
+    base = os.environ.get("XLA_FLAGS", "")
+    kept = " ".join(f for f in base.split() if "xla_force_host_platform_device_count" not in f)
+    return f"{kept} --xla_force_host_platform_device_count={devices}".strip()
+
+
+def default_optimization_env() -> dict[str, str]:
+    """os.environ without the session's `--xla_backend_optimization_level` (conftest.py): for
+    the few compute-bound tests whose run time, not compile time, dominates."""
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                     if "xla_backend_optimization_level" not in f)
+    return {**os.environ, "XLA_FLAGS": flags}
+
+
 def subprocess_env(devices: int) -> dict[str, str]:
     """os.environ with `devices` forced CPU devices and this folder importable."""
     path = os.pathsep.join(p for p in (TESTS_DIR, os.environ.get("PYTHONPATH")) if p)
-    return {
-        **os.environ,
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-        "PYTHONPATH": path,
-    }
+    return {**os.environ, "XLA_FLAGS": xla_flags(devices), "PYTHONPATH": path}
 
 
 def eight_clients():

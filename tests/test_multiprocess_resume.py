@@ -22,6 +22,7 @@ import time
 
 import numpy as np
 import pytest
+from federations import xla_flags
 
 # The settings of tests/test_sharding.py's two-process test with the preset's 60
 # rounds and a checkpoint every 10: each chunk of 10 rounds is evaluated (gathers
@@ -49,7 +50,7 @@ def _launch(out, cache, *extra):
     cannot change a number, since a cached executable is the one compiled.
     """
     port = _free_port()
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
+    env = {**os.environ, "XLA_FLAGS": xla_flags(1),
            "JAX_COMPILATION_CACHE_DIR": str(cache),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
@@ -186,7 +187,7 @@ CHECKPOINT_SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 def test_each_process_restores_its_own_shards(tmp_path):
     port = _free_port()
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", CHECKPOINT_SCRIPT, str(tmp_path / "c"), str(port), str(i)],

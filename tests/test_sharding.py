@@ -16,7 +16,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from federations import subprocess_env
+from federations import subprocess_env, xla_flags
 
 from fedjax_sim import ALGORITHMS
 
@@ -131,7 +131,7 @@ def _rows(path):
 
 
 def _cli(args, devices=1, env_extra=None, **kw):
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+    env = {**os.environ, "XLA_FLAGS": xla_flags(devices),
            **(env_extra or {})}
     return subprocess.Popen(
         [sys.executable, "-m", "fedjax_sim.cli", *args],

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from federations import default_optimization_env
 
 from fedjax_sim import experiments, ifca, linear_mixture, linear_regression, plots, stats
 from fedjax_sim.experiments import ifca_synthetic, runner
@@ -23,7 +26,12 @@ def _rows(path):
 
 @pytest.mark.slow
 def test_small_sweep_success_rises_with_R(tmp_path):
-    out = experiments.sweep_preset("ifca-success-small", out_dir=tmp_path / "s", progress=False)
+    # 200 trials at d = 1000 are compute-bound: run at XLA's default optimisation level
+    # (conftest.py compiles everything else at level 0), through the CLI.
+    out = tmp_path / "s"
+    subprocess.run([sys.executable, "-m", "fedjax_sim.cli", "sweep", "ifca-success-small",
+                    "--out", str(out), "--no-progress"], env=default_optimization_env(),
+                   check=True, capture_output=True, timeout=900)
     summary = _rows(out / "summary.csv")
     assert list(summary[0])[:8] == ["k", "m", "n", "d", "sigma", "R", "seeds", "success_prob"]
     grid = experiments.PRESETS["ifca-success-small"].defaults

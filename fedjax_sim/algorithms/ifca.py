@@ -138,26 +138,27 @@ def evaluate_clusters(
 
 
 def _choose(losses, batch):
-    """ĵ_i = argmin_j F_i(θ_j); a frozen client keeps its cluster, an empty one takes no part."""
+    """ĵ_i = argmin_j F_i(θ_j); a frozen client keeps its cluster."""
     prev, frozen = batch.inputs
-    chosen = jnp.where(frozen, prev, assign_clusters(losses))
-    return jnp.where(batch.active, chosen, prev)
+    return jnp.where(frozen, prev, assign_clusters(losses))
 
 
 def _round_metrics(losses, assignment, active, frozen, state: IFCAState) -> dict:
     """Mean chosen loss and cluster sizes over the cohort's clients with data; downlink floats."""
-    k = losses.shape[1]
+    s, k = losses.shape
     d = num_params(jax.tree.map(lambda p: p[0], state.cluster_params))
     d += num_params(state.shared_params)
     chosen = jnp.take_along_axis(losses, jnp.maximum(assignment, 0)[:, None], axis=1)[:, 0]
-    # Segment id k drops the clients without data; their count is the mean's divisor.
-    sizes = jax.ops.segment_sum(jnp.ones_like(chosen), jnp.where(active, assignment, k), k)
+    # Segment k counts the clients without data, so the clients with data are
+    # s minus it (elementwise on the scatter's output, no extra reduction).
+    counts = jax.ops.segment_sum(jnp.ones_like(chosen), jnp.where(active, assignment, k), k + 1)
+    with_data = s - counts[k]
     return {
-        "train_loss": jnp.sum(jnp.where(active, chosen, 0.0)) / jnp.maximum(jnp.sum(sizes), 1.0),
-        "cluster_sizes": sizes,
+        "train_loss": jnp.sum(jnp.where(active, chosen, 0.0)) / jnp.maximum(with_data, 1.0),
+        "cluster_sizes": counts[:k],
         "downlink_floats": jnp.sum(jnp.where(frozen, d, k * d)).astype(jnp.float32),
         "frozen_clients": jnp.sum(frozen).astype(jnp.int32),
-    }
+    }, with_data
 
 
 def ifca(
@@ -240,6 +241,8 @@ def ifca(
     _check(num_clusters, option, local_steps, batch_size, participation, weighting, divide_by,
            stable_rounds, weight_sharing, model, freeze_shared, warm_start_rounds)
     check_client_chunk(client_chunk)
+    if not weight_sharing:  # a split model's params are then whole per cluster
+        model = model.unsplit()
     k = num_clusters
     opt = client_optimizer(optimizer, learning_rate)
     local_steps = local_steps or 1
@@ -279,9 +282,8 @@ def ifca(
             batch.real.astype(jnp.float32))
         return grad_sum, (losses, assignment)
 
-    def gradient_server(state, grad_sum, data, cohort, cluster_sizes):
+    def gradient_server(state, grad_sum, data, cohort, cohort_clients):
         # θ_j ← θ_j − (γ/m) Σ_i s_ij ∇F_i(θ_j); m and the cohort count clients holding data.
-        cohort_clients = jnp.sum(cluster_sizes)
         if divide_by == "cohort" or cohort.everyone:
             divisor = cohort_clients
         else:
@@ -312,7 +314,7 @@ def ifca(
                 jnp.sum(weights))
         return sums, (losses, assignment)
 
-    def model_server(state, sums, data, cohort, cluster_sizes):
+    def model_server(state, sums, data, cohort, cohort_clients):
         # θ_j = Σ_i s_ij θ̃_i / Σ_i s_ij (an empty cluster keeps θ_j); FedAvg on a shared trunk.
         (totals, cluster_weight), trunk_total, weight = sums
         shared = (state.shared_params if freeze_shared
@@ -337,9 +339,9 @@ def ifca(
             lambda batch: client_step(state, batch), data, cohort, inputs=(prev, frozen),
             client_chunk=client_chunk)
         active = take(cohort, data.active())
-        metrics = _round_metrics(losses, assignment, active, frozen, state)
-        params, shared, opt_state = server_update(state, sums, data, cohort,
-                                                  metrics["cluster_sizes"])
+        assignment = jnp.where(active, assignment, prev)  # a client without data takes no part
+        metrics, with_data = _round_metrics(losses, assignment, active, frozen, state)
+        params, shared, opt_state = server_update(state, sums, data, cohort, with_data)
         stable = jnp.where(active, jnp.where(assignment == prev, prev_stable + 1, 0), prev_stable)
         return IFCAState(
             cluster_params=params,
@@ -379,7 +381,8 @@ def pretrained_trunk(model: Model, trunk_params, num_clusters: int):
 
 
 def with_balanced_init(algorithm: Algorithm, model: Model, *, num_clusters: int, tries: int,
-                       min_fraction: float, participation: float = 1.0) -> Algorithm:
+                       min_fraction: float, participation: float = 1.0,
+                       weight_sharing: bool = False) -> Algorithm:
     """IFCA's "find a good initializer" rule (official rotated-CIFAR code, PAPERS.md §2.3).
 
     The official code re-initialises until every cluster model is chosen by at
@@ -387,10 +390,13 @@ def with_balanced_init(algorithm: Algorithm, model: Model, *, num_clusters: int,
     10 % for k = 4). Here `tries` inits are drawn at once (vmap) and the first
     that passes on a cohort drawn from the init key is kept (none passing: the
     most balanced one) [I: the cohort comes from the init key, not from round
-    0's, so init stays a function of (key, data)].
+    0's, so init stays a function of (key, data)]. `model` and `weight_sharing` are
+    those the algorithm was built with.
     """
     check_steps("tries", tries)
     check_fraction("min_fraction", min_fraction)
+    if not weight_sharing:
+        model = model.unsplit()
     k = num_clusters
 
     def init(key, data: FederatedData):

@@ -247,7 +247,8 @@ def build_method(name: str, model, s: dict, client_chunk=None) -> tuple[Algorith
     if name in ("ifca", "ifca_ws") and s["init_tries"] > 1:
         algorithm = with_balanced_init(algorithm, model, num_clusters=k, tries=s["init_tries"],
                                        min_fraction=s["init_min_fraction"],
-                                       participation=s["participation"])
+                                       participation=s["participation"],
+                                       weight_sharing=name == "ifca_ws")
     rounds = s["local_rounds"] if name == "local" else s["rounds"]
     return algorithm, rounds
 

@@ -51,6 +51,12 @@ class Model(NamedTuple):
     def is_split(self) -> bool:
         return self.features is not None
 
+    def unsplit(self) -> Model:
+        """The same network as one model (no trunk/head parts): its params are whole, so
+        `partition` gives ({}, params) and `combine` gives them back. What an algorithm
+        that does not share a trunk (IFCA without weight sharing) sees of a split model."""
+        return self._replace(features=None, head=None)
+
 
 def partition(model: Model, params) -> tuple[Params, Params]:
     """(shared, per_cluster) parts: (trunk, head) of a split model, ({}, params) otherwise."""
