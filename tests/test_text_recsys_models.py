@@ -99,13 +99,31 @@ def test_inbatch_hinge_matches_a_loop():
         np.testing.assert_allclose(got[i], want, rtol=1e-5)
 
 
-def test_client_step_touches_only_its_own_rows():
-    model = recsys.dual_encoder(NUM_ITEMS, DIM)
+def test_positive_cosine_hinge_matches_a_loop():
+    model = recsys.dual_encoder(NUM_ITEMS, DIM, margin=0.5, loss="positive", cosine=True)
+    params = _numpy_params(model, 1, scale=0.7)
+    x, y, n, _ = _client()
+    got = np.asarray(jax.jit(lambda p: model.example_loss(model.apply(p, x), y))(params))
+    table = np.asarray(params["item_table"], np.float64)
+    w, b = (np.asarray(params["tower"][k], np.float64) for k in ("kernel", "bias"))
+    unit = lambda v: v / np.linalg.norm(v) if np.linalg.norm(v) > 0 else v  # noqa: E731
+    for i, ctx in enumerate(np.asarray(x["context"])[:n]):
+        real = [unit(table[j]) for j in ctx if j >= 0]
+        u = unit((np.mean(real, 0) if real else np.zeros(DIM)) @ w + b)
+        want = max(0.0, 0.5 - u @ unit(table[int(y[i])]))
+        np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-6)
+    assert got[n] == 0.0  # the padding row
+
+
+@pytest.mark.parametrize("loss,cosine", [("inbatch", False), ("positive", True)])
+def test_client_step_touches_only_its_own_rows(loss, cosine):
+    model = recsys.dual_encoder(NUM_ITEMS, DIM, loss=loss, cosine=cosine)
     params = _numpy_params(model, 2)
     x, y, n, items = _client()
     own = np.asarray(items[items >= 0])
     others = np.setdiff1d(np.arange(NUM_ITEMS), own)
     grad = jax.jit(jax.grad(lambda p: core.client_loss(model, p, x, y, n)))(params)["item_table"]
+    assert np.all(np.isfinite(np.asarray(grad)))  # a zero (padding) row has a zero gradient
     assert np.all(np.asarray(grad)[others] == 0.0)  # exactly zero, item 0 included
     assert np.all(np.abs(np.asarray(grad)[own]).sum(-1) > 0)
     # K local Adam steps (minibatches with a padded slot) leave other rows bit-equal.
@@ -176,9 +194,24 @@ def test_communication_and_computation_counts_by_hand():
     reg = NUM_ITEMS**2 * DIM + NUM_ITEMS**2
     assert c.mixed_client_macs == 3 * 2 * fwd
     assert c.all_on_client_macs == 3 * 2 * (fwd + 2 * reg)
+    # The positive hinge with cosine scores: pairs b·d + b, plus the unit normalisations
+    # b·(c+2)·d per batch and I·d on the server's table.
+    p = recsys.costs([4, 2], [3, 10], num_items=NUM_ITEMS, dim=DIM, context_len=CTX, steps=2,
+                     batch_size=5, loss="positive", cosine=True)
+    fwd = sum(b * CTX * DIM + b * DIM * DIM + b * DIM + b + b * (CTX + 2) * DIM for b in (3, 5))
+    reg = NUM_ITEMS**2 * DIM + NUM_ITEMS**2 + NUM_ITEMS * DIM
+    assert p.mixed_client_macs == 3 * 2 * fwd
+    assert p.all_on_client_macs == 3 * 2 * (fwd + 2 * reg)
     # XLA's own count of the regularizer's Gram matrix agrees with the hand count's I²·d.
     flops = recsys.compiled_flops(lambda t: t @ t.T, jnp.zeros((NUM_ITEMS, DIM)))
     assert flops == 2 * NUM_ITEMS**2 * DIM or np.isnan(flops)
+
+
+def test_cosine_spreadout_is_scale_free():
+    table = np.random.default_rng(3).normal(size=(NUM_ITEMS, DIM)).astype(np.float32)
+    unit = table / np.linalg.norm(table, axis=1, keepdims=True)
+    np.testing.assert_allclose(recsys.spreadout_regularizer(jnp.asarray(3.0 * table), cosine=True),
+                               recsys.spreadout_regularizer(jnp.asarray(unit)), rtol=1e-5)
 
 
 def test_spreadout_loss_is_a_server_term_on_the_table():

@@ -12,13 +12,24 @@ federated representations and recommendations with limited negatives"):
   item tower            v_j = E[j]                        (the table E [num_items, d])
   score                 s = u · v
 
-Client loss: a hinge over IN-BATCH negatives (the labels of the client's other
-examples in the batch, i.e. the client's own movies, never another client's):
-  ℓ_i = mean_{j valid, y_j ≠ y_i} max(0, margin − s_ii + s_ij).
-Every row of E it reads is a context or a label of the client, so its gradient
-is exactly zero on every other row: the full-table model `dual_encoder` run on
-a client is the same computation as the client's gathered rows (`client_rows`,
-`to_local`, `scatter_rows` move between the two; tested).
+Client loss (`loss=`):
+  "positive" (default): Ning et al.'s loss insensitive to local negatives, a
+    hinge on the positive pair only, ℓ_i = max(0, margin − s_ii), which pulls a
+    user's context towards the movie it watched next; pushing unrelated movies
+    apart is left to the spreadout regularizer on the server. With
+    `cosine=True` (default) scores are cosines (u and the rows L2-normalised,
+    Zhang et al. 2017's spreadout is defined on unit vectors): without it the
+    dot-product spreadout shrinks every row towards 0 and the hinge is met by
+    growing the tower, and recall@10 collapsed in our runs.
+  "inbatch": a hinge over IN-BATCH negatives (the labels of the client's other
+    examples in the batch, i.e. the client's own movies, never another client's):
+    ℓ_i = mean_{j valid, y_j ≠ y_i} max(0, margin − s_ii + s_ij). A client's
+    other movies are positives of the same user, so this pushes apart what the
+    user watched; kept for comparison.
+Every row of E either loss reads is a context or a label of the client, so its
+gradient is exactly zero on every other row: the full-table model `dual_encoder`
+run on a client is the same computation as the client's gathered rows
+(`client_rows`, `to_local`, `scatter_rows` move between the two; tested).
 
 Parameters are a plain dict {"item_table": [I, d], "tower": {"kernel": [d, d],
 "bias": [d]}} ("tower" absent with tower=False): pure JAX, no flax module, so
@@ -56,26 +67,55 @@ def _rows(table, ids):
     return jnp.where(valid[..., None], rows, 0.0)
 
 
-def user_vectors(params, context):
-    """[n, c] item ids (-1 = none) → [n, d]: the tower of the bag (mean) of their rows."""
+def unit(v):
+    """Rows scaled to unit L2 norm; a zero row (padding) stays 0, with a zero gradient (the
+    norm's own gradient is 0/0 there)."""
+    squares = jnp.sum(v * v, axis=-1, keepdims=True)
+    return v * jax.lax.rsqrt(jnp.maximum(squares, 1e-12))
+
+
+def user_vectors(params, context, cosine: bool = False):
+    """[n, c] item ids (-1 = none) → [n, d]: the tower of the bag (mean) of their rows
+    (of their unit rows, and the result unit-normalised, with cosine=True)."""
     valid = (context >= 0).astype(jnp.float32)
-    bag = jnp.sum(_rows(params[TABLE], context), axis=-2) / jnp.maximum(
-        jnp.sum(valid, axis=-1, keepdims=True), 1.0)
+    rows = _rows(params[TABLE], context)
+    if cosine:
+        rows = unit(rows)
+    bag = jnp.sum(rows, axis=-2) / jnp.maximum(jnp.sum(valid, axis=-1, keepdims=True), 1.0)
     if TOWER in params:
         bag = bag @ params[TOWER]["kernel"] + params[TOWER]["bias"]
-    return bag
+    return unit(bag) if cosine else bag
 
 
-def item_vectors(params, ids):
-    """[n] item ids → [n, d] rows of the table (zero for -1)."""
-    return _rows(params[TABLE], ids)
+def item_vectors(params, ids, cosine: bool = False):
+    """[n] item ids → [n, d] rows of the table (zero for -1; unit rows with cosine=True)."""
+    rows = _rows(params[TABLE], ids)
+    return unit(rows) if cosine else rows
+
+
+def catalog_scores(params, context, cosine: bool = False):
+    """[n, c] contexts → [n, I] scores of every item of the table."""
+    table = unit(params[TABLE]) if cosine else params[TABLE]
+    return user_vectors(params, context, cosine) @ table.T
 
 
 # ------------------------------------------------------------------------------ losses
 
-def inbatch_scores(params, x):
+def inbatch_scores(params, x, cosine: bool = False):
     """x {"context": [n, c], "label": [n]} → s [n, n], s_ij = u_i · v_{label_j}."""
-    return user_vectors(params, x["context"]) @ item_vectors(params, x["label"]).T
+    return (user_vectors(params, x["context"], cosine)
+            @ item_vectors(params, x["label"], cosine).T)
+
+
+def positive_scores(params, x, cosine: bool = True):
+    """x {"context": [n, c], "label": [n]} → s [n], s_i = u_i · v_{label_i}."""
+    return jnp.sum(user_vectors(params, x["context"], cosine)
+                   * item_vectors(params, x["label"], cosine), axis=-1)
+
+
+def positive_hinge(scores, labels, margin: float = 1.0):
+    """Per-example hinge [n] on the positive pair alone: max(0, margin − s_i) (0 on padding)."""
+    return jnp.where(labels >= 0, jax.nn.relu(margin - scores), 0.0)
 
 
 def inbatch_hinge(scores, labels, margin: float = 1.0):
@@ -101,8 +141,11 @@ def rank_of_label(scores, labels):
 
 def recall_at_k(scores, labels, k: int = 10):
     """[n] 1.0 where the label is among the k best of all items (one label per example,
-    so recall@k is the hit rate); 0 on padding labels (-1)."""
-    return ((rank_of_label(scores, labels) < k) & (labels >= 0)).astype(jnp.float32)
+    so recall@k is the hit rate); 0 on padding labels (-1) and where the label's score is
+    not finite (a diverged model ranks nothing)."""
+    pos = jnp.take_along_axis(scores, jnp.maximum(labels, 0)[:, None], axis=-1)[:, 0]
+    hit = (rank_of_label(scores, labels) < k) & (labels >= 0) & jnp.isfinite(pos)
+    return hit.astype(jnp.float32)
 
 
 def full_hinge(scores, labels, margin: float = 1.0):
@@ -113,7 +156,8 @@ def full_hinge(scores, labels, margin: float = 1.0):
     return jnp.sum(hinge, axis=-1) / jnp.maximum(jnp.sum(other, axis=-1), 1)
 
 
-def spreadout_regularizer(item_table, *, kind: str = "dot", nu: float = 1.0):
+def spreadout_regularizer(item_table, *, kind: str = "dot", nu: float = 1.0,
+                          cosine: bool = False):
     """The spreadout regularizer over the whole table, computed by the server. Scalar.
 
     kind="dot" (Zhang et al. 2017's global orthogonal form, as Ning et al. 2021 use it for
@@ -121,7 +165,10 @@ def spreadout_regularizer(item_table, *, kind: str = "dot", nu: float = 1.0):
       between different items are penalised.
     kind="distance" (Yu et al. 2020, FedAwS): mean over i ≠ j of max(0, ν − ‖e_i − e_j‖)².
     Both form the I × I pairwise matrix (I² d multiply-adds: `regularizer_macs`).
+    cosine=True: of the unit rows (the scores' embeddings when the model scores cosines).
     """
+    if cosine:
+        item_table = unit(item_table)
     n = item_table.shape[0]
     off = ~jnp.eye(n, dtype=bool)
     gram = item_table @ item_table.T
@@ -136,7 +183,7 @@ def spreadout_regularizer(item_table, *, kind: str = "dot", nu: float = 1.0):
     return jnp.sum(jnp.where(off, terms, 0.0)) / max(n * (n - 1), 1)
 
 
-def spreadout_loss(*, kind: str = "dot", nu: float = 1.0):
+def spreadout_loss(*, kind: str = "dot", nu: float = 1.0, cosine: bool = False):
     """The regularizer as a server-side loss term, (params, server_arrays, key) -> scalar
     (the `central_loss` form algorithms/mixed.py takes); it reads no server arrays."""
     if kind not in ("dot", "distance"):
@@ -144,28 +191,40 @@ def spreadout_loss(*, kind: str = "dot", nu: float = 1.0):
 
     def loss(params, arrays, key):
         del arrays, key
-        return spreadout_regularizer(params[TABLE], kind=kind, nu=nu)
+        return spreadout_regularizer(params[TABLE], kind=kind, nu=nu, cosine=cosine)
 
     return loss
 
 
 # ------------------------------------------------------------------------------ models
 
+LOSSES = ("positive", "inbatch")
+
+
 def dual_encoder(num_items: int, dim: int = 32, *, tower: bool = True, margin: float = 1.0,
-                 scale: float = 0.1) -> Model:
+                 scale: float = 0.1, loss: str = "inbatch", cosine: bool = False) -> Model:
     """The client's training Model over the full table (x {"context", "label"}, y = label).
 
-    apply → in-batch scores [n, n]; example_loss → the in-batch hinge [n]; correct →
-    the positive beats every in-batch negative. Padding rows must carry label -1 (as
-    data/movielens.py writes them) so that they are no one's negative.
+    loss="inbatch": apply → in-batch scores [n, n]; example_loss → the in-batch hinge
+    [n]; correct → the positive beats every in-batch negative. Padding rows must carry
+    label -1 (as data/movielens.py writes them) so that they are no one's negative.
+    loss="positive": apply → the positive pairs' scores [n]; example_loss → the
+    positive hinge [n]; correct → the pair clears the margin.
+    cosine: scores are cosines (unit user vectors and rows).
     """
     _check_sizes(num_items, dim)
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {', '.join(LOSSES)}; got {loss!r}.")
 
     def init(key):
         return init_dual_encoder(key, num_items, dim, tower=tower, scale=scale)
 
-    return Model(init, inbatch_scores, lambda s, y: inbatch_hinge(s, y, margin),
-                 inbatch_correct)
+    if loss == "positive":
+        return Model(init, lambda p, x: positive_scores(p, x, cosine),
+                     lambda s, y: positive_hinge(s, y, margin),
+                     lambda s, y: (s >= margin).astype(jnp.float32))
+    return Model(init, lambda p, x: inbatch_scores(p, x, cosine),
+                 lambda s, y: inbatch_hinge(s, y, margin), inbatch_correct)
 
 
 def dual_encoder_eval(num_items: int, dim: int = 32, *, tower: bool = True,
@@ -267,21 +326,28 @@ def client_floats(num_client_items, dim: int, *, tower: bool = True,
     return payloads * (jnp.asarray(num_client_items) * dim + tower_size(dim, tower))
 
 
-def hinge_macs(batch, context_len: int, dim: int, *, tower: bool = True):
-    """Forward multiply-adds of the in-batch hinge on b examples: bag b·c·d, tower b·d²,
-    scores b²·d, hinge b² (one each)."""
+def hinge_macs(batch, context_len: int, dim: int, *, tower: bool = True,
+               loss: str = "inbatch", cosine: bool = False):
+    """Forward multiply-adds of the client loss on b examples: bag b·c·d, tower b·d²,
+    scores b²·d and hinge b² (inbatch) or b·d and b (positive); cosine adds the unit
+    normalisations of the bag's rows, the user vector and the labels' rows, b·(c+2)·d."""
     b = jnp.asarray(batch)
-    return b * context_len * dim + (b * dim * dim if tower else 0) + b * b * dim + b * b
+    pairs = b * b if loss == "inbatch" else b
+    macs = b * context_len * dim + (b * dim * dim if tower else 0) + pairs * dim + pairs
+    return macs + (b * (context_len + 2) * dim if cosine else 0)
 
 
-def regularizer_macs(num_items: int, dim: int) -> int:
-    """Forward multiply-adds of `spreadout_regularizer`: the I × I Gram I²·d, squares I²."""
-    return num_items * num_items * dim + num_items * num_items
+def regularizer_macs(num_items: int, dim: int, cosine: bool = False) -> int:
+    """Forward multiply-adds of `spreadout_regularizer`: the I × I Gram I²·d, squares I²
+    (and the rows' unit normalisation I·d with cosine=True)."""
+    return num_items * num_items * dim + num_items * num_items + (num_items * dim if cosine
+                                                                  else 0)
 
 
 def costs(num_client_items, num_examples, *, num_items: int, dim: int, context_len: int,
           steps: int, batch_size: int | None, tower: bool = True, payloads_down: int = 1,
-          payloads_up: int = 1, backward_factor: float = 3.0) -> Costs:
+          payloads_up: int = 1, backward_factor: float = 3.0, loss: str = "inbatch",
+          cosine: bool = False) -> Costs:
     """Communication and client computation of one round for the given clients.
 
     Args:
@@ -291,6 +357,7 @@ def costs(num_client_items, num_examples, *, num_items: int, dim: int, context_l
       payloads_down/up: model-sized messages per direction (PT 1/1, 1-GT 2/1, 2-GT 2/2),
         the same for both schemes.
       backward_factor: forward + backward ≈ 3 × forward (the usual rule of thumb).
+      loss, cosine: the client loss and scores, as `dual_encoder` takes them.
     """
     u = jnp.asarray(num_client_items, jnp.float32)
     n = jnp.asarray(num_examples, jnp.float32)
@@ -300,8 +367,9 @@ def costs(num_client_items, num_examples, *, num_items: int, dim: int, context_l
     up = jnp.sum(client_floats(u, dim, tower=tower, payloads=payloads_up))
     all_down = jnp.sum(client_floats(full_rows, dim, tower=tower, payloads=payloads_down))
     all_up = jnp.sum(client_floats(full_rows, dim, tower=tower, payloads=payloads_up))
-    client = backward_factor * steps * jnp.sum(hinge_macs(b, context_len, dim, tower=tower))
-    reg = backward_factor * steps * len(u) * regularizer_macs(num_items, dim)
+    client = backward_factor * steps * jnp.sum(
+        hinge_macs(b, context_len, dim, tower=tower, loss=loss, cosine=cosine))
+    reg = backward_factor * steps * len(u) * regularizer_macs(num_items, dim, cosine)
     return Costs(
         float(down), float(up), float(all_down), float(all_up),
         float(1.0 - (down + up) / (all_down + all_up)),
