@@ -701,8 +701,8 @@ class MixedCharLM(MixedTask):
         count("hidden", 64, "hidden units of the character model", maximum=4096),
         Setting("cache_dir", str, "", "archive cache directory; empty: $FEDJAX_SIM_CACHE or "
                 "~/.cache/fedjax_sim", result=False),
-        *_shared_settings(rounds=50, lr=0.5, local_steps=2, clients_per_round=10,
-                          batch_size=4, central_batch_size=32, eval_every=10, seeds=2),
+        *_shared_settings(rounds=400, lr=0.5, local_steps=2, clients_per_round=10,
+                          batch_size=4, central_batch_size=32, eval_every=50, seeds=2),
     )
     data_settings = ("seed", "rounds", "eval_every", "cache_dir", "datacenter_plays",
                      "max_per_client", "datacenter_examples", "test_examples")
