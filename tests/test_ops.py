@@ -743,22 +743,28 @@ def test_kmeans_duplicate_points_empty_cluster_stays_finite():
         assert int(labels[4]) not in set(np.asarray(labels[:4]).tolist())
 
 
-@pytest.mark.parametrize("num_examples,n_max,batch", [(4096, 4096, 256), (40, 64, 16),
-                                                      (5, 12, 8), (0, 6, 3)])
-def test_sample_batch_is_the_lowest_scores_in_order(num_examples, n_max, batch):
+@pytest.mark.parametrize("replicated", [False, True])
+@pytest.mark.parametrize("num_examples,n_max,batch", [(4096, 4096, 256), (100, 300, 40),
+                                                      (40, 64, 16), (5, 12, 8), (0, 6, 3)])
+def test_sample_batch_is_the_lowest_scores_in_order(num_examples, n_max, batch, replicated):
     """The batch is the rows with the `batch` lowest uniform scores (padding rows last),
-    ascending, ties to the lower row: numpy's stable argsort of the same scores."""
+    ascending, ties to the lower row: numpy's stable argsort of the same scores (counted
+    ranks for n_max <= 128, top_k or argsort above)."""
     from fedjax_sim.ops import sample_batch
+    from fedjax_sim.ops.local_update import lowest
 
-    for seed in range(5):
+    sample = jax.jit(sample_batch, static_argnums=(2, 3), static_argnames="replicated")
+    for seed in range(3):
         key = jax.random.key(seed)
-        idx, mask = jax.jit(sample_batch, static_argnums=(2, 3))(key, num_examples, n_max,
-                                                                 batch)
+        idx, mask = sample(key, num_examples, n_max, batch, replicated=replicated)
         scores = np.asarray(jax.random.uniform(key, (n_max,)), np.float64)
         scores[num_examples:] = np.inf
         np.testing.assert_array_equal(np.asarray(idx),
                                       np.argsort(scores, kind="stable")[: min(batch, n_max)])
         np.testing.assert_array_equal(np.asarray(mask), np.arange(len(idx)) < num_examples)
-    # Ties: equal scores keep their row order.
-    scores = jnp.asarray([0.5, 0.25, 0.5, 0.25, 0.75])
-    np.testing.assert_array_equal(jax.lax.top_k(-scores, 4)[1], [1, 3, 0, 2])
+    # Ties (and padding's inf) keep their row order, on every path.
+    scores = jnp.asarray([0.5, 0.25, jnp.inf, 0.5, 0.25, jnp.inf, 0.75])
+    want = np.argsort(np.asarray(scores), kind="stable")[:6]
+    np.testing.assert_array_equal(lowest(scores, 6, replicated=replicated), want)
+    np.testing.assert_array_equal(jax.lax.top_k(-scores, 6)[1], want)
+    np.testing.assert_array_equal(jnp.argsort(scores)[:6], want)

@@ -192,7 +192,7 @@ def datacenter_loss(model: Model, batch_size: int | None) -> CentralLoss:
         if batch_size is None or batch_size >= n_c:
             xb, yb = x, y
         else:
-            idx, _ = sample_batch(key, n_c, n_c, batch_size)
+            idx, _ = sample_batch(key, n_c, n_c, batch_size, replicated=True)
             xb, yb = jax.tree.map(lambda a: a[idx], x), y[idx]
         return jnp.mean(model.example_loss(model.apply(params, xb), yb))
 

@@ -12,20 +12,47 @@ from fedjax_sim.models.core import Model
 from fedjax_sim.ops.chunking import map_client_chunks
 
 
-def sample_batch(key, num_examples, n_max: int, batch_size: int):
+RANK_MAX_ROWS = 128  # up to here `lowest` counts ranks (n² compares) instead of sorting
+
+
+def lowest(scores, size: int, *, replicated: bool = False):
+    """Indices of the `size` lowest of scores [n], ascending, ties to the lower index
+    (what `jnp.argsort(scores)[:size]` gives, without its full sort: on CPU that sort took
+    1.9 ms per step for 100 clients' 16 of 64 rows, and 2.1 ms for 256 of 4096 rows).
+
+    n ≤ RANK_MAX_ROWS: each row's rank is counted (O(n²) elementwise compares, as fast as
+    top_k there) and row r of the batch is the one of rank r; elementwise work that splits
+    along any batch axis, so vmapped over clients sharded on a mesh it moves nothing between
+    devices. Larger n: `replicated=True` (an array every device holds whole, e.g. the
+    server's datacenter) uses `lax.top_k` (the same indices: it puts the lower index first
+    too); otherwise the full argsort, because XLA's partitioner all-gathers a sharded batch
+    axis of top_k.
+    """
+    n = scores.shape[0]
+    if n <= RANK_MAX_ROWS:
+        i = jnp.arange(n)
+        before = (scores[None, :] < scores[:, None]) | (
+            (scores[None, :] == scores[:, None]) & (i[None, :] < i[:, None]))
+        rank = jnp.sum(before, axis=1)
+        at = rank[None, :] == jnp.arange(size)[:, None]  # [size, n]: row i holds rank r
+        return jnp.sum(jnp.where(at, i[None, :], 0), axis=1).astype(jnp.int32)
+    if replicated:
+        return jax.lax.top_k(-scores, size)[1]
+    return jnp.argsort(scores)[:size].astype(jnp.int32)
+
+
+def sample_batch(key, num_examples, n_max: int, batch_size: int, *, replicated: bool = False):
     """Row indices of one minibatch of a client, without replacement.
 
     Returns (idx [b], mask [b]), b = min(batch_size, n_max). When the client
     has fewer than batch_size real rows, the batch is all of them and the rest
-    is masked.
+    is masked. `replicated`: the rows belong to an array held whole by every
+    device (the server's), see `lowest`.
     """
     rows = jnp.arange(n_max)
     scores = jnp.where(rows < num_examples, jax.random.uniform(key, (n_max,)), jnp.inf)
     size = min(batch_size, n_max)  # a batch larger than the padded width is all rows
-    # The `size` smallest scores, in ascending order: a partial top-k instead of a full
-    # argsort (on CPU 6x faster for 256 of 4096 rows, 5x for 16 of 64), with the same
-    # indices, ties included (both put the lower index first).
-    idx = jax.lax.top_k(-scores, size)[1]
+    idx = lowest(scores, size, replicated=replicated)
     mask = jnp.arange(size) < num_examples
     return idx, mask
 
