@@ -11,7 +11,6 @@ import optax
 from fedjax_sim.models.core import Model
 from fedjax_sim.ops.chunking import map_client_chunks
 
-
 RANK_MAX_ROWS = 128  # up to here `lowest` counts ranks (n² compares) instead of sorting
 
 
