@@ -46,6 +46,7 @@ from fedjax_sim.experiments.base import Comparison, Experiment, Preset, RunConte
 from fedjax_sim.experiments.settings import Setting, count, seed_setting
 from fedjax_sim.logs import Progress
 from fedjax_sim.models import linear_regression
+from fedjax_sim.models.recsys import LOSSES
 from fedjax_sim.models.zoo import mlp_classifier
 
 # Stream ids folded into the user's seed, so data and rounds never share keys.
@@ -808,7 +809,7 @@ class MixedMovieLens(MixedTask):
         Setting("tower", bool, True, "a shared d×d user tower on the bag of context movies"),
         Setting("loss", str, "positive", "client loss: positive (hinge on the positive pair "
                 "only, Ning et al. 2021) or inbatch (hinge over the client's other movies)",
-                choices=("positive", "inbatch")),
+                choices=LOSSES),
         Setting("cosine", bool, True, "cosine scores (unit vectors; the spreadout term on "
                 "unit rows)"),
         Setting("margin", float, 0.5, "hinge margin", minimum=0.0),

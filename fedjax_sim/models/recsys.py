@@ -107,7 +107,7 @@ def inbatch_scores(params, x, cosine: bool = False):
             @ item_vectors(params, x["label"], cosine).T)
 
 
-def positive_scores(params, x, cosine: bool = True):
+def positive_scores(params, x, cosine: bool = False):
     """x {"context": [n, c], "label": [n]} → s [n], s_i = u_i · v_{label_i}."""
     return jnp.sum(user_vectors(params, x["context"], cosine)
                    * item_vectors(params, x["label"], cosine), axis=-1)
@@ -133,24 +133,28 @@ def inbatch_correct(scores, labels):
     return jnp.all(~neg | (scores < pos[:, None]), axis=-1).astype(jnp.float32)
 
 
+def label_scores(scores, labels):
+    """[n, I] catalog scores → [n, 1] the score of each example's label (-1: item 0's)."""
+    return jnp.take_along_axis(scores, jnp.maximum(labels, 0)[:, None], axis=-1)
+
+
 def rank_of_label(scores, labels):
     """[n] the number of items scoring strictly above the label (0 = ranked first)."""
-    pos = jnp.take_along_axis(scores, jnp.maximum(labels, 0)[:, None], axis=-1)
-    return jnp.sum(scores > pos, axis=-1)
+    return jnp.sum(scores > label_scores(scores, labels), axis=-1)
 
 
 def recall_at_k(scores, labels, k: int = 10):
     """[n] 1.0 where the label is among the k best of all items (one label per example,
     so recall@k is the hit rate); 0 on padding labels (-1) and where the label's score is
     not finite (a diverged model ranks nothing)."""
-    pos = jnp.take_along_axis(scores, jnp.maximum(labels, 0)[:, None], axis=-1)[:, 0]
-    hit = (rank_of_label(scores, labels) < k) & (labels >= 0) & jnp.isfinite(pos)
+    finite = jnp.isfinite(label_scores(scores, labels)[:, 0])
+    hit = (rank_of_label(scores, labels) < k) & (labels >= 0) & finite
     return hit.astype(jnp.float32)
 
 
 def full_hinge(scores, labels, margin: float = 1.0):
     """Per-example hinge [n] against every other item of the catalog (evaluation loss)."""
-    pos = jnp.take_along_axis(scores, jnp.maximum(labels, 0)[:, None], axis=-1)
+    pos = label_scores(scores, labels)
     other = jnp.arange(scores.shape[-1])[None, :] != labels[:, None]
     hinge = jnp.where(other, jax.nn.relu(margin - pos + scores), 0.0)
     return jnp.sum(hinge, axis=-1) / jnp.maximum(jnp.sum(other, axis=-1), 1)
