@@ -256,15 +256,27 @@ class _Timer:
 
     def __init__(self):
         self.compile_seconds = 0.0
+        self._lowered = {}
         self._compiled = {}
+
+    def lower(self, algorithm, state, data, round_key, start, length):
+        """The chunk of `length` rounds traced and lowered, once per length (timed as
+        compilation); its `out_info` gives the round metrics' shapes."""
+        lowered = self._lowered.get(length)
+        if lowered is None:
+            t0 = time.perf_counter()
+            lowered = _compiled_scan(data).lower(algorithm, state, data, round_key, start, length)
+            self.compile_seconds += time.perf_counter() - t0
+            self._lowered[length] = lowered
+        return lowered
 
     def scan(self, algorithm, state, data, round_key, start, length):
         """scan_rounds, compiled ahead of time once per chunk length (compile timed apart)."""
         compiled = self._compiled.get(length)
         if compiled is None:
+            lowered = self.lower(algorithm, state, data, round_key, start, length)
             t0 = time.perf_counter()
-            compiled = _compiled_scan(data).lower(
-                algorithm, state, data, round_key, start, length).compile()
+            compiled = lowered.compile()
             self.compile_seconds += time.perf_counter() - t0
             self._compiled[length] = compiled
         return compiled(state, data, round_key, start)
@@ -283,6 +295,21 @@ class _Timer:
             return out
 
         return wrapped
+
+
+def _logged_round_metrics(chunk_metrics, copies_axis: bool) -> dict:
+    """{name: shape} of the round metrics a history row carries, from a chunk's abstract
+    metrics ([length, ...] leaves): those that are one number per round (with copies_axis,
+    one per copy: shape [copies]). Vectors such as cluster sizes stay in the chunk's output."""
+    rank = 1 + (1 if copies_axis else 0)
+    return {name: tuple(s.shape[1:]) for name, s in chunk_metrics.items()
+            if len(s.shape) == rank}
+
+
+def _row_value(value):
+    """A round metric's value for a history row: a float, or a host array per copy."""
+    array = np.asarray(parallel.to_host(value))
+    return float(array) if array.ndim == 0 else array
 
 
 def run(
@@ -352,7 +379,10 @@ def run(
 
     Returns:
       (final state, history): history is a list of dict rows, each with
-      `round` and the scalar round metrics of the last round before it.
+      `round`, the round metrics of the last round before it that are one
+      number per round (per copy with copies_axis; NaN in the round-0
+      row) and the evaluation; an evaluation value of the
+      same name wins.
 
     Raises:
       Diverged: a NaN or inf appeared (in every copy); it carries the round,
@@ -385,6 +415,15 @@ def run(
     key_init, key_rounds = jax.random.split(key)
     on_rows = on_rows or (lambda rows: None)
 
+    def logged():
+        """The round metrics history rows carry, from the first chunk's lowering (which
+        its compilation then reuses: the round is traced once)."""
+        if done >= rounds:
+            return {}
+        length = _next_boundary(done, rounds, every) - done
+        lowered = timer.lower(algorithm, state, data, key_rounds, done, length)
+        return _logged_round_metrics(lowered.out_info[1], copies_axis)
+
     restored = None
     last_saved = None
     if checkpoints is not None:
@@ -400,14 +439,19 @@ def run(
         state = jax.jit(algorithm.init)(key_init, data)
         if mesh is not None:
             state = parallel.shard_state(state, algorithm.client_axes(state), mesh)
-        history = [{"round": 0, **evaluate(state)}]
         done = 0
+        # Round 0 carries every logged round metric as NaN (no round has run), so the
+        # history's columns are fixed from its first row (metrics.csv writes them then).
+        unrun = {name: np.full(shape, np.nan) if shape else float("nan")
+                 for name, shape in logged().items()}
+        history = [{"round": 0, **unrun, **evaluate(state)}]
     start_round = done
     copies = None
     if copies_axis:
         leaves = jax.tree.leaves(state)
         copies = leaves[0].shape[0] if leaves and leaves[0].ndim else None
     watch = _Watch(copies, history[0])
+    logged_names = tuple(logged())
 
     def diverged(found, rows):
         return Diverged(*found, history=list(rows), checkpoint_round=last_saved,
@@ -432,11 +476,7 @@ def run(
                 state, metrics = timer.scan(algorithm, state, data, key_rounds, done, end - done)
                 row = None
                 if end % eval_every == 0 or end == rounds:
-                    last = {
-                        name: float(np.asarray(value[-1]))
-                        for name, value in metrics.items()
-                        if np.ndim(value) == 1
-                    }
+                    last = {name: _row_value(metrics[name][-1]) for name in logged_names}
                     row = {"round": end, **last, **evaluate(state)}
                 if (found := watch.check(state, metrics, row, done, end)) is not None:
                     raise diverged(found, history)

@@ -631,6 +631,38 @@ def test_with_seeds_equals_seed_by_seed_runs(seeded_setup, shared_data):
     assert not np.allclose(finals[0], finals[1])  # the seeds really differ
 
 
+def test_run_history_keeps_each_copys_round_metrics_with_columns_from_round_0(tmp_path,
+                                                                               garbage_ragged):
+    """With a copies axis a history row keeps the scalar round metrics per copy; round 0
+    declares them (NaN), so metrics.csv takes every later row."""
+    from fedjax_sim.logs import MetricsCSV
+
+    data = garbage_ragged
+    copies, k, d = 3, 2, 3
+    algorithm = with_seeds(ifca(linear_regression(d), option="model", num_clusters=k,
+                                local_steps=2, learning_rate=0.1), copies, shared_data=True)
+    csv = MetricsCSV(tmp_path / "metrics.csv")
+    rows = []
+
+    def on_rows(new):
+        rows.extend(new)
+        csv.append([{"round": r["round"], "copy": c,
+                     **{n: float(np.asarray(v).reshape(-1)[c]) if np.ndim(v) else float(v)
+                        for n, v in r.items() if n != "round"}}
+                    for r in new for c in range(copies)])
+
+    _, history = simulate.run(algorithm, data, jax.random.key(0), rounds=4, eval_every=2,
+                              progress=False, copies_axis=True, on_rows=on_rows)
+    assert [r["round"] for r in history] == [0, 2, 4] and rows == history
+    assert np.isnan(history[0]["downlink_floats"]).all()
+    for row in history[1:]:
+        # All 5 clients (the empty one too) download the k models of d floats (hand count).
+        np.testing.assert_array_equal(row["downlink_floats"], np.full(copies, 5 * k * d))
+        chex.assert_shape(row["frozen_clients"], (copies,))
+    assert "cluster_sizes" not in history[-1]  # a vector per round: not a history column
+    assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 1 + 3 * copies
+
+
 # --------------------------------------------------------------------------------------
 # 5. Empty clients
 # --------------------------------------------------------------------------------------

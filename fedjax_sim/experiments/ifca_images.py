@@ -329,6 +329,13 @@ def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_r
     return metrics
 
 
+def _seed_mean(values) -> float:
+    """The mean over seeds of the seeds with a value (NaN when none has: e.g. a round
+    metric in the round-0 row)."""
+    v = np.asarray(values, np.float64)
+    return float(np.nanmean(v)) if (~np.isnan(v)).any() else float("nan")
+
+
 def _first_round_at_one(rows: list[dict], seeds: int) -> list:
     """Per seed: the first logged round whose cluster-identity accuracy is 1.0 (None: never)."""
     first = [None] * seeds
@@ -458,8 +465,8 @@ class RotatedImages(Experiment):
             per_seed[name] = {m: np.asarray(final[m], np.float64) if m in final
                               else np.full(seeds, np.nan) for m in TABLE}
             histories[name] = [
-                {"round": row["round"], **{m: float(np.nanmean(np.asarray(v, np.float64)))
-                                           for m, v in row.items() if m != "round"}}
+                {"round": row["round"], **{m: _seed_mean(v) for m, v in row.items()
+                                           if m != "round"}}
                 for row in history if len(row) > 1]
             if name in CLUSTERING:
                 identity_rounds[name] = _first_round_at_one(history, seeds)
