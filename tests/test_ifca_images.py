@@ -10,6 +10,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fedjax_sim import simulate
@@ -445,7 +446,107 @@ def test_cifar_protocol_from_local_npz(tmp_path):
                 {"data_dir": str(tmp_path), "n": 10, "batch_size": 5, "seeds": 2})
     preset.experiment.validate(s)
     problem = E.build_problem(s)
-    assert problem["train"].x.shape == (2, 8, 10, 24, 24, 3)  # k=2 × 4 clients per cluster
+    assert problem["train"].x.shape == (2, 8, 10, 32, 32, 3)  # k=2 × 4 clients per cluster
     assert problem["rotations"] == (0, 2)
-    x = np.asarray(problem["train"].x[0, 0])  # standardized per image
-    np.testing.assert_allclose(x.mean(axis=(1, 2, 3)), 0.0, atol=1e-4)
+    x = np.asarray(problem["train"].x[0, 0])  # uncropped, in [0, 1]: the model crops
+    assert x.min() >= 0.0 and x.max() <= 1.0
+    model = E.build_model(s, x.shape[1:])
+    assert model.augment is not None  # the preset trains on the tutorial's distorted views
+    params = model.init(jax.random.key(0))
+    assert model.apply(params, jnp.asarray(x)).shape == (10, 10)
+    # The model reads the center crop only: the outer ring does not change its output.
+    ringed = x.copy()
+    ringed[:, :4] = 0.5
+    np.testing.assert_array_equal(np.asarray(model.apply(params, jnp.asarray(ringed))),
+                                  np.asarray(model.apply(params, jnp.asarray(x))))
+    with pytest.raises(ValueError, match="setting augment is for dataset=cifar"):
+        mnist = get_preset("ifca-rotated-digits")
+        E.DIGITS.validate(resolve(mnist.experiment.declared, mnist.defaults, {"augment": True}))
+
+
+def np_distort(x, top, left, flip, delta, factor, size=24):
+    """The tutorial's distorted view, image by image in float64 (tf.image semantics)."""
+    out = np.array(x, np.float64)
+    c = (x.shape[1] - size) // 2
+    for i in range(x.shape[0]):
+        crop = np.array(x[i, top:top + size, left:left + size], np.float64)
+        if flip[i]:
+            crop = crop[:, ::-1]
+        crop = crop + delta
+        for ch in range(crop.shape[-1]):
+            mean = crop[..., ch].mean()
+            crop[..., ch] = (crop[..., ch] - mean) * factor + mean
+        out[i, c:c + size, c:c + size] = crop
+    return out
+
+
+def test_tutorial_distort_equals_per_image_loop():
+    from fedjax_sim.models.augment import tutorial_distort
+
+    x = np.random.default_rng(0).random((3, 32, 32, 3)).astype(np.float32)
+    flip = np.array([True, False, True])
+    got = tutorial_distort(jnp.asarray(x), 5, 2, jnp.asarray(flip), 0.3, 1.4)
+    np.testing.assert_allclose(np.asarray(got), np_distort(x, 5, 2, flip, 0.3, 1.4),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_tutorial_augment_draws_one_corner_per_batch_and_flips_per_image():
+    """Each view's center is a 24×24 window of its image (flipped or not), up to brightness
+    and contrast: compared after removing each channel's mean and dividing by the deviations'
+    std, which both cancel from. One corner per minibatch, corners spread over the 9×9 valid
+    ones, flips both ways."""
+    from fedjax_sim.models.augment import center_crop, tutorial_augment
+
+    def shape_only(v):  # [b, h, w, c] -> invariant to v + δ and to (v − m_c)·f + m_c
+        d = v - v.mean(axis=(1, 2), keepdims=True)
+        return d / d.std(axis=(1, 2, 3), keepdims=True)
+
+    x = np.random.default_rng(1).random((2, 32, 32, 3)).astype(np.float32)
+    windows = {(a, b, f): shape_only(x[:, a:a + 24, b:b + 24][:, :, ::-1] if f
+                                     else x[:, a:a + 24, b:b + 24])
+               for a in range(9) for b in range(9) for f in (0, 1)}
+    corners, flips = [], set()
+    for i in range(40):
+        view = shape_only(np.asarray(center_crop(tutorial_augment(jax.random.key(i),
+                                                                  jnp.asarray(x))), np.float64))
+        found = []
+        for img in range(2):
+            match = [(a, b, f) for (a, b, f), w in windows.items()
+                     if np.allclose(view[img], w[img], atol=2e-3)]
+            assert len(match) == 1, (i, img, match)
+            found.append(match[0])
+        assert found[0][:2] == found[1][:2]  # one crop corner per minibatch (official code)
+        corners.append(found[0][:2])
+        flips.update(f for *_, f in found)
+    tops, lefts = {a for a, _ in corners}, {b for _, b in corners}
+    assert tops <= set(range(9)) and len(tops) >= 5 and len(lefts) >= 5
+    assert flips == {0, 1}
+
+
+def test_local_steps_train_on_augmented_views_with_a_fresh_key_per_step(ragged):
+    """Model.augment: local_update equals a per-client loop that takes τ plain gradient
+    steps, each on augment(fold_in(step key, 1), x); evaluation sees x as it is."""
+    from fedjax_sim.models import client_loss
+    from fedjax_sim.ops import local_update
+
+    def noisy(key, x):
+        return x + 0.3 * jax.random.normal(key, x.shape)
+
+    base = mlp_classifier(ragged.x.shape[2:], [5], 3)
+    model = base._replace(augment=noisy)
+    m, steps, lr = ragged.num_clients, 3, 0.2
+    params = jax.vmap(base.init)(jax.random.split(jax.random.key(2), m))
+    keys = jax.random.split(jax.random.key(3), m)
+    got, _, _ = local_update(model, optax.sgd(lr), params, ragged, keys, num_steps=steps)
+    for i in range(m):
+        p = jax.tree.map(lambda a, i=i: a[i], params)
+        x, y, n = ragged.x[i], ragged.y[i], ragged.num_examples[i]
+        for k in jax.random.split(keys[i], steps):
+            view = noisy(jax.random.fold_in(k, 1), x)
+            g = jax.grad(lambda q, view=view: client_loss(base, q, view, y, n))(p)
+            p = jax.tree.map(lambda a, b: a - lr * b, p, g)
+        chex.assert_trees_all_close(jax.tree.map(lambda a, i=i: a[i], got), p,
+                                    rtol=1e-5, atol=1e-6)
+    plain, _, _ = local_update(base, optax.sgd(lr), params, ragged, keys, num_steps=steps)
+    assert not np.allclose(np.asarray(jax.tree.leaves(plain)[0]),
+                           np.asarray(jax.tree.leaves(got)[0]))  # the views mattered

@@ -224,32 +224,12 @@ def rotated_clusters(
     return RotatedClusters(train, test, test_of_client, rotations)
 
 
-def center_crop(images: np.ndarray, size: int) -> np.ndarray:
-    """The central size×size crop of [N, H, W, ...] images."""
-    h, w = images.shape[1:3]
-    if size > min(h, w):
-        raise ValueError(f"crop {size} exceeds the image size {h}×{w}.")
-    top, left = (h - size) // 2, (w - size) // 2
-    return images[:, top: top + size, left: left + size]
-
-
-def standardize_per_image(images: np.ndarray) -> np.ndarray:
-    """(x − mean) / max(std, 1/√pixels) per image, as tf.image.per_image_standardization."""
-    x = images.astype(np.float32)
-    axes = tuple(range(1, x.ndim))
-    mean = x.mean(axis=axes, keepdims=True)
-    std = np.maximum(x.std(axis=axes, keepdims=True), 1.0 / np.sqrt(np.prod(x.shape[1:])))
-    return (x - mean) / std
-
-
 __all__ = [
     "RotatedClusters",
-    "center_crop",
     "default_rotations",
     "digits",
     "fixed_split",
     "mnist_5k",
     "rotate",
     "rotated_clusters",
-    "standardize_per_image",
 ]

@@ -37,6 +37,11 @@ class Model(NamedTuple):
     features, head: set on split models (`split_model`): params are
       {"trunk": ..., "head": ...}, features(params["trunk"], x) -> [n, f] and
       head(params["head"], features) -> predictions. None on plain models.
+    augment: optional train-time view (key, x [b, ...]) -> x of the same
+      shape: local optimizer steps (`ops.client_update`) train on augment of
+      each minibatch, with a fresh key per step; cluster choice and
+      evaluation see x as it is. Not applied where a frozen trunk's features
+      are computed once (they are not images any more). None: no augmentation.
     """
 
     init: Callable[[jax.Array], Params]
@@ -46,6 +51,7 @@ class Model(NamedTuple):
     structure: str | None = None
     features: Callable[[Params, Any], jax.Array] | None = None
     head: Callable[[Params, jax.Array], jax.Array] | None = None
+    augment: Callable[[jax.Array, Any], Any] | None = None
 
     @property
     def is_split(self) -> bool:

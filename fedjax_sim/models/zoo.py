@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
 
+from fedjax_sim.models.augment import center_crop, standardize_per_image, tutorial_augment
 from fedjax_sim.models.core import Model, from_flax, split_model
 
 
@@ -114,10 +116,16 @@ class CifarTrunk(nn.Module):
 
     conv 5×5×64 (std 0.05) → ReLU → maxpool 3/2 → LRN → conv 5×5×64 (bias 0.1) → ReLU → LRN →
     maxpool 3/2 → fc 384 (std 0.04, bias 0.1) → fc 192 (std 0.04, bias 0.1), on [n, 24, 24, 3].
+    crop: None takes x as it is; an int first takes x's center crop×crop and standardizes
+    it per image (the tutorial's test-time input), so x can be the uncropped images.
     """
+
+    crop: int | None = None
 
     @nn.compact
     def __call__(self, x):
+        if self.crop is not None:
+            x = standardize_per_image(center_crop(x, self.crop))
         x = nn.Conv(64, (5, 5), padding="SAME", kernel_init=_truncated(5e-2))(x)
         x = nn.max_pool(nn.relu(x), (3, 3), strides=(2, 2), padding="SAME")
         x = local_response_norm(x)
@@ -133,15 +141,24 @@ class CifarTrunk(nn.Module):
 
 
 def cifar_cnn(num_classes: int = 10, input_shape: Sequence[int] = (24, 24, 3), *,
-              split: bool = False) -> Model:
+              split: bool = False, crop: int | None = None, augment: bool = False) -> Model:
     """The TF-tutorial CIFAR-10 CNN of rotated CIFAR (PAPERS.md §2.3); the head is 192 → classes.
 
-    The tutorial's L2 weight decay (0.004 on fc1/fc2) belongs to the optimizer:
-    see `cifar_weight_decay_mask`.
+    crop: None for inputs already cropped and standardized; CROP (24) for uncropped
+    [n, 32, 32, 3] images in [0, 1], which the model center-crops and standardizes
+    itself. augment (needs crop): local steps train on the tutorial's distorted
+    views (`augment.tutorial_augment`). The tutorial's L2 weight decay (0.004 on
+    fc1/fc2) belongs to the optimizer: see `cifar_weight_decay_mask`.
     """
+    if augment and crop is None:
+        raise ValueError("cifar_cnn(augment=True) needs crop: the distorted crop is written "
+                         "at the center of the uncropped image, which the model crops.")
     example = jnp.zeros((1, *input_shape), jnp.float32)
     head = nn.Dense(num_classes, kernel_init=_truncated(1 / 192.0))
-    return _trunk_and_head(CifarTrunk(), head, example, split)
+    model = _trunk_and_head(CifarTrunk(crop), head, example, split)
+    if augment:
+        model = model._replace(augment=functools.partial(tutorial_augment, size=crop))
+    return model
 
 
 def cifar_weight_decay_mask(params):

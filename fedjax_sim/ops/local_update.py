@@ -11,6 +11,7 @@ import optax
 from fedjax_sim.models.core import Model
 from fedjax_sim.ops.chunking import map_client_chunks
 
+AUGMENT_STREAM = 1  # a step's augmentation key: fold_in(step key, 1), beside its batch/loss split
 RANK_MAX_ROWS = 128  # up to here `lowest` counts ranks (n² compares) instead of sorting
 
 
@@ -109,6 +110,8 @@ def client_update(
             idx, bmask = sample_batch(k_batch, num_examples, n_max, batch_size)
             xb = jax.tree.map(lambda a: a[idx], x)
             yb, mb = y[idx], bmask.astype(jnp.float32)
+        if model.augment is not None:  # this step's train-time view (its own key stream)
+            xb = model.augment(jax.random.fold_in(k, AUGMENT_STREAM), xb)
         loss, grads = jax.value_and_grad(loss_fn)(p, xb, yb, mb, k_loss)
         updates, opt_state = optimizer.update(grads, opt_state, p)
         p = optax.apply_updates(p, updates)
