@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+
 TESTS_DIR = str(Path(__file__).resolve().parent)
 
 
@@ -49,3 +51,23 @@ def eight_clients():
         for x, t in zip(xs, truth, strict=True)
     ]
     return FederatedData.from_clients(xs, ys, cluster=truth), linear_regression(5)
+
+
+def recording_context():
+    """A RunContext whose on_method records (name, per_seed, history) as methods finish."""
+    from fedjax_sim.experiments.base import RunContext
+
+    finished = []
+    ctx = RunContext(progress=False,
+                     on_method=lambda name, per_seed, history: finished.append(
+                         (name, per_seed, history)))
+    return ctx, finished
+
+
+def assert_reported_as_finished(finished, comparison, methods):
+    """Each method was reported once, in order, with the comparison's finals and history."""
+    assert [name for name, _, _ in finished] == list(methods)
+    for name, per_seed, history in finished:
+        assert history == comparison.histories[name]
+        for metric, values in comparison.per_seed[name].items():
+            np.testing.assert_array_equal(per_seed[metric], values)

@@ -297,7 +297,45 @@ def test_every_compare_preset_compares_tiny(tmp_path, name):
             assert math.isfinite(float(r["train_loss_diff"]))
             assert r["train_loss_significant"] in ("True", "False")
     assert len(_rows(out / "per_seed.csv")) == 2 * len(experiment.methods)
+    # Each method's finals were also written as it finished (what a crash keeps).
+    per_seed = _rows(out / "per_seed.csv")
+    assert sorted(p.name for p in (out / "methods").iterdir()) == sorted(
+        f"{m}.json" for m in experiment.methods)
+    for method in experiment.methods:
+        saved = json.loads((out / "methods" / f"{method}.json").read_text())
+        assert saved["method"] == method and saved["history"]
+        for i, row in enumerate(r for r in per_seed if r["method"] == method):
+            got = saved["per_seed"]["train_loss"][i]
+            want = float(row["train_loss"]) if row["train_loss"] else math.nan
+            if got is None:  # strict JSON writes a NaN (a diverged seed) as null
+                assert math.isnan(want)
+            else:
+                assert got == pytest.approx(want)
     _assert_strict_files(out)
+
+
+def test_a_comparison_that_crashes_keeps_the_methods_it_finished(tmp_path, monkeypatch):
+    from fedjax_sim.experiments import ifca_synthetic
+
+    real, calls = ifca_synthetic._run_tolerant, []
+
+    def crash_on_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # a stop (or a crash) during the second method
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ifca_synthetic, "_run_tolerant", crash_on_second)
+    name = "ifca-synthetic-tiny"
+    first = experiments.PRESETS[name].experiment.methods[0]
+    out = tmp_path / "compare"
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["compare", name, "--set", *_set({**_run_tiny(name), "seeds": 2}), "--out",
+                  str(out), "--no-progress"])
+    assert [p.name for p in (out / "methods").iterdir()] == [f"{first}.json"]
+    saved = json.loads((out / "methods" / f"{first}.json").read_text())
+    assert len(saved["per_seed"]["train_loss"]) == 2 and saved["history"][-1]["round"] > 0
+    assert not (out / "results.csv").exists()
 
 
 # ----------------------------------------------------------------------------- file formats

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from federations import assert_reported_as_finished, recording_context
 from scipy import stats as scipy_stats
 
 from fedjax_sim.algorithms import drfa, drflm
@@ -288,7 +289,6 @@ def test_synthetic_noise_preset_small_drfa_chases_noisy_clients():
     of its mass on the 2 noisy clients (uniform: 0.2), and the runner's paired comparison
     calls the difference significant."""
     from fedjax_sim import experiments, stats
-    from fedjax_sim.experiments.base import RunContext
     from fedjax_sim.experiments.drfa_molecules import DRFAExperiment
 
     preset = experiments.get_preset("drfa-synthetic-noise", "compare")
@@ -296,7 +296,9 @@ def test_synthetic_noise_preset_small_drfa_chases_noisy_clients():
                                               "n_test": 20}, "compare")
     experiment = DRFAExperiment()
     experiment.methods = ("fedavg", "drfa")
-    comparison = experiment.compare(s, RunContext(progress=False))
+    ctx, finished = recording_context()
+    comparison = experiment.compare(s, ctx)
+    assert_reported_as_finished(finished, comparison, experiment.methods)
     fa, dr = comparison.per_seed["fedavg"], comparison.per_seed["drfa"]
     assert np.all(dr["test_rmse_worst"] > 2 * fa["test_rmse_worst"])
     assert np.all(dr["lambda_hat_noisy"] > 0.5)

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from federations import assert_reported_as_finished, recording_context
 
 from fedjax_sim import simulate
 from fedjax_sim.algorithms import fedavg, ifca
@@ -405,7 +406,9 @@ def test_digits_quick_start_ifca_beats_global_and_local():
     experiment = preset.experiment
     s = resolve(experiment.declared, preset.defaults, {})
     experiment.validate(s)
-    result = experiment.compare(s, RunContext(progress=False))
+    ctx, finished = recording_context()
+    result = experiment.compare(s, ctx)
+    assert_reported_as_finished(finished, result, experiment.methods)
     acc = {m: result.per_seed[m]["test_accuracy"] for m in result.per_seed}
     assert np.all(acc["ifca"] > acc["fedavg"]), acc
     assert np.all(acc["ifca"] > acc["local"]), acc

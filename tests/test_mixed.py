@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from federations import assert_reported_as_finished, recording_context
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,7 +22,6 @@ from fedjax_sim.algorithms.mixed import (
     mixed_parallel,
 )
 from fedjax_sim.data import FederatedData, ServerData
-from fedjax_sim.experiments.base import RunContext
 from fedjax_sim.experiments.mixed_tasks import MixedSynthetic, binary_auc, rounds_to_target
 from fedjax_sim.models import linear_regression
 from fedjax_sim.ops import sample_cohort
@@ -280,7 +280,10 @@ def test_synthetic_preset_pt_matches_gt_at_gap_zero_and_lags_at_a_large_gap():
     for gap in (0.0, 3.0):
         s = {**small, "gap": gap}
         experiment.validate(s)
-        runs[gap] = experiment.compare(s, RunContext(progress=False)).per_seed
+        ctx, finished = recording_context()
+        comparison = experiment.compare(s, ctx)
+        assert_reported_as_finished(finished, comparison, experiment.methods)
+        runs[gap] = comparison.per_seed
     pt0, gt0 = runs[0.0]["mixed_parallel"], runs[0.0]["mixed_gt1"]
     pt3, gt3 = runs[3.0]["mixed_parallel"], runs[3.0]["mixed_gt1"]
     # Gap 0: G̃ near 0 (only label noise and sampling separate the two optima), and PT

@@ -22,6 +22,11 @@ class RunContext:
 
     on_rows: called with history rows as they are produced (the runner
       appends them to metrics.csv, fsynced, and to TensorBoard).
+    on_method: a comparison calls it as each method finishes, with the
+      method's name, its per-seed finals {metric: [seeds]} and its history
+      (rows averaged over seeds); the runner writes methods/<name>.json at
+      once, so a long comparison that crashes or is stopped keeps the methods
+      it finished.
     timing: filled by `simulate.run` (rounds_run, compile_seconds, run_seconds).
     """
 
@@ -30,6 +35,7 @@ class RunContext:
     checkpoint_dir: Any = None
     resume: bool = False
     on_rows: Callable[[list[dict]], None] = lambda rows: None
+    on_method: Callable[[str, dict, list[dict]], None] = lambda name, per_seed, history: None
     timing: dict = field(default_factory=dict)
 
 

@@ -317,6 +317,7 @@ class DRFAExperiment(Experiment):
                         np.asarray(v, np.float64)).any() else math.nan
                     for m, v in row.items() if m != "round"}}
                 for row in history]
+            ctx.on_method(name, per_seed[name], histories[name])
         notes = self._notes(s, problem, per_seed)
         return Comparison(per_seed, histories, final_metrics(s), self.baseline, notes)
 

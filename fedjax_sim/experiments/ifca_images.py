@@ -474,6 +474,7 @@ class RotatedImages(Experiment):
                 for row in history if len(row) > 1]
             if name in CLUSTERING:
                 identity_rounds[name] = _first_round_at_one(history, seeds)
+            ctx.on_method(name, per_seed[name], histories[name])
         notes = self.notes(s, problem, identity_rounds)
         return Comparison(per_seed, histories, TABLE, self.baseline, notes)
 

@@ -235,6 +235,8 @@ def _per_restart_rows(rows: list[dict]) -> list[dict]:
 
 # ----------------------------------------------------------------------------- one run
 
+COMPARE_METRICS = ("test_loss", "train_loss", "cluster_accuracy", "min_dist")  # table order
+
 _SHAPE = (
     Setting("k", int, 2, "clusters", minimum=1, maximum=1024),
     count("m", 100, "clients (machines); a multiple of k"),
@@ -441,11 +443,10 @@ class SyntheticRun(Experiment):
                     for m, v in row.items() if m != "round"}}
                 for row in history
             ]
-        metrics = ["test_loss", "train_loss", "cluster_accuracy", "min_dist"]  # the table's order
-        for name in per_seed:  # NaN where a method has no such metric (local: no min_dist)
-            for metric in metrics:
+            for metric in COMPARE_METRICS:  # NaN where a method has none (local: no min_dist)
                 per_seed[name].setdefault(metric, np.full(seeds, np.nan))
-        return Comparison(per_seed, histories, metrics, self.baseline)
+            ctx.on_method(name, per_seed[name], histories[name])
+        return Comparison(per_seed, histories, list(COMPARE_METRICS), self.baseline)
 
     # ---- generic sweep: any setting as an axis; cells that differ only in traced
     # settings (lr, σ, R) and their seeds are one vmapped, compiled program

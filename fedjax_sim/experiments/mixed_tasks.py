@@ -257,8 +257,13 @@ class MixedTask(Experiment):
         m = self.num_clients(s)
         return 1.0 if s["clients_per_round"] == 0 else s["clients_per_round"] / m
 
-    def run_methods(self, s: dict, seed_ids: list[int], progress: bool = False):
-        """Every method on the seeds' data: (per_seed, histories, per-round metrics, info)."""
+    def run_methods(self, s: dict, seed_ids: list[int], progress: bool = False,
+                    on_method=None):
+        """Every method on the seeds' data: (per_seed, histories, per-round metrics, info).
+
+        on_method(name, per_seed, history), when given, is called as each method finishes
+        (`RunContext.on_method`); the table's missing metrics are NaN there too.
+        """
         s = {**s, "participation": self.participation(s)}
         inputs, info = self.problem(s, seed_ids)
         algorithms, evaluate = self.programs(s, len(seed_ids))
@@ -292,9 +297,10 @@ class MixedTask(Experiment):
                 for row in rows
             ]
             rounds_of[name] = per_round
-        for name in per_seed:  # NaN where a method has no such metric (FL only: no G̃)
-            for metric in self.table:
-                per_seed[name].setdefault(metric, np.full(len(seed_ids), np.nan))
+            for metric in self.table:  # NaN where a method has no such metric (FL only: no G̃)
+                final.setdefault(metric, np.full(len(seed_ids), np.nan))
+            if on_method is not None:
+                on_method(name, final, histories[name])
         return per_seed, histories, rounds_of, info
 
     def compare(self, s: dict, ctx: RunContext) -> Comparison:
@@ -304,7 +310,7 @@ class MixedTask(Experiment):
         method gets the same data and per-seed keys (`with_seeds`).
         """
         per_seed, histories, _, info = self.run_methods(s, list(range(s["seeds"])),
-                                                        ctx.progress)
+                                                        ctx.progress, ctx.on_method)
         notes = {
             "methods": ", ".join(f"{m} = {LABELS[m]}" for m in self.methods),
             "2-GT": f"combine={s['combine']} (α = ½ is §6.2's reconstruction; mixing: "

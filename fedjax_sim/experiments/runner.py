@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 
 import fedjax_sim
 from fedjax_sim import parallel, plots, simulate, stats
@@ -410,14 +411,27 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
 # ----------------------------------------------------------------------------- comparisons
 
 
+def _method_writer(out_dir: Path):
+    """on_method for a comparison: methods/<name>.json (finals per seed, history), atomically."""
+
+    def on_method(name: str, per_seed: dict, history: list[dict]) -> None:
+        write_json(out_dir / "methods" / f"{name}.json", {
+            "method": name,
+            "per_seed": {m: np.asarray(v, np.float64).tolist() for m, v in per_seed.items()},
+            "history": history})
+
+    return on_method
+
+
 def compare_preset(name, overrides=None, out_dir=None, progress: bool = True) -> Path:
     """Trains the experiment's methods side by side over vmapped seeds.
 
-    Writes config.json, results.csv (one row per method: <metric>_mean, _std
-    and, but for the baseline, _diff, _diff_se, _significant: the per-seed
-    paired difference to the baseline), results.md (printed too),
-    per_seed.csv, metrics.csv (per method, averaged over seeds) and
-    comparison.png.
+    Writes config.json first, methods/<name>.json as each method finishes (its
+    finals per seed and its history: what a crash or a stop keeps), then
+    results.csv (one row per method: <metric>_mean, _std and, but for the
+    baseline, _diff, _diff_se, _significant: the per-seed paired difference to
+    the baseline), results.md (printed too), per_seed.csv, metrics.csv (per
+    method, averaged over seeds) and comparison.png.
     """
     preset = get_preset(name, COMPARE)
     experiment = preset.experiment
@@ -427,7 +441,8 @@ def compare_preset(name, overrides=None, out_dir=None, progress: bool = True) ->
     write_json(out_dir / "config.json", {
         **_config(preset, COMPARE, settings), "methods": list(experiment.methods),
         "baseline": experiment.baseline})
-    comparison = experiment.compare(settings, RunContext(progress=progress))
+    comparison = experiment.compare(settings, RunContext(progress=progress,
+                                                         on_method=_method_writer(out_dir)))
     rows = stats.paired_comparison(comparison.per_seed, comparison.baseline, comparison.metrics)
     write_csv(out_dir / "results.csv", rows, stats.results_columns(comparison.metrics))
     seeds = settings.get("seeds", 1)
