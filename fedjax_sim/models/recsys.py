@@ -143,6 +143,15 @@ def rank_of_label(scores, labels):
     return jnp.sum(scores > label_scores(scores, labels), axis=-1)
 
 
+def exclude_items(scores, ids):
+    """scores [n, I] with the items ids [n, s] (-1: none) of each row set to −inf: candidates
+    a user has already watched (a MovieLens user rates a movie once, so never its next one)."""
+    rows = jnp.arange(scores.shape[0])[:, None]
+    seen = jnp.zeros(scores.shape, bool).at[rows, jnp.where(ids >= 0, ids, scores.shape[-1])].set(
+        True, mode="drop")
+    return jnp.where(seen, -jnp.inf, scores)
+
+
 def recall_at_k(scores, labels, k: int = 10):
     """[n] 1.0 where the label is among the k best of all items (one label per example,
     so recall@k is the hit rate); 0 on padding labels (-1) and where the label's score is
