@@ -451,7 +451,9 @@ def run(
         leaves = jax.tree.leaves(state)
         copies = leaves[0].shape[0] if leaves and leaves[0].ndim else None
     watch = _Watch(copies, history[0])
-    logged_names = tuple(logged())
+    # Only columns the history already has (a run resumed from an older version's
+    # checkpoint keeps its metrics.csv columns).
+    logged_names = tuple(name for name in logged() if name in history[0])
 
     def diverged(found, rows):
         return Diverged(*found, history=list(rows), checkpoint_round=last_saved,

@@ -76,6 +76,28 @@ class _Killed(Exception):
     pass
 
 
+def test_resume_keeps_the_history_columns_of_the_checkpointed_run(tmp_path, small_ifca):
+    """A run resumed with a round that logs a new scalar metric (e.g. a checkpoint of an
+    older version) keeps the checkpointed history's columns, so its metrics.csv takes
+    the new rows."""
+    algorithm, data, metrics = small_ifca
+    kw = dict(eval_every=5, evaluate=metrics, progress=False, copies_axis=True,
+              checkpoint_every=10, checkpoint_dir=tmp_path / "run")
+    simulate.run(algorithm, data, jax.random.key(1), rounds=10, **kw)
+
+    def round_with_extra(state, data, key):
+        state, out = algorithm.round(state, data, key)
+        return state, {**out, "extra": jnp.ones(np.shape(out["downlink_floats"]))}
+
+    newer = algorithm._replace(round=round_with_extra)
+    _, history = simulate.run(newer, data, jax.random.key(1), rounds=20, resume=True, **kw)
+    assert [r["round"] for r in history] == [0, 5, 10, 15, 20]
+    assert all(set(r) == set(history[0]) for r in history) and "extra" not in history[0]
+    _, fresh = simulate.run(newer, data, jax.random.key(1), rounds=5, eval_every=5,
+                            evaluate=metrics, progress=False, copies_axis=True)
+    assert np.isnan(fresh[0]["extra"]).all() and (fresh[1]["extra"] == 1).all()
+
+
 def test_simulate_resume_is_bitwise_identical(tmp_path, small_ifca):
     algorithm, data, metrics = small_ifca
     kw = dict(rounds=40, eval_every=5, evaluate=metrics, progress=False, copies_axis=True,
