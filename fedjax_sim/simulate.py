@@ -415,15 +415,6 @@ def run(
     key_init, key_rounds = jax.random.split(key)
     on_rows = on_rows or (lambda rows: None)
 
-    def logged():
-        """The round metrics history rows carry, from the first chunk's lowering (which
-        its compilation then reuses: the round is traced once)."""
-        if done >= rounds:
-            return {}
-        length = _next_boundary(done, rounds, every) - done
-        lowered = timer.lower(algorithm, state, data, key_rounds, done, length)
-        return _logged_round_metrics(lowered.out_info[1], copies_axis)
-
     restored = None
     last_saved = None
     if checkpoints is not None:
@@ -439,11 +430,19 @@ def run(
         state = jax.jit(algorithm.init)(key_init, data)
         if mesh is not None:
             state = parallel.shard_state(state, algorithm.client_axes(state), mesh)
-        done = 0
+        history, done = None, 0
+    # The round metrics history rows carry, from the first chunk's lowering (which its
+    # compilation then reuses: the round is traced once).
+    logged = {}
+    if done < rounds:
+        first = timer.lower(algorithm, state, data, key_rounds, done,
+                            _next_boundary(done, rounds, every) - done)
+        logged = _logged_round_metrics(first.out_info[1], copies_axis)
+    if history is None:
         # Round 0 carries every logged round metric as NaN (no round has run), so the
         # history's columns are fixed from its first row (metrics.csv writes them then).
         unrun = {name: np.full(shape, np.nan) if shape else float("nan")
-                 for name, shape in logged().items()}
+                 for name, shape in logged.items()}
         history = [{"round": 0, **unrun, **evaluate(state)}]
     start_round = done
     copies = None
@@ -453,7 +452,7 @@ def run(
     watch = _Watch(copies, history[0])
     # Only columns the history already has (a run resumed from an older version's
     # checkpoint keeps its metrics.csv columns).
-    logged_names = tuple(name for name in logged() if name in history[0])
+    logged_names = tuple(name for name in logged if name in history[0])
 
     def diverged(found, rows):
         return Diverged(*found, history=list(rows), checkpoint_round=last_saved,

@@ -9,9 +9,12 @@ run directories, sweeps and comparisons; nothing else needs editing to add one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from fedjax_sim.experiments.settings import Setting
 
@@ -37,6 +40,19 @@ class RunContext:
     on_rows: Callable[[list[dict]], None] = lambda rows: None
     on_method: Callable[[str, dict, list[dict]], None] = lambda name, per_seed, history: None
     timing: dict = field(default_factory=dict)
+
+
+def seed_mean(values) -> float:
+    """A history value averaged over seeds, NaN seeds left out; NaN when no seed has a
+    finite value (every seed diverged, a round metric in the round-0 row)."""
+    v = np.asarray(values, np.float64)
+    return float(np.nanmean(v)) if np.isfinite(v).any() else math.nan
+
+
+def seed_mean_rows(rows: list[dict]) -> list[dict]:
+    """History rows with per-seed values -> rows of `seed_mean`s (the comparison's form)."""
+    return [{"round": row["round"], **{m: seed_mean(v) for m, v in row.items() if m != "round"}}
+            for row in rows]
 
 
 @dataclass

@@ -35,7 +35,13 @@ import optax
 from fedjax_sim import parallel, simulate
 from fedjax_sim.algorithms import drfa, drflm, fedavg, with_seeds
 from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.experiments.base import Comparison, Experiment, Preset, RunContext
+from fedjax_sim.experiments.base import (
+    Comparison,
+    Experiment,
+    Preset,
+    RunContext,
+    seed_mean_rows,
+)
 from fedjax_sim.experiments.settings import Setting, count, seed_setting
 from fedjax_sim.models import linear_regression
 
@@ -311,12 +317,7 @@ class DRFAExperiment(Experiment):
                 history = err.history
             final = history[-1]
             per_seed[name] = {m: np.asarray(final[m], np.float64) for m in final_metrics(s)}
-            histories[name] = [
-                {"round": row["round"], **{
-                    m: float(np.nanmean(np.asarray(v, np.float64))) if np.isfinite(
-                        np.asarray(v, np.float64)).any() else math.nan
-                    for m, v in row.items() if m != "round"}}
-                for row in history]
+            histories[name] = seed_mean_rows(history)
             ctx.on_method(name, per_seed[name], histories[name])
         notes = self._notes(s, problem, per_seed)
         return Comparison(per_seed, histories, final_metrics(s), self.baseline, notes)

@@ -44,7 +44,13 @@ from fedjax_sim.data.images import (
     mnist_5k,
     rotated_clusters,
 )
-from fedjax_sim.experiments.base import Comparison, Experiment, Preset, RunContext
+from fedjax_sim.experiments.base import (
+    Comparison,
+    Experiment,
+    Preset,
+    RunContext,
+    seed_mean_rows,
+)
 from fedjax_sim.experiments.settings import Setting, count, seed_setting
 from fedjax_sim.memory import choose_client_chunk
 from fedjax_sim.metrics import cluster_identity_accuracy
@@ -328,13 +334,6 @@ def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_r
     return metrics
 
 
-def _seed_mean(values) -> float:
-    """The mean over seeds of the seeds with a value (NaN when none has: e.g. a round
-    metric in the round-0 row)."""
-    v = np.asarray(values, np.float64)
-    return float(np.nanmean(v)) if (~np.isnan(v)).any() else float("nan")
-
-
 def _first_round_at_one(rows: list[dict], seeds: int) -> list:
     """Per seed: the first logged round whose cluster-identity accuracy is 1.0 (None: never)."""
     first = [None] * seeds
@@ -468,10 +467,7 @@ class RotatedImages(Experiment):
             final = history[-1]
             per_seed[name] = {m: np.asarray(final[m], np.float64) if m in final
                               else np.full(seeds, np.nan) for m in TABLE}
-            histories[name] = [
-                {"round": row["round"], **{m: _seed_mean(v) for m, v in row.items()
-                                           if m != "round"}}
-                for row in history if len(row) > 1]
+            histories[name] = seed_mean_rows([row for row in history if len(row) > 1])
             if name in CLUSTERING:
                 identity_rounds[name] = _first_round_at_one(history, seeds)
             ctx.on_method(name, per_seed[name], histories[name])

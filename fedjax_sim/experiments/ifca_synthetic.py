@@ -38,7 +38,7 @@ from fedjax_sim.algorithms import (
     with_seeds,
 )
 from fedjax_sim.data import check_mixture_settings, linear_mixture
-from fedjax_sim.experiments.base import Comparison, Experiment, RunContext
+from fedjax_sim.experiments.base import Comparison, Experiment, RunContext, seed_mean
 from fedjax_sim.experiments.settings import Setting, count, seed_setting
 from fedjax_sim.memory import choose_client_chunk, estimate_bytes_per_client, tree_bytes
 from fedjax_sim.metrics import cluster_identity_accuracy, min_dist
@@ -438,8 +438,8 @@ class SyntheticRun(Experiment):
             }
             histories[name] = [
                 {"round": row["round"], **{
-                    m: float(np.nanmean([np.asarray(v)[i, b] for i, b in enumerate(chosen)
-                                         if b is not None]))
+                    m: seed_mean([np.asarray(v)[i, b] for i, b in enumerate(chosen)
+                                  if b is not None])
                     for m, v in row.items() if m != "round"}}
                 for row in history
             ]

@@ -42,7 +42,13 @@ from fedjax_sim.algorithms.mixed import (
     on_federated_data,
 )
 from fedjax_sim.data import FederatedData, ServerData
-from fedjax_sim.experiments.base import Comparison, Experiment, Preset, RunContext
+from fedjax_sim.experiments.base import (
+    Comparison,
+    Experiment,
+    Preset,
+    RunContext,
+    seed_mean_rows,
+)
 from fedjax_sim.experiments.settings import Setting, count, seed_setting
 from fedjax_sim.logs import Progress
 from fedjax_sim.models import linear_regression
@@ -290,12 +296,7 @@ class MixedTask(Experiment):
                                                  (len(seed_ids),)).copy()
             final.update(self.finals(s, name, rows, per_round, info))
             per_seed[name] = final
-            histories[name] = [
-                {"round": row["round"], **{k: float(np.nanmean(v)) if np.isfinite(v).any()
-                                            else math.nan
-                                            for k, v in row.items() if k != "round"}}
-                for row in rows
-            ]
+            histories[name] = seed_mean_rows(rows)
             rounds_of[name] = per_round
             for metric in self.table:  # NaN where a method has no such metric (FL only: no G̃)
                 final.setdefault(metric, np.full(len(seed_ids), np.nan))

@@ -24,6 +24,8 @@ kept because the official code applies them.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -78,10 +80,8 @@ def standardize_per_image(x):
     """(v − mean) / max(std, 1/√pixels) per image, as tf.image.per_image_standardization."""
     axes = tuple(range(1, x.ndim))
     mean = jnp.mean(x, axis=axes, keepdims=True)
-    pixels = 1
-    for d in x.shape[1:]:
-        pixels *= d
-    std = jnp.maximum(jnp.std(x, axis=axes, keepdims=True), 1.0 / pixels ** 0.5)
+    pixels = math.prod(x.shape[1:])
+    std = jnp.maximum(jnp.std(x, axis=axes, keepdims=True), 1.0 / math.sqrt(pixels))
     return (x - mean) / std
 
 
