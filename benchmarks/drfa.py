@@ -29,6 +29,7 @@ import argparse
 import pathlib
 import sys
 import time
+import types
 
 import harness
 
@@ -48,10 +49,14 @@ def _linear_problem(cfg):
     return FederatedData.from_arrays(x, y)
 
 
-def _loop_round(model, opt, state, data, key, cfg, one_client, probe_loss, project):
-    """One DRFA round, a Python loop over cohort slots (the per-client simulator's way)."""
+def _loop_round(state, key, cfg, one_client, probe_loss, clients, finish):
+    """One DRFA round, a Python loop over cohort slots (the per-client simulator's way).
+
+    `clients` holds each client's arrays sliced once (x, y, count), as a simulator
+    without a client axis stores them; `finish` is one jitted call that takes the
+    lists of per-client results (means, the loss vector, the λ step).
+    """
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     from fedjax_sim.ops import sample_cohort
@@ -62,18 +67,14 @@ def _loop_round(model, opt, state, data, key, cfg, one_client, probe_loss, proje
     t_snap = jax.random.randint(key_t, (), 1, tau + 1)
     finals, snaps = [], []
     for j, i in enumerate(np.asarray(cohort.ids).tolist()):
-        p, s = one_client(state.params, data.x[i], data.y[i], data.num_examples[i],
-                          cohort.keys[j], t_snap)
+        p, s = one_client(state.params, *clients[i], cohort.keys[j], t_snap)
         finals.append(p)
         snaps.append(s)
-    params = jnp.mean(jnp.stack(finals), 0)
-    w_tilde = jnp.mean(jnp.stack(snaps), 0)
+    w_tilde = finish.mean(snaps)
     u = sample_cohort(key_u, n, m)
-    v = np.zeros(n, np.float32)
-    for j, i in enumerate(np.asarray(u.ids).tolist()):
-        v[i] = n / m * float(probe_loss(w_tilde, data.x[i], data.y[i], data.num_examples[i],
-                                        u.keys[j]))
-    lam = project(state.lam + state.lambda_lr * tau * jnp.asarray(v))
+    losses = [probe_loss(w_tilde, *clients[i], u.keys[j])
+              for j, i in enumerate(np.asarray(u.ids).tolist())]
+    params, lam = finish.update(finals, losses, u.ids, state.lam, state.lambda_lr)
     return state._replace(params=params, lam=lam, round=state.round + 1)
 
 
@@ -112,21 +113,33 @@ def linear_rows(cfg, blocks: int, ceilings: dict) -> list[dict]:
         r = x[idx] @ w - y[idx]
         return jnp.sum(mask * r * r) / jnp.maximum(jnp.sum(mask), 1)
 
-    project = jax.jit(functools.partial(project_simplex, floor=0.0, floor_method="exact"))
-    loop = functools.partial(_loop_round, model, opt, one_client=one_client,
-                             probe_loss=probe_loss, project=project, cfg=cfg)
+    project_fn = functools.partial(project_simplex, floor=0.0, floor_method="exact")
+
+    @jax.jit
+    def mean_of(trees):
+        return jax.tree.map(lambda *a: jnp.mean(jnp.stack(a), 0), *trees)
+
+    @jax.jit
+    def update(finals, losses, ids, lam, lambda_lr):
+        v = jnp.zeros(cfg["N"]).at[ids].set(cfg["N"] / cfg["m"] * jnp.stack(losses))
+        return mean_of(finals), project_fn(lam + lambda_lr * cfg["tau"] * v)
+
+    finish = types.SimpleNamespace(mean=mean_of, update=update)
+    clients = list(zip(data.x, data.y, data.num_examples, strict=True))  # sliced once
+    loop = functools.partial(_loop_round, one_client=one_client, probe_loss=probe_loss,
+                             cfg=cfg, clients=clients, finish=finish)
     # The two arms agree on one round from the same state and key.
     want = round_(state, data, key)[0]
-    got = loop(state=state, data=data, key=key)
+    got = loop(state=state, key=key)
     np.testing.assert_allclose(np.asarray(got.params), np.asarray(want.params), rtol=1e-4,
                                atol=1e-5)
     np.testing.assert_allclose(np.asarray(got.lam), np.asarray(want.lam), atol=1e-5)
     t0 = time.perf_counter()
-    jax.block_until_ready(loop(state=state, data=data, key=key))  # warm every jitted piece
+    jax.block_until_ready(loop(state=state, key=key))  # warm every jitted piece
     warm_loop = time.perf_counter() - t0
     arms = {
         "vectorized": harness.Arm(lambda: round_(state, data, key), min_calls=5, budget_s=0.5),
-        "loop": harness.Arm(lambda: loop(state=state, data=data, key=key).params, min_calls=1),
+        "loop": harness.Arm(lambda: loop(state=state, key=key).params, min_calls=1),
     }
     times = harness.interleaved_blocks(arms, blocks)
     vec, per = float(np.median(times["vectorized"])), float(np.median(times["loop"]))

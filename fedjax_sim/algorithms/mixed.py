@@ -77,7 +77,7 @@ WEIGHTINGS = ("uniform", "examples")
 COMBINES = ("half", "mixing")
 TRANSFERS = ("current", "stale")
 VARIANTS = ("parallel", "gt1", "gt2", "centralized")
-_CENTRAL_STREAM = 0x5E7C
+CENTRAL_STREAM = 0x5E7C  # the server's K step keys: split(fold_in(round key, CENTRAL_STREAM), K)
 
 #: central_loss(params, server_arrays, key) -> scalar: an extra loss term on the server.
 CentralLoss = Callable[..., jax.Array]
@@ -301,7 +301,7 @@ def _mixed(
         # with w_c = 0 the client side is FedAvg's round draw for draw; the server's keys
         # are a separate stream folded off the same key.
         cohort = sample_cohort(key, data.num_clients, cohort_of(data.num_clients))
-        central_keys = jax.random.split(jax.random.fold_in(key, _CENTRAL_STREAM), central_steps)
+        central_keys = jax.random.split(jax.random.fold_in(key, CENTRAL_STREAM), central_steps)
         g_c = central_grad(arrays)
 
         if variant == "centralized":
