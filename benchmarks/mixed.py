@@ -46,6 +46,7 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
     from fedjax_sim.algorithms.mixed import (
         CENTRAL_STREAM,
         client_batch_grad,
+        client_steps,
         datacenter_loss,
         descend,
         mixed_gt2,
@@ -71,14 +72,14 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
     opt = optax.sgd(lr)
     f_c = datacenter_loss(model, central_batch)
 
-    def central_grad(p, k):
-        return jax.value_and_grad(lambda q: f_c(q, server.arrays, k))(p)
+    def central_grad(p, idx):
+        return jax.value_and_grad(lambda q: f_c.loss(q, server.arrays, idx))(p)
 
     @jax.jit
     def one_client(p, x_i, y_i, n_i, key, corr):
         grad = client_batch_grad(model, x_i, y_i, n_i, batch)
-        end, g0, _ = descend(grad, opt, p, jax.random.split(key, steps), scale=w_f,
-                             correction=corr)
+        inputs = client_steps(jax.random.split(key, steps), n_i, y_i.shape[0], batch)
+        end, g0, _ = descend(grad, opt, p, inputs, scale=w_f, correction=corr)
         return optax.tree.sub(end, p), g0
 
     @jax.jit
@@ -86,21 +87,22 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
         """The round's draws as the vectorized round makes them, and ĝ_c at x^(t)."""
         slots = sample_cohort(key, clients, clients).keys
         keys = jax.random.split(jax.random.fold_in(key, CENTRAL_STREAM), steps)
-        _, g_c = central_grad(p, keys[0])
-        return optax.tree.scale(w_c, g_c), keys, tuple(slots[i] for i in range(clients))
+        batches = jax.vmap(lambda k: f_c.draw(server.arrays, k))(keys)  # the K central batches
+        _, g_c = central_grad(p, batches[0])
+        return optax.tree.scale(w_c, g_c), batches, tuple(slots[i] for i in range(clients))
 
     @jax.jit
-    def server_branch(p, keys, hat_g_f):
-        end, _, _ = descend(central_grad, opt, p, keys, scale=w_c,
+    def server_branch(p, batches, hat_g_f):
+        end, _, _ = descend(central_grad, opt, p, batches, scale=w_c,
                             correction=optax.tree.scale(w_f, hat_g_f))
         return optax.tree.sub(end, p)
 
     @jax.jit
-    def finish(p, deltas, grads, keys):
+    def finish(p, deltas, grads, batches):
         """The cohort means (one dispatch for the whole list), the server branch, the update."""
         delta_f, hat_g_f = (jax.tree.map(lambda *a: jnp.mean(jnp.stack(a), 0), *t)
                             for t in (deltas, grads))
-        delta_c = server_branch(p, keys, hat_g_f)
+        delta_c = server_branch(p, batches, hat_g_f)
         return optax.apply_updates(p, optax.tree.add(optax.tree.scale(0.5, delta_f),
                                                      optax.tree.scale(0.5, delta_c)))
 
@@ -108,17 +110,17 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
     xs, ys, ns = list(data.x), list(data.y), list(data.num_examples)
 
     def loop_round(key):
-        corr, keys, slots = round_keys(params, key)
+        corr, batches, slots = round_keys(params, key)
         deltas, grads = [], []
         for i in range(clients):  # the per-client loop: one dispatch per client
             delta, g0 = one_client(params, xs[i], ys[i], ns[i], slots[i], corr)
             deltas.append(delta)
             grads.append(g0)
-        return finish(params, deltas, grads, keys)
+        return finish(params, deltas, grads, batches)
 
     def server_only(key):
-        corr, keys, _ = round_keys(params, key)
-        return server_branch(params, keys, corr)
+        corr, batches, _ = round_keys(params, key)
+        return server_branch(params, batches, corr)
 
     vectorized = jax.jit(algorithm.round)
     compile_s = {}

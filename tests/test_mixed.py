@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from fedjax_sim.algorithms import ALGORITHMS, fedavg
 from fedjax_sim.algorithms.mixed import (
+    CENTRAL_STREAM,
+    datacenter_loss,
     dissimilarity,
     l2_regularizer,
     mixed_centralized,
@@ -24,7 +26,7 @@ from fedjax_sim.algorithms.mixed import (
 from fedjax_sim.data import FederatedData, ServerData
 from fedjax_sim.experiments.mixed_tasks import MixedSynthetic, binary_auc, rounds_to_target
 from fedjax_sim.models import linear_regression
-from fedjax_sim.ops import sample_cohort
+from fedjax_sim.ops import sample_batch, sample_cohort
 
 D = 3
 SIZES = (4, 1, 0, 3, 2, 4)  # a one-example client and an empty one
@@ -141,6 +143,63 @@ def test_rounds_equal_per_client_loop(variant, options):
             np.testing.assert_allclose(float(metrics[name]), value, rtol=2e-4, atol=1e-5)
         assert float(metrics["floats_down"]) == (2 * d if variant != "parallel" else d)
         assert float(metrics["floats_up"]) == (2 * d if variant == "gt2" else d)
+
+
+def _batch_rows(key, n, n_max, b, **kw):
+    idx, mask = (np.asarray(a) for a in sample_batch(key, n, n_max, b, **kw))
+    return idx[mask]
+
+
+@pytest.mark.parametrize("variant", ["parallel", "gt1", "gt2"])
+def test_minibatch_rounds_equal_per_client_loop_with_per_step_draws(variant):
+    """Minibatches on both sides, drawn step by step in the loop as documented: client
+    step j's batch from split(split(slot key, K)[j])[0] (FedAvg's), central step j's from
+    split(fold_in(round key, CENTRAL_STREAM), K)[j] (200 rows: `lax.top_k`'s path). The
+    round draws all K batches before its steps; a plain-callable central loss (drawing
+    inside each step) gives the same round."""
+    data, server = make_inputs(5, sizes=(6, 1, 0, 5, 3, 6), n_c=200)
+    lr, w_f, w_c, k, b, cb, s = 0.05, 0.6, 0.4, 3, 2, 16, 4
+    kw = dict(learning_rate=lr, w_f=w_f, w_c=w_c, local_steps=k, batch_size=b,
+              clients_per_round=s)
+    alg = FACTORIES[variant](MODEL, central_batch_size=cb, **kw)
+    dc = datacenter_loss(MODEL, cb)
+    plain = FACTORIES[variant](MODEL, central_loss=lambda p, a, kk: dc(p, a, kk), **kw)
+    state = alg.init(jax.random.key(0), (data, server))
+    key = jax.random.key(21)
+    new, _ = jax.jit(alg.round)(state, (data, server), key)
+    other, _ = jax.jit(plain.round)(state, (data, server), key)
+    chex.assert_trees_all_equal(new.params, other.params)
+
+    clients = client_arrays(data)
+    n_max = data.max_examples
+    xc, yc = (np.asarray(server.arrays[a], np.float64) for a in ("x", "y"))
+    central_keys = jax.random.split(jax.random.fold_in(key, CENTRAL_STREAM), k)
+    central_rows = [_batch_rows(ck, 200, 200, cb, replicated=True) for ck in central_keys]
+    x_t = np.asarray(state.params, np.float64)
+    hat_g_c = np_grad(x_t, xc[central_rows[0]], yc[central_rows[0]])[0]
+    gt = variant in ("gt1", "gt2")
+    cohort = sample_cohort(key, data.num_clients, s)
+    deltas, grads = [], []
+    for slot, i in enumerate(np.asarray(cohort.ids).tolist()):
+        xi, yi = clients[i]
+        if len(yi) == 0:
+            continue
+        y = x_t.copy()
+        for j, kj in enumerate(jax.random.split(cohort.keys[slot], k)):
+            rows = _batch_rows(jax.random.split(kj)[0], len(yi), n_max, b)
+            g = np_grad(y, xi[rows], yi[rows])[0]
+            if j == 0:
+                grads.append(g)
+            y = y - lr * ((w_f * g + w_c * hat_g_c) if gt else g)
+        deltas.append(y - x_t)
+    delta_f, hat_g_f = np.mean(deltas, 0), np.mean(grads, 0)
+    y = x_t.copy()
+    for rows in central_rows:
+        g = np_grad(y, xc[rows], yc[rows])[0]
+        y = y - lr * (w_c * g + w_f * hat_g_f if variant == "gt2" else g)
+    want = {"parallel": x_t + w_f * delta_f + w_c * (y - x_t), "gt1": x_t + delta_f,
+            "gt2": x_t + 0.5 * delta_f + 0.5 * (y - x_t)}[variant]
+    np.testing.assert_allclose(np.asarray(new.params), want, rtol=2e-5, atol=2e-5)
 
 
 def test_no_central_weight_is_fedavg():

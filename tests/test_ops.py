@@ -768,3 +768,21 @@ def test_sample_batch_is_the_lowest_scores_in_order(num_examples, n_max, batch, 
     np.testing.assert_array_equal(lowest(scores, 6, replicated=replicated), want)
     np.testing.assert_array_equal(jax.lax.top_k(-scores, 6)[1], want)
     np.testing.assert_array_equal(jnp.argsort(scores)[:6], want)
+
+
+@pytest.mark.parametrize("replicated", [False, True])
+@pytest.mark.parametrize("num_examples,n_max,batch", [(50, 64, 16), (300, 300, 40), (3, 8, 5)])
+def test_sample_batches_equal_one_draw_per_key(num_examples, n_max, batch, replicated):
+    """K steps' batches drawn together are the K one-at-a-time draws, row for row."""
+    from fedjax_sim.ops.local_update import sample_batches
+
+    keys = jax.random.split(jax.random.key(7), 5)
+    idx, mask = jax.jit(sample_batches, static_argnums=(2, 3), static_argnames="replicated")(
+        keys, num_examples, n_max, batch, replicated=replicated)
+    assert idx.shape == mask.shape == (5, min(batch, n_max))
+    for j in range(5):
+        one_idx, one_mask = sample_batch(keys[j], num_examples, n_max, batch,
+                                         replicated=replicated)
+        np.testing.assert_array_equal(np.asarray(idx[j]), np.asarray(one_idx))
+        np.testing.assert_array_equal(np.asarray(mask[j]), np.asarray(one_mask))
+    assert len({tuple(np.asarray(r)) for r in idx}) > 1  # the steps' batches differ

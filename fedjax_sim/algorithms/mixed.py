@@ -83,6 +83,21 @@ CENTRAL_STREAM = 0x5E7C  # the server's K step keys: split(fold_in(round key, CE
 CentralLoss = Callable[..., jax.Array]
 
 
+class DrawnLoss(NamedTuple):
+    """A central loss whose randomness is a draw from the server arrays, made apart.
+
+    Called as a `CentralLoss` it draws, then evaluates. The algorithms make
+    all K central steps' draws before the step loop instead (the same draws,
+    one PRNG call and one top_k for all K steps).
+    """
+
+    draw: Callable  # (server_arrays, key) -> one step's input (e.g. a batch's row indices)
+    loss: Callable  # (params, server_arrays, step input) -> scalar
+
+    def __call__(self, params, arrays, key):
+        return self.loss(params, arrays, self.draw(arrays, key))
+
+
 class MixedState(NamedTuple):
     params: object  # pytree, one model x^(t)
     server_opt_state: object  # the server optimizer's state (pytree)
@@ -127,14 +142,15 @@ def dissimilarity(grad_f, grad_c, w_f, w_c):
     return g_tilde, b_tilde
 
 
-def descend(batch_grad, optimizer, start, keys, *, scale=1.0, correction=None):
-    """len(keys) optimizer steps on scale·g(y) + correction, from `start`.
+def descend(batch_grad, optimizer, start, steps, *, scale=1.0, correction=None):
+    """K optimizer steps on scale·g(y) + correction, from `start`.
 
     Args:
-      batch_grad: (params, key) -> (loss, gradient) of one stochastic batch.
+      batch_grad: (params, step input) -> (loss, gradient) of one stochastic batch.
       optimizer: optax optimizer (a fresh state).
       start: params.
-      keys: [K] keys, one per step.
+      steps: pytree of the K steps' inputs (leading axis K): their batches drawn
+        beforehand (`client_steps`, a `DrawnLoss`'s draws), or their keys.
       scale: the weight of g (w_f on a GT client, w_c on a 2-GT server).
       correction: None, or a fixed pytree added to every step's direction
         (the transferred w_c·ĝ_c or w_f·ĝ_f).
@@ -145,9 +161,9 @@ def descend(batch_grad, optimizer, start, keys, *, scale=1.0, correction=None):
       and what G̃/B̃ read.
     """
 
-    def step(carry, key):
+    def step(carry, inputs):
         y, opt_state = carry
-        loss, grad = batch_grad(y, key)
+        loss, grad = batch_grad(y, inputs)
         direction = optax.tree.scale(scale, grad)
         if correction is not None:
             direction = optax.tree.add(direction, correction)
@@ -155,21 +171,36 @@ def descend(batch_grad, optimizer, start, keys, *, scale=1.0, correction=None):
         return (optax.apply_updates(y, updates), opt_state), (loss, grad)
 
     # The first step is peeled off so its gradient comes out without a K-long output.
-    carry, (loss0, grad0) = step((start, optimizer.init(start)), keys[0])
-    (end, _), _ = jax.lax.scan(lambda c, k: (step(c, k)[0], None), carry, keys[1:])
+    first, rest = (jax.tree.map(lambda a, i=i: a[i], steps) for i in (0, slice(1, None)))
+    carry, (loss0, grad0) = step((start, optimizer.init(start)), first)
+    (end, _), _ = jax.lax.scan(lambda c, x: (step(c, x)[0], None), carry, rest)
     return end, grad0, loss0
 
 
+def client_step_input(key, num_examples, n_max: int, batch_size: int | None):
+    """One client step's input: its batch (idx [b], mask [b]), drawn with the batch key
+    as `ops.client_update` derives it (FedAvg's batches); the key for a full-batch step."""
+    if batch_size is None:
+        return key
+    return sample_batch(jax.random.split(key)[0], num_examples, n_max, batch_size)
+
+
+def client_steps(keys, num_examples, n_max: int, batch_size: int | None):
+    """`client_step_input` for each of K step keys, drawn together before the step loop."""
+    return jax.vmap(lambda k: client_step_input(k, num_examples, n_max, batch_size))(keys)
+
+
 def client_batch_grad(model: Model, x, y, num_examples, batch_size: int | None):
-    """(params, key) -> (loss, grad) of one client's masked minibatch loss (full batch if None)."""
+    """(params, step input) -> (loss, grad) of one client's masked minibatch loss (full
+    batch if batch_size is None); the step input from `client_step_input`."""
     n_max = y.shape[0]
 
-    def loss_fn(p, key):
+    def loss_fn(p, step):
         if batch_size is None:
             xb, yb = x, y
             mb = (jnp.arange(n_max) < num_examples).astype(jnp.float32)
-        else:  # the batch key as `ops.client_update` derives it (FedAvg's batches)
-            idx, bmask = sample_batch(jax.random.split(key)[0], num_examples, n_max, batch_size)
+        else:
+            idx, bmask = step
             xb = jax.tree.map(lambda a: a[idx], x)
             yb, mb = y[idx], bmask.astype(jnp.float32)
         losses = model.example_loss(model.apply(p, xb), yb)
@@ -178,25 +209,32 @@ def client_batch_grad(model: Model, x, y, num_examples, batch_size: int | None):
     return jax.value_and_grad(loss_fn)
 
 
-def datacenter_loss(model: Model, batch_size: int | None) -> CentralLoss:
+def datacenter_loss(model: Model, batch_size: int | None) -> DrawnLoss:
     """The central loss of a datacenter dataset: the mean loss of a minibatch drawn on the server.
 
     The server arrays are {"x": [n_c, ...] (any pytree), "y": [n_c, ...]};
     batch_size None uses every row each step, else a batch without
-    replacement.
+    replacement (its draw: the rows' indices; the key when every row is used).
     """
 
-    def loss(params, arrays, key):
+    def every_row(arrays) -> bool:
+        return batch_size is None or batch_size >= arrays["y"].shape[0]
+
+    def draw(arrays, key):
+        if every_row(arrays):
+            return key
+        n_c = arrays["y"].shape[0]
+        return sample_batch(key, n_c, n_c, batch_size, replicated=True)[0]
+
+    def loss(params, arrays, idx):
         x, y = arrays["x"], arrays["y"]
-        n_c = y.shape[0]
-        if batch_size is None or batch_size >= n_c:
+        if every_row(arrays):
             xb, yb = x, y
         else:
-            idx, _ = sample_batch(key, n_c, n_c, batch_size, replicated=True)
             xb, yb = jax.tree.map(lambda a: a[idx], x), y[idx]
         return jnp.mean(model.example_loss(model.apply(params, xb), yb))
 
-    return loss
+    return DrawnLoss(draw, loss)
 
 
 def l2_regularizer(scale: float = 1.0) -> CentralLoss:
@@ -290,7 +328,14 @@ def _mixed(
         return MixedState(params, server_opt.init(params), optax.tree.zeros_like(params),
                           jnp.zeros((), jnp.int32))
 
+    def central_input(arrays, key):
+        """One central step's input: f_c's draw (a `DrawnLoss`), else the key itself."""
+        return f_c.draw(arrays, key) if isinstance(f_c, DrawnLoss) else key
+
     def central_grad(arrays):
+        """(params, central step input) -> (loss, grad) of f_c."""
+        if isinstance(f_c, DrawnLoss):
+            return jax.value_and_grad(lambda p, s: f_c.loss(p, arrays, s))
         return jax.value_and_grad(lambda p, k: f_c(p, arrays, k))
 
     def round_(state: MixedState, inputs, key):
@@ -305,12 +350,15 @@ def _mixed(
         g_c = central_grad(arrays)
 
         if variant == "centralized":
-            return _centralized_round(state, data, g_c, cohort, central_keys)
+            return _centralized_round(state, data, g_c, lambda k: central_input(arrays, k),
+                                      cohort, central_keys)
 
+        # Every central step's batch, drawn before the steps (the same draws as in them).
+        central_in = jax.vmap(lambda k: central_input(arrays, k))(central_keys)
         if variant in ("gt1", "gt2"):
             # ĝ_c at the round-start model goes down with it. (2-GT's central scan
-            # starts with the same key at x^(t), so its first gradient is this one.)
-            loss_c, hat_g_c = g_c(x_t, central_keys[0])
+            # starts with the same batch at x^(t), so its first gradient is this one.)
+            loss_c, hat_g_c = g_c(x_t, jax.tree.map(lambda a: a[0], central_in))
             client_scale, client_corr = w_f, optax.tree.scale(w_c, hat_g_c)
         else:
             client_scale, client_corr = 1.0, None
@@ -318,8 +366,10 @@ def _mixed(
         def client_step(batch):
             def one(x, y, n, k):
                 grad = client_batch_grad(model, x, y, n, batch_size)
-                end, g0, loss0 = descend(grad, opt, x_t, jax.random.split(k, local_steps),
-                                         scale=client_scale, correction=client_corr)
+                steps = client_steps(jax.random.split(k, local_steps), n, y.shape[0],
+                                     batch_size)
+                end, g0, loss0 = descend(grad, opt, x_t, steps, scale=client_scale,
+                                         correction=client_corr)
                 return optax.tree.sub(end, x_t), g0, loss0
 
             deltas, grads0, losses0 = jax.vmap(one)(batch.data.x, batch.data.y,
@@ -336,16 +386,15 @@ def _mixed(
         hat_g_f = mean_or_keep(grad_total, weight, zeros)  # ∇̃f_f at x^(t)
 
         if variant == "parallel":
-            y_c, hat_g_c, loss_c = descend(lambda p, k: g_c(p, k), central_opt, x_t,
-                                           central_keys)
+            y_c, hat_g_c, loss_c = descend(g_c, central_opt, x_t, central_in)
             delta = optax.tree.add(optax.tree.scale(w_f, delta_f),
                                    optax.tree.scale(w_c, optax.tree.sub(y_c, x_t)))
         elif variant == "gt1":
             delta = delta_f
         else:
             transferred = hat_g_f if transfer == "current" else state.grad_f
-            y_c, _, _ = descend(lambda p, k: g_c(p, k), central_opt, x_t, central_keys,
-                                scale=w_c, correction=optax.tree.scale(w_f, transferred))
+            y_c, _, _ = descend(g_c, central_opt, x_t, central_in, scale=w_c,
+                                correction=optax.tree.scale(w_f, transferred))
             alpha = 0.5 if combine == "half" else w_f / jnp.maximum(w_f + w_c, 1e-30)
             delta = optax.tree.add(optax.tree.scale(alpha, delta_f),
                                    optax.tree.scale(1.0 - alpha, optax.tree.sub(y_c, x_t)))
@@ -369,7 +418,7 @@ def _mixed(
         }
         return MixedState(params, server_state, hat_g_f, state.round + 1), metrics
 
-    def _centralized_round(state, data, g_c, cohort, central_keys):
+    def _centralized_round(state, data, g_c, central_input_of, cohort, central_keys):
         """The oracle: K steps of minibatch SGD on the mixed loss with all data on the server.
 
         Step j draws a fresh cohort's batches (their mean gradient estimates
@@ -384,14 +433,15 @@ def _mixed(
             part = take(members, data)
 
             def one(x, y, n, kk):
-                return client_batch_grad(model, x, y, n, batch_size)(p, kk)
+                step = client_step_input(kk, n, y.shape[0], batch_size)
+                return client_batch_grad(model, x, y, n, batch_size)(p, step)
 
             losses, grads = jax.vmap(one)(part.x, part.y, part.num_examples, members.keys)
             weights = client_weights(part.active(), part.num_examples, weighting)
             weight = jnp.sum(weights)
             grad_f = mean_or_keep(weighted_sum(grads, weights), weight, optax.tree.zeros_like(p))
             loss_f = mean_over(losses, weights)
-            loss_c, grad_c = g_c(p, k_c)
+            loss_c, grad_c = g_c(p, central_input_of(k_c))
             mixed = optax.tree.add(optax.tree.scale(w_f, grad_f), optax.tree.scale(w_c, grad_c))
             return (loss_f, loss_c, grad_f, grad_c), mixed
 
