@@ -28,7 +28,6 @@ give the same assignments and cluster params to 1e-5 before timing.
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
 import sys
 import time
@@ -46,25 +45,16 @@ CONFIGS = ((100, 100, 1000, 2), (1000, 10, 10, 4), (10000, 10, 10, 4), (100000, 
 
 def import_checkout(path: Path):
     """fedjax_sim of `path`, freshly imported (any other fedjax_sim modules dropped first)."""
-    for name in [n for n in sys.modules if n == "fedjax_sim" or n.startswith("fedjax_sim.")]:
-        del sys.modules[name]
-    sys.path.insert(0, str(path))
-    try:
-        package = importlib.import_module("fedjax_sim")
-        if not Path(package.__file__).resolve().is_relative_to(path.resolve()):
-            raise harness.CheckoutError(f"imported {package.__file__}, not a file under {path}")
-        algorithms = importlib.import_module("fedjax_sim.algorithms")
-        ifca = algorithms.ifca if callable(algorithms.ifca) else algorithms.ifca.ifca
-        return {
-            "ifca": ifca,
-            "linear_mixture": importlib.import_module("fedjax_sim.data").linear_mixture,
-            "linear_regression": importlib.import_module("fedjax_sim.models").linear_regression,
-            "backend": importlib.import_module("fedjax_sim.backend"),
-            "cell_min_dist": importlib.import_module(
-                "fedjax_sim.experiments.ifca_synthetic").cell_min_dist,
-        }
-    finally:
-        sys.path.remove(str(path))
+    mods = harness.import_fresh(path, ("algorithms", "data", "models", "backend",
+                                       "experiments.ifca_synthetic"))
+    algorithms = mods["algorithms"]
+    return {
+        "ifca": algorithms.ifca if callable(algorithms.ifca) else algorithms.ifca.ifca,
+        "linear_mixture": mods["data"].linear_mixture,
+        "linear_regression": mods["models"].linear_regression,
+        "backend": mods["backend"],
+        "cell_min_dist": mods["experiments.ifca_synthetic"].cell_min_dist,
+    }
 
 
 def compiled_round(lib, m, n, d, k):

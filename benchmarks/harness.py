@@ -105,6 +105,29 @@ def use_checkout(path: str | os.PathLike | None = None):
     return module
 
 
+def import_fresh(path: str | os.PathLike, modules: Sequence[str]) -> dict:
+    """`fedjax_sim.<name>` for each name, imported afresh from the checkout at `path`.
+
+    Every fedjax_sim module already imported is dropped first, so two checkouts can be
+    imported one after the other into one process (for old-vs-new A/B timing: a compiled
+    executable does not need its modules afterwards).
+
+    Raises:
+      CheckoutError: the package came from somewhere other than `path`.
+    """
+    root = resolve_checkout(path)
+    for name in [n for n in sys.modules if n == PACKAGE or n.startswith(PACKAGE + ".")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(root))
+    try:
+        package = importlib.import_module(PACKAGE)
+        if not pathlib.Path(package.__file__).resolve().is_relative_to(root):
+            raise CheckoutError(f"imported {package.__file__}, not a file under {root}")
+        return {name: importlib.import_module(f"{PACKAGE}.{name}") for name in modules}
+    finally:
+        sys.path.remove(str(root))
+
+
 def add_checkout_arg(parser) -> None:
     """Adds `--checkout DIR` to an argparse parser."""
     parser.add_argument(

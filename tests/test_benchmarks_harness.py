@@ -191,6 +191,24 @@ def test_use_checkout_default_is_this_repository():
     assert pathlib.Path(module.__file__).resolve().is_relative_to(harness.REPO / "fedjax_sim")
 
 
+def test_import_fresh_imports_two_checkouts_in_turn(fake_checkout, tmp_path):
+    """Old-vs-new A/B scripts import one checkout, then the other, in one process."""
+    other = tmp_path / "other"
+    shutil.copytree(fake_checkout, other)
+    (other / "fedjax_sim" / "core.py").write_text("def f():\n    return 2\n")
+    got = _python(
+        """
+        import json, harness
+        a = harness.import_fresh(sys.argv[1], ["core"])["core"]
+        b = harness.import_fresh(sys.argv[2], ["core"])["core"]
+        print(json.dumps({"a": [a.f(), a.__file__], "b": [b.f(), b.__file__]}))
+        """,
+        str(fake_checkout), str(other),
+    )
+    assert got == {"a": [1, str(fake_checkout / "fedjax_sim" / "core.py")],
+                   "b": [2, str(other / "fedjax_sim" / "core.py")]}
+
+
 def test_use_checkout_imports_from_the_checkout_and_detects_another_copy(fake_checkout, tmp_path):
     got = _python(
         """

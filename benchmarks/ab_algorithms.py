@@ -1,0 +1,128 @@
+"""Old vs new checkout in ONE process: the DRFA, Mixed FL 2-GT and rotated-MNIST IFCA rounds.
+
+`ab_rounds.py` does this for the synthetic IFCA round. Here, for the rounds
+of the algorithm suites (`drfa.py`, `mixed.py`, `images.py`), each checkout's
+`fedjax_sim` is imported in turn (`harness.import_fresh`: the modules are
+dropped from `sys.modules` in between; a compiled executable does not need
+them afterwards). Each round is compiled ahead of time from the same
+data, state and key, and the script checks that the two checkouts' rounds
+give the same params bit for bit. Then the two are timed in alternating
+blocks, old first in even blocks and new first in odd ones.
+
+Rows, all at the sizes of the suites' benchmarks:
+* `drfa`: N = 1000 linear clients, m = 100, τ = 10, batch 10;
+* `mixed_gt2`: S = 100, K = 10, batch 16, MLP 64-32-10, 4096 server rows, batch 256;
+* `ifca_images`: m = 320, n = 50, k = 4, τ = 10 full-batch steps, MLP 784-200-10.
+
+Usage:
+  git worktree add /tmp/fedjax_old <old commit>
+  python benchmarks/ab_algorithms.py --old /tmp/fedjax_old \
+      --out benchmarks/results/ab_algorithms.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
+
+ROWS = ("drfa", "mixed_gt2", "ifca_images")
+
+
+def build(lib: dict, row: str):
+    """(algorithm, inputs) of one row, built with one checkout's classes."""
+    algorithms, data_mod, models = lib["algorithms"], lib["data"], lib["models"]
+    rng = np.random.default_rng(0)
+    if row == "drfa":
+        x = rng.normal(size=(1000, 20, 10)).astype(np.float32)
+        y = (x @ rng.normal(size=10).astype(np.float32)).astype(np.float32)
+        alg = algorithms.drfa(models.linear_regression(10), learning_rate=0.01, local_steps=10,
+                              batch_size=10, participation=0.1, lambda_lr=0.001)
+        return alg, data_mod.FederatedData.from_arrays(x, y)
+    if row == "mixed_gt2":
+        x = rng.random((100, 64, 64), np.float32)
+        y = rng.integers(0, 10, (100, 64)).astype(np.int32)
+        server = data_mod.ServerData({"x": jnp.asarray(rng.random((4096, 64), np.float32)),
+                                      "y": jnp.asarray(rng.integers(0, 10, 4096), jnp.int32)})
+        model = models.mlp_classifier((64,), (32,), 10)
+        alg = lib["algorithms.mixed"].mixed_gt2(model, learning_rate=0.05, local_steps=10,
+                                                batch_size=16, central_batch_size=256)
+        return alg, (data_mod.FederatedData.from_arrays(x, y), server)
+    if row == "ifca_images":
+        x = rng.random((320, 50, 28, 28), dtype=np.float32)
+        y = rng.integers(0, 10, size=(320, 50)).astype(np.int32)
+        data = data_mod.FederatedData.from_arrays(x, y, cluster=np.repeat(np.arange(4), 80))
+        alg = algorithms.ifca(models.mlp_classifier((28, 28), [200], 10), num_clusters=4,
+                              option="model", local_steps=10, learning_rate=0.1)
+        return alg, data
+    raise ValueError(f"row must be one of {ROWS}; got {row!r}")
+
+
+def bench_row(libs: dict, row: str, blocks: int, log) -> dict:
+    built = {}
+    for arm, lib in libs.items():
+        alg, inputs = build(lib, row)
+        state = jax.jit(alg.init)(jax.random.key(1), inputs)
+        key = jax.random.key(2)
+        compiled, compile_s = harness.compile_ahead(jax.jit(alg.round), state, inputs, key)
+        built[arm] = (lambda c=compiled, s=state, i=inputs, k=key: c(s, i, k)), compile_s
+    outs = {arm: jax.block_until_ready(step()) for arm, (step, _) in built.items()}
+    same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(
+        jax.tree.leaves(outs["old"][0]), jax.tree.leaves(outs["new"][0]), strict=True))
+    if not same:
+        raise AssertionError(f"{row}: the old and new rounds give different states")
+    times = {"old": [], "new": []}
+    for b in range(blocks):
+        order = ("old", "new") if b % 2 == 0 else ("new", "old")
+        arms = {a: harness.Arm(built[a][0], min_calls=3, budget_s=1.0, max_calls=200)
+                for a in order}
+        for arm, seconds in harness.interleaved_blocks(arms, 1).items():
+            times[arm].append(statistics.median(seconds))
+    ratios = sorted(nw / o for o, nw in zip(times["old"], times["new"], strict=True))
+    old_s, new_s = statistics.median(times["old"]), statistics.median(times["new"])
+    log(f"  {row}: old {old_s * 1e3:.2f} ms, new {new_s * 1e3:.2f} ms, new/old "
+        f"{new_s / old_s:.3f} (blocks IQR {ratios[len(ratios) // 4]:.3f}–"
+        f"{ratios[3 * len(ratios) // 4]:.3f})")
+    return {"row": row, "blocks": blocks, "old_s": old_s, "new_s": new_s,
+            "new_over_old": new_s / old_s, "block_ratio_median": statistics.median(ratios),
+            "block_ratio_q1": ratios[len(ratios) // 4],
+            "block_ratio_q3": ratios[3 * len(ratios) // 4],
+            "compile_s": {arm: c for arm, (_, c) in built.items()}, "identical_state": True}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--old", required=True, help="the old checkout (e.g. a git worktree)")
+    parser.add_argument("--new", default=None, help="the new checkout (default: this one)")
+    parser.add_argument("--blocks", type=int, default=8)
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of {ROWS}")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    rows = [r for r in args.rows.split(",") if r]
+    unknown = sorted(set(rows) - set(ROWS))
+    if unknown:
+        parser.error(f"--rows: unknown {unknown}; choose from {', '.join(ROWS)}")
+    started = time.perf_counter()
+    old, new = Path(args.old), harness.resolve_checkout(args.new)
+    meta = harness.collect_meta(new, old_checkout=harness.source_provenance(old))
+    libs = {arm: harness.import_fresh(path, ("algorithms", "algorithms.mixed", "data", "models"))
+            for arm, path in (("old", old), ("new", new))}
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    results = [bench_row(libs, row, args.blocks, log) for row in rows]
+    payload = {"meta": harness.finish_meta(meta, started), "rows": results}
+    if args.out:
+        harness.write_json(args.out, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()
