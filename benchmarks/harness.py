@@ -24,6 +24,9 @@ The three benchmark scripts (`rounds_per_sec.py`, `scaling.py`,
 * **A fresh process per point.** `run_point_subprocess` runs one
   measurement in a new Python (JAX fixes its device count at start-up; peak
   RSS is per process) and parses the JSON object it prints.
+* **Where the time goes.** `thunk_profile` traces calls of a compiled
+  function with `jax.profiler` and sums the time of each XLA instruction,
+  with the JAX op it came from.
 * **Strict JSON.** `write_json`: NaN and ±inf become null.
 
 JAX is imported only inside the functions that need it, so `use_checkout`
@@ -400,6 +403,67 @@ def compile_then_time(
         compiled=compiled,
         output=out,
     )
+
+
+def thunk_profile(compiled, *args, calls: int = 10) -> dict[str, dict]:
+    """Time per call of each XLA instruction of `compiled` (a `.lower(...).compile()`d
+    function), traced with `jax.profiler` over `calls` calls.
+
+    Returns:
+      {instruction name: {"us_per_call", "count_per_call", "op_name"}}; op_name is
+      the JAX op the instruction came from (its HLO metadata; "" when it has none).
+      The tracer's own overhead inflates every time, so compare shares, not sums.
+    """
+    import glob
+    import gzip
+    import re
+    import tempfile
+
+    import jax
+
+    op_names = {}  # every instruction of the program -> its JAX op ("" without metadata)
+    for line in compiled.as_text().splitlines():
+        found = re.match(r"\s*(?:ROOT )?%(\S+) = ", line)
+        if found:
+            op = re.search(r'op_name="([^"]*)"', line)
+            op_names[found.group(1)] = op.group(1) if op else ""
+    jax.block_until_ready(compiled(*args))
+    with tempfile.TemporaryDirectory() as trace_dir:
+        jax.profiler.start_trace(trace_dir)
+        try:
+            out = None
+            for _ in range(calls):
+                out = compiled(*args)
+            jax.block_until_ready(out)
+        finally:
+            jax.profiler.stop_trace()
+        files = sorted(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))
+        with gzip.open(files[-1]) as f:
+            events = json.load(f)["traceEvents"]
+    # Self time: a while loop's event spans its body's instructions, whose own events nest
+    # inside it on the same thread; each event's children are subtracted from it.
+    mine = sorted((e for e in events if e.get("ph") == "X" and e.get("name") in op_names),
+                  key=lambda e: (e["pid"], e["tid"], e["ts"], -e["dur"]))
+    total: dict[str, float] = {}
+    count: dict[str, int] = {}
+    stack: list[list] = []  # [end, name, self time so far, thread]
+
+    def close(entry):
+        total[entry[1]] = total.get(entry[1], 0.0) + entry[2]
+
+    for event in mine:
+        thread, start, end = (event["pid"], event["tid"]), event["ts"], event["ts"] + event["dur"]
+        while stack and (stack[-1][3] != thread or stack[-1][0] <= start):
+            close(stack.pop())
+        if stack:
+            stack[-1][2] -= event["dur"]
+        stack.append([end, event["name"], float(event["dur"]), thread])
+        count[event["name"]] = count.get(event["name"], 0) + 1
+    while stack:
+        close(stack.pop())
+    return {name: {"us_per_call": total[name] / calls, "count_per_call": count[name] / calls,
+                   "op_name": op_names[name]}
+            for name in sorted(total, key=total.get, reverse=True)}
 
 
 class Arm(NamedTuple):

@@ -36,8 +36,32 @@ import harness
 OUT = Path(__file__).resolve().parent / "results" / "mixed.json"
 
 
+PROFILE_GROUPS = (  # (label, test on (instruction name, JAX op)), the first match wins
+    ("dots outside YNNPACK (XLA's own batched dot)",
+     lambda name, op: name == "dot" or name.startswith("dot.")),
+    ("YNNPACK fusions (its dots and reductions)", lambda name, op: name.startswith("ynn_fusion")),
+    ("PRNG (threefry, a rolled loop on CPU)",
+     lambda name, op: "threefry" in op or "_uniform" in op or "random_bits" in op),
+    ("batch draws (ranks, top_k) and gathers",
+     lambda name, op: "sample_batch" in op or "top_k" in op or "gather" in name),
+    ("everything else", lambda name, op: True),
+)
+
+
+def profile_summary(profile: dict[str, dict], top: int = 12) -> dict:
+    """Each group's share of the traced self time of the vectorized round, and the top
+    instructions (`harness.thunk_profile`; the tracer inflates times, so shares only)."""
+    total = sum(p["us_per_call"] for p in profile.values()) or 1.0
+    shares = {label: 0.0 for label, _ in PROFILE_GROUPS}
+    for name, p in profile.items():
+        label = next(lbl for lbl, test in PROFILE_GROUPS if test(name, p["op_name"]))
+        shares[label] += p["us_per_call"] / total
+    return {"traced_us_per_call": total, "shares": shares,
+            "top": [{"instruction": name, **p} for name, p in list(profile.items())[:top]]}
+
+
 def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int, n_c: int,
-            blocks: int, min_calls: int) -> dict:
+            blocks: int, min_calls: int, profiled: bool = True) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -143,6 +167,7 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
         "server": harness.Arm(lambda: server_only(key), min_calls=min_calls),
     }
     times = harness.interleaved_blocks(arms, blocks)
+    profile = harness.thunk_profile(vectorized, state, inputs, key) if profiled else {}
     median = {name: float(np.median(t)) for name, t in times.items()}
     flops = 6 * d * (clients * steps * batch + (steps + 1) * central_batch + clients * batch)
     return {
@@ -156,6 +181,7 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
         "compile_s": compile_s,
         "round_gflop": flops / 1e9,
         "vectorized_GFLOPs": flops / median["vectorized"] / 1e9,
+        **({"profile": profile_summary(profile)} if profiled else {}),
     }
 
 

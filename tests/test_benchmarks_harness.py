@@ -93,6 +93,25 @@ def test_interleaved_blocks_alternates_arms():
     assert all(t >= 0 for t in times["a"] + times["b"])
 
 
+def test_thunk_profile_counts_loop_bodies_and_self_times():
+    """A 20-step loop's body instructions run 20 times per call; the loop's own event
+    spans them, and its self time has theirs subtracted (never negative)."""
+    def f(x):
+        return jax.lax.fori_loop(0, 20, lambda i, a: jnp.tanh(a @ a) + i, x)
+
+    x = jnp.eye(64) * 0.5
+    compiled = jax.jit(f).lower(x).compile()
+    profile = harness.thunk_profile(compiled, x, calls=3)
+    assert profile, "no instruction was traced"
+    assert all(p["us_per_call"] >= 0 for p in profile.values())
+    assert any(p["count_per_call"] == 20 for p in profile.values())  # the body, per call
+    loops = [p for p in profile.values() if "while" in p["op_name"] and p["count_per_call"] == 1]
+    body = sum(p["us_per_call"] for p in profile.values() if p["count_per_call"] == 20)
+    assert loops and body > 0, profile
+    # Without the subtraction the loop's time would include its body's, so exceed it.
+    assert max(p["us_per_call"] for p in loops) < body, profile
+
+
 def test_probes_report_positive_ceilings():
     stream = harness.stream_bandwidth(1 << 14, reps=2)
     matmul = harness.matmul_peak(32, reps=2)

@@ -50,11 +50,12 @@ def sample_batch(key, num_examples, n_max: int, batch_size: int, *, replicated: 
     is masked. `replicated`: the rows belong to an array held whole by every
     device (the server's), see `lowest`.
     """
-    rows = jnp.arange(n_max)
-    scores = jnp.where(rows < num_examples, jax.random.uniform(key, (n_max,)), jnp.inf)
-    size = min(batch_size, n_max)  # a batch larger than the padded width is all rows
-    idx = lowest(scores, size, replicated=replicated)
-    mask = jnp.arange(size) < num_examples
+    with jax.named_scope("sample_batch"):  # (its ops' name in profiles)
+        rows = jnp.arange(n_max)
+        scores = jnp.where(rows < num_examples, jax.random.uniform(key, (n_max,)), jnp.inf)
+        size = min(batch_size, n_max)  # a batch larger than the padded width is all rows
+        idx = lowest(scores, size, replicated=replicated)
+        mask = jnp.arange(size) < num_examples
     return idx, mask
 
 
