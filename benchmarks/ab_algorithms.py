@@ -80,22 +80,15 @@ def bench_row(libs: dict, row: str, blocks: int, log) -> dict:
         jax.tree.leaves(outs["old"][0]), jax.tree.leaves(outs["new"][0]), strict=True))
     if not same:
         raise AssertionError(f"{row}: the old and new rounds give different states")
-    times = {"old": [], "new": []}
-    for b in range(blocks):
-        order = ("old", "new") if b % 2 == 0 else ("new", "old")
-        arms = {a: harness.Arm(built[a][0], min_calls=3, budget_s=1.0, max_calls=200)
-                for a in order}
-        for arm, seconds in harness.interleaved_blocks(arms, 1).items():
-            times[arm].append(statistics.median(seconds))
-    ratios = sorted(nw / o for o, nw in zip(times["old"], times["new"], strict=True))
-    old_s, new_s = statistics.median(times["old"]), statistics.median(times["new"])
-    log(f"  {row}: old {old_s * 1e3:.2f} ms, new {new_s * 1e3:.2f} ms, new/old "
-        f"{new_s / old_s:.3f} (blocks IQR {ratios[len(ratios) // 4]:.3f}–"
-        f"{ratios[3 * len(ratios) // 4]:.3f})")
-    return {"row": row, "blocks": blocks, "old_s": old_s, "new_s": new_s,
-            "new_over_old": new_s / old_s, "block_ratio_median": statistics.median(ratios),
-            "block_ratio_q1": ratios[len(ratios) // 4],
-            "block_ratio_q3": ratios[3 * len(ratios) // 4],
+    per_block = harness.old_new_blocks(
+        {a: harness.Arm(built[a][0], min_calls=3, budget_s=1.0, max_calls=200) for a in built},
+        blocks)
+    summary = harness.new_over_old(*(
+        [statistics.median(seconds) for seconds in per_block[arm]] for arm in ("old", "new")))
+    log(f"  {row}: old {summary['old_s'] * 1e3:.2f} ms, new {summary['new_s'] * 1e3:.2f} ms, "
+        f"new/old {summary['new_over_old']:.3f} (blocks IQR {summary['block_ratio_q1']:.3f}–"
+        f"{summary['block_ratio_q3']:.3f})")
+    return {"row": row, "blocks": blocks, **summary,
             "compile_s": {arm: c for arm, (_, c) in built.items()}, "identical_state": True}
 
 

@@ -93,19 +93,16 @@ def bench_rounds(libs, m, n, d, k, blocks, rounds, log):
     steps = {arm: chained(c, s, data, keys, rounds) for arm, (c, _, s, data, keys) in built.items()}
     for step in steps.values():  # warm
         jax.block_until_ready(step())
-    times = {"old": [], "new": []}
-    for b in range(blocks):  # old/new, then new/old: neither always runs first
-        order = ("old", "new") if b % 2 == 0 else ("new", "old")
-        for arm, seconds in harness.interleaved_blocks(
-                {a: harness.Arm(steps[a], min_calls=1, max_calls=1) for a in order}, 1).items():
-            times[arm].append(seconds[0] / rounds)
-    ratios = sorted(nw / o for o, nw in zip(times["old"], times["new"], strict=True))
-    old_s, new_s = statistics.median(times["old"]), statistics.median(times["new"])
+    per_block = harness.old_new_blocks(
+        {a: harness.Arm(steps[a], min_calls=1, max_calls=1) for a in steps}, blocks)
+    times = {arm: [seconds[0] / rounds for seconds in per_block[arm]] for arm in per_block}
+    summary = harness.new_over_old(times["old"], times["new"])
+    old_s, new_s = summary["old_s"], summary["new_s"]
     row = {
         "m": m, "n": n, "d": d, "k": k, "blocks": blocks, "rounds_per_block": rounds,
-        "old_s_per_round": old_s, "new_s_per_round": new_s, "new_over_old": new_s / old_s,
-        "block_ratio_median": statistics.median(ratios),
-        "block_ratio_q1": ratios[len(ratios) // 4], "block_ratio_q3": ratios[3 * len(ratios) // 4],
+        "old_s_per_round": old_s, "new_s_per_round": new_s,
+        **{key: summary[key] for key in ("new_over_old", "block_ratio_median",
+                                         "block_ratio_q1", "block_ratio_q3")},
         "compile_s": {arm: b_[1] for arm, b_ in built.items()},
         "verified_equal": True, "max_abs_param_diff": diff,
     }

@@ -29,7 +29,6 @@ import argparse
 import pathlib
 import sys
 import time
-import types
 
 import harness
 
@@ -49,12 +48,13 @@ def _linear_problem(cfg):
     return FederatedData.from_arrays(x, y)
 
 
-def _loop_round(state, key, cfg, one_client, probe_loss, clients, finish):
+def _loop_round(state, key, cfg, one_client, probe_loss, clients, mean_of, update):
     """One DRFA round, a Python loop over cohort slots (the per-client simulator's way).
 
     `clients` holds each client's arrays sliced once (x, y, count), as a simulator
-    without a client axis stores them; `finish` is one jitted call that takes the
-    lists of per-client results (means, the loss vector, the λ step).
+    without a client axis stores them; `mean_of` and `update` are jitted calls that
+    take the lists of per-client results (w̃; the mean model, the loss vector and the
+    λ step).
     """
     import jax
     import numpy as np
@@ -70,11 +70,11 @@ def _loop_round(state, key, cfg, one_client, probe_loss, clients, finish):
         p, s = one_client(state.params, *clients[i], cohort.keys[j], t_snap)
         finals.append(p)
         snaps.append(s)
-    w_tilde = finish.mean(snaps)
+    w_tilde = mean_of(snaps)
     u = sample_cohort(key_u, n, m)
     losses = [probe_loss(w_tilde, *clients[i], u.keys[j])
               for j, i in enumerate(np.asarray(u.ids).tolist())]
-    params, lam = finish.update(finals, losses, u.ids, state.lam, state.lambda_lr)
+    params, lam = update(finals, losses, u.ids, state.lam, state.lambda_lr)
     return state._replace(params=params, lam=lam, round=state.round + 1)
 
 
@@ -124,10 +124,9 @@ def linear_rows(cfg, blocks: int, ceilings: dict) -> list[dict]:
         v = jnp.zeros(cfg["N"]).at[ids].set(cfg["N"] / cfg["m"] * jnp.stack(losses))
         return mean_of(finals), project_fn(lam + lambda_lr * cfg["tau"] * v)
 
-    finish = types.SimpleNamespace(mean=mean_of, update=update)
     clients = list(zip(data.x, data.y, data.num_examples, strict=True))  # sliced once
     loop = functools.partial(_loop_round, one_client=one_client, probe_loss=probe_loss,
-                             cfg=cfg, clients=clients, finish=finish)
+                             cfg=cfg, clients=clients, mean_of=mean_of, update=update)
     # The two arms agree on one round from the same state and key.
     want = round_(state, data, key)[0]
     got = loop(state=state, key=key)

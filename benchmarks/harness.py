@@ -496,6 +496,30 @@ def interleaved_blocks(arms: dict[str, Arm], blocks: int) -> dict[str, list[floa
     return times
 
 
+def old_new_blocks(arms: dict[str, Arm], blocks: int) -> dict[str, list[list[float]]]:
+    """Old-vs-new A/B timing: `blocks` blocks, "old" first in even blocks and "new" first
+    in odd ones, so neither always runs first. Returns each arm's call times per block."""
+    times: dict[str, list[list[float]]] = {name: [] for name in arms}
+    for b in range(blocks):
+        order = ("old", "new") if b % 2 == 0 else ("new", "old")
+        for name, seconds in interleaved_blocks({a: arms[a] for a in order}, 1).items():
+            times[name].append(seconds)
+    return times
+
+
+def new_over_old(old: Sequence[float], new: Sequence[float]) -> dict:
+    """Per-block seconds of two arms -> their medians, new/old of the medians, and the
+    median and quartiles of the per-block new/old ratios."""
+    import statistics
+
+    ratios = sorted(n / o for o, n in zip(old, new, strict=True))
+    old_s, new_s = statistics.median(old), statistics.median(new)
+    return {"old_s": old_s, "new_s": new_s, "new_over_old": new_s / old_s,
+            "block_ratio_median": statistics.median(ratios),
+            "block_ratio_q1": ratios[len(ratios) // 4],
+            "block_ratio_q3": ratios[3 * len(ratios) // 4]}
+
+
 # --------------------------------------------------------------------------- machine ceilings
 
 

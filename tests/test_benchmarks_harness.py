@@ -112,6 +112,19 @@ def test_thunk_profile_counts_loop_bodies_and_self_times():
     assert max(p["us_per_call"] for p in loops) < body, profile
 
 
+def test_old_new_blocks_alternate_which_runs_first_and_summary_by_hand():
+    order = []
+    arms = {name: harness.Arm(lambda name=name: order.append(name), min_calls=1, max_calls=1)
+            for name in ("new", "old")}
+    times = harness.old_new_blocks(arms, blocks=4)
+    assert order == ["old", "new", "new", "old", "old", "new", "new", "old"]
+    assert [len(t) for t in times["old"]] == [1, 1, 1, 1]
+    summary = harness.new_over_old([2.0, 4.0, 1.0], [1.0, 4.0, 2.0])
+    assert summary["old_s"] == summary["new_s"] == 2.0 and summary["new_over_old"] == 1.0
+    assert summary["block_ratio_median"] == 1.0  # ratios 0.5, 1, 2
+    assert (summary["block_ratio_q1"], summary["block_ratio_q3"]) == (0.5, 2.0)
+
+
 def test_probes_report_positive_ceilings():
     stream = harness.stream_bandwidth(1 << 14, reps=2)
     matmul = harness.matmul_peak(32, reps=2)

@@ -68,6 +68,7 @@ from fedjax_sim.ops import (
     cohort_sums,
     mean_or_keep,
     sample_batch,
+    sample_batches,
     sample_cohort,
     take,
     weighted_sum,
@@ -186,8 +187,12 @@ def client_step_input(key, num_examples, n_max: int, batch_size: int | None):
 
 
 def client_steps(keys, num_examples, n_max: int, batch_size: int | None):
-    """`client_step_input` for each of K step keys, drawn together before the step loop."""
-    return jax.vmap(lambda k: client_step_input(k, num_examples, n_max, batch_size))(keys)
+    """`client_step_input` for each of K step keys, drawn together before the step loop
+    (`ops.sample_batches`)."""
+    if batch_size is None:
+        return keys
+    batch_keys = jax.vmap(lambda k: jax.random.split(k)[0])(keys)
+    return sample_batches(batch_keys, num_examples, n_max, batch_size)
 
 
 def client_batch_grad(model: Model, x, y, num_examples, batch_size: int | None):
@@ -300,6 +305,8 @@ def _mixed(
     server_opt = server_optimizer if server_optimizer is not None else optax.sgd(
         server_learning_rate)
     f_c = central_loss if central_loss is not None else datacenter_loss(model, central_batch_size)
+    # A plain central loss draws nothing apart: its step input is the step's key.
+    central = f_c if isinstance(f_c, DrawnLoss) else DrawnLoss(lambda arrays, key: key, f_c)
 
     def server_arrays(server):
         if central_loss is None:
@@ -329,14 +336,12 @@ def _mixed(
                           jnp.zeros((), jnp.int32))
 
     def central_input(arrays, key):
-        """One central step's input: f_c's draw (a `DrawnLoss`), else the key itself."""
-        return f_c.draw(arrays, key) if isinstance(f_c, DrawnLoss) else key
+        """One central step's input: f_c's draw."""
+        return central.draw(arrays, key)
 
     def central_grad(arrays):
         """(params, central step input) -> (loss, grad) of f_c."""
-        if isinstance(f_c, DrawnLoss):
-            return jax.value_and_grad(lambda p, s: f_c.loss(p, arrays, s))
-        return jax.value_and_grad(lambda p, k: f_c(p, arrays, k))
+        return jax.value_and_grad(lambda p, step: central.loss(p, arrays, step))
 
     def round_(state: MixedState, inputs, key):
         data, server = split_inputs(inputs)

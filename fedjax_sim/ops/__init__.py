@@ -11,7 +11,13 @@ from fedjax_sim.ops.chunking import check_client_chunk, map_client_chunks, scan_
 from fedjax_sim.ops.clustering import assign_clusters, cluster_gradient_sums, cluster_losses
 from fedjax_sim.ops.cohort import Cohort, CohortBatch, cohort_sums, put, sample_cohort, take
 from fedjax_sim.ops.kmeans import kmeans
-from fedjax_sim.ops.local_update import client_keys, client_update, local_update, sample_batch
+from fedjax_sim.ops.local_update import (
+    client_keys,
+    client_update,
+    local_update,
+    sample_batch,
+    sample_batches,
+)
 from fedjax_sim.ops.mixup import mixup, mixup_client
 from fedjax_sim.ops.sampling import sample_uniform, sample_weighted
 from fedjax_sim.ops.simplex import project_simplex
@@ -38,6 +44,7 @@ __all__ = [
     "mixup_client",
     "project_simplex",
     "sample_batch",
+    "sample_batches",
     "sample_uniform",
     "sample_weighted",
     "scan_client_chunks",
