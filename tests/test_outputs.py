@@ -380,7 +380,7 @@ def drawn_axes(monkeypatch):
 
 def test_plot_curves_panels_and_curves_follow_the_settings(tmp_path, drawn_axes):
     plots.plot_curves(_summary(), tmp_path / "c.png", x="R", y="p", group="sigma",
-                      panels=("k",), ci=("low", "high"), log_x=True)
+                      panels=("k",), ci=("low", "high"), log_x=True, offset=False)
     (axes,) = drawn_axes
     assert [ax.get_title() for ax in axes[0]] == ["k=2", "k=4"]
     for ax in axes[0]:
