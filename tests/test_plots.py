@@ -188,3 +188,99 @@ def test_per_seed_rows_fall_back_to_seed_means(tmp_path):
     assert plots.per_seed_rows(tmp_path, histories) == [
         {"method": "a", "seed": 0, "round": 0, "loss": 1.0},
         {"method": "b", "seed": 0, "round": 0, "loss": 2.0}]
+
+
+# ============================================================ the experiments' plots
+
+
+def _comparison_outputs(tmp_path, methods, metrics):
+    """A comparison's per_seed_metrics.csv and seed-mean histories, made up (no training)."""
+    from fedjax_sim.experiments.base import Comparison, seed_mean_rows
+
+    rng = np.random.default_rng(1)
+    rows = [{"method": m, "seed": s, "round": t,
+             **{k: float(rng.random()) for k in metrics}}
+            for m in methods for s in range(3) for t in (0, 2, 4)]
+    io.write_csv(tmp_path / "per_seed_metrics.csv", rows)
+    histories = {}
+    for m in methods:
+        by_round = {}
+        for row in rows:
+            if row["method"] == m:
+                by_round.setdefault(row["round"], []).append(row)
+        histories[m] = seed_mean_rows([
+            {"round": t, **{k: [r[k] for r in rs] for k in metrics}}
+            for t, rs in by_round.items()])
+    return Comparison({}, histories, list(metrics), methods[0]), rows
+
+
+@pytest.fixture
+def comparison_calls(monkeypatch):
+    calls = []
+    real = plots.plot_comparison
+
+    def spy(rows, path, panels, **kw):
+        calls.append((path.name, rows, kw, real(rows, path, panels, **kw)))
+        return calls[-1][-1]
+
+    monkeypatch.setattr(plots, "plot_comparison", spy)
+    return calls
+
+
+def test_drfa_plots_draw_per_seed_bands_in_the_runs_colours(tmp_path, comparison_calls):
+    from fedjax_sim.experiments import drfa_molecules
+
+    experiment = drfa_molecules.EXPERIMENT
+    metrics = ["train_loss_worst", "lambda_0", "lambda_1", "sampled_0", "sampled_1"]
+    comparison, rows = _comparison_outputs(tmp_path, list(experiment.methods), metrics)
+    experiment.plot_compare(comparison, tmp_path)
+    assert (tmp_path / "lambda.png").read_bytes()[:4] == b"\x89PNG"
+    ((name, used, kw, drawn),) = comparison_calls
+    assert name == "worst_client_loss.png" and (tmp_path / name).is_file()
+    assert kw["colors"] == plots.method_colors(experiment.methods)
+    band = drawn["train_loss_worst"]["drfa"]
+    want = _expected_from(rows, "drfa", "train_loss_worst")
+    np.testing.assert_allclose(band["lo"], want["lo"])
+    np.testing.assert_allclose(band["hi"], want["hi"])
+
+
+def test_cluster_identity_plot_keeps_the_colours_of_all_methods(tmp_path, comparison_calls):
+    from fedjax_sim.experiments import ifca_images
+
+    experiment = ifca_images.DIGITS  # ifca, fedavg, local: ifca alone clusters
+    comparison, rows = _comparison_outputs(tmp_path, list(experiment.methods),
+                                           ["cluster_accuracy"])
+    experiment.plot_compare(comparison, tmp_path)
+    ((name, _, kw, drawn),) = comparison_calls
+    assert name == "cluster_identity.png" and (tmp_path / name).is_file()
+    assert list(drawn["cluster_accuracy"]) == ["ifca"]
+    assert kw["colors"]["ifca"] == plots.method_colors(experiment.methods)["ifca"]
+    np.testing.assert_allclose(drawn["cluster_accuracy"]["ifca"]["mean"],
+                               _expected_from(rows, "ifca", "cluster_accuracy")["mean"])
+
+
+def _expected_from(rows, method, metric):
+    rounds = sorted({r["round"] for r in rows})
+    out = {"mean": [], "lo": [], "hi": []}
+    for t in rounds:
+        v = np.array([r[metric] for r in rows if r["method"] == method and r["round"] == t])
+        half = scipy_stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v))
+        out["mean"].append(v.mean())
+        out["lo"].append(v.mean() - half)
+        out["hi"].append(v.mean() + half)
+    return out
+
+
+def test_synthetic_run_plot_labels_every_axis(tmp_path, drawn_axes):
+    from fedjax_sim.experiments import ifca_synthetic
+
+    rows = [{"round": t, "restart": 0, "train_loss": 10.0 ** -t, "test_loss": 2.0 ** -t,
+             "cluster_accuracy": 0.5, "min_dist": 1.0 / (t + 1)} for t in range(4)]
+    ifca_synthetic.RUN.plot_run(rows, {"success_threshold": 0.06, "algorithm": "ifca",
+                                       "best_restart": 0}, tmp_path)
+    (axes,) = drawn_axes
+    assert [ax.get_ylabel() for ax in axes[0]] == [label for _, label in ifca_synthetic.RUN.panels]
+    assert all(ax.get_xlabel() == "round" for ax in axes[0])
+    assert axes[0][0].get_yscale() == "log"
+    color = to_rgba(axes[0][0].get_lines()[0].get_color())
+    assert color == to_rgba(plots.method_colors(ifca_synthetic.RUN.methods)["ifca"])
