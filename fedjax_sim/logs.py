@@ -453,3 +453,38 @@ class TensorBoardLog:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def write_bands(log_dir, bands: dict) -> list[Path]:
+    """A comparison's seed means and bands as TensorBoard scalars, one run folder per method.
+
+    Args:
+      log_dir: the parent folder; method m's events go to log_dir/m.
+      bands: {metric: {method: {"round": [...], "mean": [...], "lo": [...],
+        "hi": [...]}}}, as `plots.seed_bands` gives them.
+
+    Tags are ``<metric>/mean``, ``<metric>/lo`` and ``<metric>/hi`` (one
+    TensorBoard section per metric) at each round; NaN bounds (fewer than two
+    finite seeds) are left out.
+
+    Returns:
+      the method folders written.
+
+    Raises:
+      ValueError: tensorboardX is not installed.
+    """
+    rows: dict = {}
+    for metric, by_method in bands.items():
+        for method, band in by_method.items():
+            per_round = rows.setdefault(method, {})
+            for i, step in enumerate(band["round"]):
+                row = per_round.setdefault(int(step), {})
+                for part in ("mean", "lo", "hi"):
+                    row[f"{metric}/{part}"] = band[part][i]
+    written = []
+    for method, per_round in rows.items():
+        with TensorBoardLog(Path(log_dir) / str(method)) as tb:
+            for step in sorted(per_round):
+                tb.write(step, per_round[step])
+        written.append(Path(log_dir) / str(method))
+    return written

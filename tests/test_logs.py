@@ -2,6 +2,7 @@
 
 import io as stdio
 import math
+import struct
 
 import numpy as np
 import pytest
@@ -130,3 +131,37 @@ def test_tensorboard_log_writes_nan_rows_without_a_warning(tmp_path, capfd, capl
     assert captured.err == ""
     assert not [r for r in caplog.records if r.levelno >= 30]
     assert any((tmp_path / "tb").iterdir())
+
+
+def test_write_bands_gives_one_run_folder_per_method_with_mean_and_bounds(tmp_path, caplog):
+    event_pb2 = pytest.importorskip("tensorboardX.proto.event_pb2")
+
+    def read_events(path):  # TFRecords: [u64 length][u32 crc][data][u32 crc] each
+        data, events, at = path.read_bytes(), [], 0
+        while at < len(data):
+            (length,) = struct.unpack("<Q", data[at : at + 8])
+            events.append(event_pb2.Event.FromString(data[at + 12 : at + 12 + length]))
+            at += 12 + length + 4
+        return events
+
+    caplog.set_level("WARNING")
+    bands = {"loss": {"a": {"round": [0, 5], "mean": [2.0, 1.0], "lo": [math.nan, 0.5],
+                            "hi": [math.nan, 1.5]},
+                      "b": {"round": [0, 5], "mean": [3.0, 2.5], "lo": [2.0, 2.0],
+                            "hi": [4.0, 3.0]}},
+             "acc": {"a": {"round": [5], "mean": [0.9], "lo": [0.8], "hi": [1.0]}}}
+    written = logs.write_bands(tmp_path / "tb", bands)
+    assert [p.name for p in written] == ["a", "b"]
+    scalars = {}
+    for folder in written:
+        (events,) = folder.iterdir()
+        for event in read_events(events):
+            for value in event.summary.value:
+                scalars[(folder.name, value.tag, event.step)] = value.simple_value
+    assert scalars == pytest.approx({
+        ("a", "loss/mean", 0): 2.0, ("a", "loss/mean", 5): 1.0, ("a", "loss/lo", 5): 0.5,
+        ("a", "loss/hi", 5): 1.5, ("a", "acc/mean", 5): 0.9, ("a", "acc/lo", 5): 0.8,
+        ("a", "acc/hi", 5): 1.0,
+        ("b", "loss/mean", 0): 3.0, ("b", "loss/lo", 0): 2.0, ("b", "loss/hi", 0): 4.0,
+        ("b", "loss/mean", 5): 2.5, ("b", "loss/lo", 5): 2.0, ("b", "loss/hi", 5): 3.0})
+    assert not [r for r in caplog.records if r.levelno >= 30]
