@@ -3,12 +3,16 @@
 * `MetricsCSV` appends history rows to metrics.csv as they come, fsynced, so a
   killed run keeps every row it logged; a resumed run first cuts the rows after
   the round it resumes from, so the file ends up as an uninterrupted run's.
-* `Progress` reports long work: a tqdm bar on a terminal, else one plain,
-  flushed line per step (SLURM logs, CI, pipes), with rate and ETA. A sweep
-  passes each step's cost, so cells of different sizes still give a right ETA.
+* `Progress` reports long work: a tqdm bar on a terminal, else plain, flushed
+  lines (SLURM logs, CI, pipes) at most one every `progress_every()` seconds
+  (`set_progress_every`, the CLI's --progress-every) plus the last, with rate
+  and ETA. A sweep passes each step's cost, so cells of different sizes still
+  give a right ETA. Metrics with a copies axis (seeds, restarts) are shown
+  summarised by a rule the caller picks (`mean_of_copies`, `best_copy`).
 * `TensorBoardLog` writes scalar metrics as TensorBoard event files through
   tensorboardX (no TensorFlow needed); install it with
-  ``pip install 'fedjax_sim[tensorboard]'``.
+  ``pip install 'fedjax_sim[tensorboard]'``. Non-finite values (the round-0
+  placeholders, a diverged copy) are left out.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import csv
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -92,25 +97,152 @@ def _round(row: dict, path: Path) -> int:
         raise ValueError(f"cannot resume {path}: a row has round {row['round']!r}.") from None
 
 
+#: Seconds between two plain progress lines (not on a terminal); see set_progress_every.
+_PROGRESS_EVERY = 10.0
+
+
+def set_progress_every(seconds: float) -> None:
+    """Sets the default seconds between two plain progress lines (0: a line per step).
+
+    Every `Progress` made afterwards without its own `every_seconds` uses it;
+    the CLI's ``--progress-every SECONDS`` calls this.
+
+    Raises:
+      ValueError: seconds is not a finite number >= 0.
+    """
+    global _PROGRESS_EVERY
+    try:
+        value = float(seconds)
+    except (TypeError, ValueError):
+        value = math.nan
+    if isinstance(seconds, bool) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"progress_every must be a number of seconds >= 0; got {seconds!r}.")
+    _PROGRESS_EVERY = value
+
+
+def progress_every() -> float:
+    """The default seconds between two plain progress lines."""
+    return _PROGRESS_EVERY
+
+
+#: A summary rule: a history row (values may be per-copy arrays) -> (scalars, label),
+#: the label saying how arrays were summarised ("" when none was).
+Summary = Callable[[dict], tuple[dict, str]]
+
+
+def _finite_mean(values: np.ndarray, axis=None):
+    """Mean over `axis` of the finite values; NaN where none is finite (no warning)."""
+    finite = np.isfinite(values)
+    count = finite.sum(axis=axis)
+    total = np.where(finite, values, 0.0).sum(axis=axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def _numeric(value) -> np.ndarray | None:
+    """`value` as a float64 array when it is numeric, else None."""
+    if isinstance(value, (str, bytes)):
+        return None
+    try:
+        array = np.asarray(value)
+    except Exception:  # objects numpy cannot take are not numbers either
+        return None
+    return array.astype(np.float64) if array.dtype.kind in "biuf" else None
+
+
+def mean_of_copies(noun: str = "copies") -> Summary:
+    """Summary rule: each multi-element value becomes the mean of its finite elements.
+
+    Args:
+      noun: what the copies are ("seeds", "restarts"), for the label
+        ``mean of 3 seeds`` (the count is the leading axis of the first array).
+    """
+
+    def summary(row: dict) -> tuple[dict, str]:
+        out, copies = {}, None
+        for name, value in row.items():
+            array = _numeric(value)
+            if array is None or array.size <= 1:
+                out[name] = value
+                continue
+            out[name] = float(_finite_mean(array))
+            copies = copies or array.shape[0]
+        return out, "" if copies is None else f"mean of {copies} {noun}"
+
+    return summary
+
+
+def best_copy(key: str, *, noun: str = "restarts", outer: str = "seeds") -> Summary:
+    """Summary rule: the copy with the lowest `key`, along the last copies axis.
+
+    A row whose `key` is [R] (restarts) shows every value of that shape at the
+    restart of lowest finite `key`; a row whose `key` is [S, R] (seeds ×
+    restarts, as `with_seeds(with_restarts(...))` gives) takes each seed's
+    best restart and averages over seeds. Values of other shapes are averaged
+    (`mean_of_copies`). A row without a finite `key` in some copy group (the
+    round-0 placeholders) is summarised by `mean_of_copies` instead.
+
+    Args:
+      key: the value that ranks copies (lower is better), e.g. a training loss.
+      noun: what the last copies axis holds, for the label.
+      outer: what the leading copies axes hold, for the label.
+    """
+    means = mean_of_copies(noun)
+
+    def summary(row: dict) -> tuple[dict, str]:
+        ranking = _numeric(row.get(key))
+        if ranking is None or ranking.ndim == 0 or ranking.shape[-1] <= 1:
+            return means(row)
+        finite = np.isfinite(ranking)
+        if not finite.any(axis=-1).all():
+            return means(row)
+        best = np.argmin(np.where(finite, ranking, np.inf), axis=-1)[..., None]
+        out = {}
+        for name, value in row.items():
+            array = _numeric(value)
+            if array is None or array.size <= 1:
+                out[name] = value
+            elif array.shape == ranking.shape:
+                out[name] = float(_finite_mean(np.take_along_axis(array, best, axis=-1)))
+            else:
+                out[name] = float(_finite_mean(array))
+        label = f"best of {ranking.shape[-1]} {noun} by {key}"
+        if ranking.ndim > 1:
+            label += f", mean of {int(np.prod(ranking.shape[:-1]))} {outer}"
+        return out, label
+
+    return summary
+
+
 class Progress:
-    """Progress of long work: a tqdm bar on a terminal, else one plain line per step.
+    """Progress of long work: a tqdm bar on a terminal, else plain lines, time-throttled.
 
     A plain line reads
     ``ifca-synthetic: 50/300 rounds (17%) | train_loss=0.1234 | 41.2 rounds/s | ETA 0:00:06``.
-    Rates and ETAs use the wall time since construction. The ETA weighs the
-    work left by cost when `total_cost` is given and every `advance` passed a
-    cost, and by count otherwise.
+    Off a terminal the first step prints at once, later ones at most one line
+    every `every_seconds`, and the last step (or `close`, after a stop) always
+    prints the newest state: a 2000-round run piped to a file writes a few
+    dozen lines, not 2000. Rates and ETAs use the wall time since
+    construction. The ETA weighs the work left by cost when `total_cost` is
+    given and every `advance` passed a cost, and by count otherwise.
 
     Args:
       total: units of work in all, `initial` included.
       description: what the work is; starts each line.
-      unit: the name of one unit of work, singular.
+      unit: the name of one unit of work, singular. A postfix key of that name
+        (a history row's "round") is not repeated: the count shows it.
       enabled: False reports nothing.
       stream: where to report; default sys.stderr.
       total_cost: the cost of the work this object will be advanced through
         (not of `initial`), in the units of `advance`'s cost.
       initial: units done before construction (a resumed run).
       clock: seconds, monotonic; tests pass a fake one.
+      every_seconds: least seconds between two plain lines; default
+        `progress_every()` (10 s unless `set_progress_every` changed it); 0
+        prints every step.
+      summary: how a postfix with per-copy arrays is shown (`mean_of_copies`,
+        the default, or `best_copy`): its scalars, then its label in
+        parentheses, e.g. ``loss=0.12 (mean of 3 seeds)``.
     """
 
     def __init__(
@@ -124,6 +256,8 @@ class Progress:
         total_cost: float | None = None,
         initial: float = 0,
         clock=time.monotonic,
+        every_seconds: float | None = None,
+        summary: Summary | None = None,
     ):
         self.total = total
         self.description = description
@@ -131,12 +265,16 @@ class Progress:
         self.enabled = enabled
         self.stream = sys.stderr if stream is None else stream
         self.total_cost = total_cost
+        self.every_seconds = progress_every() if every_seconds is None else float(every_seconds)
+        self.summary = summary or mean_of_copies()
         self.done = initial
         self._initial = initial
         self._cost_done = 0.0
         self._costed = True  # every advance so far passed a cost
         self._clock = clock
         self._start = clock()
+        self._printed_at: float | None = None
+        self._pending: str | None = None  # the newest line, when throttled away
         self._bar = None
         if enabled and _isatty(self.stream):
             from tqdm import tqdm
@@ -156,7 +294,7 @@ class Progress:
             self._cost_done += cost
         if not self.enabled:
             return
-        metrics = _postfix_text(postfix or {})
+        metrics = self._postfix(postfix or {})
         eta = f"ETA {_duration(self.eta())}"
         if self._bar is not None:
             self._bar.set_postfix_str(" | ".join(filter(None, [metrics, eta])), refresh=False)
@@ -171,7 +309,24 @@ class Progress:
         if rate is not None:
             parts.append(_rate_text(rate, self.unit))
         parts.append(eta)
-        print(" | ".join(parts), file=self.stream, flush=True)
+        line = " | ".join(parts)
+        now = self._clock()
+        if (self._printed_at is None or self.done >= self.total
+                or now - self._printed_at >= self.every_seconds):
+            self._print(line, now)
+        else:
+            self._pending = line
+
+    def _postfix(self, postfix: dict) -> str:
+        shown = {k: v for k, v in postfix.items() if k != self.unit}
+        values, label = self.summary(shown)
+        text = _postfix_text(values)
+        return f"{text} ({label})" if text and label else text
+
+    def _print(self, line: str, now: float) -> None:
+        print(line, file=self.stream, flush=True)
+        self._printed_at = now
+        self._pending = None
 
     def rate(self) -> float | None:
         """Units per second since construction; None before any time has passed."""
@@ -190,6 +345,9 @@ class Progress:
         return max(left, 0) * elapsed / done
 
     def close(self) -> None:
+        """Prints the newest throttled line, if any, and closes a tqdm bar."""
+        if self._pending is not None:
+            self._print(self._pending, self._clock())
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -274,13 +432,15 @@ class TensorBoardLog:
         self._writer = SummaryWriter(logdir=str(self.log_dir))
 
     def write(self, step: int, metrics: dict) -> None:
-        """Adds every scalar number in `metrics` (NaN and inf included) at `step`, then flushes.
+        """Adds every finite scalar number in `metrics` at `step`, then flushes.
 
-        Strings and arrays of more than one element are skipped.
+        Strings, arrays of more than one element and NaN or inf values (the
+        round-0 placeholders of round metrics; a diverged copy) are skipped:
+        TensorBoard has no use for them and tensorboardX warns on each.
         """
         for name, value in metrics.items():
             number = _scalar(value)
-            if number is not None:
+            if number is not None and math.isfinite(number):
                 self._writer.add_scalar(str(name), float(number), global_step=int(step))
         # Flushed per call (a chunk of rounds), so a killed run keeps what it logged.
         self._writer.flush()
@@ -293,3 +453,38 @@ class TensorBoardLog:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def write_bands(log_dir, bands: dict) -> list[Path]:
+    """A comparison's seed means and bands as TensorBoard scalars, one run folder per method.
+
+    Args:
+      log_dir: the parent folder; method m's events go to log_dir/m.
+      bands: {metric: {method: {"round": [...], "mean": [...], "lo": [...],
+        "hi": [...]}}}, as `plots.seed_bands` gives them.
+
+    Tags are ``<metric>/mean``, ``<metric>/lo`` and ``<metric>/hi`` (one
+    TensorBoard section per metric) at each round; NaN bounds (fewer than two
+    finite seeds) are left out.
+
+    Returns:
+      the method folders written.
+
+    Raises:
+      ValueError: tensorboardX is not installed.
+    """
+    rows: dict = {}
+    for metric, by_method in bands.items():
+        for method, band in by_method.items():
+            per_round = rows.setdefault(method, {})
+            for i, step in enumerate(band["round"]):
+                row = per_round.setdefault(int(step), {})
+                for part in ("mean", "lo", "hi"):
+                    row[f"{metric}/{part}"] = band[part][i]
+    written = []
+    for method, per_round in rows.items():
+        with TensorBoardLog(Path(log_dir) / str(method)) as tb:
+            for step in sorted(per_round):
+                tb.write(step, per_round[step])
+        written.append(Path(log_dir) / str(method))
+    return written

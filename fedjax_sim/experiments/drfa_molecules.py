@@ -354,47 +354,49 @@ class DRFAExperiment(Experiment):
         return notes
 
     def plot_compare(self, comparison: Comparison, out_dir) -> None:
-        import matplotlib
+        """lambda.png: λ per client of DRFA and DRFLM per round and how often each client
+        was sampled (seed means); worst_client_loss.png: the worst-client training loss
+        per round, each method's seed mean with its 95 % band (per_seed_metrics.csv)."""
+        from matplotlib.figure import Figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from fedjax_sim import plots
 
+        colors = plots.method_colors(self.methods)
         robust = [m for m in ("drfa", "drflm") if m in comparison.histories]
         lam_cols = sorted({k for m in robust for row in comparison.histories[m] for k in row
                            if k.startswith("lambda_") and k[7:].isdigit()},
                           key=lambda k: int(k[7:]))
         if lam_cols:
-            fig, axes = plt.subplots(1, len(robust) + 1, figsize=(4.4 * (len(robust) + 1), 3.5),
-                                     squeeze=False)
+            fig = Figure(figsize=(4.4 * (len(robust) + 1), 3.5))
+            axes = fig.subplots(1, len(robust) + 1, squeeze=False)
             for ax, m in zip(axes[0], robust, strict=False):
                 rows = comparison.histories[m]
                 rounds = [r["round"] for r in rows]
                 for c in lam_cols:
                     ax.plot(rounds, [r[c] for r in rows], label=c.replace("lambda_", "client "))
-                ax.set_title(f"{m}: λ per client (mean over seeds)")
+                ax.set_title(f"{m}: λ per client (mean over seeds)", fontsize=9)
                 ax.set_xlabel("round")
+                ax.set_ylabel("λ (client weight)")
                 ax.legend(fontsize=6, ncol=2)
             ax = axes[0][-1]
             width = 0.8 / max(len(robust), 1)
+            clients = np.arange(len(lam_cols))
             for j, m in enumerate(robust):
                 last = comparison.histories[m][-1]
                 counts = [last.get(c.replace("lambda_", "sampled_"), math.nan) for c in lam_cols]
-                ax.bar(np.arange(len(lam_cols)) + j * width, counts, width, label=m)
-            ax.set_title("times sampled in C_s (mean over seeds)")
+                ax.bar(clients + (j - (len(robust) - 1) / 2) * width, counts, width, label=m,
+                       color=colors.get(m))
+            ax.set_xticks(clients, [c[7:] for c in lam_cols], fontsize=7)
+            ax.set_title("sampling by the final round (mean over seeds)", fontsize=9)
             ax.set_xlabel("client")
+            ax.set_ylabel("times sampled in C_s")
             ax.legend(fontsize=8)
             fig.tight_layout()
             fig.savefig(out_dir / "lambda.png", dpi=110)
-            plt.close(fig)
-        fig, ax = plt.subplots(figsize=(5, 3.5))
-        for m, rows in comparison.histories.items():
-            ax.plot([r["round"] for r in rows], [r["train_loss_worst"] for r in rows], label=m)
-        ax.set_title("worst-client training loss per round")
-        ax.set_xlabel("round")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out_dir / "worst_client_loss.png", dpi=110)
-        plt.close(fig)
+        plots.plot_comparison(
+            plots.per_seed_rows(out_dir, comparison.histories), out_dir / "worst_client_loss.png",
+            [("train_loss_worst", "worst-client train loss")],
+            title="worst-client training loss per round", methods=self.methods, colors=colors)
 
 
 EXPERIMENT = DRFAExperiment()

@@ -434,11 +434,13 @@ class SyntheticRun(Experiment):
 
     def plot_run(self, rows, summary, out_dir) -> None:
         threshold = summary["success_threshold"]
+        name = summary["algorithm"]
         plots.plot_history(
             rows, out_dir / "metrics.png", list(self.panels),
-            title=f"{summary['algorithm']} (restart {summary['best_restart']})",
+            title=f"{name} (restart {summary['best_restart']}, lowest final train loss)",
             hlines={"min_dist": (threshold, "success threshold")} if threshold > 0 else None,
-            log_y={"train_loss", "test_loss", "min_dist"},
+            log_y=set(self.log_metrics), groups={name: rows},
+            colors=plots.method_colors(self.methods),
         )
 
     # ---- comparison: IFCA, FedAvg, local, one-shot over the same seeds
@@ -757,12 +759,15 @@ class SuccessSweep(Experiment):
     def plot_sweep(self, summary, out_dir) -> list:
         """Success probability vs R (a curve per σ, log R) and vs m (a curve per n), 95 % CIs."""
         written = []
-        for x, group, name in (("R", "sigma", "success_vs_R.png"), ("m", "n", "success_vs_m.png")):
+        axes = (("R", "sigma", "success_vs_R.png", "R (cluster separation)"),
+                ("m", "n", "success_vs_m.png", "m (clients)"))
+        for x, group, name, xlabel in axes:
             panels = [f for f in SWEEP_KEYS if f not in (x, group)]
+            # Error bars of the curves that share an x are offset (plot_curves' offset).
             path = plots.plot_curves(
                 summary, out_dir / name, x=x, y="success_prob", group=group, panels=panels,
-                ci=("ci_low", "ci_high"), log_x=(x == "R"), ylabel="success probability",
-                ylim=(-0.03, 1.03))
+                ci=("ci_low", "ci_high"), log_x=(x == "R"), xlabel=xlabel,
+                ylabel="success probability (95% Wilson CI)", ylim=(-0.03, 1.03))
             if path is not None:
                 written.append(path)
         return written

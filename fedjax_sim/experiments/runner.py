@@ -75,7 +75,10 @@ def _now() -> str:
 
 
 def _config(preset: Preset, command: str, settings: dict, mesh=None) -> dict:
+    from fedjax_sim.provenance import provenance
+
     experiment = preset.experiment
+    produced_by = provenance()
     return {
         "preset": preset.name,
         "experiment": experiment.name,
@@ -90,6 +93,11 @@ def _config(preset: Preset, command: str, settings: dict, mesh=None) -> dict:
         "mesh_devices": 1 if mesh is None else mesh.size,
         "processes": jax.process_count(),
         "python": platform.python_version(),
+        # The package's git commit (None when not a checkout) and dirty flag; the versions
+        # of its stack (None: not installed).
+        "git_commit": produced_by["git"]["commit"],
+        "git_dirty": produced_by["git"]["dirty"],
+        "versions": produced_by["versions"],
         "argv": sys.argv,
         "started": _now(),
     }
