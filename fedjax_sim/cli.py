@@ -111,12 +111,13 @@ def main(argv: list[str] | None = None) -> int:
             print(experiments.describe_preset(args.preset))
             return 0
         progress = not args.no_progress
-        if not args.progress_every >= 0:
-            raise ValueError(f"--progress-every must be a number of seconds >= 0; got "
-                             f"{args.progress_every}.")
         from fedjax_sim import logs
 
-        logs.PROGRESS_EVERY_SECONDS = args.progress_every
+        try:
+            logs.set_progress_every(args.progress_every)
+        except ValueError:
+            raise ValueError(f"--progress-every must be a number of seconds >= 0; got "
+                             f"{args.progress_every}.") from None
         if args.config is not None and args.resume:
             raise ValueError("give --config (a new directory) or --resume (continue --out), "
                              "not both.")

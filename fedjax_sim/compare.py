@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fedjax_sim import simulate, stats
+from fedjax_sim import logs, simulate, stats
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.io import read_json, write_json
 
@@ -59,6 +59,8 @@ class MethodRun(NamedTuple):
         finals {metric: [seeds]} beside each metric's last logged value.
       round_metrics: keep every round's metrics (`simulate.run(round_metrics=True)`)
         and hand them to `finals`.
+      progress_summary: how a progress line sums up a row over the copies
+        (`logs.best_copy` for restarts); None: the mean of the seeds.
     """
 
     algorithm: Algorithm
@@ -70,6 +72,7 @@ class MethodRun(NamedTuple):
     seed_rows: Callable[[list[dict]], list[dict]] | None = None
     finals: Callable[[list[dict], dict | None], dict] | None = None
     round_metrics: bool = False
+    progress_summary: Callable | None = None
 
 
 @dataclass
@@ -210,7 +213,8 @@ def train_method(name: str, spec: MethodRun, seeds: int, *, checkpoint_dir=None,
             description=name, mesh=mesh, checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every if checkpoint_dir is not None else None,
             resume=resume and checkpoint_dir is not None, copies_axis=True,
-            on_rows=on_rows if spec.seed_rows is None else None, timing=timing, **kwargs)
+            on_rows=on_rows if spec.seed_rows is None else None, timing=timing,
+            progress_summary=spec.progress_summary or logs.mean_of_copies("seeds"), **kwargs)
         history = out[1]
         if spec.round_metrics:
             per_round = out[2]

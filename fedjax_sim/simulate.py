@@ -329,6 +329,7 @@ def run(
     copies_axis: bool = False,
     on_rows: Callable[[list[dict]], None] | None = None,
     timing: dict | None = None,
+    progress_summary: Callable | None = None,
 ):
     """Runs `rounds` rounds of `algorithm` on `data`, evaluating every `eval_every`.
 
@@ -372,6 +373,8 @@ def run(
         resumed run's restored rows), then with each new row as soon as it
         exists (before the chunk's checkpoint is written), e.g. to append
         them to metrics.csv.
+      progress_summary: how the progress line sums up a history row whose values
+        are per copy (`logs.mean_of_copies`, `logs.best_copy`); None: the mean.
       timing: a dict filled in with `rounds_run` (rounds this call ran, not
         counting those restored from a checkpoint), `start_round`,
         `compile_seconds` (compiling the round chunks and the first
@@ -471,7 +474,7 @@ def run(
             raise diverged(found, history)
         on_rows(list(history))
         with Progress(rounds, initial=done, description=description, unit="round",
-                      enabled=progress) as bar:
+                      enabled=progress, summary=progress_summary) as bar:
             while done < rounds:
                 end = _next_boundary(done, rounds, every)
                 state, metrics = timer.scan(algorithm, state, data, key_rounds, done, end - done)

@@ -27,7 +27,7 @@ from fedjax_sim.experiments.settings import checkpoint_setting, count, method_se
 from fedjax_sim.io import read_csv
 
 RATES = {"base": 0.5, "better": 0.25, "one_bad": 0.75, "all_bad": 1e30}
-BAD_SEED = 1  # one_bad's rate there is 1e30
+BAD_SEED = 1  # one_bad's rate there is 1e10: inf at round 4
 
 
 def _toy_algorithm(name):
@@ -39,7 +39,7 @@ def _toy_algorithm(name):
 
     def round_(state, seed, key):
         del key
-        r = rate if name != "one_bad" else jnp.where(seed == BAD_SEED, 1e30, rate)
+        r = rate if name != "one_bad" else jnp.where(seed == BAD_SEED, 1e10, rate)
         return {"x": state["x"] * jnp.float32(r)}, {}
 
     def evaluate(state, seed):

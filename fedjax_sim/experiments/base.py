@@ -92,6 +92,8 @@ class Experiment:
     panels: tuple[tuple[str, str], ...] = ()
     #: metrics of those panels drawn on a log axis.
     log_metrics: tuple[str, ...] = ()
+    #: method -> label in plot legends (default: the method's name).
+    labels: dict | None = None
 
     @property
     def declared(self) -> dict[str, Setting]:

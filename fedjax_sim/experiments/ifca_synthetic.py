@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim import backend, parallel, plots, simulate, stats
+from fedjax_sim import backend, logs, parallel, plots, simulate, stats
 from fedjax_sim.algorithms import (
     fedavg,
     ifca,
@@ -393,7 +393,7 @@ class SyntheticRun(Experiment):
                 checkpoint_dir=ctx.checkpoint_dir if every else None,
                 checkpoint_every=every or None, resume=ctx.resume and bool(every),
                 copies_axis=True, on_rows=lambda rows: ctx.on_rows(_per_restart_rows(rows)),
-                timing=ctx.timing,
+                timing=ctx.timing, progress_summary=logs.best_copy("train_loss"),
             )
         except simulate.Diverged as err:
             history, diverged = err.history, err
@@ -461,7 +461,8 @@ class SyntheticRun(Experiment):
         return MethodRun(
             algorithm, problem.train, jax.random.fold_in(jax.random.key(s["seed"]), _ROUNDS),
             s["rounds"], _metrics_fn(name, algorithm, problem, s["k"]), s["eval_every"],
-            seed_rows=_best_restart_rows)
+            seed_rows=_best_restart_rows,
+            progress_summary=logs.best_copy("train_loss", noun="restarts", outer="seeds"))
 
     def table(self, s: dict) -> list[str]:
         return list(COMPARE_METRICS)

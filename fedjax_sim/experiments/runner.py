@@ -27,7 +27,7 @@ from fedjax_sim.experiments.base import Comparison, RunContext
 from fedjax_sim.experiments.registry import Preset, get_preset
 from fedjax_sim.experiments.settings import parse_assignments, resolve
 from fedjax_sim.io import append_csv, read_csv, read_json, write_csv, write_json
-from fedjax_sim.logs import MetricsCSV, Progress, TensorBoardLog
+from fedjax_sim.logs import MetricsCSV, Progress, TensorBoardLog, write_bands
 
 RUN, SWEEP, COMPARE = "run", "sweep", "compare"
 # The file that marks a directory as each command's output.
@@ -38,13 +38,22 @@ class OutputError(OSError):
     """--out cannot be used (unwritable, read-only, not a directory, full): exit code 4."""
 
 
-def resolve_settings(preset: Preset, overrides, command: str = RUN) -> dict:
-    """The preset's settings with overrides, checked; a sweep allows a comma list anywhere."""
+def resolve_settings(preset: Preset, overrides, command: str = RUN,
+                     base: dict | None = None) -> dict:
+    """The preset's settings with overrides, checked; a sweep allows a comma list anywhere.
+
+    base: settings recorded in a config.json (--config, --resume), as values: they
+    replace the preset's defaults, and overrides apply on top.
+    """
     if isinstance(overrides, list):
         overrides = parse_assignments(overrides)
     experiment = preset.experiment
-    settings = resolve(experiment.declared, preset.defaults, overrides or {},
-                       lists=command == SWEEP)
+    unknown = sorted(set(base or {}) - set(experiment.declared))
+    if unknown:
+        raise ValueError(f"the recorded settings name {', '.join(unknown)}, which preset "
+                         f"{preset.name} does not take (written by another version?).")
+    settings = resolve(experiment.declared, {**preset.defaults, **(base or {})},
+                       overrides or {}, lists=command == SWEEP)
     for key in overrides or {}:
         readers = experiment.declared[key].commands
         if readers and command not in readers and settings[key] != preset.defaults[key]:
@@ -309,7 +318,7 @@ def run_preset(name, overrides=None, out_dir=None, progress: bool = True,
     preset = get_preset(name, RUN)
     if isinstance(overrides, list):
         overrides = parse_assignments(overrides)
-    settings = resolve_settings(preset, {**base, **(overrides or {})}, RUN)
+    settings = resolve_settings(preset, overrides, RUN, base)
     mesh = choose_mesh(devices, settings.get("m"))
     out_dir = Path(out_dir) if out_dir else default_out_dir(preset.name)
     primary = parallel.is_primary()
@@ -400,7 +409,7 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
     experiment = preset.experiment
     if isinstance(overrides, list):
         overrides = parse_assignments(overrides)
-    settings = resolve_settings(preset, {**base, **(overrides or {})}, SWEEP)
+    settings = resolve_settings(preset, overrides, SWEEP, base)
     axes = sweep_axes(preset, settings)
     cells = expand_cells(settings, axes)
     for cell in cells:  # every cell is checked before anything is written
@@ -490,7 +499,7 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
     experiment = preset.experiment
     if isinstance(overrides, list):
         overrides = parse_assignments(overrides)
-    settings = resolve_settings(preset, {**base, **(overrides or {})}, COMPARE)
+    settings = resolve_settings(preset, overrides, COMPARE, base)
     out_dir = Path(out_dir) if out_dir else default_out_dir(f"{preset.name}-compare")
     primary = parallel.is_primary()
     methods = tuple(experiment.compared(settings))
@@ -544,16 +553,18 @@ def _write_comparison(preset: Preset, settings: dict, problem, results: dict, ou
                                         for row in rows_])
     comparison = Comparison(per_seed_finals, histories, metrics, experiment.baseline, notes,
                             results)
-    plots.plot_history([], out_dir / "comparison.png", list(experiment.panels),
-                       title=f"{preset.name}: mean over {seeds} seeds",
-                       groups=histories, log_y=set(experiment.log_metrics))
+    methods = list(experiment.methods)
+    # Curves and bands over the seeds that did not diverge, as the means of metrics.csv.
+    kept = [row for row in long_rows if results[row["method"]].diverged[row["seed"]] is None]
+    plots.plot_comparison(kept, out_dir / "comparison.png", list(experiment.panels),
+                          title=f"{preset.name}: {seeds} seeds", methods=methods,
+                          colors=plots.method_colors(methods), labels=experiment.labels,
+                          log_y=experiment.log_metrics)
     experiment.plot_compare(comparison, out_dir)
-    if tensorboard:  # one run folder per method: seed means
-        for n, rows_ in histories.items():
-            with TensorBoardLog(out_dir / "tensorboard" / n) as tb:
-                for row in rows_:
-                    tb.write(int(row["round"]), {f"{k}/mean": v for k, v in row.items()
-                                                 if k != "round"})
+    if tensorboard:  # one run folder per method: the seed mean and its band per metric
+        write_bands(out_dir / "tensorboard", plots.seed_bands(
+            kept, [m for m, _ in experiment.panels] + [
+                m for m in metrics if m not in dict(experiment.panels)]))
 
 
 def describe_preset(name: str) -> str:
