@@ -45,6 +45,27 @@ class RunContext:
     timing: dict = field(default_factory=dict)
 
 
+# Streams folded into the user's seed, so data, inits and rounds never share keys: every
+# experiment derives its keys as fold_in(key(seed), stream).
+DATA, INIT, ROUNDS = 0, 1, 2
+
+
+def stream_key(seed: int, stream: int):
+    """The PRNG key of one stream (DATA, INIT, ROUNDS) of a user's seed."""
+    import jax
+
+    return jax.random.fold_in(jax.random.key(seed), stream)
+
+
+def client_mean(values, weights) -> np.ndarray:
+    """Σ_i w_i v_i / Σ_i w_i over the client axis (last), on the host in float64; a client
+    of weight 0 (no data) is left out even where its value is NaN; NaN where every weight
+    is 0."""
+    v, w = np.asarray(values, np.float64), np.asarray(weights, np.float64)
+    total = w.sum(-1)
+    return (np.where(w > 0, v, 0.0) * w).sum(-1) / np.where(total > 0, total, np.nan)
+
+
 def seed_mean(values) -> float:
     """A history value averaged over seeds, NaN seeds left out; NaN when no seed has a
     finite value (every seed diverged, a round metric in the round-0 row)."""

@@ -36,7 +36,7 @@ from fedjax_sim import parallel
 from fedjax_sim.algorithms import drfa, drflm, fedavg, with_seeds
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.experiments.base import Comparison, Experiment, Preset
+from fedjax_sim.experiments.base import ROUNDS, Comparison, Experiment, Preset, stream_key
 from fedjax_sim.experiments.settings import (
     Setting,
     checkpoint_setting,
@@ -51,7 +51,6 @@ MOLECULES = ("esol", "freesolv", "lipophilicity")
 DATASET_NAMES = (*MOLECULES, "synthetic")
 # The paper's ESOL worst-client test RMSE (DRFLM, arXiv 2204.07742; PAPERS.md §5 [V-seed]).
 PAPER_ESOL_WORST = {"drfa": 1.357, "fedavg": 1.232, "drflm": 1.121}
-_INIT, _ROUNDS = 1, 2  # streams folded into the seed
 _MAX_LAMBDA_COLUMNS = 64  # λ_i / sampled_i history columns only for this many clients or fewer
 
 
@@ -311,7 +310,7 @@ class DRFAExperiment(Experiment):
         algorithm = with_seeds(build_method(name, s, problem.model), s["seeds"],
                                shared_data=problem.shared)
         return MethodRun(algorithm, problem.train,
-                         jax.random.fold_in(jax.random.key(s["seed"]), _ROUNDS), s["rounds"],
+                         stream_key(s["seed"], ROUNDS), s["rounds"],
                          _metrics_fn(algorithm, problem), s["eval_every"])
 
     def table(self, s: dict) -> list[str]:

@@ -46,9 +46,12 @@ from fedjax_sim.data.images import (
     rotated_clusters,
 )
 from fedjax_sim.experiments.base import (
+    ROUNDS,
     Comparison,
     Experiment,
     Preset,
+    client_mean,
+    stream_key,
 )
 from fedjax_sim.experiments.settings import (
     Setting,
@@ -77,7 +80,6 @@ METHOD_HELP = {
 TABLE = ["test_accuracy", "local_paired_accuracy", "cluster_accuracy", "train_loss",
          "test_loss"]
 # Stream ids folded into the user's seed, so inits and rounds never share keys.
-_ROUNDS = 2
 
 CIFAR_FILES_HELP = (
     "rotated CIFAR reads CIFAR-10 from the data_dir setting through "
@@ -263,13 +265,6 @@ def build_method(name: str, model, s: dict, client_chunk=None) -> tuple[Algorith
     return algorithm, rounds
 
 
-def _weighted(values, weights):
-    """Per seed: Σ_i w_i v_i / Σ_i w_i over the client axis (last)."""
-    v, w = np.asarray(values, np.float64), np.asarray(weights, np.float64)
-    total = w.sum(-1)
-    return (np.where(w > 0, v, 0.0) * w).sum(-1) / np.where(total > 0, total, np.nan)
-
-
 def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_rounds: int):
     """state -> {metric: [seeds]} for one method (vmapped over seeds).
 
@@ -328,8 +323,8 @@ def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_r
             return out
         ev = evaluate_all(state, train, test, paired)
         for split in ("train", "test"):
-            out[f"{split}_loss"] = _weighted(*ev[split]["loss"])
-            out[f"{split}_accuracy"] = _weighted(*ev[split]["accuracy"])
+            out[f"{split}_loss"] = client_mean(*ev[split]["loss"])
+            out[f"{split}_accuracy"] = client_mean(*ev[split]["accuracy"])
         if name == "local":
             out["local_paired_accuracy"] = out["test_accuracy"]
             correct, weight = (np.asarray(a, np.float64) for a in ev["official"])
@@ -466,7 +461,7 @@ class RotatedImages(Experiment):
         algorithm, rounds = build_method(name, model, s,
                                          self.client_chunk(s, problem, model, name))
         algorithm = with_seeds(algorithm, s["seeds"])
-        key = jax.random.fold_in(jax.random.key(s["seed"]), _ROUNDS)
+        key = stream_key(s["seed"], ROUNDS)
         return MethodRun(algorithm, problem["train"], key, rounds,
                          metrics_fn(name, algorithm, model, problem, s, rounds), eval_every=1)
 

@@ -39,14 +39,20 @@ from fedjax_sim.algorithms import (
 )
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.data import check_mixture_settings, linear_mixture
-from fedjax_sim.experiments.base import Experiment, RunContext
+from fedjax_sim.experiments.base import (
+    DATA,
+    INIT,
+    ROUNDS,
+    Experiment,
+    Preset,
+    RunContext,
+    client_mean,
+    stream_key,
+)
 from fedjax_sim.experiments.settings import Setting, count, seed_setting
 from fedjax_sim.memory import choose_client_chunk, estimate_bytes_per_client, tree_bytes
 from fedjax_sim.metrics import cluster_identity_accuracy, min_dist
 from fedjax_sim.models import linear_regression
-
-# Stream ids folded into the user's seed, so data, inits and rounds never share keys.
-_DATA, _INIT, _ROUNDS = 0, 1, 2
 
 ALGORITHM_NAMES = ("ifca", "fedavg", "local", "oneshot")
 TRIAL_METRICS = ("train_loss", "test_loss", "cluster_accuracy", "min_dist")
@@ -191,10 +197,8 @@ def _metrics_fn(name: str, algorithm, problem, k: int):
     def averages(evaluation):
         loss = parallel.to_host(evaluation["client_loss"]).astype(np.float64)
         weight = parallel.to_host(evaluation["client_weight"]).astype(np.float64)
-        total = weight.sum(-1)
-        mean = (np.where(weight > 0, loss, 0) * weight).sum(-1) / np.where(total > 0, total, 1)
         worst = np.where(weight > 0, loss, -np.inf).max(-1)
-        return mean, worst
+        return client_mean(loss, weight), worst
 
     def metrics(state):
         train, test = evaluate(state, problem.train), evaluate(state, problem.test)
@@ -379,7 +383,7 @@ class SyntheticRun(Experiment):
         official code does). metrics.csv gets one row per (round, restart).
         """
         key = jax.random.key(s["seed"])
-        problem = make_problem(s, jax.random.fold_in(key, _DATA), ctx.mesh)
+        problem = make_problem(s, jax.random.fold_in(key, DATA), ctx.mesh)
         name = s["algorithm"]
         client_chunk = self.client_chunk(s, copies=s["restarts"])
         algorithm = with_restarts(build_algorithm(name, s, client_chunk), s["restarts"])
@@ -387,7 +391,7 @@ class SyntheticRun(Experiment):
         diverged = None
         try:
             _, history = simulate.run(
-                algorithm, problem.train, jax.random.fold_in(key, _ROUNDS), rounds=s["rounds"],
+                algorithm, problem.train, jax.random.fold_in(key, ROUNDS), rounds=s["rounds"],
                 eval_every=s["eval_every"], evaluate=_metrics_fn(name, algorithm, problem, s["k"]),
                 progress=ctx.progress, description=f"{name}-synthetic", mesh=ctx.mesh,
                 checkpoint_dir=ctx.checkpoint_dir if every else None,
@@ -448,7 +452,7 @@ class SyntheticRun(Experiment):
     def problem(self, s: dict):
         """`seeds` data seeds stacked on a leading axis: seed i's data comes from
         fold_in(fold_in(key(seed), DATA), i)."""
-        key = jax.random.fold_in(jax.random.key(s["seed"]), _DATA)
+        key = stream_key(s["seed"], DATA)
         data_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(s["seeds"]))
         return jax.jit(jax.vmap(lambda kk: make_problem(s, kk)))(data_keys)
 
@@ -459,7 +463,7 @@ class SyntheticRun(Experiment):
         algorithm = with_seeds(with_restarts(build_algorithm(name, s, chunk), s["restarts"]),
                                s["seeds"])
         return MethodRun(
-            algorithm, problem.train, jax.random.fold_in(jax.random.key(s["seed"]), _ROUNDS),
+            algorithm, problem.train, stream_key(s["seed"], ROUNDS),
             s["rounds"], _metrics_fn(name, algorithm, problem, s["k"]), s["eval_every"],
             seed_rows=_best_restart_rows,
             progress_summary=logs.best_copy("train_loss", noun="restarts", outer="seeds"))
@@ -564,10 +568,10 @@ def _final_runs(static, traced, *args):
         *traced_values, seed = values
         cell = {**s, **dict(zip(traced, traced_values, strict=True))}
         key = jax.random.key(seed)
-        problem = make_problem(cell, jax.random.fold_in(key, _DATA))
+        problem = make_problem(cell, jax.random.fold_in(key, DATA))
         algorithm = with_restarts(build_algorithm(name, cell), s["restarts"])
         # As simulate.run: the key splits into the init key and the rounds' key.
-        key_init, key_rounds = jax.random.split(jax.random.fold_in(key, _ROUNDS))
+        key_init, key_rounds = jax.random.split(jax.random.fold_in(key, ROUNDS))
         state = algorithm.init(key_init, problem.train)
         state, _ = simulate.scan_rounds(algorithm, state, problem.train, key_rounds, 0,
                                         s["rounds"])
@@ -584,15 +588,9 @@ def _final_runs(static, traced, *args):
     return jax.vmap(one)(*args)
 
 
-def _weighted_mean(pair):
-    loss, weight = (np.asarray(a, np.float64) for a in pair)
-    total = weight.sum(-1)
-    return (np.where(weight > 0, loss, 0) * weight).sum(-1) / np.where(total > 0, total, 1)
-
-
 def _trial_row(name: str, k: int, out: dict) -> dict:
     """One trial's metrics (its best finite restart) from `_final_runs`' per-restart arrays."""
-    final = {"train_loss": _weighted_mean(out["train"]), "test_loss": _weighted_mean(out["test"])}
+    final = {"train_loss": client_mean(*out["train"]), "test_loss": client_mean(*out["test"])}
     if "min_dist" in out:
         final["min_dist"] = out["min_dist"].astype(np.float64)
     if name in CLUSTERING:
@@ -635,9 +633,9 @@ _CELL_STATIC = ("k", "m", "n", "d", "rounds", "restarts")
 def _cell_min_dist(seed_key, seed_ids, sigma, R, lrs, *, k, m, n, d, rounds, restarts):
     """The body of `cell_min_dist`."""
     model = linear_regression(d)
-    data_key = jax.random.fold_in(seed_key, _DATA)
-    init_key = jax.random.fold_in(seed_key, _INIT)
-    round_key = jax.random.fold_in(seed_key, _ROUNDS)
+    data_key = jax.random.fold_in(seed_key, DATA)
+    init_key = jax.random.fold_in(seed_key, INIT)
+    round_key = jax.random.fold_in(seed_key, ROUNDS)
 
     def one_seed(seed_id):
         problem = linear_mixture(
@@ -776,3 +774,50 @@ class SuccessSweep(Experiment):
 
 RUN = SyntheticRun()
 SUCCESS = SuccessSweep()
+
+
+def _success(name, k, m, n, sigma, R, lr, offset, description, d=1000):
+    return Preset(name, SUCCESS, description, {
+        "k": k, "m": m, "n": n, "d": d, "sigma": sigma, "R": R, "lr": lr,
+        "rounds": 300, "restarts": 10, "seeds": 40, "seed": 0,
+        "threshold_offset": offset, "memory_budget_gb": 1.0,
+    })
+
+
+_TINY = {"m": 20, "n": 50, "d": 10, "R": 1.0, "rounds": 60, "restarts": 10, "eval_every": 10,
+         "n_test": 20}
+
+PRESETS = [
+    Preset("ifca-synthetic", RUN,
+           "IFCA (option I, gradient averaging) on the synthetic mixture of linear regressions."),
+    Preset("ifca-synthetic-tiny", RUN,
+           "A seconds-long IFCA synthetic run (k=2, m=20, n=50, d=10) for smoke tests.", _TINY),
+    Preset("fedavg-synthetic", RUN,
+           "FedAvg (one global model) on the synthetic mixture of linear regressions.",
+           {"algorithm": "fedavg"}),
+    Preset("local-synthetic", RUN,
+           "Local models (each client alone) on the synthetic mixture of linear regressions.",
+           {"algorithm": "local"}),
+    Preset("oneshot-synthetic", RUN,
+           "One-shot clustering (k-means of local models) on the synthetic mixture.",
+           {"algorithm": "oneshot"}),
+    # The four official grids (jichan3751/ifca synthetic/run_p{2,4}_{r_noise,m_n}.py).
+    _success("ifca-success-r-noise-k2", 2, 100, 100, [0.0, 0.1, 0.2, 0.4],
+             [0.1, 0.25, 0.5, 0.75, 1.0], [1.0, 0.1, 0.01], 0.001,
+             "Fig. 3 (k=2): success probability vs R, a curve per σ; m=n=100, d=1000."),
+    _success("ifca-success-r-noise-k4", 4, 400, 100, [0.0, 0.1, 0.2, 0.4],
+             [0.1, 0.25, 0.5, 0.75, 1.0], [2.0, 1.0, 0.5], 0.001,
+             "Fig. 3 (k=4): success probability vs R, a curve per σ; m=400, n=100, d=1000."),
+    _success("ifca-success-m-n-k2", 2, [50, 70, 100, 150, 200, 300, 400], [50, 100, 200], 0.1,
+             [0.1, 0.25], [1.0, 0.1, 0.01], 0.0,
+             "Fig. 3 (k=2): success probability vs m, a curve per n; σ=0.1, d=1000."),
+    _success("ifca-success-m-n-k4", 4, [100, 200, 300, 400, 800], [50, 100, 200], 0.1,
+             [0.5, 0.75], [2.0, 1.0, 0.5], 0.0,
+             "Fig. 3 (k=4): success probability vs m, a curve per n; σ=0.1, d=1000."),
+    # CI scale: k=4 (at small d, k=2 succeeds everywhere), about a minute on 2 cores.
+    # At d=10 and small R every θ*_j lies within 0.6σ of the others, so a seed
+    # "succeeds" without clustering; n=5 keeps that regime below the R grid.
+    _success("ifca-success-small", 4, 80, 5, 0.5, [0.1, 0.2, 0.4, 0.8, 1.6], [2.0, 1.0, 0.5],
+             0.001, "CI-scale k=4 grid at d=10: success probability rises from ~0 to ~1 with R.",
+             d=10),
+]
