@@ -185,8 +185,8 @@ SWEEP_TINY = {"k": 2, "m": 8, "n": 5, "d": 5, "rounds": 5, "restarts": 2, "seeds
 # The synthetic-IFCA presets share these tiny settings; other experiments test their own.
 SYNTHETIC = {n: p for n, p in experiments.PRESETS.items()
              if p.experiment in (ifca_synthetic.RUN, ifca_synthetic.SUCCESS)}
-RUN_PRESETS = [n for n, p in SYNTHETIC.items() if "run" in p.commands]
-SWEEP_ONLY_PRESETS = [n for n, p in SYNTHETIC.items() if "run" not in p.commands]
+RUN_PRESETS = [n for n, p in SYNTHETIC.items() if p.experiment is ifca_synthetic.RUN]
+SWEEP_ONLY_PRESETS = [n for n, p in SYNTHETIC.items() if p.experiment is ifca_synthetic.SUCCESS]
 COMPARE_PRESETS = [n for n, p in SYNTHETIC.items() if "compare" in p.commands]
 SMALL_SWEEP = ["seeds=2", "R=0.4,0.8"]
 SMALL_RUN = ["rounds=10", "seed=3", "eval_every=5"]
@@ -220,8 +220,23 @@ def sweep_dir(tmp_path_factory):
 
 def test_every_preset_runs_or_sweeps():
     for name, preset in experiments.PRESETS.items():
-        assert preset.commands, name
+        assert "run" in preset.commands, name  # no preset a user cannot run alone
     assert RUN_PRESETS and SWEEP_ONLY_PRESETS and COMPARE_PRESETS
+
+
+@pytest.mark.parametrize("name", SWEEP_ONLY_PRESETS)
+def test_every_success_preset_runs_one_cell(tmp_path, capsys, name):
+    """A success-sweep preset's `run` trains one cell (its grid axes given one value each)."""
+    out = tmp_path / "run"
+    cell = {**{k: v for k, v in SWEEP_TINY.items() if k != "seeds"}, "lr": 0.1}
+    assert _main("run", name, "--set", *_set(cell), "--out", str(out)) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["lr"] == 0.1 and summary["rounds_run"] == 5
+    assert summary["success"] == (summary["final"]["min_dist"] < summary["success_threshold"])
+    # At the preset's defaults the grid's axes are lists: refused, naming one.
+    assert _main("run", name, "--out", str(tmp_path / "grid")) == 2
+    assert "takes one value here" in capsys.readouterr().err
+    assert not (tmp_path / "grid").exists()
 
 
 @pytest.mark.parametrize("name", list(experiments.PRESETS))

@@ -282,6 +282,8 @@ _SHAPE = (
             traced=True),
 )
 
+_SHAPE_NAMES = tuple(st.name for st in _SHAPE)
+
 # Which algorithms read each setting that not every algorithm reads; a value
 # other than the default for an algorithm that would ignore it is refused.
 _READ_BY = {
@@ -659,7 +661,6 @@ class SuccessSweep(Experiment):
 
     name = "ifca_success"
     description = "IFCA success probability over data seeds (best of restarts × lrs)."
-    supports_run = False
     settings = (
         *_SHAPE,
         Setting("lr", float, 1.0, "the learning-rate grid searched within each cell "
@@ -676,6 +677,30 @@ class SuccessSweep(Experiment):
 
     def validate(self, s: dict, command: str = "sweep") -> None:
         check_mixture_settings(s["k"], s["m"], s["n"], s["d"], s["sigma"], s["R"])
+        if command == "run":
+            RUN.validate(self.run_settings(s), "run")
+
+    def run_settings(self, s: dict) -> dict:
+        """The synthetic run of one cell: IFCA option I on data seed `seed`, as the protocol
+        trains it (no test clients), at one lr of the grid (the first, unless one is set)."""
+        lr = s["lr"][0] if isinstance(s["lr"], list) else s["lr"]
+        return {**RUN.defaults(), **{k: s[k] for k in _SHAPE_NAMES}, "lr": lr,
+                "rounds": s["rounds"], "restarts": s["restarts"], "seed": s["seed"],
+                "n_test": 0, "eval_every": 10, "memory_budget_gb": 0.0}
+
+    def run(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
+        """One cell alone (`fedjax-sim run ifca-success-small --set sigma=0.5 R=0.8`): the
+        run a sweep's seed 0 makes at the grid's first lr, with its success verdict."""
+        cell = self.run_settings(s)
+        rows, summary = RUN.run(cell, ctx)
+        summary["success_threshold"] = success_threshold(s["sigma"], s["threshold_offset"])
+        summary["success"] = bool(summary["final"] is not None and summary["final"].get(
+            "min_dist", math.inf) < summary["success_threshold"])
+        summary["lr"] = cell["lr"]
+        return rows, summary
+
+    def plot_run(self, rows, summary, out_dir) -> None:
+        RUN.plot_run(rows, summary, out_dir)
 
     def trial_columns(self, axes):
         return [*dict.fromkeys([*SWEEP_KEYS, *axes]), "cell_id", "data_seed", "best_min_dist",
