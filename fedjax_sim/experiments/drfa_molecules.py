@@ -43,6 +43,7 @@ from fedjax_sim.experiments.base import (
     seed_mean_rows,
 )
 from fedjax_sim.experiments.settings import Setting, count, seed_setting
+from fedjax_sim.extras import require
 from fedjax_sim.models import linear_regression
 
 METHODS = ("fedavg", "drfa", "drflm", "fedavg_mixup")
@@ -286,6 +287,8 @@ class DRFAExperiment(Experiment):
     log_metrics = ()
 
     def validate(self, s: dict, command: str = "compare") -> None:
+        if s["dataset"] in MOLECULES:
+            require("rdkit", "molecules", f"dataset={s['dataset']}")
         if s["noisy_clients"] > s["num_clients"]:
             raise ValueError(f"setting noisy_clients={s['noisy_clients']} exceeds num_clients="
                              f"{s['num_clients']}.")
