@@ -1,6 +1,6 @@
 """Full MNIST, CIFAR-10 and EMNIST / FEMNIST from a user's local `data_dir`, without TensorFlow.
 
-None of these can be downloaded here (DATASETS.md), so the loaders read a copy
+None of these can be downloaded here (docs/protocols.md#data-sources), so the loaders read a copy
 the user brought. For `load_images(name, data_dir, split)` with name in
 {"mnist", "cifar10", "emnist", "emnist/<config>", "femnist"} they look, in
 this order, for:
