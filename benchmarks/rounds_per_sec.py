@@ -72,7 +72,7 @@ import numpy as np
 FULL_CONFIGS = ((100, 100, 1000, 2), (1000, 10, 10, 4), (10000, 10, 10, 4), (100000, 10, 10, 4))
 QUICK_CONFIGS = ((10, 10, 20, 2), (100, 5, 5, 4))
 
-# The official sweep cell (PAPERS.md §2.1, run_p2_m_n.py / run_p2_r_noise.py grids).
+# The official sweep cell (docs/protocols.md#ifca-success, run_p2_m_n.py / run_p2_r_noise.py grids).
 FULL_CELL = dict(
     k=2, m=100, n=100, d=1000, sigma=0.1, R=0.25, lrs=(1.0, 0.1, 0.01), restarts=10, iterations=300
 )

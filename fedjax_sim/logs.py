@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedjax_sim.extras import require
 from fedjax_sim.io import append_csv, read_csv, write_csv
 
 
@@ -422,12 +423,8 @@ class TensorBoardLog:
     """
 
     def __init__(self, log_dir):
-        try:
-            from tensorboardX import SummaryWriter
-        except ImportError:
-            raise ValueError(
-                "--tensorboard needs tensorboardX: pip install 'fedjax_sim[tensorboard]'"
-            ) from None
+        require("tensorboardX", "tensorboard", "--tensorboard")
+        from tensorboardX import SummaryWriter
         self.log_dir = Path(log_dir)
         self._writer = SummaryWriter(logdir=str(self.log_dir))
 

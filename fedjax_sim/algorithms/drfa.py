@@ -6,7 +6,7 @@ Federated Averaging". NeurIPS 2020, arXiv:2102.12660.
 Jie Wu et al. "Distributionally Robust Federated Learning with Local Mixup"
 (DRFLM), arXiv:2204.07742.
 
-Both solve min_w max_{λ ∈ Δ} Σ_i λ_i f_i(w) (PAPERS.md §3.1, §4.2). One round:
+Both solve min_w max_{λ ∈ Δ} Σ_i λ_i f_i(w) (docs/protocols.md#drfa-algorithm, #drflm). One round:
 
     C_s  ← m clients drawn ∝ λ, with replacement (a client drawn twice trains twice)
     t'   ← uniform on {1, ..., τ}
@@ -21,7 +21,7 @@ trunk of a split model; the identity otherwise) and, by default, feeds the
 mixup loss into v.
 
 `official_code=True` reproduces the official FedTorch code
-(`comms/trainings/federated/centered/drfa.py`, PAPERS.md §3.2) instead:
+(`comms/trainings/federated/centered/drfa.py`, docs/protocols.md#drfa-fedtorch) instead:
 λ^(0) ∝ sample counts; γ ← 0.9 γ at the start of every round; C_s uniform
 without replacement with the λ-importance-weighted update
 w ← w + Σ_j (λ_j N/m)(w_j − w); a snapshot step per client from {1, ..., τ−1}
@@ -90,7 +90,7 @@ def mixup_batch_loss(model: Model, alpha, beta):
     """(params, x_b, y_b, mask_b, key) -> the mixup loss of one minibatch (DRFLM's local step).
 
     γ ~ Beta(α, β) once per minibatch and a random pairing of its real rows
-    (`ops.mixup_client`; standard mixup practice, PAPERS.md §4.2 [I]). On a
+    (`ops.mixup_client`; standard mixup practice, docs/protocols.md#drflm). On a
     split model the embeddings h = g(x) are mixed and the head predicts from
     them, so g is trained through the mixed embeddings (manifold mixup); on a
     plain model g is the identity and the inputs are mixed. Targets are
@@ -127,7 +127,7 @@ def drfa(
     mixup: tuple | None = None,
     lambda_loss: str = "clean",
 ) -> Algorithm:
-    """Builds DRFA (PAPERS.md §3.1; `official_code=True`: the FedTorch form, §3.2).
+    """Builds DRFA (docs/protocols.md#drfa; `official_code=True`: the FedTorch form).
 
     Args:
       model: the shared model.
@@ -319,13 +319,13 @@ def drflm(
     beta=1.0,
     lambda_loss: str = "mixup",
 ) -> Algorithm:
-    """Builds DRFLM: DRFA whose local step is a mixup step (PAPERS.md §4.2).
+    """Builds DRFLM: DRFA whose local step is a mixup step (docs/protocols.md#drflm).
 
     Args:
       model: a split model mixes after its trunk g (graph embeddings for the
         GNN); a plain model mixes its inputs (g = identity).
       alpha, beta: the Beta(α, β) of the mixing weight γ (Beta(1, 1) is
-        PAPERS.md §5's recommended default [I]).
+        the presets' default, docs/protocols.md#drflm-experiments).
       lambda_loss: "mixup" (default: DRFLM's objective is the mixup loss, so
         the λ ascent uses it [I]) or "clean".
       (the rest as in `drfa`)

@@ -10,7 +10,7 @@ model averaging after τ local steps (option II). With weight sharing (a split
 model), the trunk is shared by every cluster and averaged over every
 participating client, and only the heads are clustered; with a frozen trunk
 (the FEMNIST run: a pretrained trunk in every cluster, only the last layer
-trained) the trunk never changes. See PAPERS.md §1 and §2.5.
+trained) the trunk never changes. See docs/protocols.md#ifca.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def evaluate_clusters(
 
     By default each client uses the model with the lowest loss on `data`:
     the official IFCA evaluation, where each test client picks its argmin-loss
-    model on its own test data (PAPERS.md §1.5). With `assignment` ([m]) the
+    model on its own test data (docs/protocols.md#ifca-evaluation). With `assignment` ([m]) the
     clients use those clusters instead (one-shot clustering's fixed ones).
     Clients without data get assignment -1 and weight 0.
     """
@@ -222,7 +222,7 @@ def ifca(
         is O(client_chunk × model size). Same result up to float summation
         order (see `fedjax_sim.memory` to pick a size).
       freeze_shared: with weight_sharing, the trunk is never trained (the
-        FEMNIST run of PAPERS.md §2.5: a pretrained trunk, e.g. from
+        FEMNIST run, docs/protocols.md#ifca-femnist: a pretrained trunk, e.g. from
         `pretrained_trunk`, loaded into every cluster; only the heads train).
         Each client's features are computed once per round and its local
         steps train the head alone.
@@ -363,7 +363,7 @@ def ifca(
 def pretrained_trunk(model: Model, trunk_params, num_clusters: int):
     """init_params for IFCA: `trunk_params` in every cluster, each with its own random head.
 
-    The FEMNIST run's start (PAPERS.md §2.5): the pretrained weights go into
+    The FEMNIST run's start (docs/protocols.md#ifca-femnist): the pretrained weights go into
     every cluster model except the last layer, which cluster j draws from its
     own key. Use with weight_sharing=True (and freeze_shared=True to train only
     the heads).
@@ -383,7 +383,7 @@ def pretrained_trunk(model: Model, trunk_params, num_clusters: int):
 def with_balanced_init(algorithm: Algorithm, model: Model, *, num_clusters: int, tries: int,
                        min_fraction: float, participation: float = 1.0,
                        weight_sharing: bool = False) -> Algorithm:
-    """IFCA's "find a good initializer" rule (official rotated-CIFAR code, PAPERS.md §2.3).
+    """IFCA's "find a good initializer" rule (docs/protocols.md#ifca-rotated-cifar).
 
     The official code re-initialises until every cluster model is chosen by at
     least `min_fraction` of the round's participating clients (35 % for k = 2,

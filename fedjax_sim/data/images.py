@@ -9,7 +9,7 @@ Readers:
 - `digits`: scikit-learn's 8×8 digits (1797 images), scaled to [0, 1].
 
 Protocol (Ghosh et al. 2020, rotated MNIST/CIFAR; official code
-`mnist/train_cluster_mnist.py`, PAPERS.md §2.2–§2.3): `rotated_clusters`
+`mnist/train_cluster_mnist.py`, docs/protocols.md#ifca-images): `rotated_clusters`
 turns one image set into k clusters that differ by a rotation. For each
 cluster an independent permutation of all training images is rotated by
 `np.rot90` (counter-clockwise, as `torch.rot90(k=j)` in the official code) and

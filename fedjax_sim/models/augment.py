@@ -1,6 +1,6 @@
 """Train-time image augmentation as pure functions of a key (a model's `augment`).
 
-The rotated-CIFAR protocol (PAPERS.md §2.3) trains on the TF CIFAR-10
+The rotated-CIFAR protocol (docs/protocols.md#ifca-rotated-cifar) trains on the TF CIFAR-10
 tutorial's distorted views: a random 24×24 crop, a random left-right flip,
 random brightness and random contrast, then per-image standardization; tests
 on the center crop. The official IFCA code (`ifca:cifar/train_cluster_cifar_tf.py`,

@@ -7,7 +7,7 @@ Graphs are padded dense arrays (data/molecules.py): x = {"nodes" [n, A, F],
 "adjacency" [n, A, A], "atom_mask" [n, A]}. The trunk g maps a graph to its
 embedding (GIN layers h ← MLP((1 + ε) h + A h), then sum or mean pooling over
 real atoms); the head is an MLP to one number. DRFLM mixes the embeddings g(x)
-(PAPERS.md §4.1), so the split is trunk = g, head = the MLP.
+(docs/protocols.md#drflm), so the split is trunk = g, head = the MLP.
 """
 
 from __future__ import annotations

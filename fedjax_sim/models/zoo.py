@@ -142,7 +142,7 @@ class CifarTrunk(nn.Module):
 
 def cifar_cnn(num_classes: int = 10, input_shape: Sequence[int] = (24, 24, 3), *,
               split: bool = False, crop: int | None = None, augment: bool = False) -> Model:
-    """The TF-tutorial CIFAR-10 CNN of rotated CIFAR (PAPERS.md §2.3); the head is 192 → classes.
+    """The TF-tutorial CIFAR-10 CNN (docs/protocols.md#ifca-rotated-cifar); head: 192 → classes.
 
     crop: None for inputs already cropped and standardized; CROP (24) for uncropped
     [n, 32, 32, 3] images in [0, 1], which the model center-crops and standardizes

@@ -1,0 +1,48 @@
+"""Optional dependencies, installed as the package's extras.
+
+A plain `pip install fedjax_sim` brings JAX, flax, optax, orbax and the small
+scientific stack. What only some presets or options need is an extra:
+
+| extra | installs | needed by |
+|---|---|---|
+| `molecules` | rdkit | the `drflm-*` presets (SMILES → graphs, scaffold clients) |
+| `tfds` | tensorflow-datasets | reading a tensorflow-datasets build from a `data_dir` |
+| `tensorboard` | tensorboardX | `--tensorboard` |
+| `all` | all of the above | |
+
+`require` is called where a preset's settings are checked, so a run that needs
+a missing extra stops before it writes anything (the CLI's exit 2), naming the
+`pip install` line.
+"""
+
+from __future__ import annotations
+
+#: extra -> the modules it provides (what `require` accepts).
+EXTRAS = {
+    "molecules": ("rdkit",),
+    "tfds": ("tensorflow_datasets",),
+    "tensorboard": ("tensorboardX",),
+}
+
+
+def require(module: str, extra: str, what: str = "this") -> None:
+    """Checks that `module` (from extra `extra`) can be imported.
+
+    Args:
+      module: the top-level module, e.g. "rdkit".
+      extra: the extra that installs it, e.g. "molecules" (a key of `EXTRAS`).
+      what: what needs it, for the message (e.g. "dataset=esol").
+
+    Raises:
+      ValueError: the module cannot be imported; the message names the
+        `pip install 'fedjax_sim[EXTRA]'` line.
+    """
+    if module not in EXTRAS.get(extra, ()):
+        raise ValueError(f"extra {extra!r} does not provide module {module!r}; extras: "
+                         + ", ".join(f"{e} ({', '.join(m)})" for e, m in EXTRAS.items()))
+    try:
+        __import__(module)  # the builtin, so a test can make it fail with monkeypatch
+    except ImportError as err:
+        raise ValueError(
+            f"{what} needs {module}, which is not installed ({err}): "
+            f"pip install 'fedjax_sim[{extra}]'") from None
