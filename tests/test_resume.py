@@ -333,10 +333,10 @@ def test_diverged_run_exits_3_and_keeps_the_last_good_checkpoint(tmp_path, capsy
     # The last good checkpoint restores a finite state.
     settings = json.loads((out / "config.json").read_text())["settings"]
     problem = ifca_synthetic.make_problem(
-        settings, jax.random.fold_in(jax.random.key(settings["seed"]), ifca_synthetic._DATA))
+        settings, jax.random.fold_in(jax.random.key(settings["seed"]), ifca_synthetic.DATA))
     algorithm = with_restarts(ifca(linear_regression(settings["d"]), num_clusters=settings["k"],
                                    learning_rate=settings["lr"]), settings["restarts"])
-    key = jax.random.fold_in(jax.random.key(settings["seed"]), ifca_synthetic._ROUNDS)
+    key = jax.random.fold_in(jax.random.key(settings["seed"]), ifca_synthetic.ROUNDS)
     with RunCheckpoints(out / "checkpoints") as checkpoints:
         assert checkpoints.latest_step() == checkpoint_round
         restored = checkpoints.restore(jax.eval_shape(algorithm.init, key, problem.train), key)
