@@ -252,3 +252,30 @@ def test_config_reruns_a_comparison(tmp_path, toy):
                      "--no-progress"]) == 3
     for name in ("results.csv", "per_seed.csv", "per_seed_metrics.csv"):
         assert (first / name).read_text() == (again / name).read_text()
+
+
+# ----------------------------------------------------------------------------- every family
+
+TINY = {
+    "ifca-rotated-digits": ["n=100", "test_per_class=30", "hidden=8", "rounds=2", "seeds=2",
+                            "local_steps=2", "eval_every=1", "local_rounds=1"],
+    "drfa-synthetic-noise": ["num_clients=4", "noisy_clients=1", "n=8", "n_test=8",
+                             "batch_size=4", "local_steps=2", "rounds=4", "eval_every=2",
+                             "seeds=2"],
+}
+
+
+@pytest.mark.parametrize("preset", sorted(TINY))
+def test_a_comparison_preset_runs_one_method_and_reruns_from_its_config(tmp_path, preset):
+    first, again = tmp_path / "first", tmp_path / "again"
+    assert cli.main(["run", preset, "--set", *TINY[preset], "checkpoint_every=1", "--out",
+                     str(first), "--no-progress"]) == 0
+    summary = json.loads((first / "summary.json").read_text())
+    assert summary["method"] == experiments.PRESETS[preset].experiment.headline
+    assert summary["diverged_seeds"] == 0
+    assert all(math.isfinite(v) for v in summary["final_mean"].values() if v is not None)
+    rows = read_csv(first / "metrics.csv")
+    assert {int(r["seed"]) for r in rows} == {0, 1}
+    assert cli.main(["run", "--config", str(first / "config.json"), "--out", str(again),
+                     "--no-progress"]) == 0
+    assert (first / "metrics.csv").read_text() == (again / "metrics.csv").read_text()
