@@ -182,7 +182,7 @@ def run_round(task: str, data: FederatedData, chunk: int | None) -> dict:
         "rss_before_round_gb": held_gb,
         "xla_temp_gb": stats.temp_size_in_bytes / 2**30 if stats is not None else None,
         "estimated_bytes_per_client": memory.estimate_bytes_per_client(
-            model, data, option=option, num_clusters=K
+            model, data, local_training=option == "model", num_clusters=K
         ),
         "compile_seconds": timing.compile_s,
         "seconds_per_round": timing.median_s if timing.count else timing.first_call_s,
@@ -299,7 +299,8 @@ def _chunk(task: str, m: int, spec: str, work_gb: float) -> int:
         cluster=jax.ShapeDtypeStruct((m,), jnp.int32),
     )
     model, _, option = setting(task, None)
-    per = memory.estimate_bytes_per_client(model, shapes, option=option, num_clusters=K)
+    per = memory.estimate_bytes_per_client(model, shapes, local_training=option == "model",
+                                           num_clusters=K)
     return memory.client_chunk_for_budget(m, per, work_gb * 2**30) or m
 
 

@@ -21,8 +21,6 @@ import optax
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model
 
-OPTIONS = ("gradient", "model")
-
 # Per-client copies of the model while a client trains locally: its start
 # params, its trained params, the gradient, the update and the weighted copy
 # summed into the cluster total.
@@ -48,7 +46,7 @@ def estimate_bytes_per_client(
     model: Model,
     data: FederatedData,
     *,
-    option: str = "model",
+    local_training: bool = True,
     num_clusters: int = 1,
     optimizer: optax.GradientTransformation | None = None,
 ) -> int:
@@ -57,18 +55,19 @@ def estimate_bytes_per_client(
     Counted per client of a chunk:
       data: its x and y rows (the chunk is gathered from the full arrays);
       losses: one forward pass per cluster model (k · activations);
-      option "gradient" (IFCA option I): the VJP of those losses, another
+      without local training (one gradient per client, summed over clients,
+        e.g. IFCA's gradient averaging): the VJP of those losses, another
         k · activations; no per-client model copies (the gradient is summed
         over clients inside the backward matmuls);
-      option "model" (local training: IFCA option II, FedAvg, local models,
-        one-shot): 5 copies of the params (start, trained, gradient, update,
-        weighted copy), the optimizer state, and the forward and backward
-        activations of one local step.
+      with local training (each client takes steps on its own copy): 5
+        copies of the params (start, trained, gradient, update, weighted
+        copy), the optimizer state, and the forward and backward activations
+        of one local step.
 
     Args:
       model: the model (only shapes are used: nothing is run).
       data: the clients (only shapes and dtypes are used).
-      option: "gradient" or "model", as above.
+      local_training: whether clients train their own model copies, as above.
       num_clusters: k (1 for FedAvg and local models).
       optimizer: the client optimizer for option "model" (default: SGD, no
         state); e.g. momentum adds one params-sized slot, Adam two.
@@ -76,8 +75,8 @@ def estimate_bytes_per_client(
     Returns:
       bytes per client (an int).
     """
-    if option not in OPTIONS:
-        raise ValueError(f"option must be one of {OPTIONS}; got {option!r}.")
+    if not isinstance(local_training, bool):
+        raise ValueError(f"local_training must be True or False; got {local_training!r}.")
     if not isinstance(num_clusters, int) or num_clusters < 1:
         raise ValueError(f"num_clusters must be an integer >= 1; got {num_clusters!r}.")
     params = jax.eval_shape(model.init, jax.random.key(0))
@@ -85,7 +84,7 @@ def estimate_bytes_per_client(
     rows = tree_bytes([x, jax.ShapeDtypeStruct(data.y.shape[1:], data.y.dtype)])
     act = activation_bytes(model, params, x)
     total = rows + num_clusters * act
-    if option == "gradient":
+    if not local_training:
         return total + num_clusters * act
     opt_state = jax.eval_shape(optimizer.init, params) if optimizer is not None else ()
     return total + _MODEL_COPIES * tree_bytes(params) + tree_bytes(opt_state) + 2 * act
@@ -119,7 +118,7 @@ def choose_client_chunk(
     data: FederatedData,
     budget_bytes: float,
     *,
-    option: str = "model",
+    local_training: bool = True,
     num_clusters: int = 1,
     optimizer: optax.GradientTransformation | None = None,
     copies: int = 1,
@@ -132,7 +131,8 @@ def choose_client_chunk(
     split by `estimate_bytes_per_client` × copies.
 
     Args:
-      model, data, option, num_clusters, optimizer: as in `estimate_bytes_per_client`.
+      model, data, local_training, num_clusters, optimizer: as in
+        `estimate_bytes_per_client`.
       budget_bytes: the whole budget (e.g. memory_budget_gb · 2**30).
       copies: algorithm copies run side by side (`with_restarts` restarts, or
         vmapped learning rates); each holds its own chunk.
@@ -155,6 +155,6 @@ def choose_client_chunk(
             f"{' and their models' if per_client_models else ''}); raise memory_budget_gb."
         )
     per_client = copies * estimate_bytes_per_client(
-        model, data, option=option, num_clusters=num_clusters, optimizer=optimizer
-    )
+        model, data, local_training=local_training, num_clusters=num_clusters,
+        optimizer=optimizer)
     return client_chunk_for_budget(m, per_client, budget_bytes - resident)

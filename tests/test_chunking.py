@@ -250,20 +250,20 @@ def test_estimate_bytes_per_client_grows_with_copies_and_clusters():
     est = functools.partial(memory.estimate_bytes_per_client, model, data)
     params = memory.tree_bytes(jax.eval_shape(model.init, jax.random.key(0)))
     rows = memory.tree_bytes([data.x[0], data.y[0]])
-    assert est(option="gradient") > rows
-    assert est(option="model") >= rows + 5 * params
-    assert est(option="model", num_clusters=4) > est(option="model")
+    assert est(local_training=False) > rows
+    assert est() >= rows + 5 * params
+    assert est(num_clusters=4) > est()
     # Adam keeps two params-sized moments (plus a step count).
-    assert est(option="model", optimizer=optax.adam(1e-3)) - est(option="model") >= 2 * params
-    with pytest.raises(ValueError, match="option"):
-        est(option="both")
+    assert est(optimizer=optax.adam(1e-3)) - est() >= 2 * params
+    with pytest.raises(ValueError, match="local_training"):
+        est(local_training="both")
 
 
 def test_choose_client_chunk():
     model, data = _mlp_problem()
-    assert memory.choose_client_chunk(model, data, 2**30, option="model") is None
+    assert memory.choose_client_chunk(model, data, 2**30) is None
     resident = memory.tree_bytes(data)
-    per = memory.estimate_bytes_per_client(model, data, option="model")
-    assert memory.choose_client_chunk(model, data, resident + 2.5 * per, option="model") == 2
+    per = memory.estimate_bytes_per_client(model, data)
+    assert memory.choose_client_chunk(model, data, resident + 2.5 * per) == 2
     with pytest.raises(ValueError, match="memory_budget_gb"):
         memory.choose_client_chunk(model, data, resident / 2)

@@ -440,7 +440,7 @@ class RotatedImages(Experiment):
             return None
         shapes = jax.eval_shape(lambda d: jax.tree.map(lambda a: a[0], d), problem["train"])
         return choose_client_chunk(
-            model, shapes, s["memory_budget_gb"] * 2**30, option="model", num_clusters=s["k"],
+            model, shapes, s["memory_budget_gb"] * 2**30, num_clusters=s["k"],
             copies=s["seeds"], per_client_models=name in ("local", "oneshot"))
 
     def problem(self, s: dict):

@@ -90,7 +90,8 @@ def _problem_shapes(s: dict, n_test: int):
     )
 
 
-def plan_memory(s: dict, *, copies: int, per_client_models: bool, option: str) -> int | None:
+def plan_memory(s: dict, *, copies: int, per_client_models: bool,
+                local_training: bool) -> int | None:
     """client_chunk for the setting's memory budget, after refusing what cannot fit.
 
     Shapes only (nothing is built). Without a budget (memory_budget_gb = 0)
@@ -106,12 +107,13 @@ def plan_memory(s: dict, *, copies: int, per_client_models: bool, option: str) -
     if per_client_models:
         resident += 2 * copies * s["m"] * s["d"] * 4
     per_client = copies * estimate_bytes_per_client(
-        model, shapes.train, option=option, num_clusters=s["k"])
+        model, shapes.train, local_training=local_training, num_clusters=s["k"])
     machine = _machine_bytes()
     budget = s.get("memory_budget_gb", 0.0) * 2**30
     if budget > 0:
         chunk = choose_client_chunk(
-            model, shapes.train, budget, option=option, num_clusters=s["k"], copies=copies,
+            model, shapes.train, budget, local_training=local_training, num_clusters=s["k"],
+            copies=copies,
             per_client_models=per_client_models)
     else:
         chunk = None
@@ -372,9 +374,9 @@ class SyntheticRun(Experiment):
 
     def client_chunk(self, s: dict, copies: int, algorithm: str | None = None):
         algorithm = algorithm or s["algorithm"]
-        option = s["option"] if algorithm == "ifca" else "model"
+        local_training = not (algorithm == "ifca" and s["option"] == "gradient")
         return plan_memory(s, copies=copies, per_client_models=algorithm in ("local", "oneshot"),
-                           option=option)
+                           local_training=local_training)
 
     def run(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
         """Trains the algorithm (with `restarts` random inits in parallel) on one data seed.
@@ -547,10 +549,10 @@ def plan_pair_bytes(s: dict) -> int:
     """Bytes one (cell, seed) of a vectorized sweep holds: its data and every restart's round."""
     shapes = _problem_shapes(s, s["n_test"])
     model = linear_regression(s["d"])
-    option = s["option"] if s["algorithm"] == "ifca" else "model"
+    local_training = not (s["algorithm"] == "ifca" and s["option"] == "gradient")
     data = tree_bytes(shapes.train) + tree_bytes(shapes.test)
     work = s["restarts"] * s["m"] * estimate_bytes_per_client(
-        model, shapes.train, option=option, num_clusters=s["k"])
+        model, shapes.train, local_training=local_training, num_clusters=s["k"])
     return data + work
 
 
