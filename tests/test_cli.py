@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from fedjax_sim import cli, experiments, stats
-from fedjax_sim.experiments import ifca_synthetic
+from fedjax_sim.experiments import ifca_success, ifca_synthetic
 
 
 def _rows(path):
@@ -119,10 +119,10 @@ def test_unknown_preset_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "unknown preset for run 'no-such-preset'" in err and "ifca-synthetic" in err
     assert not out.exists()
-    # A sweep preset is not a run preset.
-    assert cli.main(["run", "ifca-success-small", "--out", str(out)]) == 2
+    # A success-sweep preset compares nothing.
+    assert cli.main(["compare", "ifca-success-small", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "unknown preset for run 'ifca-success-small'" in err
+    assert "unknown preset for compare 'ifca-success-small'" in err
     assert not out.exists()
 
 
@@ -184,9 +184,9 @@ SWEEP_TINY = {"k": 2, "m": 8, "n": 5, "d": 5, "rounds": 5, "restarts": 2, "seeds
               "R": 1.0, "sigma": 0.1}
 # The synthetic-IFCA presets share these tiny settings; other experiments test their own.
 SYNTHETIC = {n: p for n, p in experiments.PRESETS.items()
-             if p.experiment in (ifca_synthetic.RUN, ifca_synthetic.SUCCESS)}
+             if p.experiment in (ifca_synthetic.RUN, ifca_success.SUCCESS)}
 RUN_PRESETS = [n for n, p in SYNTHETIC.items() if p.experiment is ifca_synthetic.RUN]
-SWEEP_ONLY_PRESETS = [n for n, p in SYNTHETIC.items() if p.experiment is ifca_synthetic.SUCCESS]
+SWEEP_ONLY_PRESETS = [n for n, p in SYNTHETIC.items() if p.experiment is ifca_success.SUCCESS]
 COMPARE_PRESETS = [n for n, p in SYNTHETIC.items() if "compare" in p.commands]
 SMALL_SWEEP = ["seeds=2", "R=0.4,0.8"]
 SMALL_RUN = ["rounds=10", "seed=3", "eval_every=5"]

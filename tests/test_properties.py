@@ -37,7 +37,7 @@ from hypothesis.extra.numpy import arrays
 from fedjax_sim import cli, experiments
 from fedjax_sim import io as fio
 from fedjax_sim.data import FederatedData
-from fedjax_sim.experiments import ifca_synthetic, runner
+from fedjax_sim.experiments import ifca_success, ifca_synthetic, runner
 from fedjax_sim.io import append_csv, read_csv, read_json, write_csv, write_json
 
 # ============================================================================ helpers
@@ -617,7 +617,7 @@ def _sweep_decision(preset, overrides):
     settings_ = experiments.resolve_settings(preset, overrides, "sweep")
     cells = runner.expand_cells(settings_, runner.sweep_axes(preset, settings_))
     for cell in cells:
-        ifca_synthetic.SUCCESS.validate(cell)
+        ifca_success.SUCCESS.validate(cell)
     return settings_, cells
 
 

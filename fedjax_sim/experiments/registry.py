@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from fedjax_sim.experiments import drfa_molecules, ifca_images, ifca_synthetic, mixed_tasks
+from fedjax_sim.experiments import (
+    drfa_molecules,
+    ifca_images,
+    ifca_success,
+    ifca_synthetic,
+    mixed_tasks,
+)
 from fedjax_sim.experiments.base import Preset
 
 # Every experiment module declares its own presets (a module-level PRESETS list).
 _EXPERIMENT_MODULES = (
     ifca_synthetic,
+    ifca_success,
     ifca_images,
     drfa_molecules,
     mixed_tasks,
