@@ -59,11 +59,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="also write TensorBoard event files to OUT/tensorboard (run: every "
                             "round metric; compare: a folder per method; sweep: a step per "
                             "cell; needs the 'tensorboard' extra)")
-        if name == "compare":
-            continue
         p.add_argument("--memory-budget", type=float, default=None, metavar="GB",
                        help="memory budget in GiB: the client axis (sweep: seeds) is processed "
                             "in chunks that fit (same as --set memory_budget_gb=GB)")
+        if name == "compare":
+            continue
         p.add_argument("--devices", type=int, default=None,
                        help="devices to shard the clients (sweep: data seeds) over "
                             "(default: all that divide m)")
