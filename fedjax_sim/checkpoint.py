@@ -40,8 +40,12 @@ device, and come back on this process's first device.
 
 from __future__ import annotations
 
+import errno
+import logging
+import os
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -59,7 +63,54 @@ def _orbax():
     # Imported on first use: orbax adds ~0.6 s to `import fedjax_sim`, which most runs skip.
     import orbax.checkpoint
 
+    if not isinstance(sys.unraisablehook, _QuietClosedLoops):
+        sys.unraisablehook = _QuietClosedLoops(sys.unraisablehook)
     return orbax.checkpoint
+
+
+class _QuietClosedLoops:
+    """An unraisablehook that drops asyncio's "Event loop is closed" from finished restores.
+
+    A restore that fails (a truncated or byte-flipped array file) leaves
+    tensorstore reads in flight; orbax closes its event loop, and when they
+    complete tensorstore's callbacks find it closed. Python prints each as an
+    unraisable traceback although nothing is lost: the failure was already
+    raised (and the step skipped). Those go to the `fedjax_sim.checkpoint`
+    logger; every other unraisable exception to the previous hook.
+    """
+
+    def __init__(self, previous):
+        self.previous = previous
+
+    def __call__(self, unraisable):
+        error = unraisable.exc_value
+        if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+            logging.getLogger(__name__).debug("ignored after a restore: %r", error)
+            return
+        self.previous(unraisable)
+
+
+# tensorstore's status in an orbax error: `[os_error_code='28']`, or the code name alone.
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+
+
+def _os_error(error: Exception, path: Path) -> OSError | None:
+    """The OSError (errno, reason, path) behind an orbax/tensorstore write error, if it is one."""
+    if isinstance(error, OSError) and error.errno:
+        return OSError(error.errno, error.strerror or str(error), str(path))
+    text = str(error)
+    found = _OS_ERROR_CODE.search(text)
+    if found:
+        code = int(found.group(1))
+    elif "No space left on device" in text or "RESOURCE_EXHAUSTED" in text:
+        code = errno.ENOSPC
+    elif "Permission denied" in text or "PERMISSION_DENIED" in text:
+        code = errno.EACCES
+    elif "Read-only file system" in text:
+        code = errno.EROFS
+    else:
+        return None
+    return OSError(code, os.strerror(code), str(path))
 
 
 class CheckpointError(ValueError):
@@ -301,14 +352,26 @@ class RunCheckpoints:
         items = jax.tree.map(_global, items)
         ocp = _orbax()
         manager = self._open()
-        manager.save(
-            int(step),
-            args=ocp.args.Composite(
-                **{_STATE: ocp.args.StandardSave(items), _PROGRESS: ocp.args.JsonSave(progress)}
-            ),
-            force=True,
-        )
-        manager.wait_until_finished()
+        try:
+            manager.save(
+                int(step),
+                args=ocp.args.Composite(
+                    **{_STATE: ocp.args.StandardSave(items),
+                       _PROGRESS: ocp.args.JsonSave(progress)}
+                ),
+                force=True,
+            )
+            manager.wait_until_finished()
+        except Exception as error:
+            failed = _os_error(error, self.directory / str(step))
+            if failed is None:
+                raise
+            # The unfinished step is only a temporary directory: give its space back
+            # (orbax would remove it when the directory is next opened).
+            if jax.process_index() == 0:
+                for tmp in self.directory.glob(f"{int(step)}.orbax-checkpoint-tmp*"):
+                    shutil.rmtree(tmp, ignore_errors=True)
+            raise failed from None
 
     def restore(self, abstract_state, abstract_key, step: int | None = None) -> Restored:
         """The checkpoint of round `step` (default: the latest).

@@ -1,29 +1,41 @@
 """The `fedjax-sim` command: run, sweep, compare, list, describe.
 
-Exit codes: 0 done; 2 bad input (a setting, a preset, an --out of the wrong
-kind: nothing written); 3 the run diverged (metrics.csv and summary.json
-written); 4 --out unusable for an OS reason (unwritable, read-only, not a
-directory, disk full: the message names the path and the reason).
+Exit codes: 0 done; 2 bad input (a setting, a preset, a data file, an --out of
+the wrong kind: nothing written); 3 the run diverged (metrics.csv and
+summary.json written); 4 an OS error (--out unwritable, read-only, not a
+directory; the disk filled while writing): the message names the path and the
+reason, and says what the output directory keeps; 130 interrupted (Ctrl-C,
+SIGINT): the message says what is kept. Every error is one line on stderr;
+library logs (orbax, absl, JAX) stay off the terminal unless --verbose.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
+import fedjax_sim
 from fedjax_sim.algorithms import ALGORITHMS
 from fedjax_sim.data.archives import DataUnavailable
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
 EXIT_OUTPUT = 4
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells and SLURM expect
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedjax-sim",
-        description="Vectorized federated-learning simulations (IFCA, FedAvg, baselines).",
+        description="Vectorized federated-learning simulations: IFCA (clustered FL), "
+                    "DRFA/DRFLM (distributionally robust FL, with mixup) and Mixed FL "
+                    "(clients beside a datacenter), with FedAvg and local baselines.",
     )
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {fedjax_sim.__version__}")
+    parser.add_argument("--verbose", action="store_true",
+                        help="let library logs (orbax, absl, JAX) through to stderr")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_ in (("run", "train once and write a run directory"),
                         ("sweep", "a grid of cells (any setting given a comma list) × seeds"),
@@ -82,22 +94,54 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="list presets and algorithms")
     p = sub.add_parser("describe", help="every setting of a preset: default, range, help")
     p.add_argument("preset")
+    for p in sub.choices.values():  # --verbose also after the command
+        p.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
+                       help="let library logs (orbax, absl, JAX) through to stderr")
     return parser
+
+
+def _route_library_logs(verbose: bool) -> None:
+    """Library logs go nowhere unless verbose (then to stderr, one line each).
+
+    absl's `logging.log` calls `logging.basicConfig()` when the root logger has
+    no handler, which sends orbax's ERROR:absl messages (and tracebacks) to the
+    terminal; a root NullHandler keeps them, and every other library's log,
+    off it.
+    """
+    root = logging.getLogger()
+    if verbose:
+        logging.basicConfig(level=logging.INFO,
+                            format="%(levelname)s:%(name)s: %(message)s")
+    elif not root.handlers:
+        root.addHandler(logging.NullHandler())
+
+
+def _error(message: str) -> None:
+    """One line on stderr, whatever the message holds."""
+    print("fedjax-sim: " + " ".join(str(message).split()), file=sys.stderr)
+
+
+def _kept(err: BaseException) -> str:
+    """What the command's output directory keeps, as its runner said (nothing if it had not
+    started)."""
+    return getattr(err, "kept", None) or "nothing was written to the output directory"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _route_library_logs(args.verbose)
     if getattr(args, "memory_budget", None) is not None:
         args.overrides.append(f"memory_budget_gb={args.memory_budget}")
-    if getattr(args, "distributed", False):
-        from fedjax_sim import parallel
-
-        parallel.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     from fedjax_sim import experiments
     from fedjax_sim.compare import MethodsDiverged
     from fedjax_sim.simulate import Diverged
 
     try:
+        if getattr(args, "distributed", False):
+            from fedjax_sim import parallel
+
+            parallel.initialize_distributed(args.coordinator, args.num_processes,
+                                            args.process_id)
         if args.command == "list":
             print("presets:")
             for p in experiments.PRESETS.values():
@@ -131,19 +175,22 @@ def main(argv: list[str] | None = None) -> int:
                                            devices=args.devices, **common)
         else:
             out = experiments.compare_preset(args.preset, args.overrides, args.out, **common)
-    except experiments.OutputError as err:
-        print(f"fedjax-sim: error: {err.strerror or err}", file=sys.stderr)
+    except experiments.OutputError as err:  # --out refused before anything was written
+        _error(f"error: {err.strerror or err}")
         return EXIT_OUTPUT
     except (ValueError, DataUnavailable) as err:  # bad settings, or data not on this machine
-        print(f"fedjax-sim: error: {err}", file=sys.stderr)
+        _error(f"error: {err}")
         return EXIT_BAD_INPUT
     except (Diverged, MethodsDiverged) as err:  # every output is written by then
-        print(f"fedjax-sim: {err}", file=sys.stderr)
+        _error(str(err))
         return EXIT_DIVERGED
-    except OSError as err:  # e.g. the disk filled mid-run: the last checkpoint is kept
-        print(f"fedjax-sim: error: {err.filename or ''} {err.strerror or err}; the last "
-              "complete checkpoint and metrics.csv rows are kept", file=sys.stderr)
+    except OSError as err:  # e.g. the disk filled mid-run
+        where = err.filename or getattr(err, "out_dir", None)
+        _error(f"error: {f'{where}: ' if where else ''}{err.strerror or err}; {_kept(err)}")
         return EXIT_OUTPUT
+    except KeyboardInterrupt as err:
+        _error(f"interrupted; {_kept(err)}")
+        return EXIT_INTERRUPTED
     import jax
 
     if jax.process_index() == 0:

@@ -52,19 +52,31 @@ def _create_temp(path: Path) -> tuple[int, Path]:
     raise FileExistsError(f"no unused temporary file name beside {path}")
 
 
+def _naming(err: OSError, path: Path) -> OSError:
+    """err with `filename` set to path when it names none (a failed write or fsync)."""
+    if err.filename is None and err.errno:
+        return type(err)(err.errno, err.strerror or str(err), str(path))
+    return err
+
+
 def _atomic_write(path: Path, text: str) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _create_temp(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _create_temp(path)
+    except OSError as err:
+        raise _naming(err, path) from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError):  # e.g. ENOSPC from write, which names no file
+            raise _naming(err, path) from None
         raise
 
 
@@ -155,13 +167,16 @@ def append_csv(path, rows: list[dict], columns: list[str]) -> None:
     crash is dropped by `read_csv`.
     """
     path = Path(path)
-    _drop_partial_line(path)
-    new = not path.exists() or path.stat().st_size == 0
-    text = _records(rows, columns, header=new)
-    with open(path, "a", encoding="utf-8", newline="") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        _drop_partial_line(path)
+        new = not path.exists() or path.stat().st_size == 0
+        text = _records(rows, columns, header=new)
+        with open(path, "a", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:  # a write error names no file
+        raise _naming(err, path) from None
 
 
 def _drop_partial_line(path: Path) -> None:

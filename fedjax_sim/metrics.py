@@ -44,7 +44,6 @@ def cluster_identity_accuracy(assignment, truth, num_clusters: int | None = None
     return float(confusion[rows, cols].sum() / len(t))
 
 
-@jax.jit
 def min_dist(cluster_params: jax.Array, theta_star: jax.Array) -> jax.Array:
     """mean_j min_j' ‖θ_j − θ*_j'‖₂, the official IFCA synthetic metric.
 
@@ -54,7 +53,21 @@ def min_dist(cluster_params: jax.Array, theta_star: jax.Array) -> jax.Array:
 
     Returns:
       Scalar; NaN if any estimate is NaN.
+
+    Raises:
+      ValueError: the arguments are not 2-D with the same d (checked on their
+        shapes, so also when they are traced).
     """
+    a, b = jnp.shape(cluster_params), jnp.shape(theta_star)
+    if len(a) != 2 or len(b) != 2 or a[1] != b[1] or not a[0] or not b[0]:
+        raise ValueError(
+            f"cluster_params [k, d] and theta_star [k', d] must be non-empty 2-D arrays with "
+            f"the same d; got shapes {tuple(a)} and {tuple(b)}.")
+    return _min_dist(cluster_params, theta_star)
+
+
+@jax.jit
+def _min_dist(cluster_params, theta_star):
     diff = cluster_params[:, None, :] - theta_star[None, :, :]
     dist = jnp.sqrt(jnp.sum(jnp.square(diff), axis=-1))
     return jnp.mean(jnp.min(dist, axis=1))
@@ -79,7 +92,9 @@ def summarize_clients(evaluation: dict, prefix: str = "") -> dict:
 
     def worst(values, reduce):
         fill = -np.inf if reduce is np.max else np.inf
-        return reduce(np.where(counted, values, fill), axis=-1)
+        extreme = reduce(np.where(counted, values, fill), axis=-1)
+        # No client with data has no worst case (NaN like the average), not ±inf.
+        return np.where(np.any(counted, axis=-1), extreme, np.nan)
 
     def scalar(v):
         return float(v) if np.ndim(v) == 0 else v

@@ -137,17 +137,43 @@ def initialize_distributed(
     On CPU the cross-process collectives use gloo.
     """
     env = os.environ
-    coordinator_address = coordinator_address or env.get("FEDJAX_SIM_COORDINATOR")
-    if num_processes is None and "FEDJAX_SIM_NUM_PROCESSES" in env:
-        num_processes = int(env["FEDJAX_SIM_NUM_PROCESSES"])
-    if process_id is None and "FEDJAX_SIM_PROCESS_ID" in env:
-        process_id = int(env["FEDJAX_SIM_PROCESS_ID"])
+    coordinator_address = coordinator_address or env.get("FEDJAX_SIM_COORDINATOR") or None
+    num_processes = _count("--num-processes", num_processes, "FEDJAX_SIM_NUM_PROCESSES", 1)
+    process_id = _count("--process-id", process_id, "FEDJAX_SIM_PROCESS_ID", 0)
+    if num_processes is not None and process_id is not None and process_id >= num_processes:
+        raise ValueError(
+            f"--process-id (FEDJAX_SIM_PROCESS_ID) must be in [0, {num_processes}) for "
+            f"--num-processes={num_processes}; got {process_id}."
+        )
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=coordinator_address,
-        num_processes=num_processes,
-        process_id=process_id,
-    )
+    try:
+        jax.distributed.initialize(
+            coordinator_address=coordinator_address,
+            num_processes=num_processes,
+            process_id=process_id,
+        )
+    except ValueError as err:  # JAX found no cluster to read the missing values from
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ValueError(
+            "--distributed needs --coordinator HOST:PORT, --num-processes and --process-id "
+            "(or FEDJAX_SIM_COORDINATOR, FEDJAX_SIM_NUM_PROCESSES, FEDJAX_SIM_PROCESS_ID) "
+            f"where no SLURM/Open MPI/Cloud TPU cluster is detected; JAX said: {first}"
+        ) from None
+
+
+def _count(flag: str, value, variable: str, minimum: int) -> int | None:
+    """An integer >= minimum from the argument or, when it is None, the environment variable."""
+    source = flag
+    if value is None and os.environ.get(variable, "").strip():
+        value, source = os.environ[variable].strip(), f"{variable} (environment)"
+        try:
+            value = int(value)
+        except ValueError:
+            raise ValueError(f"{source} must be an integer >= {minimum}; got {value!r}.") from None
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                              or value < minimum):
+        raise ValueError(f"{source} must be an integer >= {minimum}; got {value!r}.")
+    return value
 
 
 def is_primary() -> bool:

@@ -22,6 +22,7 @@ import numpy as np
 from fedjax_sim import backend, parallel
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.checkpoint import RunCheckpoints
+from fedjax_sim.data.checks import check_run_inputs
 from fedjax_sim.logs import Progress
 from fedjax_sim.metrics import summarize_clients
 
@@ -404,6 +405,11 @@ def run(
         )
     if resume and checkpoint_dir is None:
         raise ValueError("resume=True needs the checkpoint_dir to resume from.")
+    check_run_inputs(data)
+    if jax.process_count() == 1:
+        # The algorithm's trace-time checks (the model against the data) then see the data's
+        # values: labels outside the model's classes are refused before anything compiles.
+        jax.eval_shape(lambda k: algorithm.init(k, data), key)
     wall = time.perf_counter()
     timer = _Timer()
     every = (eval_every,)

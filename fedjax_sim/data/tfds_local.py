@@ -53,7 +53,9 @@ import functools
 import hashlib
 import os
 import re
+import sys
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -173,10 +175,31 @@ def _pick(keys, arrays, where: str, what: str):
                      f"it holds {sorted(arrays)}.")
 
 
+def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    """Every array of an .npz; ValueError naming the file when it is not one np.load can read
+    (truncated, empty, random bytes, pickled objects)."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"PK\x03\x04":  # np.load would try to unpickle anything else
+            raise ValueError("empty" if not magic else "not a zip archive, which an .npz is")
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError, KeyError) as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        if "allow_pickle" in reason or "pickled" in reason:
+            reason = "it holds Python objects (object arrays), which are not read"
+        elif isinstance(err, (zipfile.BadZipFile, EOFError)):
+            reason = f"truncated or damaged: {reason}"
+        raise ValueError(
+            f"{path}: not a readable .npz of numeric arrays ({reason}); write it with "
+            "np.savez(path, x=uint8 images, y=int labels)."
+        ) from None
+
+
 def _read_npz(path: Path, spec: ImageSpec):
     where = str(path)
-    with np.load(path, allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
+    arrays = _load_npz(path)
     images = _as_images(_pick(_IMAGE_KEYS, arrays, where, "images"), spec, where)
     labels = _as_labels(_pick(_LABEL_KEYS, arrays, where, "labels"), images.shape[0], spec, where)
     writers = None
@@ -229,8 +252,11 @@ def _cached_read(source_fn, build: Path, name: str, split: str, cache_dir):
     folder = cache_root(None if cache_dir is True else cache_dir) / "tfds_local"
     path = folder / f"{_config_name(name)}-{re.sub(r'[^A-Za-z0-9_]+', '_', split)}-{key}.npz"
     if path.is_file():
-        with np.load(path, allow_pickle=False) as z:
-            return z["images"], z["labels"], (z["writers"] if "writers" in z.files else None)
+        try:
+            z = _load_npz(path)
+            return z["images"], z["labels"], z.get("writers")
+        except (ValueError, KeyError):  # a damaged cache file: decode the build again
+            pass
     images, labels, writers = source_fn()
     folder.mkdir(parents=True, exist_ok=True)
     arrays = {"images": images, "labels": labels}
@@ -472,7 +498,7 @@ def prepare_npz_build(name: str, manual_dir, data_dir) -> Path:
     return Path(builder.data_dir)
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fedjax_sim.data.tfds_local",
         description="Prepare an array_record build of local .npz image files (no TensorFlow).",
@@ -485,8 +511,17 @@ def main(argv=None) -> None:
     # The builder must live in the package module, not in __main__ (tfds looks beside it).
     from fedjax_sim.data import tfds_local
 
-    print(tfds_local.prepare_npz_build(args.name, args.manual_dir, args.data_dir))
+    try:
+        print(tfds_local.prepare_npz_build(args.name, args.manual_dir, args.data_dir))
+    except (DataUnavailable, ValueError) as err:  # one line, as `fedjax-sim` errors
+        print(f"{parser.prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"{parser.prog}: error: {where}{err.strerror or err}", file=sys.stderr)
+        return 4
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

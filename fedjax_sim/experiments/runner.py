@@ -8,6 +8,7 @@ and writes the rest.
 
 from __future__ import annotations
 
+import contextvars
 import datetime
 import errno
 import functools
@@ -36,6 +37,60 @@ _MARKERS = {RUN: "metrics.csv", SWEEP: "trials.csv", COMPARE: "results.csv"}
 
 class OutputError(OSError):
     """--out cannot be used (unwritable, read-only, not a directory, full): exit code 4."""
+
+
+# ----------------------------------------------------------------------------- what a stop keeps
+# The --out a command has started writing (set once it is checked, see `_reports_kept`).
+_STARTED: contextvars.ContextVar = contextvars.ContextVar("fedjax_sim_started", default=None)
+
+
+def _kept(command: str, out_dir: Path) -> str:
+    """What `command` keeps in out_dir after an OS error or an interrupt stopped it."""
+    try:
+        if command == RUN:
+            rounds = [int(r["round"]) for r in read_csv(out_dir / "metrics.csv")]
+            steps = sorted(int(p.name) for p in (out_dir / "checkpoints").glob("*")
+                           if p.is_dir() and p.name.isdigit())
+            rows = (f"metrics.csv up to round {max(rounds)}" if rounds
+                    else "no metrics.csv rows")
+            ckpt = (f"the checkpoint of round {steps[-1]} (--resume continues from it)" if steps
+                    else "no checkpoint")
+            return f"kept in {out_dir}: {rows} and {ckpt}"
+        if command == SWEEP:
+            rows = len(read_csv(out_dir / "trials.csv"))
+            return f"kept in {out_dir}: {rows} trials.csv rows (--resume continues from them)"
+        done = sorted(p.stem for p in (out_dir / "methods").glob("*.json"))
+        return (f"kept in {out_dir}: the finished methods {', '.join(done)} (methods/*.json)"
+                if done else f"no method had finished; {out_dir} holds only its config.json")
+    except Exception:  # the disk may be failing: say where to look, not what is there
+        return f"what was written before the stop is in {out_dir}"
+
+
+def _reports_kept(command: str):
+    """Marks an OSError or KeyboardInterrupt that stops `command` after its --out was checked.
+
+    The exception gets `out_dir` and `kept` (one clause saying what the
+    directory keeps) for the CLI's one-line message; one raised before (a bad
+    cache_dir while validating) gets neither: nothing was written.
+    """
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapped(*args, **kwargs):
+            token = _STARTED.set(None)
+            try:
+                return fn(*args, **kwargs)
+            except (OSError, KeyboardInterrupt) as err:
+                out_dir = _STARTED.get()
+                if out_dir is not None and not isinstance(err, OutputError):
+                    err.out_dir, err.kept = str(out_dir), _kept(command, out_dir)
+                raise
+            finally:
+                _STARTED.reset(token)
+
+        return wrapped
+
+    return decorate
 
 
 def resolve_settings(preset: Preset, overrides, command: str = RUN,
@@ -128,6 +183,7 @@ def _prepare_out(out_dir: Path, command: str) -> None:
     """
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputError(errno.ENOTDIR, f"--out {out_dir} is not a directory")
+    resumable = "" if command == COMPARE else ", or --resume it"  # compare has no --resume
     if out_dir.is_dir():
         for other, marker in _MARKERS.items():
             if other != command and (out_dir / marker).exists():
@@ -147,13 +203,13 @@ def _prepare_out(out_dir: Path, command: str) -> None:
                 )
             raise ValueError(
                 f"output directory {out_dir} already holds a run (config.json); choose "
-                "another --out, or --resume it."
+                f"another --out{resumable}."
             )
         own = out_dir / _MARKERS[command]
         if own.exists():
             raise ValueError(
-                f"output directory {out_dir} already holds a {own.name}; choose another --out, "
-                "or --resume it."
+                f"output directory {out_dir} already holds a {own.name}; choose another "
+                f"--out{resumable}."
             )
     created = []  # the directories the probe makes, deepest first
     parent = out_dir
@@ -164,21 +220,26 @@ def _prepare_out(out_dir: Path, command: str) -> None:
     # uses its own probe name, tolerates the others' mkdir, and only a lone process
     # removes the directories it made (another may be probing inside them).
     alone = jax.process_count() == 1
+    probe = out_dir / f".fedjax_sim_write_probe.{os.getpid()}"
     try:
         for d in reversed(created):
             d.mkdir(exist_ok=True)
-        probe = out_dir / f".fedjax_sim_write_probe.{os.getpid()}"
         with open(probe, "w") as f:
             f.write("x")
             f.flush()
             os.fsync(f.fileno())
-        probe.unlink()
     except OSError as err:
         raise OutputError(err.errno, f"--out {out_dir}: {err.strerror or err}") from None
     finally:
+        # Also when the write failed (a full disk): the probe may exist, empty.
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:
+            pass
         for d in created if alone else ():
             if d.is_dir() and not any(d.iterdir()):
                 d.rmdir()
+    _STARTED.set(out_dir)
 
 
 def _check_resumable(out_dir: Path, settings: dict, declared, command: str) -> dict:
@@ -204,6 +265,7 @@ def _check_resumable(out_dir: Path, settings: dict, declared, command: str) -> d
             f"cannot resume {out_dir}: settings differ from its config.json: {changes}. "
             "Resume with the same settings, or start a new run in another --out."
         )
+    _STARTED.set(out_dir)
     return config
 
 
@@ -238,10 +300,13 @@ def load_config(path, command: str | None = None) -> tuple[str, dict]:
         config = read_json(path)
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"--config {path}: cannot read it ({err}).") from None
-    if (not isinstance(config, dict) or not isinstance(config.get("preset"), str)
-            or not isinstance(config.get("settings"), dict)):
-        raise ValueError(f"--config {path}: not a fedjax_sim config.json (it needs a \"preset\" "
-                         "name and a \"settings\" object).")
+    if not isinstance(config, dict) or "preset" not in config or "settings" not in config:
+        raise ValueError(f"--config {path}: not a fedjax_sim config.json (no preset/settings).")
+    if not isinstance(config["settings"], dict) or not isinstance(config["preset"], str):
+        raise ValueError(f"--config {path}: \"settings\" must be a mapping of setting names "
+                         f"to values and \"preset\" a name; got "
+                         f"{type(config['settings']).__name__} and "
+                         f"{type(config['preset']).__name__}.")
     if command is not None and config.get("command") == SWEEP and command != SWEEP:
         raise ValueError(f"--config {path} records a sweep (settings with lists); use it with "
                          "`fedjax-sim sweep --config`.")
@@ -300,6 +365,19 @@ def _rows_writer(out_dir: Path, tensorboard: bool):
     return on_rows, close
 
 
+def _after_first_rows(on_rows, write_config):
+    """on_rows that calls write_config once, before the first rows are written."""
+    pending = [write_config]
+
+    def wrapped(rows):
+        if pending:
+            pending.pop()()
+        on_rows(rows)
+
+    return wrapped
+
+
+@_reports_kept(RUN)
 def run_preset(name, overrides=None, out_dir=None, progress: bool = True,
                devices: int | None = None, resume: bool = False, tensorboard: bool = False,
                config=None) -> Path:
@@ -335,8 +413,13 @@ def run_preset(name, overrides=None, out_dir=None, progress: bool = True,
     parallel.sync_processes("fedjax_sim: run directory checked")
     on_rows, close = (_rows_writer(out_dir, tensorboard) if primary
                       else (lambda rows: None, lambda: None))
-    if primary:
-        write_json(out_dir / "config.json", record)
+    write_config = (lambda: write_json(out_dir / "config.json", record)) if primary else None
+    if write_config and resume:
+        # Rewritten only once a checkpoint has restored (the first rows come then), so a
+        # refused resume (no intact checkpoint) leaves config.json as it was.
+        on_rows, write_config = _after_first_rows(on_rows, write_config), None
+    if write_config:
+        write_config()
     ctx = RunContext(mesh=mesh, progress=progress and primary, checkpoint_dir=checkpoint_dir,
                      resume=resume, on_rows=on_rows)
     try:
@@ -396,6 +479,7 @@ def _group_cells(experiment, cells: list[dict]) -> list[list[dict]]:
     return list(groups.values())
 
 
+@_reports_kept(SWEEP)
 def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resume: bool = False,
                  devices: int | None = None, config=None, tensorboard: bool = False) -> Path:
     """Runs a sweep: trials.csv (appended per chunk, fsynced), summary.csv, plots.
@@ -475,6 +559,7 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
 # ----------------------------------------------------------------------------- comparisons
 
 
+@_reports_kept(COMPARE)
 def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = True,
                    resume: bool = False, config=None, tensorboard: bool = False,
                    devices: int | None = None) -> Path:

@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import flax.errors
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 Params = Any
@@ -112,7 +114,7 @@ def check_model_data(model: Model, params, data) -> None:
     n = y.shape[0]
     try:
         pred = jax.eval_shape(model.apply, params, x)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, flax.errors.FlaxError) as err:  # flax: a param's shape
         shapes = jax.tree.map(lambda a: tuple(a.shape), x)
         raise ValueError(
             f"data.x does not fit the model: one client's features have shape {shapes} "
@@ -131,6 +133,33 @@ def check_model_data(model: Model, params, data) -> None:
             f"{tuple(pred.shape)}: the per-example loss would have shape {loss.shape}, not "
             f"({n},). Give labels shaped like the predictions (e.g. [m, n] for a scalar "
             "output)."
+        )
+    _check_label_range(model, pred, data)
+
+
+def _check_label_range(model: Model, pred, data) -> None:
+    """Integer class labels of real rows must lie in [0, classes) when their values are known.
+
+    Out of range, softmax cross-entropy reads a missing logit (NaN) and the run
+    "diverges" at its first round. Known when `data` is concrete (not traced):
+    `simulate.run` traces `init` once with the data closed over for this.
+    """
+    y, counts = data.y, data.num_examples
+    if (model.correct is None or isinstance(y, jax.core.Tracer)
+            or isinstance(counts, jax.core.Tracer)
+            or not jnp.issubdtype(y.dtype, jnp.integer) or len(pred.shape) != y.ndim
+            or not getattr(y, "is_fully_addressable", True)):
+        return
+    classes = pred.shape[-1]
+    labels = np.asarray(y)
+    real = np.arange(labels.shape[1])[None, :] < np.asarray(counts)[:, None]
+    real = real.reshape(real.shape + (1,) * (labels.ndim - 2))
+    bad = real & ((labels < 0) | (labels >= classes))
+    if bad.any():
+        values = labels[bad]
+        raise ValueError(
+            f"data.y holds labels outside [0, {classes}) (the model's {classes} classes): "
+            f"{bad.sum()} real rows, values in [{values.min()}, {values.max()}]."
         )
 
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_sim.models.augment import center_crop, standardize_per_image, tutorial_augment
 from fedjax_sim.models.core import Model, from_flax, split_model
@@ -39,6 +40,28 @@ class MLPTrunk(nn.Module):
         return x
 
 
+def _is_size(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1
+
+
+def _check_num_classes(num_classes) -> None:
+    if not _is_size(num_classes):
+        raise ValueError(f"num_classes must be an integer >= 1; got {num_classes!r}.")
+
+
+def _check_input_shape(input_shape) -> tuple[int, ...]:
+    """input_shape as a tuple of positive ints (ValueError naming it otherwise)."""
+    try:
+        shape = tuple(input_shape)
+    except TypeError:
+        shape = None
+    if shape is None or not all(_is_size(v) for v in shape):
+        raise ValueError(
+            f"input_shape must be a sequence of integers >= 1 (one example's shape); got "
+            f"{input_shape!r}.")
+    return tuple(int(v) for v in shape)
+
+
 def mlp_classifier(
     input_shape: Sequence[int], hidden: Sequence[int], num_classes: int, *, split: bool = False
 ) -> Model:
@@ -46,7 +69,22 @@ def mlp_classifier(
 
     split=True makes the hidden layers the trunk and the last Dense layer the
     head (IFCA weight sharing clusters only the head).
+
+    Raises:
+      ValueError: input_shape, a hidden width or num_classes is not a positive
+        integer.
     """
+    input_shape = _check_input_shape(input_shape)
+    try:
+        widths = tuple(hidden)
+    except TypeError:
+        widths = None
+    if widths is None or not all(_is_size(w) for w in widths):
+        raise ValueError(
+            f"hidden must be a sequence of layer widths, integers >= 1 (empty: no hidden "
+            f"layer); got {hidden!r}.")
+    hidden = tuple(int(w) for w in widths)
+    _check_num_classes(num_classes)
     example = jnp.zeros((1, *input_shape), jnp.float32)
     if split:
         return split_model(MLPTrunk(tuple(hidden)), nn.Dense(num_classes), example)
@@ -92,6 +130,8 @@ def logistic_classifier(input_shape: Sequence[int], num_classes: int, *,
 
     The trunk is the flattening (no parameters); the head is the one Dense layer.
     """
+    input_shape = _check_input_shape(input_shape)
+    _check_num_classes(num_classes)
     example = jnp.zeros((1, *input_shape), jnp.float32)
     return _trunk_and_head(Flatten(), nn.Dense(num_classes), example, split)
 
@@ -150,6 +190,8 @@ def cifar_cnn(num_classes: int = 10, input_shape: Sequence[int] = (24, 24, 3), *
     views (`augment.tutorial_augment`). The tutorial's L2 weight decay (0.004 on
     fc1/fc2) belongs to the optimizer: see `cifar_weight_decay_mask`.
     """
+    _check_num_classes(num_classes)
+    input_shape = _check_input_shape(input_shape)
     if augment and crop is None:
         raise ValueError("cifar_cnn(augment=True) needs crop: the distorted crop is written "
                          "at the center of the uncropped image, which the model crops.")
@@ -192,5 +234,6 @@ class FemnistTrunk(nn.Module):
 
 def femnist_cnn(num_classes: int = 62, *, split: bool = False) -> Model:
     """The LEAF FEMNIST CNN; the head is its last dense layer 2048 → classes (IFCA clusters it)."""
+    _check_num_classes(num_classes)
     example = jnp.zeros((1, 28, 28), jnp.float32)
     return _trunk_and_head(FemnistTrunk(), nn.Dense(num_classes), example, split)
