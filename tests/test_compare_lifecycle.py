@@ -22,6 +22,7 @@ import pytest
 from fedjax_sim import cli, experiments
 from fedjax_sim.algorithms import Algorithm, with_seeds
 from fedjax_sim.compare import MethodRun
+from fedjax_sim.data import FederatedData
 from fedjax_sim.experiments.base import Experiment, Preset
 from fedjax_sim.experiments.settings import checkpoint_setting, count, method_setting, seed_setting
 from fedjax_sim.io import read_csv
@@ -33,16 +34,18 @@ BAD_SEED = 1  # one_bad's rate there is 1e10: inf at round 4
 def _toy_algorithm(name):
     rate = RATES[name]
 
-    def init(key, seed):
+    # The data of a seed is one client holding one row: the seed's index.
+    def init(key, data):
         del key
-        return {"x": 1.0 + seed.astype(jnp.float32)}
+        return {"x": 1.0 + data.x[0, 0, 0]}
 
-    def round_(state, seed, key):
+    def round_(state, data, key):
         del key
+        seed = data.x[0, 0, 0]
         r = rate if name != "one_bad" else jnp.where(seed == BAD_SEED, 1e10, rate)
         return {"x": state["x"] * jnp.float32(r)}, {}
 
-    def evaluate(state, seed):
+    def evaluate(state, data):
         return {"client_loss": state["x"][None]}
 
     return Algorithm(init, round_, evaluate)
@@ -60,7 +63,10 @@ class Toy(Experiment):
     panels = (("loss", "loss"),)
 
     def problem(self, s):
-        return jnp.arange(s["seeds"], dtype=jnp.float32)
+        seeds = jnp.arange(s["seeds"], dtype=jnp.float32)
+        return FederatedData(x=seeds[:, None, None, None], y=jnp.zeros((s["seeds"], 1, 1)),
+                             num_examples=jnp.ones((s["seeds"], 1), jnp.int32),
+                             cluster=-jnp.ones((s["seeds"], 1), jnp.int32))
 
     def method_run(self, name, s, problem):
         algorithm = with_seeds(_toy_algorithm(name), s["seeds"])
