@@ -524,3 +524,23 @@ def test_state_declares_its_client_axes(ragged, linear_model):
             assert all(a == want for a in jax.tree.leaves(value)), (field, value)
             if field in fields:
                 chex.assert_tree_shape_prefix(getattr(state, field), (5,))
+
+
+@pytest.mark.parametrize("name", ["afl", "hypcluster", "cfl", "ditto", "robust_ifca"])
+def test_client_chunks_equal_the_whole_cohort(ragged, linear_model, name):
+    """client_chunk=2 (3 chunks, one padded) gives the whole-cohort round to float rounding."""
+    factory = {"afl": afl, "hypcluster": hypcluster, "cfl": cfl, "ditto": ditto,
+               "robust_ifca": robust_ifca}[name]
+    kw = dict(learning_rate=LR, local_steps=TAU, batch_size=2)
+    kw.update({"afl": dict(lambda_lr=0.3), "hypcluster": dict(num_clusters=2),
+               "cfl": dict(max_clusters=3, eps1=1e3, eps2=0.0), "ditto": {},
+               "robust_ifca": dict(num_clusters=2, lambda_lr=0.2)}[name])
+    states = []
+    for chunk in (None, 2):
+        alg = factory(linear_model, client_chunk=chunk, **kw)
+        state = alg.init(jax.random.key(0), ragged)
+        round_ = jax.jit(alg.round)
+        for key in KEYS[:2]:
+            state, _ = round_(state, ragged, key)
+        states.append((state, alg.evaluate(state, ragged)))
+    chex.assert_trees_all_close(states[0], states[1], rtol=1e-5, atol=1e-6)
