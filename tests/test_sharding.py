@@ -39,6 +39,15 @@ ALGORITHM_KWARGS = {
               "lambda_lr": 0.05}],
     "drflm": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
                "lambda_lr": 0.05}],
+    # Issue 19's personalised/clustered/agnostic baselines (more cases in test_baselines_personal).
+    "afl": [{"learning_rate": 0.1, "local_steps": 1, "participation": 0.5, "lambda_lr": 0.1}],
+    "hypcluster": [{"num_clusters": 2, "learning_rate": 0.1, "local_steps": 2, "batch_size": 3,
+                    "participation": 0.5}],
+    "cfl": [{"learning_rate": 0.1, "local_steps": 2, "max_clusters": 3, "eps1": 10.0,
+             "eps2": 0.0}],
+    "ditto": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5}],
+    "robust_ifca": [{"num_clusters": 2, "learning_rate": 0.1, "local_steps": 2, "batch_size": 3,
+                     "participation": 0.5, "lambda_lr": 0.1}],
 }
 
 SCRIPT = textwrap.dedent(

@@ -1,12 +1,17 @@
 """Algorithms as NamedTuples of pure functions, and their registry."""
 
+from fedjax_sim.algorithms.afl import afl
 from fedjax_sim.algorithms.base import Algorithm, with_restarts, with_seeds
+from fedjax_sim.algorithms.cfl import cfl
+from fedjax_sim.algorithms.ditto import ditto
 from fedjax_sim.algorithms.drfa import drfa, drflm
 from fedjax_sim.algorithms.fedavg import FedAvgState, fedavg
+from fedjax_sim.algorithms.hypcluster import hypcluster
 from fedjax_sim.algorithms.ifca import IFCAState, ifca
 from fedjax_sim.algorithms.local import LocalState, local_models
 from fedjax_sim.algorithms.mixed import mixed_gt1, mixed_gt2, mixed_parallel
 from fedjax_sim.algorithms.oneshot import one_shot_clustering
+from fedjax_sim.algorithms.robust_ifca import robust_ifca
 
 # name -> factory. Every factory takes the model first and its settings as keywords.
 ALGORITHMS = {
@@ -19,6 +24,12 @@ ALGORITHMS = {
     "mixed_gt2": mixed_gt2,
     "drfa": drfa,
     "drflm": drflm,
+    # Personalised, clustered and agnostic baselines (issue 19).
+    "afl": afl,
+    "hypcluster": hypcluster,
+    "cfl": cfl,
+    "ditto": ditto,
+    "robust_ifca": robust_ifca,
 }
 
 

@@ -117,3 +117,52 @@ def assign_clusters(losses: jax.Array) -> jax.Array:
     """
     safe = jnp.where(jnp.isnan(losses), jnp.inf, losses)
     return jnp.argmin(safe, axis=-1).astype(jnp.int32)
+
+
+def cosine_similarity(vectors: jax.Array, eps: float = 1e-12) -> jax.Array:
+    """α_ij = ⟨v_i, v_j⟩ / (‖v_i‖ ‖v_j‖ + eps) for [s, d] vectors; [s, s] (0 for a zero vector)."""
+    norms = jnp.linalg.norm(vectors, axis=1)
+    return (vectors @ vectors.T) / (norms[:, None] * norms[None, :] + eps)
+
+
+def optimal_bipartition(similarity: jax.Array, member: jax.Array) -> jax.Array:
+    """The bipartition of the members minimising the largest similarity across it.
+
+    argmin_{c₁ ∪ c₂ = members} max_{i∈c₁, j∈c₂} similarity_ij (CFL's split,
+    Sattler et al. 2021): the single-linkage cut. Prim's algorithm grows a
+    maximum spanning tree of the members' similarity graph from the first
+    member (s − 1 steps, O(s) each), the tree's weakest edge is cut, and the
+    side below that edge is returned. Every edge across this cut is at most
+    the cut edge, and any bipartition is crossed by some tree edge, which is
+    at least the weakest: so no bipartition does better. Shapes are static:
+    non-members are masked out.
+
+    Args:
+      similarity: [s, s] symmetric similarities.
+      member: [s] bool, the points to split (at least 2 for a split).
+
+    Returns:
+      [s] bool: True on c₂, the side not holding the first member; all False
+      with fewer than two members.
+    """
+    s = member.shape[0]
+    idx = jnp.arange(s)
+    root = jnp.argmax(member)
+    outside = jnp.where(member, similarity[root], -jnp.inf)  # best link of each point to the tree
+
+    def grow(_, carry):
+        in_tree, best, parent, link = carry
+        waiting = member & ~in_tree
+        v = jnp.argmax(jnp.where(waiting, best, -jnp.inf))
+        ok = waiting[v]
+        in_tree = in_tree.at[v].set(in_tree[v] | ok)
+        link = link.at[v].set(jnp.where(ok, best[v], link[v]))
+        closer = ok & member & ~in_tree & (similarity[v] > best)
+        return in_tree, jnp.where(closer, similarity[v], best), jnp.where(closer, v, parent), link
+
+    init = (idx == root, outside, jnp.full((s,), root), jnp.full((s,), jnp.inf, similarity.dtype))
+    _, _, parent, link = jax.lax.fori_loop(0, s - 1, grow, init)
+    cut = jnp.argmin(jnp.where(member & (idx != root), link, jnp.inf))
+    # The subtree below the cut edge: every point whose chain of parents reaches it.
+    below = jax.lax.fori_loop(0, s, lambda _, b: b | b[parent], idx == cut)
+    return below & member & (jnp.sum(member) >= 2)

@@ -51,3 +51,32 @@ def project_simplex(v: jax.Array, floor: float | jax.Array = 0.0,
     lam = optax.projections.projection_simplex(v)
     lam = jnp.maximum(lam, floor)
     return lam / jnp.sum(lam)
+
+
+@functools.partial(jax.jit, static_argnames="num_segments")
+def project_segments(v: jax.Array, segment_ids: jax.Array, num_segments: int) -> jax.Array:
+    """Each segment projected onto its own simplex: λ[ids = j] = Π_Δ(v[ids = j]) for every j.
+
+    The projection onto a product of simplices, one per segment (a cluster's clients in
+    robust IFCA, the clients holding data in AFL). Entries whose id lies outside
+    [0, num_segments) get 0, and a segment without entries has nothing to project.
+
+    Args:
+      v: [N] vector.
+      segment_ids: [N] ints.
+      num_segments: static.
+
+    Returns:
+      [N]: on each non-empty segment, non-negative entries summing to 1; 0 elsewhere.
+    """
+
+    def one(j):
+        member = segment_ids == j
+        # Entries outside the segment are put 2 below its largest: the projection's
+        # threshold is at least (largest − 1), so they come out 0 and leave the rest alone.
+        low = jnp.max(jnp.where(member, v, -jnp.inf)) - 2.0
+        low = jnp.where(jnp.isfinite(low), low, 0.0)
+        return jnp.where(member, optax.projections.projection_simplex(jnp.where(member, v, low)),
+                         0.0)
+
+    return jnp.sum(jax.vmap(one)(jnp.arange(num_segments)), axis=0)

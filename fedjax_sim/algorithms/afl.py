@@ -1,0 +1,164 @@
+"""AFL: Agnostic Federated Learning, min over the model, max over the clients' mixture.
+
+Mehryar Mohri, Gary Sivek, Ananda Theertha Suresh. "Agnostic Federated
+Learning". ICML 2019, arXiv:1902.00146.
+
+AFL minimises the loss of the worst mixture of the clients,
+min_w max_{λ ∈ Δ} Σ_i λ_i F_i(w), by the paper's stochastic mirror-descent
+ascent/descent (its Stochastic-AFL, with the Euclidean mirror map: projected
+gradient steps). One round, with the cohort S of s clients drawn uniformly
+without replacement:
+
+    every i ∈ S: F_i(w) and τ local steps from w (τ = 1: one gradient step)
+    w ← Σ_{i∈S} λ_i w_i / Σ_{i∈S} λ_i             (λ-weighted model average)
+    v_i ← (m/s) F_i(w) for i ∈ S, 0 elsewhere     (unbiased estimate of ∇_λ)
+    λ ← Π_Δ(λ + γ v)                               (projected ascent)
+
+With τ = 1 and plain SGD at rate η the model step is
+w − η Σ_S λ_i ∇F_i(w) / Σ_S λ_i: the paper's descent step on the λ-weighted
+loss, and exactly it under full participation (Σ λ_i = 1). The λ step and the
+model step use the same w^t and the same losses (the paper's simultaneous
+update of (w, λ) at (w^t, λ^t)).
+
+Where we follow FedJAX's `agnostic_fed_avg` (Ro et al. 2021, the federated
+form of AFL): the weights are read at the start of the round, the losses that
+drive them are the clients' losses of the round's starting model, and the
+cohort's models are averaged with weights ∝ their mixture weight and
+normalised over the cohort (FedJAX's β^k / Σ β). Where we differ: our
+mixture is over clients (FedJAX's over per-example domain ids, so one client
+can hold several domains); the ascent is the paper's projected gradient
+step (`optax.projections.projection_simplex`), not FedJAX's default
+exponentiated-gradient step; the loss estimate is scaled by m/s, so it is
+unbiased for the full vector of losses (FedJAX averages each domain's loss
+over the examples it saw); no server optimizer and no sliding window of
+domain counts. [I] Clients without data take no part: their λ is 0 from the
+start and stays 0 (the projection runs over the clients holding data).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_sim.algorithms.base import (
+    Algorithm,
+    broadcast_to_clients,
+    check_fraction,
+    check_inputs,
+    check_steps,
+    client_optimizer,
+    cohort_size,
+    mean_over,
+    per_client_fields,
+)
+from fedjax_sim.algorithms.fedavg import evaluate_shared
+from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.models.core import Model
+from fedjax_sim.ops import (
+    check_client_chunk,
+    cohort_sums,
+    local_update,
+    mean_or_keep,
+    put,
+    sample_cohort,
+    take,
+    weighted_sum,
+)
+from fedjax_sim.ops.simplex import project_segments
+
+
+class AFLState(NamedTuple):
+    params: object  # pytree, the global model w
+    lam: jax.Array  # [m] float32, λ on the simplex over the clients holding data
+    lam_avg: jax.Array  # [m] float32, mean of λ^(0..t) (the paper reports averaged iterates)
+    round: jax.Array  # int32
+
+
+def project_active(v, active):
+    """Π_Δ over the clients with data (entries of the others are 0)."""
+    return project_segments(v, jnp.where(active, 0, -1), 1)
+
+
+def afl(
+    model: Model,
+    optimizer: optax.GradientTransformation | None = None,
+    *,
+    learning_rate=None,
+    local_steps: int = 1,
+    batch_size: int | None = None,
+    participation: float = 1.0,
+    lambda_lr=0.01,
+    client_chunk: int | None = None,
+) -> Algorithm:
+    """Builds AFL (Mohri et al. 2019): projected ascent on the client mixture λ.
+
+    Args:
+      model: the shared model.
+      optimizer: client optimizer (default SGD at learning_rate; a fresh
+        state each round).
+      learning_rate: η when optimizer is None; may be traced.
+      local_steps: τ; 1 (default) is the paper's one gradient step per round.
+      batch_size: None for full-batch steps (then F_i(w) is the client's
+        whole loss), else the minibatch size (F_i(w) is then the first
+        step's minibatch loss: the paper's stochastic estimate).
+      participation: s/m, clients per round, uniform without replacement.
+      lambda_lr: γ, the λ step size (may be traced); γ = 0 keeps λ uniform.
+      client_chunk: None trains the whole cohort at once; else this many
+        clients at a time.
+
+    Returns:
+      Algorithm with state AFLState; evaluate adds `client_lambda` [m].
+    """
+    check_steps("local_steps", local_steps)
+    if batch_size is not None:
+        check_steps("batch_size", batch_size)
+    check_fraction("participation", participation)
+    check_client_chunk(client_chunk)
+    if isinstance(lambda_lr, (int, float, np.number)) and not (
+            np.isfinite(lambda_lr) and lambda_lr >= 0):
+        raise ValueError(f"lambda_lr must be a finite number >= 0; got {lambda_lr!r}.")
+    opt = client_optimizer(optimizer, learning_rate)
+
+    def init(key, data: FederatedData) -> AFLState:
+        params = model.init(key)
+        check_inputs(model, params, data)
+        active = data.active()
+        lam = active / jnp.maximum(jnp.sum(active), 1).astype(jnp.float32)
+        return AFLState(params, lam, lam, jnp.zeros((), jnp.int32))
+
+    def round_(state: AFLState, data: FederatedData, key):
+        m = data.num_clients
+        s = cohort_size(m, participation)
+        cohort = sample_cohort(key, m, s)
+
+        def client_step(batch):  # τ steps from w; F_i(w) is the first step's loss
+            start = broadcast_to_clients(state.params, batch.keys.shape[0])
+            trained, _, losses = local_update(model, opt, start, batch.data, batch.keys,
+                                              num_steps=local_steps, batch_size=batch_size)
+            weights = jnp.where(batch.active, batch.inputs, 0.0)
+            return (weighted_sum(trained, weights), jnp.sum(weights)), (losses[:, 0],
+                                                                       batch.active)
+
+        (total, weight), (losses, active) = cohort_sums(
+            client_step, data, cohort, inputs=take(cohort, state.lam), client_chunk=client_chunk)
+        params = mean_or_keep(total, weight, state.params)
+        v = put(cohort, jnp.zeros((m,), jnp.float32), jnp.where(active, (m / s) * losses, 0.0))
+        lam = project_active(state.lam + lambda_lr * v, data.active())
+        lam_avg = state.lam_avg + (lam - state.lam_avg) / (state.round + 2).astype(jnp.float32)
+        metrics = {
+            "train_loss": mean_over(losses, active),
+            "worst_client_loss": jnp.max(jnp.where(active, losses, 0.0)),
+            "lambda_max": jnp.max(lam),
+        }
+        return AFLState(params, lam, lam_avg, state.round + 1), metrics
+
+    def evaluate(state: AFLState, data: FederatedData) -> dict:
+        out = evaluate_shared(model, state.params, data, client_chunk)
+        out["client_lambda"] = state.lam
+        return out
+
+    return Algorithm(init, round_, evaluate, per_client_fields("lam", "lam_avg"))

@@ -1,0 +1,221 @@
+"""HypCluster: k hypotheses, each client trains the one that fits its data best.
+
+Yishay Mansour, Mehryar Mohri, Jae Ro, Ananda Theertha Suresh. "Three
+Approaches for Personalization with Applications to Federated Learning".
+arXiv:2002.10619, 2020 (Algorithm "HypCluster").
+
+One round, with the cohort S drawn uniformly without replacement:
+
+    every i ∈ S: f(i) = argmin_j F_i(h_j)            (its training loss, before the round)
+                 h̃_i = τ local steps from h_f(i)
+    h_j ← Σ_{i∈S: f(i)=j} n_i h̃_i / Σ_{i∈S: f(i)=j} n_i   (a hypothesis nobody chose is kept)
+
+This is the paper's algorithm in FedJAX's form (`fedjax/algorithms/hyp_cluster.py`:
+maximization step by the average training loss, expectation step by the
+clients' example-weighted mean delta, "None" — no change — for a cluster that
+saw no examples), with the server step being the plain mean (FedJAX's server
+optimizer at SGD, rate 1).
+
+How it differs from IFCA option II (`ifca(option="model")`), whose round has
+the same shape:
+
+- weighting: HypCluster weighs a client's model by its number of examples
+  (FedJAX); IFCA's default is uniform (its MNIST/CIFAR code).
+- init: `init="random"` (the paper: k independent draws of the model, as
+  IFCA), or `init="kmeans++"`, FedJAX's `kmeans_init`: every client trains
+  `init_steps` local steps from one shared draw; a random client's model is
+  the first hypothesis, then repeatedly the model of the client whose best
+  loss under the hypotheses so far is the worst (a farthest-point k-means++
+  on losses). We draw the first client among those holding data [I].
+- evaluation: a client uses the hypothesis it chose on its training data in
+  its last round (FedJAX's `HypClusterEvaluator`, which assigns on the train
+  split and scores on the test split); IFCA's official evaluation re-chooses
+  by the loss on the evaluated data. A client that never took part chooses by
+  the evaluated data's loss [I].
+- the choice is made on the training loss of the hypotheses before the
+  round (as IFCA), and an empty hypothesis keeps its model (as IFCA).
+- no IFCA extras: no option I, weight sharing, stable-assignment freezing or
+  warm start.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fedjax_sim.algorithms.base import (
+    Algorithm,
+    broadcast_to_clients,
+    check_choice,
+    check_fraction,
+    check_inputs,
+    check_steps,
+    client_optimizer,
+    client_weights,
+    cohort_size,
+    mean_over,
+    per_client_fields,
+)
+from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.models.core import Model, client_accuracy, client_loss
+from fedjax_sim.ops import (
+    assign_clusters,
+    check_client_chunk,
+    client_keys,
+    cluster_losses,
+    cohort_sums,
+    divide_segments,
+    local_update,
+    map_client_chunks,
+    put,
+    sample_cohort,
+    segment_totals,
+    take,
+)
+
+INITS = ("random", "kmeans++")
+WEIGHTINGS = ("examples", "uniform")
+
+
+class HypClusterState(NamedTuple):
+    cluster_params: object  # pytree, leaves [k, ...]: the hypotheses h_j
+    assignment: jax.Array  # [m] int32, f(i) of each client's last round; -1 before it took part
+    round: jax.Array  # int32
+
+
+def evaluate_assigned(model: Model, cluster_params, assignment, data: FederatedData,
+                      client_chunk: int | None = None) -> dict:
+    """Each client scored with its assigned hypothesis (argmin loss where assignment is -1)."""
+
+    def evaluate_part(part) -> dict:
+        part, given = part
+        losses = cluster_losses(model, cluster_params, part)
+        chosen = jnp.where(given >= 0, given, assign_clusters(losses))
+        active = part.active()
+        out = {
+            "client_loss": jnp.take_along_axis(losses, chosen[:, None], axis=1)[:, 0],
+            "assignment": jnp.where(active, chosen, -1),
+            "client_weight": active.astype(jnp.float32),
+        }
+        if model.correct is not None:
+            params = jax.tree.map(lambda p: p[chosen], cluster_params)
+            out["client_accuracy"] = jax.vmap(
+                lambda p, x, y, n: client_accuracy(model, p, x, y, n)
+            )(params, part.x, part.y, part.num_examples)
+        return out
+
+    return map_client_chunks(evaluate_part, (data, assignment), client_chunk)
+
+
+def hypcluster(
+    model: Model,
+    optimizer: optax.GradientTransformation | None = None,
+    *,
+    num_clusters: int,
+    learning_rate=None,
+    local_steps: int = 1,
+    batch_size: int | None = None,
+    participation: float = 1.0,
+    weighting: str = "examples",
+    init: str = "random",
+    init_steps: int | None = None,
+    client_chunk: int | None = None,
+) -> Algorithm:
+    """Builds HypCluster (Mansour et al. 2020; FedJAX's `hyp_cluster`).
+
+    Args:
+      model: the model of every hypothesis.
+      optimizer: client optimizer (default SGD at learning_rate).
+      num_clusters: k, the number of hypotheses.
+      learning_rate: η when optimizer is None; may be traced.
+      local_steps: τ.
+      batch_size: None for full-batch local steps, else the minibatch size.
+      participation: fraction of clients per round, uniform without replacement.
+      weighting: "examples" (default, FedJAX) or "uniform".
+      init: "random" or "kmeans++" (module docstring).
+      init_steps: local steps of the clients' models for "kmeans++" (default τ).
+      client_chunk: None trains the whole cohort at once; else this many
+        clients at a time.
+
+    Returns:
+      Algorithm with state HypClusterState.
+    """
+    if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:
+        raise ValueError(f"num_clusters (k) must be an integer >= 1; got {num_clusters!r}.")
+    check_steps("local_steps", local_steps)
+    if batch_size is not None:
+        check_steps("batch_size", batch_size)
+    check_fraction("participation", participation)
+    check_choice("weighting", weighting, WEIGHTINGS)
+    check_choice("init", init, INITS)
+    init_steps = local_steps if init_steps is None else init_steps
+    check_steps("init_steps", init_steps)
+    check_client_chunk(client_chunk)
+    model = model.unsplit()
+    k = num_clusters
+    opt = client_optimizer(optimizer, learning_rate)
+
+    def kmeans_plus_plus(key, data: FederatedData):
+        # FedJAX's kmeans_init: client models from one draw, then farthest points by loss.
+        key_model, key_first, key_train = jax.random.split(key, 3)
+        m = data.num_clients
+        start = broadcast_to_clients(model.init(key_model), m)
+        trained, _, _ = local_update(model, opt, start, data, client_keys(key_train, jnp.arange(m)),
+                                     num_steps=init_steps, batch_size=batch_size,
+                                     client_chunk=client_chunk)
+        active = data.active()
+        first = jax.random.choice(key_first, m, p=active / jnp.maximum(jnp.sum(active), 1))
+        centers, best = [first], jnp.full((m,), jnp.inf)
+        for _ in range(1, k):
+            center = jax.tree.map(lambda p, c=centers[-1]: p[c], trained)
+            losses = map_client_chunks(
+                lambda part, c=center: jax.vmap(
+                    lambda x, y, n: client_loss(model, c, x, y, n))(part.x, part.y,
+                                                                    part.num_examples),
+                data, client_chunk)
+            best = jnp.minimum(best, losses)
+            centers.append(jnp.argmax(jnp.where(active, best, -jnp.inf)))
+        return jax.tree.map(lambda p: p[jnp.stack(centers)], trained)
+
+    def init_(key, data: FederatedData) -> HypClusterState:
+        if init == "random":
+            params = jax.vmap(model.init)(jax.random.split(key, k))
+        else:
+            params = kmeans_plus_plus(key, data)
+        check_inputs(model, jax.tree.map(lambda p: p[0], params), data)
+        m = data.num_clients
+        return HypClusterState(params, jnp.full((m,), -1, jnp.int32), jnp.zeros((), jnp.int32))
+
+    def round_(state: HypClusterState, data: FederatedData, key):
+        m = data.num_clients
+        cohort = sample_cohort(key, m, cohort_size(m, participation))
+
+        def client_step(batch):  # f(i) = argmin_j F_i(h_j), then τ steps from h_f(i)
+            losses = cluster_losses(model, state.cluster_params, batch.data)
+            chosen = assign_clusters(losses)
+            start = jax.tree.map(lambda p: p[chosen], state.cluster_params)
+            trained, _, _ = local_update(model, opt, start, batch.data, batch.keys,
+                                         num_steps=local_steps, batch_size=batch_size)
+            weights = client_weights(batch.active, batch.data.num_examples, weighting)
+            segment = jnp.where(batch.active, chosen, k)  # id k is dropped
+            return segment_totals(trained, segment, k, weights), (losses, chosen)
+
+        (totals, cluster_weight), (losses, chosen) = cohort_sums(
+            client_step, data, cohort, client_chunk=client_chunk)
+        params = divide_segments(totals, cluster_weight, fallback=state.cluster_params)
+        active = take(cohort, data.active())
+        assignment = jnp.where(active, chosen, take(cohort, state.assignment))
+        chosen_loss = jnp.take_along_axis(losses, chosen[:, None], axis=1)[:, 0]
+        counts = jax.ops.segment_sum(active.astype(jnp.int32), chosen, k)
+        metrics = {"train_loss": mean_over(chosen_loss, active), "cluster_sizes": counts}
+        return HypClusterState(params, put(cohort, state.assignment, assignment),
+                               state.round + 1), metrics
+
+    def evaluate(state: HypClusterState, data: FederatedData) -> dict:
+        return evaluate_assigned(model, state.cluster_params, state.assignment, data,
+                                 client_chunk)
+
+    return Algorithm(init_, round_, evaluate, per_client_fields("assignment"))
