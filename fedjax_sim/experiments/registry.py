@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedjax_sim.experiments import drfa_molecules, ifca_images, ifca_synthetic, mixed_tasks
+from fedjax_sim.experiments import drfa_molecules, hetero, ifca_images, ifca_synthetic, mixed_tasks
 from fedjax_sim.experiments.base import Preset
 
 # Every experiment module declares its own presets (a module-level PRESETS list).
@@ -11,6 +11,7 @@ _EXPERIMENT_MODULES = (
     ifca_images,
     drfa_molecules,
     mixed_tasks,
+    hetero,
 )
 
 
