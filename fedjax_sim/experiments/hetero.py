@@ -1,38 +1,31 @@
 """Heterogeneous-classification baselines over Flower's partitioners, and robust clustered FL.
 
-One experiment, two uses (docs/protocols.md names the algorithms' papers):
-
 - `hetero-digits` / `hetero-mnist`: the baselines heterogeneous-FL papers
   report (FedAvg, FedAvgM, FedAdam, FedProx, SCAFFOLD, q-FFL, AFL, Ditto,
   HypCluster, CFL, IFCA), each one declaration in `METHODS` built from the
-  algorithm registry by name, on label- or size-skewed clients cut by the
-  Flower Datasets partitioners of `data/partition.py`, by their Flower names
-  (`partitioner=iid|dirichlet|pathological|shard|size`).
-- `robust-clusters-digits`: clusters (rotations) and, inside each, clients of
-  unequal difficulty (label noise on the last few clients of every cluster):
-  IFCA, robust_ifca, DRFA and FedAvg on the worst-client and average test loss
-  per cluster.
+  algorithm registry by name, on clients cut by the Flower Datasets
+  partitioners of `data/partition.py` under their Flower names.
+- `robust-clusters-digits`: rotation clusters with clients of unequal
+  difficulty inside (label noise on the last few clients of every cluster):
+  IFCA, robust_ifca, DRFA and FedAvg on worst-client and mean test loss per cluster.
 
-Protocol. Every example is used once per rotation cluster: for cluster c the
-partitioner cuts the whole dataset (digits 1797 images, MNIST 5k) into
-num_clients/rotations clients with its own seed, and the images are turned
-c·360°/rotations (np.rot90). Each client then holds out `test_fraction` of its
-own examples (⌊fraction·n_i⌋, after the partitioner's shuffle) as its test
-set, so every metric is over the same clients (Flower's per-partition
-train/test split). A noisy client's labels, train and test, are replaced by a
-uniform random class with probability `label_noise`: its data is harder, not
-only mislabelled in training. Seed i of a comparison draws its own partitions
-and noise (seed sequence [seed, i]); every method gets the same data, the same
-init keys and the same round keys per seed (`with_seeds`).
+Protocol. For each rotation cluster c the partitioner cuts the whole dataset
+into num_clients/rotations clients with its own seed, turned c·360°/rotations
+(np.rot90): every example appears once per cluster. Each client holds out
+⌊test_fraction·n_i⌋ of its (shuffled) examples as its test set (Flower's
+per-partition train/test split), so every metric is over the same clients. A
+noisy client's labels, train and test, become a uniform random class with
+probability `label_noise`: its data is harder, not only mislabelled in
+training. Seed i draws its own partitions and noise (seed sequence [seed, i]);
+every method gets the same data, init keys and round keys per seed.
 
-Metrics (every eval_every rounds; averages are unweighted over the clients
-holding data): test accuracy (mean and worst client), training loss of the
-evaluated model, test loss (mean and worst client), and with clusters the
-worst-client and mean test loss of each cluster. A method whose state holds
-`cluster_params` (IFCA, robust_ifca, HypCluster) serves a client's test data
-with the cluster its training data is assigned to (FedJAX's HypCluster
-evaluation), never by the test loss itself; Ditto and local models evaluate
-each client's own model.
+Metrics (averages unweighted over the clients holding data): test accuracy
+(mean, worst client), the evaluated model's training loss, test loss (mean,
+worst client) and, with clusters, each cluster's worst-client and mean test
+loss. A method whose state holds `cluster_params` (IFCA, robust_ifca,
+HypCluster) serves a client's test set with the cluster its training data is
+assigned to (FedJAX's HypCluster evaluation), never by the test loss itself;
+Ditto and local models evaluate each client's own model.
 """
 
 from __future__ import annotations
@@ -110,8 +103,6 @@ METHODS = {
 HETERO_METHODS = ("fedavg", "fedavgm", "fedadam", "fedprox", "scaffold", "qffl", "afl", "ditto",
                   "hypcluster", "cfl", "ifca")
 ROBUST_METHODS = ("ifca", "robust_ifca", "drfa", "fedavg")
-# Keywords of the client-training settings, passed where the factory takes them.
-COMMON = ("local_steps", "batch_size", "participation")
 
 
 def _parameters(factory) -> tuple[set, bool]:
@@ -154,6 +145,7 @@ def build_algorithm(name: str, model, s: dict):
     factory = ALGORITHMS[method.algorithm]
     names, any_keyword = _parameters(factory)
     kwargs = {"optimizer": optax.sgd(s["lr"]), **method.options}
+    # The client-training settings go where the factory takes them (local has no cohort).
     common = {"local_steps": s["local_steps"], "batch_size": s["batch_size"] or None,
               "participation": s["participation"]}
     kwargs.update({k: v for k, v in common.items() if k in names or any_keyword})
@@ -437,7 +429,6 @@ class Hetero(Experiment):
                   f"{s['classes_per_client']}, class_assignment_mode={s['class_assignment']}",
                   "shard": f" num_shards_per_partition={s['shards_per_client']}",
                   "size": f" {s['size_fn']} (IdToSizeFncPartitioner)"}[p]
-        readers = method_readers()
         batch = f"batch-{s['batch_size']}" if s["batch_size"] else "full-batch"
         notes = {
             "data": f"{s['dataset']}: all {len(load_images(s)[1])} examples in every cluster, "
@@ -449,7 +440,7 @@ class Hetero(Experiment):
                         f"{batch} steps, participation {s['participation']}, {s['rounds']} rounds, "
                         f"{s['seeds']} seeds (one vmapped axis; same data and keys per seed)",
             "methods": "; ".join(
-                f"{m} = {METHODS[m].algorithm}"
+                f"{m} = {METHODS[m].help}: {METHODS[m].algorithm}"
                 + "".join(f" {k}={v}" for k, v in METHODS[m].options.items())
                 + "".join(f" {st}={s[st]}" for st in METHODS[m].reads
                           if not (st == "server_lr" and not s[st]))
@@ -460,9 +451,6 @@ class Hetero(Experiment):
         if s["noisy_clients"]:
             notes["noise"] = (f"the last {s['noisy_clients']} clients of every cluster: labels "
                               f"(train and test) uniform at random with p={s['label_noise']}")
-        unread = [k for k, r in readers.items() if not set(r) & set(results)]
-        if unread:
-            notes["unread settings"] = ", ".join(unread)
         return notes
 
 
