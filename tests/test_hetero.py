@@ -165,3 +165,50 @@ def test_robust_clusters_preset_tiny(tmp_path):
         # Two clients per cluster, one noisy: the mean loss lies between clean and noisy.
         lo, hi = sorted([float(r["test_loss_noisy"]), float(r["test_loss_clean"])])
         assert lo - 1e-6 <= float(r["test_loss"]) <= hi + 1e-6
+
+
+def test_default_methods_are_the_registered_declarations():
+    for experiment, declared in ((hetero.HETERO, hetero.HETERO_METHODS),
+                                 (hetero.ROBUST, hetero.ROBUST_METHODS)):
+        want = [m for m in declared if hetero.METHODS[m].algorithm in ALGORITHMS]
+        want = [m for m in want if hetero.registered(m)]
+        assert experiment.defaults()["methods"] == want
+        assert {"fedavg", "ifca"} <= set(want)
+
+
+def test_clustered_test_set_served_by_the_training_assignment():
+    """Train labels all 0, test labels all 1: cluster 0 predicts 0, cluster 1 predicts 1.
+    The training data picks cluster 0, so test accuracy is 0 (choosing by the test loss
+    would give 1)."""
+    import jax
+    import jax.numpy as jnp
+
+    from fedjax_sim.algorithms import ifca
+    from fedjax_sim.algorithms.ifca import IFCAState
+    from fedjax_sim.data.federated import FederatedData
+    from fedjax_sim.models import mlp_classifier
+
+    model = mlp_classifier((2,), [2], 10)
+    params = jax.tree.map(jnp.zeros_like, model.init(jax.random.key(0)))
+
+    def predicting(c):  # zero weights, the output bias on class c
+        head = {**params["Dense_1"], "bias": params["Dense_1"]["bias"].at[c].set(10.0)}
+        return {**params, "Dense_1": head}
+
+    clusters = jax.tree.map(lambda a, b: jnp.stack([a, b]), predicting(0), predicting(1))
+    m, n = 3, 4
+    x = np.ones((m, n, 2), np.float32)
+
+    def fed(label):
+        d = FederatedData.from_arrays(x, np.full((m, n), label, np.int32))
+        return jax.tree.map(lambda a: a[None], d)  # one seed
+
+    state = IFCAState(clusters, {}, (), jnp.zeros(m, jnp.int32), jnp.zeros(m, jnp.int32),
+                      jnp.zeros((), jnp.int32))
+    state = jax.tree.map(lambda a: a[None], state)
+    algorithm = ifca(model, learning_rate=0.1, num_clusters=2, option="model")
+    problem = {"train": fed(0), "test": fed(1), "cluster": np.zeros(m, int),
+               "noisy": np.zeros(m, bool)}
+    out = hetero.metrics_fn(algorithm, model, problem, {})(state)
+    assert out["test_accuracy"][0] == 0.0 and out["test_accuracy_worst"][0] == 0.0
+    assert out["train_loss"][0] < 1e-3 and out["test_loss"][0] > 5.0
