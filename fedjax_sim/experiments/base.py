@@ -149,8 +149,35 @@ class Experiment:
         raise NotImplementedError(f"{self.name} declares no comparison.")
 
     def compared(self, s: dict) -> tuple[str, ...]:
-        """The methods a comparison trains, the baseline among them."""
-        return self.methods
+        """The methods a comparison trains, the baseline among them: the `methods` setting
+        (a narrowed or reordered list, `methods_setting`) where the experiment takes one,
+        else every declared method.
+
+        Raises:
+          ValueError: the setting repeats a method or leaves out the baseline (the
+            paired differences are taken to it).
+        """
+        chosen = s.get("methods") if "methods" in self.declared else None
+        if chosen is None:
+            return tuple(self.methods)
+        names = (chosen,) if isinstance(chosen, str) else tuple(chosen)
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"setting methods names {', '.join(repeated)} twice; give each "
+                             "method once.")
+        if self.baseline is not None and self.baseline not in names:
+            raise ValueError(
+                f"setting methods must include the baseline {self.baseline} (the paired "
+                f"differences are taken to it); got {','.join(names)}.")
+        return names
+
+    def declare_methods_setting(self) -> None:
+        """Adds the `methods` setting (`methods_setting`) to an experiment that compares
+        methods through `method_run` and does not declare one itself (a `Preset` calls
+        this), so `--set methods=a,b` narrows and orders every comparison."""
+        if (self.methods and "methods" not in self.declared
+                and type(self).method_run is not Experiment.method_run):
+            self.settings = (*self.settings, methods_setting(tuple(self.methods)))
 
     def table(self, s: dict) -> list[str]:
         """The metrics of results.csv, in order."""
@@ -265,12 +292,28 @@ class Experiment:
         """Plots of a finished sweep (default: none)."""
 
 
+def methods_setting(methods: tuple[str, ...], default: tuple[str, ...] | None = None,
+                    help: str = "") -> Setting:
+    """The methods a comparison trains, in order (a comma list; default `default` or all).
+
+    Only `compare` reads it; a name outside `methods` is refused naming the allowed
+    ones, and `Experiment.compared` refuses a list without the baseline.
+    """
+    return Setting("methods", str, list(default if default is not None else methods),
+                   help or "the methods compare trains, in this order (a comma list of "
+                   "these; the baseline must be among them)",
+                   choices=tuple(methods), listable=True, commands=("compare",))
+
+
 @dataclass(frozen=True)
 class Preset:
     name: str
     experiment: Experiment
     description: str
     overrides: dict = field(default_factory=dict)  # preset defaults over the experiment's
+
+    def __post_init__(self):
+        self.experiment.declare_methods_setting()
 
     @property
     def defaults(self) -> dict:

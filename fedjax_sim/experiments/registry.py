@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fedjax_sim.experiments import (
     drfa_molecules,
+    hetero,
     ifca_images,
     ifca_success,
     ifca_synthetic,
@@ -18,6 +19,7 @@ _EXPERIMENT_MODULES = (
     ifca_images,
     drfa_molecules,
     mixed_tasks,
+    hetero,
 )
 
 
