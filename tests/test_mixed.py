@@ -18,6 +18,7 @@ from fedjax_sim.algorithms.mixed import (
     datacenter_loss,
     dissimilarity,
     l2_regularizer,
+    mixed,
     mixed_centralized,
     mixed_gt1,
     mixed_gt2,
@@ -401,3 +402,27 @@ def test_movielens_client_update_touches_only_its_own_rows():
     # Hand count: the client's rows × d plus the d×d + d tower, each way.
     hand = len(own) * 4 + 4 * 4 + 4
     assert int(recsys.client_floats(clients.num_client_items[client], 4)) == hand
+
+
+@pytest.mark.parametrize(("variant", "factory"), [("parallel", mixed_parallel),
+                                                   ("gt1", mixed_gt1), ("gt2", mixed_gt2),
+                                                   ("centralized", mixed_centralized)])
+def test_one_factory_with_a_variant_is_the_registered_alias(variant, factory):
+    data, server = make_inputs(6)
+    kw = dict(learning_rate=0.05, local_steps=2, batch_size=2, clients_per_round=4,
+              w_f=0.3, w_c=2.0, central_loss=l2_regularizer(0.5))
+    a, b = mixed(MODEL, variant=variant, **kw), factory(MODEL, **kw)
+    state = a.init(jax.random.key(0), (data, server))
+    chex.assert_trees_all_equal(jax.jit(a.round)(state, (data, server), jax.random.key(2)),
+                                jax.jit(b.round)(state, (data, server), jax.random.key(2)))
+
+
+def test_a_setting_the_variant_does_not_read_is_refused():
+    with pytest.raises(ValueError, match="does not read combine"):
+        mixed(MODEL, variant="parallel", learning_rate=0.1, combine="mixing")
+    with pytest.raises(ValueError, match="does not read central_steps"):
+        mixed(MODEL, variant="gt1", learning_rate=0.1, central_steps=3)
+    with pytest.raises(ValueError, match="does not read client_chunk"):
+        mixed(MODEL, variant="centralized", learning_rate=0.1, client_chunk=2)
+    with pytest.raises(ValueError, match="variant"):
+        mixed(MODEL, variant="gt3", learning_rate=0.1)
