@@ -134,8 +134,9 @@ def client_update(
     batches = (None if batch_size is None
                else sample_batches(k_batch, num_examples, n_max, batch_size))
 
-    def step(carry, inputs):
-        p, opt_state, snap, grad0 = carry
+    def advance(carry, inputs):
+        """One step: (carry, (its loss, its gradient before `direction`))."""
+        p, opt_state, snap = carry
         t, k, kl, batch = inputs
         if batch is None:
             xb, yb = x, y
@@ -147,25 +148,29 @@ def client_update(
         if model.augment is not None:  # this step's train-time view (its own key stream)
             xb = model.augment(jax.random.fold_in(k, AUGMENT_STREAM), xb)
         loss, grads = jax.value_and_grad(loss_fn)(p, xb, yb, mb, kl)
-        if keep_first_grad:
-            grad0 = jax.tree.map(lambda g0, g: jnp.where(t == 0, g, g0), grad0, grads)
-        if direction is not None:
-            grads = direction(grads)
-        updates, opt_state = optimizer.update(grads, opt_state, p)
+        along = grads if direction is None else direction(grads)
+        updates, opt_state = optimizer.update(along, opt_state, p)
         p = optax.apply_updates(p, updates)
         if snapshot_step is not None:
             snap = jax.tree.map(lambda s, q: jnp.where(t + 1 == snapshot_step, q, s), snap, p)
-        return (p, opt_state, snap, grad0), loss
+        return (p, opt_state, snap), (loss, grads)
+
+    def step(carry, inputs):
+        carry, (loss, _) = advance(carry, inputs)
+        return carry, loss
 
     snap0 = params if snapshot_step is not None else None
-    grad0 = jax.tree.map(jnp.zeros_like, params) if keep_first_grad else None
-    (p, _, snap, grad0), losses = jax.lax.scan(
-        step, (params, optimizer.init(params), snap0, grad0),
-        (jnp.arange(num_steps), keys, k_loss, batches),
-    )
-    if keep_first_grad:
-        return p, snap, losses, grad0
-    return p, snap, losses
+    carry = (params, optimizer.init(params), snap0)
+    steps = (jnp.arange(num_steps), keys, k_loss, batches)
+    if not keep_first_grad:
+        (p, _, snap), losses = jax.lax.scan(step, carry, steps)
+        return p, snap, losses
+    # The first step is peeled off the scan, so its gradient comes out without a
+    # [num_steps]-long output of gradients.
+    first, rest = (jax.tree.map(lambda a, i=i: a[i], steps) for i in (0, slice(1, None)))
+    carry, (loss0, grad0) = advance(carry, first)
+    (p, _, snap), losses = jax.lax.scan(step, carry, rest)
+    return p, snap, jnp.concatenate([loss0[None], losses]), grad0
 
 
 @functools.partial(
