@@ -38,9 +38,10 @@ notes):
 
 Every round logs, at the round-start model x^(t), the sampled dissimilarity
 estimates of §6.4 from ∇̃f_f = the cohort's mean first-step gradient and
-∇̃f_c = a central batch gradient: G̃² = w_f‖∇̃f_f‖² + w_c‖∇̃f_c‖² − ‖∇̃f‖² (B = 1)
-and B̃² = (w_f‖∇̃f_f‖² + w_c‖∇̃f_c‖²)/‖∇̃f‖² (G = 0), and the floats each client
-receives and sends.
+∇̃f_c = a central batch gradient, on the normalised weights p = w/(w_f + w_c) and
+∇̃f = p_f∇̃f_f + p_c∇̃f_c: G̃² = p_f‖∇̃f_f‖² + p_c‖∇̃f_c‖² − ‖∇̃f‖² (B = 1) and
+B̃² = (p_f‖∇̃f_f‖² + p_c‖∇̃f_c‖²)/‖∇̃f‖² (G = 0) (`dissimilarity` says why), and the
+floats each client receives and sends.
 """
 
 from __future__ import annotations
@@ -124,27 +125,44 @@ def split_inputs(inputs) -> tuple[FederatedData, ServerData | None]:
 
 
 def dissimilarity(grad_f, grad_c, w_f, w_c):
-    """Sampled G̃ and B̃ (PAPERS.md §6.4) of a federated and a central gradient.
+    """Sampled G̃ and B̃ (PAPERS.md §6.4) of a federated and a central gradient, for any
+    weights w_f, w_c >= 0 (not both 0).
+
+    Defined on the normalised weights p_f = w_f/(w_f + w_c), p_c = w_c/(w_f + w_c)
+    and ∇̃f = p_f g_f + p_c g_c:
+
+        G̃² = p_f‖g_f‖² + p_c‖g_c‖² − ‖∇̃f‖²        (B = 1)
+        B̃² = (p_f‖g_f‖² + p_c‖g_c‖²) / ‖∇̃f‖²      (G = 0)
+
+    Why normalised: (G, B)-dissimilarity bounds the weighted mean of the parts'
+    squared gradient norms by the squared norm of their weighted mean, which is
+    a statement about a convex combination. f = w_f f_f + w_c f_c is
+    (w_f + w_c)·(p_f f_f + p_c f_c): the same minimiser and training, only its
+    scale differs. With the raw weights, when w_f + w_c ≠ 1, G̃² can be negative
+    (w_f = 0.9, w_c = 100: ‖w_c g_c‖² dwarfs w_c‖g_c‖²) and B̃ below 1, which
+    the definition excludes. Normalised, B̃ is unchanged by rescaling f, G̃ is
+    in units of the normalised objective's gradient, and with w_f + w_c = 1
+    nothing changes. Both are computed through the identity (exact for
+    p_f + p_c = 1) G̃² = p_f p_c‖g_f − g_c‖², B̃² = 1 + G̃²/‖∇̃f‖², which has no
+    cancellation and keeps G̃ >= 0 and B̃ >= 1 in floating point.
 
     Args:
       grad_f: ∇̃f_f, the cohort-averaged client gradient (pytree).
       grad_c: ∇̃f_c, a central batch gradient (pytree like grad_f).
-      w_f, w_c: the mixing weights.
+      w_f, w_c: the mixing weights (may be traced; both 0 reads as G̃ = 0, B̃ = 1).
 
     Returns:
-      (G̃, B̃) scalars. G̃² = w_f‖g_f‖² + w_c‖g_c‖² − ‖w_f g_f + w_c g_c‖²,
-      clipped at 0 against rounding; B̃² = (w_f‖g_f‖² + w_c‖g_c‖²)/‖∇̃f‖², 1
-      when both gradients are 0 (finite when only ∇̃f is: its floor is 1e-30).
-      With w_f + w_c = 1, G̃² = w_f w_c ‖g_f − g_c‖² and B̃ >= 1.
+      (G̃, B̃) scalars; B̃ = 1 when both gradients are 0, and finite when only
+      ∇̃f is (its squared norm's floor is 1e-30).
     """
-    sq_f = optax.tree.norm(grad_f, squared=True)
-    sq_c = optax.tree.norm(grad_c, squared=True)
-    mixed = optax.tree.add(optax.tree.scale(w_f, grad_f), optax.tree.scale(w_c, grad_c))
-    sq_mixed = optax.tree.norm(mixed, squared=True)
-    spread = w_f * sq_f + w_c * sq_c
-    g_tilde = jnp.sqrt(jnp.maximum(spread - sq_mixed, 0.0))
-    b_tilde = jnp.where(spread > 0, jnp.sqrt(spread / jnp.maximum(sq_mixed, 1e-30)), 1.0)
-    return g_tilde, b_tilde
+    total = w_f + w_c
+    total = jnp.where(total > 0, total, 1.0)
+    p_f, p_c = w_f / total, w_c / total
+    gap = optax.tree.norm(optax.tree.sub(grad_f, grad_c), squared=True)
+    g_sq = p_f * p_c * gap
+    mean = optax.tree.add(optax.tree.scale(p_f, grad_f), optax.tree.scale(p_c, grad_c))
+    sq_mean = optax.tree.norm(mean, squared=True)
+    return jnp.sqrt(g_sq), jnp.sqrt(1.0 + g_sq / jnp.maximum(sq_mean, 1e-30))
 
 
 def descend(batch_grad, optimizer, start, steps, *, scale=1.0, correction=None):
@@ -311,6 +329,8 @@ def mixed(
             check_steps(name, value)
     _check_weight("w_f", w_f)
     _check_weight("w_c", w_c)
+    if all(isinstance(w, (int, float, np.number)) for w in (w_f, w_c)) and w_f + w_c == 0:
+        raise ValueError("w_f and w_c must not both be 0 (f = w_f f_f + w_c f_c would be 0).")
     check_choice("weighting", weighting, WEIGHTINGS)
     check_choice("combine", combine, COMBINES)
     check_choice("transfer", transfer, TRANSFERS)

@@ -320,7 +320,8 @@ class MixedTask(Experiment):
             "central steps": "the server's K central steps use the client SGD at lr η "
                              "(§6.2: the same η); ServerOpt is SGD at server_lr on −Δ",
             "G̃/B̃": "sampled at each round-start model from the cohort's first-step gradients "
-                    "and a central batch gradient; mean/median over all rounds and seeds. B̃ "
+                    "and a central batch gradient, on the normalised weights w/(w_f + w_c) "
+                    "(so B̃ >= 1 for any weights); mean/median over all rounds and seeds. B̃ "
                     "assumes G = 0, so it grows without bound as ∇f → 0 near the optimum of a "
                     "task whose two optima differ",
             "oracle": "K minibatch-SGD steps per round on the mixed loss with all data pooled "
