@@ -25,7 +25,7 @@ from fedjax_sim.algorithms.mixed import (
     mixed_parallel,
 )
 from fedjax_sim.data import FederatedData, ServerData
-from fedjax_sim.experiments.mixed_tasks import MixedSynthetic, binary_auc, rounds_to_target
+from fedjax_sim.experiments.mixed import MixedSynthetic, binary_auc, rounds_to_target
 from fedjax_sim.models import linear_regression
 from fedjax_sim.ops import sample_batch, sample_cohort
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from fedjax_sim.experiments import drfa_molecules, ifca_images, ifca_synthetic, mixed_tasks
+from fedjax_sim.experiments import drfa_molecules, ifca_images, ifca_synthetic, mixed
 from fedjax_sim.experiments.base import Preset
 
 # Experiment modules that declare their own presets (a module-level PRESETS list).
 _EXPERIMENT_MODULES = (
     ifca_images,
     drfa_molecules,
-    mixed_tasks,
+    mixed,
 )
 
 
