@@ -38,11 +38,14 @@ class Diverged(RuntimeError):
       history: the history rows up to the last good evaluation.
       checkpoint_round: the round of the last good checkpoint (None: none).
       checkpoint_dir: where the checkpoints are (None: checkpointing was off).
+      round_metrics: with `run(round_metrics=True)`, every round's metrics up to
+        the last good chunk ({name: [rounds, ...]}); None otherwise.
     """
 
     def __init__(self, round, metric, value, history, checkpoint_round=None,
-                 checkpoint_dir=None):
+                 checkpoint_dir=None, round_metrics=None):
         self.round = int(round)
+        self.round_metrics = round_metrics
         self.metric = metric
         self.value = value
         self.history = history
@@ -57,7 +60,7 @@ class Diverged(RuntimeError):
 
     def __reduce__(self):
         return (Diverged, (self.round, self.metric, self.value, self.history,
-                           self.checkpoint_round, self.checkpoint_dir))
+                           self.checkpoint_round, self.checkpoint_dir, self.round_metrics))
 
 
 def _scan_rounds(algorithm: Algorithm, state, data, round_key, start, length: int):
@@ -528,7 +531,8 @@ def run(
 
     def diverged(found, rows):
         return Diverged(*found, history=list(rows), checkpoint_round=last_saved,
-                        checkpoint_dir=None if checkpoints is None else checkpoints.directory)
+                        checkpoint_dir=None if checkpoints is None else checkpoints.directory,
+                        round_metrics=None if kept is None else kept.stacked(logged))
 
     def record_timing():
         if timing is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import NamedTuple
 
 import jax
@@ -138,3 +139,11 @@ def test_divergence_over_two_copies_axes_needs_every_copy():
         simulate.run(_grow([[1e20, 1e20, 1e20], [1e20, 1e10, 1e20]]), data,
                      jax.random.key(0), **kw)
     assert (info.value.round, info.value.metric, info.value.value) == (4, "train_loss", "inf")
+    assert info.value.round_metrics is None
+    # With round_metrics, the error carries every round's metrics up to the last good chunk.
+    with pytest.raises(simulate.Diverged) as info:
+        simulate.run(_grow([[1e20, 1e20, 1e20], [1e20, 1e10, 1e20]]), data,
+                     jax.random.key(0), round_metrics=True, **kw)
+    kept = info.value.round_metrics["train_loss"]
+    assert kept.shape == (3, 2, 3) and kept[2, 1, 1] == np.float32(1e30)
+    assert pickle.loads(pickle.dumps(info.value)).round_metrics["train_loss"].shape == (3, 2, 3)
