@@ -29,8 +29,9 @@ def _parser() -> argparse.ArgumentParser:
                         ("sweep", "a grid of cells (any setting given a comma list) × seeds"),
                         ("compare", "the experiment's methods side by side over seeds")):
         p = sub.add_parser(name, help=help_)
-        p.add_argument("preset", nargs="?" if name == "run" else None,
-                       help="preset name (see `fedjax-sim list`)")
+        p.add_argument("preset", nargs="?",
+                       help="preset name (see `fedjax-sim list`); optional with --config or "
+                            "--resume --out DIR")
         p.add_argument(
             "--set", dest="overrides", nargs="+", action="extend", default=[],
             metavar="KEY=VALUE",
@@ -39,6 +40,25 @@ def _parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--out", default=None, help="output directory (default runs/PRESET-TIME)")
         p.add_argument("--no-progress", action="store_true", help="hide progress output")
+        p.add_argument("--progress-every", type=float, default=10.0, metavar="SECONDS",
+                       help="off a terminal (a pipe, a SLURM log): at most one progress line "
+                            "every this many seconds, plus the last (default 10)")
+        p.add_argument(
+            "--resume", action="store_true",
+            help={"run": "continue the run in --out from its newest intact checkpoint",
+                  "sweep": "continue the sweep in --out, skipping rows in its trials.csv",
+                  "compare": "continue the comparison in --out: finished methods are kept, "
+                             "the one in flight continues from its newest checkpoint"}[name]
+            + " (its config.json gives the settings; --set may change those that do not "
+              "change results)",
+        )
+        p.add_argument("--config", default=None, metavar="DIR/config.json",
+                       help=f"rerun the {name} recorded in an output directory's config.json "
+                            "(--set overrides its settings)")
+        p.add_argument("--tensorboard", action="store_true",
+                       help="also write TensorBoard event files to OUT/tensorboard (run: every "
+                            "round metric; compare: a folder per method; sweep: a step per "
+                            "cell; needs the 'tensorboard' extra)")
         if name == "compare":
             continue
         p.add_argument("--memory-budget", type=float, default=None, metavar="GB",
@@ -47,18 +67,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--devices", type=int, default=None,
                        help="devices to shard the clients (sweep: data seeds) over "
                             "(default: all that divide m)")
-        p.add_argument(
-            "--resume", action="store_true",
-            help="continue a sweep in --out, skipping rows in its trials.csv" if name == "sweep"
-            else "continue the run in --out (same settings) from its newest intact checkpoint",
-        )
         if name == "sweep":
             continue
-        p.add_argument("--config", default=None, metavar="DIR/config.json",
-                       help="rerun the run recorded in a run directory's config.json")
-        p.add_argument("--tensorboard", action="store_true",
-                       help="also write TensorBoard event files of every round metric to "
-                            "OUT/tensorboard (needs the 'tensorboard' extra)")
         p.add_argument("--distributed", action="store_true",
                        help="start JAX's multi-process runtime (jax.distributed.initialize); "
                             "each process builds only its clients, process 0 writes")
@@ -84,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
         parallel.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
     from fedjax_sim import experiments
+    from fedjax_sim.compare import MethodsDiverged
     from fedjax_sim.simulate import Diverged
 
     try:
@@ -100,30 +111,32 @@ def main(argv: list[str] | None = None) -> int:
             print(experiments.describe_preset(args.preset))
             return 0
         progress = not args.no_progress
+        if not args.progress_every >= 0:
+            raise ValueError(f"--progress-every must be a number of seconds >= 0; got "
+                             f"{args.progress_every}.")
+        from fedjax_sim import logs
+
+        logs.PROGRESS_EVERY_SECONDS = args.progress_every
+        if args.config is not None and args.resume:
+            raise ValueError("give --config (a new directory) or --resume (continue --out), "
+                             "not both.")
+        common = dict(progress=progress, resume=args.resume, config=args.config,
+                      tensorboard=args.tensorboard)
         if args.command == "run":
-            if args.preset is None and args.config is None:
-                raise ValueError("run needs a PRESET or --config DIR/config.json.")
-            if args.preset is not None and args.config is not None:
-                raise ValueError("give a PRESET or --config, not both.")
-            out = experiments.run_preset(
-                args.preset, args.overrides, args.out, progress=progress, devices=args.devices,
-                resume=args.resume, tensorboard=args.tensorboard, config=args.config,
-            )
+            out = experiments.run_preset(args.preset, args.overrides, args.out,
+                                         devices=args.devices, **common)
         elif args.command == "sweep":
-            out = experiments.sweep_preset(
-                args.preset, args.overrides, args.out, progress=progress, resume=args.resume,
-                devices=args.devices,
-            )
+            out = experiments.sweep_preset(args.preset, args.overrides, args.out,
+                                           devices=args.devices, **common)
         else:
-            out = experiments.compare_preset(args.preset, args.overrides, args.out,
-                                             progress=progress)
+            out = experiments.compare_preset(args.preset, args.overrides, args.out, **common)
     except experiments.OutputError as err:
         print(f"fedjax-sim: error: {err.strerror or err}", file=sys.stderr)
         return EXIT_OUTPUT
     except (ValueError, DataUnavailable) as err:  # bad settings, or data not on this machine
         print(f"fedjax-sim: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except Diverged as err:  # metrics.csv and summary.json are written by then
+    except (Diverged, MethodsDiverged) as err:  # every output is written by then
         print(f"fedjax-sim: {err}", file=sys.stderr)
         return EXIT_DIVERGED
     except OSError as err:  # e.g. the disk filled mid-run: the last checkpoint is kept

@@ -214,6 +214,9 @@ def results_markdown(
       baseline: name of the baseline method; must be one of the rows.
       seeds: number of seeds per method, for the caption.
       title: optional heading put above the table.
+        Rows may carry "diverged_seeds" and "seeds_used" (`compare.results_table`):
+        the method's label then counts its diverged seeds, and a method with no
+        seed left shows "diverged" instead of numbers.
       confidence: the level `rows` were computed at, for the headers.
 
     Returns:
@@ -242,14 +245,21 @@ def results_markdown(
         f"{seeds} {seed_word} per method. Differences are method − {baseline}, paired per seed; "
         f"± after a difference is the standard error of the mean paired difference (se); "
         f"significance is a two-sided paired t-test at {level}. ± after a mean is the sample "
-        f"standard deviation over seeds.",
+        f"standard deviation over seeds. A diverged seed (NaN or inf) is left out of its "
+        f"method's means and differences.",
         "",
         "| " + " | ".join(_cell(h) for h in header) + " |",
         "|" + "|".join([" --- "] + [" ---: ", " ---: ", " :---: "] * len(metrics)) + "|",
     ]
     for row in rows:
-        cells = [_cell(row["method"])]
+        gone = row.get("diverged_seeds") or 0
+        used = row.get("seeds_used", seeds)
+        label = row["method"] + (f" ({gone} of {gone + used} seeds diverged)" if gone else "")
+        cells = [_cell(label)]
         for m in metrics:
+            if used == 0:  # no seed left: no number, no verdict
+                cells += ["diverged", "—", "—"]
+                continue
             cells.append(f"{row[f'{m}_mean']:.4g} ± {row[f'{m}_std']:.4g}")
             if row["method"] == baseline:
                 cells += ["—", "—"]

@@ -10,12 +10,14 @@ run directories, sweeps and comparisons; nothing else needs editing to add one.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from fedjax_sim import compare
 from fedjax_sim.experiments.settings import Setting
 
 
@@ -72,6 +74,8 @@ class Comparison:
     #: caption lines (protocol choices, deviations from the paper, extra counts):
     #: written under the results table and to notes.json.
     notes: dict = field(default_factory=dict)
+    #: method -> compare.MethodResult (per-seed histories, divergence).
+    results: dict = field(default_factory=dict)
 
 
 class Experiment:
@@ -102,25 +106,94 @@ class Experiment:
         are read can depend on it.
         """
 
-    # ---- run
     supports_run = True
 
-    def run(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
-        raise NotImplementedError
+    # ---- compare: the experiment declares its methods; `compare.run_methods` trains them
+    #: the method a `run` of a comparison preset trains by default (setting `method`).
+    headline: str | None = None
 
-    def plot_run(self, rows: list[dict], summary: dict, out_dir) -> None:
-        """Plots of a finished run (default: none)."""
-
-    # ---- compare
     @property
     def supports_compare(self) -> bool:
         return bool(self.methods)
 
-    def compare(self, s: dict, ctx: RunContext) -> Comparison:
+    def problem(self, s: dict) -> Any:
+        """The data every method of a comparison (or a one-method run) shares."""
         raise NotImplementedError(f"{self.name} declares no comparison.")
+
+    def method_run(self, name: str, s: dict, problem) -> compare.MethodRun:
+        """Method `name` over s["seeds"] vmapped seeds, ready to train."""
+        raise NotImplementedError(f"{self.name} declares no comparison.")
+
+    def compared(self, s: dict) -> tuple[str, ...]:
+        """The methods a comparison trains, the baseline among them."""
+        return self.methods
+
+    def table(self, s: dict) -> list[str]:
+        """The metrics of results.csv, in order."""
+        return [metric for metric, _ in self.panels]
+
+    def notes(self, s: dict, problem, results: dict) -> dict:
+        """Caption lines of a finished comparison (protocol choices, paper references)."""
+        return {}
 
     def plot_compare(self, comparison: Comparison, out_dir) -> None:
         """Plots of a finished comparison beyond comparison.png (default: none)."""
+
+    def run_method(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
+        """`run` of a comparison preset: method s["method"] over s["seeds"] seeds.
+
+        metrics.csv gets one row per (round, seed); summary.json each final
+        metric per seed and its mean over the seeds that did not diverge. The
+        run has diverged (exit 3) when every seed has.
+        """
+        name = s["method"]
+        spec = self.method_run(name, s, self.problem(s))
+        seeds = s["seeds"]
+
+        def stream(rows):
+            ctx.on_rows([{"seed": i, "round": int(row["round"]),
+                          **{k: float(np.asarray(v, np.float64).reshape(-1)[i]
+                                      if np.ndim(v) else v)
+                             for k, v in row.items() if k != "round"}}
+                         for row in rows for i in range(seeds)])
+
+        result = compare.train_method(
+            name, spec, seeds, checkpoint_dir=ctx.checkpoint_dir,
+            checkpoint_every=s.get("checkpoint_every") or None, resume=ctx.resume,
+            progress=ctx.progress, mesh=ctx.mesh,
+            on_rows=stream if spec.seed_rows is None else None)
+        ctx.timing.update(result.timing)
+        rows = [{"seed": r.pop("seed"), **{k: v for k, v in r.items() if k != "method"}}
+                for r in result.long_rows()]
+        if spec.seed_rows is not None:
+            ctx.on_rows(rows)
+        for line in compare.divergence_lines(result):
+            print(line, file=sys.stderr)
+        seconds = result.timing.get("run_seconds") or 0.0
+        summary = {
+            "method": name,
+            "seeds": seeds,
+            "final_mean": {m: seed_mean(v) for m, v in result.per_seed.items()},
+            "final_per_seed": {m: np.asarray(v).tolist() for m, v in result.per_seed.items()},
+            "diverged_seeds": result.diverged_seeds,
+            "diverged": result.diverged,
+            **result.timing,
+            "rounds_per_second": result.timing["rounds_run"] / seconds
+            if result.timing.get("rounds_run") and seconds > 0 else None,
+        }
+        if result.diverged_seeds == seeds:
+            last = max(result.diverged, key=lambda d: d["round"])
+            summary.update(diverged_round=last["round"], diverged_metric=last["metric"],
+                           diverged_value=last["value"], last_checkpoint_round=None)
+        return rows, summary
+
+    def run(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
+        if self.methods:
+            return self.run_method(s, ctx)
+        raise NotImplementedError
+
+    def plot_run(self, rows: list[dict], summary: dict, out_dir) -> None:
+        """Plots of a finished run (default: none)."""
 
     # ---- sweep
     supports_sweep = True

@@ -32,17 +32,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedjax_sim import parallel, simulate
+from fedjax_sim import parallel
 from fedjax_sim.algorithms import drfa, drflm, fedavg, with_seeds
+from fedjax_sim.compare import MethodRun
 from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.experiments.base import (
-    Comparison,
-    Experiment,
-    Preset,
-    RunContext,
-    seed_mean_rows,
+from fedjax_sim.experiments.base import Comparison, Experiment, Preset
+from fedjax_sim.experiments.settings import (
+    Setting,
+    checkpoint_setting,
+    count,
+    method_setting,
+    seed_setting,
 )
-from fedjax_sim.experiments.settings import Setting, count, seed_setting
 from fedjax_sim.models import linear_regression
 
 METHODS = ("fedavg", "drfa", "drflm", "fedavg_mixup")
@@ -223,10 +224,10 @@ def final_metrics(s: dict) -> list[str]:
 class DRFAExperiment(Experiment):
     name = "drfa_molecules"
     description = "FedAvg, DRFA, DRFLM and FedAvg+mixup on molecules or noisy synthetic clients."
-    supports_run = False
     supports_sweep = False
     methods = METHODS
     baseline = "fedavg"
+    headline = "drflm"
     settings = (
         Setting("dataset", str, "esol", "molecules (scaffold clients, a GIN) or synthetic "
                 "(noisy linear clients)", choices=DATASET_NAMES),
@@ -255,6 +256,8 @@ class DRFAExperiment(Experiment):
               "within a seed)", maximum=10_000),
         seed_setting(),
         count("eval_every", 10, "evaluate (and log λ) every this many rounds"),
+        checkpoint_setting(50),
+        method_setting(METHODS, "drflm"),
         Setting("resplit_per_seed", bool, True, "a new federation (80/20 split, noise; the "
                 "Dirichlet split) per seed; false: one federation for every seed"),
         Setting("noisy_clients", int, 0, "the last this many clients get label noise on their "
@@ -300,29 +303,22 @@ class DRFAExperiment(Experiment):
         if s["dataset"] == "synthetic" and s["batch_size"] > s["n"]:
             raise ValueError(f"setting batch_size={s['batch_size']} exceeds n={s['n']}.")
 
-    def compare(self, s: dict, ctx: RunContext) -> Comparison:
-        problem = build_problem(s)
-        key = jax.random.key(s["seed"])
-        per_seed, histories = {}, {}
-        for name in self.methods:
-            algorithm = with_seeds(build_method(name, s, problem.model), s["seeds"],
-                                   shared_data=problem.shared)
-            try:
-                _, history = simulate.run(
-                    algorithm, problem.train, jax.random.fold_in(key, _ROUNDS),
-                    rounds=s["rounds"], eval_every=s["eval_every"],
-                    evaluate=_metrics_fn(algorithm, problem), progress=ctx.progress,
-                    description=f"compare {name}", copies_axis=True)
-            except simulate.Diverged as err:
-                history = err.history
-            final = history[-1]
-            per_seed[name] = {m: np.asarray(final[m], np.float64) for m in final_metrics(s)}
-            histories[name] = seed_mean_rows(history)
-            ctx.on_method(name, per_seed[name], histories[name])
-        notes = self._notes(s, problem, per_seed)
-        return Comparison(per_seed, histories, final_metrics(s), self.baseline, notes)
+    def problem(self, s: dict) -> Problem:
+        return build_problem(s)
 
-    def _notes(self, s, problem, per_seed) -> dict:
+    def method_run(self, name: str, s: dict, problem: Problem) -> MethodRun:
+        """Method `name` on every seed: the same federation and initial weights as the others."""
+        algorithm = with_seeds(build_method(name, s, problem.model), s["seeds"],
+                               shared_data=problem.shared)
+        return MethodRun(algorithm, problem.train,
+                         jax.random.fold_in(jax.random.key(s["seed"]), _ROUNDS), s["rounds"],
+                         _metrics_fn(algorithm, problem), s["eval_every"])
+
+    def table(self, s: dict) -> list[str]:
+        return final_metrics(s)
+
+    def notes(self, s, problem, results) -> dict:
+        per_seed = {name: r.per_seed for name, r in results.items()}
         federations = ("a new federation per seed" if s["resplit_per_seed"]
                        else "one federation for all seeds")
         notes = {

@@ -36,6 +36,7 @@ from fedjax_sim import plots, simulate
 from fedjax_sim.algorithms import fedavg, ifca, local_models, one_shot_clustering, with_seeds
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.algorithms.ifca import evaluate_clusters, pretrained_trunk, with_balanced_init
+from fedjax_sim.compare import MethodRun
 from fedjax_sim.data.archives import DataUnavailable
 from fedjax_sim.data.images import (
     default_rotations,
@@ -48,10 +49,14 @@ from fedjax_sim.experiments.base import (
     Comparison,
     Experiment,
     Preset,
-    RunContext,
-    seed_mean_rows,
 )
-from fedjax_sim.experiments.settings import Setting, count, seed_setting
+from fedjax_sim.experiments.settings import (
+    Setting,
+    checkpoint_setting,
+    count,
+    method_setting,
+    seed_setting,
+)
 from fedjax_sim.memory import choose_client_chunk
 from fedjax_sim.metrics import cluster_identity_accuracy
 from fedjax_sim.models import mlp_classifier
@@ -348,11 +353,11 @@ def _first_round_at_one(rows: list[dict], seeds: int) -> list:
 
 
 class RotatedImages(Experiment):
-    """IFCA and its baselines on a rotated image set; compare only."""
+    """IFCA and its baselines on a rotated image set: compare, or run one method."""
 
-    supports_run = False
     supports_sweep = False
     baseline = "fedavg"
+    headline = "ifca"
     panels = (
         ("test_accuracy", "test accuracy"),
         ("train_loss", "train loss (avg client)"),
@@ -398,6 +403,7 @@ class RotatedImages(Experiment):
         seed_setting(),
         count("eval_every", 10, "full evaluation every this many rounds (cluster identity: "
               "every round)"),
+        checkpoint_setting(50),
         Setting("cache_dir", str, "", "archive/decoded-array cache (default: $FEDJAX_SIM_CACHE "
                 "or ~/.cache/fedjax_sim)", result=False),
         Setting("data_dir", str, "", "cifar: directory with CIFAR-10 (tfds array_record or "
@@ -410,6 +416,8 @@ class RotatedImages(Experiment):
         self.name = name
         self.description = description
         self.methods = methods
+        headline = "ifca" if "ifca" in methods else methods[0]
+        self.settings = (*self.settings, method_setting(methods, headline))
 
     def validate(self, s: dict, command: str = "compare") -> None:
         """Settings and data, before anything is written (the runner calls this first)."""
@@ -440,41 +448,34 @@ class RotatedImages(Experiment):
             model, shapes, s["memory_budget_gb"] * 2**30, option="model", num_clusters=s["k"],
             copies=s["seeds"], per_client_models=name in ("local", "oneshot"))
 
-    def compare(self, s: dict, ctx: RunContext) -> Comparison:
-        """Every method on the same seeds' data and init keys; seeds are one vmapped axis."""
+    def problem(self, s: dict):
+        """Every method's data: the same seeds' permutations and splits (seeds stacked)."""
         problem = build_problem(s)
-        train = problem["train"]
-        input_shape = tuple(train.x.shape[3:])
-        models = {split: build_model(s, input_shape, split) for split in (False, True)}
-        key = jax.random.fold_in(jax.random.key(s["seed"]), _ROUNDS)
-        seeds = s["seeds"]
-        per_seed, histories, identity_rounds = {}, {}, {}
-        for name in self.methods:
-            model = models[name in SHARING]
-            algorithm, rounds = build_method(name, model, s,
-                                             self.client_chunk(s, problem, model, name))
-            algorithm = with_seeds(algorithm, seeds)
-            metrics = metrics_fn(name, algorithm, model, problem, s, rounds)
-            # One round per compiled call: the metrics function evaluates fully only every
-            # eval_every rounds (cluster identity every round). On CPU a scan of several
-            # rounds ran ~3× slower per round than single rounds here (digits MLP, 2 cores).
-            try:
-                _, history = simulate.run(
-                    algorithm, train, key, rounds=rounds, eval_every=1, evaluate=metrics,
-                    progress=ctx.progress, description=f"compare {name}", copies_axis=True)
-            except simulate.Diverged as err:
-                history = err.history
-            final = history[-1]
-            per_seed[name] = {m: np.asarray(final[m], np.float64) if m in final
-                              else np.full(seeds, np.nan) for m in TABLE}
-            histories[name] = seed_mean_rows([row for row in history if len(row) > 1])
-            if name in CLUSTERING:
-                identity_rounds[name] = _first_round_at_one(history, seeds)
-            ctx.on_method(name, per_seed[name], histories[name])
-        notes = self.notes(s, problem, identity_rounds)
-        return Comparison(per_seed, histories, TABLE, self.baseline, notes)
+        input_shape = tuple(problem["train"].x.shape[3:])
+        problem["models"] = {split: build_model(s, input_shape, split) for split in (False, True)}
+        return problem
 
-    def notes(self, s: dict, problem, identity_rounds: dict) -> dict:
+    def method_run(self, name: str, s: dict, problem) -> MethodRun:
+        """Method `name` on every seed, with the same init and round keys as the others.
+
+        One round per compiled call: the metrics function evaluates fully only every
+        eval_every rounds (cluster identity every round). On CPU a scan of several
+        rounds ran ~3× slower per round than single rounds here (digits MLP, 2 cores).
+        """
+        model = problem["models"][name in SHARING]
+        algorithm, rounds = build_method(name, model, s,
+                                         self.client_chunk(s, problem, model, name))
+        algorithm = with_seeds(algorithm, s["seeds"])
+        key = jax.random.fold_in(jax.random.key(s["seed"]), _ROUNDS)
+        return MethodRun(algorithm, problem["train"], key, rounds,
+                         metrics_fn(name, algorithm, model, problem, s, rounds), eval_every=1)
+
+    def table(self, s: dict) -> list[str]:
+        return list(TABLE)
+
+    def notes(self, s: dict, problem, results: dict) -> dict:
+        identity_rounds = {name: _first_round_at_one(r.rows, s["seeds"])
+                           for name, r in results.items() if name in CLUSTERING}
         m, mt = problem["train"].num_examples.shape[1], problem["test_clients"]
         batch = f"batch-{s['batch_size']}" if s["batch_size"] else "full-batch"
         degrees = "/".join(f"{90 * r}°" for r in problem["rotations"])

@@ -37,8 +37,9 @@ from fedjax_sim.algorithms import (
     with_restarts,
     with_seeds,
 )
+from fedjax_sim.compare import MethodRun
 from fedjax_sim.data import check_mixture_settings, linear_mixture
-from fedjax_sim.experiments.base import Comparison, Experiment, RunContext, seed_mean
+from fedjax_sim.experiments.base import Experiment, RunContext
 from fedjax_sim.experiments.settings import Setting, count, seed_setting
 from fedjax_sim.memory import choose_client_chunk, estimate_bytes_per_client, tree_bytes
 from fedjax_sim.metrics import cluster_identity_accuracy, min_dist
@@ -133,9 +134,17 @@ def make_problem(s: dict, key, mesh=None):
     )
 
 
+# The step-size setting each algorithm reads: a local model fits n < d rows alone, whose
+# Hessian 2XᵀX/n has eigenvalues up to ~2(√d + √n)²/n (35 at d = 1000, n = 100), so the
+# IFCA/FedAvg step γ = 0.1, stable for cluster-pooled data, diverges there.
+LR_SETTING = {"ifca": "lr", "fedavg": "lr", "local": "local_lr"}
+
+
 def build_algorithm(name: str, s: dict, client_chunk=None):
-    """The registered algorithm `name` with the experiment's settings."""
+    """The registered algorithm `name` with the experiment's settings (its own step size)."""
     model = linear_regression(s["d"])
+    if name in LR_SETTING and LR_SETTING[name] in s:
+        s = {**s, "lr": s[LR_SETTING[name]]}
     if name == "ifca":
         local = {"local_steps": s["local_steps"]} if s["option"] == "model" else {
             "divide_by": s["divide_by"]}
@@ -151,7 +160,7 @@ def build_algorithm(name: str, s: dict, client_chunk=None):
         return one_shot_clustering(
             model, num_clusters=s["k"], learning_rate=s["lr"], local_steps=s["local_steps"],
             pretrain_steps=s["pretrain_steps"], participation=s["participation"],
-            client_chunk=client_chunk)
+            client_chunk=client_chunk, pretrain_learning_rate=s.get("oneshot_lr"))
     raise ValueError(f"setting algorithm must be one of {ALGORITHM_NAMES}; got {name!r}.")
 
 
@@ -233,6 +242,28 @@ def _per_restart_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _best_restart_rows(history: list[dict]) -> list[dict]:
+    """History rows with [seeds, restarts] values -> per-seed rows of each seed's restart
+    of lowest final training loss; a seed whose every restart diverged keeps restart 0
+    (whose values go non-finite where it diverged)."""
+    final = history[-1]
+    seeds = np.shape(final["train_loss"])[0]
+    chosen = [_best_restart({m: np.asarray(v)[i] for m, v in final.items() if m != "round"})[0]
+              or 0 for i in range(seeds)]
+    out = []
+    for row in history:
+        picked = {}
+        for m, v in row.items():
+            if m == "round":
+                continue
+            v = np.asarray(v, np.float64)
+            picked[m] = v[np.arange(seeds), chosen] if v.ndim == 2 else v
+        for metric in COMPARE_METRICS:  # NaN where a method has none (local: no min_dist)
+            picked.setdefault(metric, np.full(seeds, np.nan))
+        out.append({"round": row["round"], **picked})
+    return out
+
+
 # ----------------------------------------------------------------------------- one run
 
 COMPARE_METRICS = ("test_loss", "train_loss", "cluster_accuracy", "min_dist")  # table order
@@ -250,6 +281,9 @@ _SHAPE = (
 # Which algorithms read each setting that not every algorithm reads; a value
 # other than the default for an algorithm that would ignore it is refused.
 _READ_BY = {
+    "lr": ("ifca", "fedavg", "oneshot"),
+    "local_lr": ("local",),
+    "oneshot_lr": ("oneshot",),
     "option": ("ifca",),
     "divide_by": ("ifca",),
     "pretrain_steps": ("oneshot",),
@@ -261,15 +295,22 @@ class SyntheticRun(Experiment):
     name = "ifca_synthetic"
     description = "IFCA and its baselines on the synthetic mixture of linear regressions."
     settings = (
-        Setting("algorithm", str, "ifca", "the algorithm of a run", choices=ALGORITHM_NAMES),
+        Setting("algorithm", str, "ifca", "the algorithm of a run", choices=ALGORITHM_NAMES,
+                commands=("run", "sweep")),
         *_SHAPE,
-        Setting("lr", float, 0.1, "learning rate γ (option I step; local SGD otherwise)",
+        Setting("lr", float, 0.1, "learning rate γ of IFCA and FedAvg (option I step; local "
+                "SGD otherwise)", minimum=0.0, traced=True),
+        Setting("local_lr", float, 0.02, "learning rate of the local-models baseline (one "
+                "client's n rows alone need a smaller step than cluster-pooled data)",
+                minimum=0.0, traced=True),
+        Setting("oneshot_lr", float, 0.02, "learning rate of one-shot clustering's local "
+                "pretraining (it fits one client's rows alone; its clustered rounds use lr)",
                 minimum=0.0, traced=True),
         count("rounds", 300, "communication rounds (option I: iterations)"),
         count("restarts", 10, "random initialisations trained at once; the lowest final "
               "training loss is reported", maximum=10_000),
         count("seeds", 5, "seeds of a comparison or sweep (seed, seed+1, ... as folded keys)",
-              maximum=10_000),
+              maximum=10_000, commands=("compare", "sweep")),
         seed_setting(),
         count("eval_every", 10, "evaluate every this many rounds"),
         count("n_test", 100, "test examples per client (its test twin)"),
@@ -402,51 +443,26 @@ class SyntheticRun(Experiment):
 
     # ---- comparison: IFCA, FedAvg, local, one-shot over the same seeds
 
-    def compare(self, s: dict, ctx: RunContext) -> Comparison:
-        """Every method on the same data seeds, splits and init keys; seeds are one vmap axis.
+    def problem(self, s: dict):
+        """`seeds` data seeds stacked on a leading axis: seed i's data comes from
+        fold_in(fold_in(key(seed), DATA), i)."""
+        key = jax.random.fold_in(jax.random.key(s["seed"]), _DATA)
+        data_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(s["seeds"]))
+        return jax.jit(jax.vmap(lambda kk: make_problem(s, kk)))(data_keys)
 
-        Seed i's data comes from fold_in(fold_in(key(seed), DATA), i); every
-        method gets the same data and the same per-seed keys (`with_seeds`).
-        Within a seed each method keeps its restart of lowest final training
-        loss (as `run` does).
-        """
-        key = jax.random.key(s["seed"])
-        seeds = s["seeds"]
-        data_keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.fold_in(key, _DATA), i))(
-            jnp.arange(seeds))
-        problem = jax.jit(jax.vmap(lambda kk: make_problem(s, kk)))(data_keys)
-        per_seed, histories = {}, {}
-        for name in self.methods:
-            chunk = self.client_chunk(s, copies=s["restarts"] * seeds, algorithm=name)
-            # build_algorithm gives each method only the settings it reads.
-            algorithm = with_seeds(with_restarts(build_algorithm(name, s, chunk),
-                                                 s["restarts"]), seeds)
-            _, history = _run_tolerant(
-                algorithm, problem, jax.random.fold_in(key, _ROUNDS), s,
-                _metrics_fn(name, algorithm, problem, s["k"]), ctx, name)
-            final = history[-1]
-            chosen = []
-            for i in range(seeds):
-                best, _ = _best_restart({m: np.asarray(v)[i] for m, v in final.items()
-                                         if m != "round"})
-                chosen.append(best)
-            per_seed[name] = {
-                metric: np.array([np.asarray(final[metric])[i, b] if b is not None else np.nan
-                                  for i, b in enumerate(chosen)])
-                for metric in TRIAL_METRICS
-                if metric in final
-            }
-            histories[name] = [
-                {"round": row["round"], **{
-                    m: seed_mean([np.asarray(v)[i, b] for i, b in enumerate(chosen)
-                                  if b is not None])
-                    for m, v in row.items() if m != "round"}}
-                for row in history
-            ]
-            for metric in COMPARE_METRICS:  # NaN where a method has none (local: no min_dist)
-                per_seed[name].setdefault(metric, np.full(seeds, np.nan))
-            ctx.on_method(name, per_seed[name], histories[name])
-        return Comparison(per_seed, histories, list(COMPARE_METRICS), self.baseline)
+    def method_run(self, name: str, s: dict, problem) -> MethodRun:
+        """Every method gets the same data and per-seed keys (`with_seeds`); within a seed
+        it keeps its restart of lowest final training loss (as `run` does)."""
+        chunk = self.client_chunk(s, copies=s["restarts"] * s["seeds"], algorithm=name)
+        algorithm = with_seeds(with_restarts(build_algorithm(name, s, chunk), s["restarts"]),
+                               s["seeds"])
+        return MethodRun(
+            algorithm, problem.train, jax.random.fold_in(jax.random.key(s["seed"]), _ROUNDS),
+            s["rounds"], _metrics_fn(name, algorithm, problem, s["k"]), s["eval_every"],
+            seed_rows=_best_restart_rows)
+
+    def table(self, s: dict) -> list[str]:
+        return list(COMPARE_METRICS)
 
     # ---- generic sweep: any setting as an axis; cells that differ only in traced
     # settings (lr, σ, R) and their seeds are one vmapped, compiled program
@@ -517,15 +533,6 @@ def _rows_by_cell(trials, cells):
                 if int(r["data_seed"]) < cell["seeds"]]
         yield cell, rows
 
-
-def _run_tolerant(algorithm, problem, key, s, metrics, ctx, name):
-    """simulate.run for a comparison: a method whose every seed diverges reports its last rows."""
-    try:
-        return simulate.run(algorithm, problem.train, key, rounds=s["rounds"],
-                            eval_every=s["eval_every"], evaluate=metrics, progress=ctx.progress,
-                            description=f"compare {name}", mesh=None, copies_axis=True)
-    except simulate.Diverged as err:
-        return None, err.history
 
 def plan_pair_bytes(s: dict) -> int:
     """Bytes one (cell, seed) of a vectorized sweep holds: its data and every restart's round."""

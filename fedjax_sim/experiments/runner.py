@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import errno
+import functools
 import hashlib
 import itertools
 import json
@@ -19,11 +20,10 @@ import sys
 from pathlib import Path
 
 import jax
-import numpy as np
 
 import fedjax_sim
-from fedjax_sim import parallel, plots, simulate, stats
-from fedjax_sim.experiments.base import RunContext
+from fedjax_sim import compare, parallel, plots, simulate, stats
+from fedjax_sim.experiments.base import Comparison, RunContext
 from fedjax_sim.experiments.registry import Preset, get_preset
 from fedjax_sim.experiments.settings import parse_assignments, resolve
 from fedjax_sim.io import append_csv, read_csv, read_json, write_csv, write_json
@@ -45,6 +45,12 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN) -> dict:
     experiment = preset.experiment
     settings = resolve(experiment.declared, preset.defaults, overrides or {},
                        lists=command == SWEEP)
+    for key in overrides or {}:
+        readers = experiment.declared[key].commands
+        if readers and command not in readers and settings[key] != preset.defaults[key]:
+            raise ValueError(
+                f"setting {key} is not read by {command} (only by {', '.join(readers)}); "
+                f"leave it at {preset.defaults[key]!r}.")
     if command == SWEEP:
         axes = sweep_axes(preset, settings)
         if "seeds" in axes:
@@ -173,7 +179,7 @@ def _check_resumable(out_dir: Path, settings: dict, declared, command: str) -> d
     saved = config.get("settings", {})
     keys = saved.keys() | settings.keys()
     differ = sorted(k for k in keys if saved.get(k) != settings.get(k)
-                    and (k not in declared or declared[k].result or k == "checkpoint_every"))
+                    and (k not in declared or declared[k].result))
     if differ:
         changes = ", ".join(f"{k} ({saved.get(k)!r} there, {settings.get(k)!r} now)"
                             for k in differ)
@@ -202,8 +208,12 @@ def choose_mesh(devices: int | None, num_clients: int | None = None):
     return mesh if devices > 1 or jax.process_count() > 1 else None
 
 
-def load_config(path) -> tuple[str, dict]:
-    """(preset name, settings) of a run directory's config.json, for `run --config`."""
+def load_config(path, command: str | None = None) -> tuple[str, dict]:
+    """(preset name, settings) of an output directory's config.json, for `--config`.
+
+    command: the command that will use it; a config.json of a sweep holds lists
+    that only a sweep reads, so only a sweep may take one.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
@@ -211,9 +221,41 @@ def load_config(path) -> tuple[str, dict]:
         config = read_json(path)
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"--config {path}: cannot read it ({err}).") from None
-    if "preset" not in config or "settings" not in config:
-        raise ValueError(f"--config {path}: not a fedjax_sim config.json (no preset/settings).")
+    if (not isinstance(config, dict) or not isinstance(config.get("preset"), str)
+            or not isinstance(config.get("settings"), dict)):
+        raise ValueError(f"--config {path}: not a fedjax_sim config.json (it needs a \"preset\" "
+                         "name and a \"settings\" object).")
+    if command is not None and config.get("command") == SWEEP and command != SWEEP:
+        raise ValueError(f"--config {path} records a sweep (settings with lists); use it with "
+                         "`fedjax-sim sweep --config`.")
     return config["preset"], config["settings"]
+
+
+def _base_settings(command: str, name, config, out_dir, resume: bool) -> tuple[str, dict]:
+    """(preset name, the settings overrides apply on): a --config's, a resumed directory's
+    config.json's (so `--resume --out DIR` alone continues DIR), or none."""
+    if config is not None:
+        config_name, base = load_config(config, command)
+        if name is not None and name != config_name:
+            raise ValueError(f"--config {config} is of preset {config_name}, not {name}; give "
+                             "one of them.")
+        return config_name, base
+    if resume:
+        if out_dir is None:
+            raise ValueError("--resume needs --out DIR (the directory to continue).")
+        path = Path(out_dir) / "config.json"
+        if not path.exists():
+            raise ValueError(
+                f"cannot resume: {out_dir} holds no config.json (no {command} was started "
+                "there).")
+        saved_name, base = load_config(path, command)
+        if name is not None and name != saved_name:
+            raise ValueError(f"cannot resume {out_dir}: it holds preset {saved_name}, not {name}.")
+        return saved_name, base
+    if name is None:
+        raise ValueError(f"{command} needs a PRESET, --config DIR/config.json, or --resume "
+                         "--out DIR.")
+    return name, {}
 
 
 def _rows_writer(out_dir: Path, tensorboard: bool):
@@ -231,9 +273,10 @@ def _rows_writer(out_dir: Path, tensorboard: bool):
             state["csv"].append(rows)
         if state["tb"] is not None:
             for row in rows:
-                tag = f"/restart{row['restart']}" if "restart" in row else ""
+                copy = next((c for c in ("restart", "seed") if c in row), None)
+                tag = f"/{copy}{row[copy]}" if copy else ""
                 state["tb"].write(int(row["round"]), {
-                    f"{k}{tag}": v for k, v in row.items() if k not in ("round", "restart")})
+                    f"{k}{tag}": v for k, v in row.items() if k not in ("round", copy)})
 
     def close():
         if state["tb"] is not None:
@@ -256,9 +299,7 @@ def run_preset(name, overrides=None, out_dir=None, progress: bool = True,
       simulate.Diverged: every restart went NaN/inf; metrics.csv (up to the
         last good evaluation) and summary.json ("diverged": true) are written first.
     """
-    base = {}
-    if config is not None:
-        name, base = load_config(config)
+    name, base = _base_settings(RUN, name, config, out_dir, resume)
     preset = get_preset(name, RUN)
     if isinstance(overrides, list):
         overrides = parse_assignments(overrides)
@@ -341,16 +382,19 @@ def _group_cells(experiment, cells: list[dict]) -> list[list[dict]]:
 
 
 def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resume: bool = False,
-                 devices: int | None = None) -> Path:
+                 devices: int | None = None, config=None, tensorboard: bool = False) -> Path:
     """Runs a sweep: trials.csv (appended per chunk, fsynced), summary.csv, plots.
 
     Any setting given a comma list is an axis of cells. A trial is keyed by
     every setting that changes its result (`cell_id`), so --resume continues
     without duplicates, and a resume with other settings is refused.
     """
+    name, base = _base_settings(SWEEP, name, config, out_dir, resume)
     preset = get_preset(name, SWEEP)
     experiment = preset.experiment
-    settings = resolve_settings(preset, overrides, SWEEP)
+    if isinstance(overrides, list):
+        overrides = parse_assignments(overrides)
+    settings = resolve_settings(preset, {**base, **(overrides or {})}, SWEEP)
     axes = sweep_axes(preset, settings)
     cells = expand_cells(settings, axes)
     for cell in cells:  # every cell is checked before anything is written
@@ -405,66 +449,105 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
     if primary:
         write_csv(out_dir / "summary.csv", summary)
         experiment.plot_sweep(summary, out_dir)
+        if tensorboard:  # each cell's summary as scalars, one step per cell
+            with TensorBoardLog(out_dir / "tensorboard") as tb:
+                for i, row in enumerate(summary):
+                    tb.write(i, {k: v for k, v in row.items()
+                                 if isinstance(v, (int, float)) and not isinstance(v, bool)})
     return out_dir
 
 
 # ----------------------------------------------------------------------------- comparisons
 
 
-def _method_writer(out_dir: Path):
-    """on_method for a comparison: methods/<name>.json (finals per seed, history), atomically."""
+def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = True,
+                   resume: bool = False, config=None, tensorboard: bool = False,
+                   devices: int | None = None) -> Path:
+    """Trains the experiment's methods side by side over vmapped seeds (`compare.run_methods`).
 
-    def on_method(name: str, per_seed: dict, history: list[dict]) -> None:
-        write_json(out_dir / "methods" / f"{name}.json", {
-            "method": name,
-            "per_seed": {m: np.asarray(v, np.float64).tolist() for m, v in per_seed.items()},
-            "history": history})
+    Writes config.json first; methods/<name>.json as each method finishes (its
+    per-seed finals and history) while checkpoints/<name>/ holds the method in
+    flight, so `resume` continues a killed comparison; then results.csv (one
+    row per method: diverged_seeds, seeds_used, <metric>_mean, _std and, but
+    for the baseline, _diff, _diff_se, _significant: the per-seed paired
+    difference to the baseline over the seeds that did not diverge),
+    results.md (printed too), per_seed.csv, per_seed_metrics.csv (every
+    evaluated round of every seed), metrics.csv (per method, averaged over the
+    seeds that did not diverge), comparison.png and the experiment's plots.
 
-    return on_method
-
-
-def compare_preset(name, overrides=None, out_dir=None, progress: bool = True) -> Path:
-    """Trains the experiment's methods side by side over vmapped seeds.
-
-    Writes config.json first, methods/<name>.json as each method finishes (its
-    finals per seed and its history: what a crash or a stop keeps), then
-    results.csv (one row per method: <metric>_mean, _std and, but for the
-    baseline, _diff, _diff_se, _significant: the per-seed paired difference to
-    the baseline), results.md (printed too), per_seed.csv, metrics.csv (per
-    method, averaged over seeds) and comparison.png.
+    Raises:
+      compare.MethodsDiverged: a method diverged in some seed, after every
+        output is written (exit code 3).
     """
+    name, base = _base_settings(COMPARE, name, config, out_dir, resume)
     preset = get_preset(name, COMPARE)
     experiment = preset.experiment
-    settings = resolve_settings(preset, overrides, COMPARE)
+    if isinstance(overrides, list):
+        overrides = parse_assignments(overrides)
+    settings = resolve_settings(preset, {**base, **(overrides or {})}, COMPARE)
     out_dir = Path(out_dir) if out_dir else default_out_dir(f"{preset.name}-compare")
-    _prepare_out(out_dir, COMPARE)
-    write_json(out_dir / "config.json", {
-        **_config(preset, COMPARE, settings), "methods": list(experiment.methods),
-        "baseline": experiment.baseline})
-    comparison = experiment.compare(settings, RunContext(progress=progress,
-                                                         on_method=_method_writer(out_dir)))
-    rows = stats.paired_comparison(comparison.per_seed, comparison.baseline, comparison.metrics)
-    write_csv(out_dir / "results.csv", rows, stats.results_columns(comparison.metrics))
-    seeds = settings.get("seeds", 1)
-    table = stats.results_markdown(rows, comparison.metrics, comparison.baseline, seeds=seeds,
+    primary = parallel.is_primary()
+    methods = tuple(experiment.compared(settings))
+    record = {**_config(preset, COMPARE, settings), "methods": list(methods),
+              "baseline": experiment.baseline}
+    if resume:
+        previous = _check_resumable(out_dir, settings, experiment.declared, COMPARE)
+        record["started"] = previous.get("started", record["started"])
+        record["resumed"] = [*previous.get("resumed", []), _now()]
+    else:
+        _prepare_out(out_dir, COMPARE)
+    if primary:
+        write_json(out_dir / "config.json", record)
+    problem = experiment.problem(settings)
+    results = compare.run_methods(
+        {m: functools.partial(experiment.method_run, m, settings, problem) for m in methods},
+        settings["seeds"], out_dir, resume=resume,
+        checkpoint_every=settings.get("checkpoint_every"), progress=progress, primary=primary)
+    if primary:
+        _write_comparison(preset, settings, problem, results, out_dir, tensorboard)
+    if any(r.diverged_seeds for r in results.values()):
+        raise compare.MethodsDiverged(results)
+    return out_dir
+
+
+def _write_comparison(preset: Preset, settings: dict, problem, results: dict, out_dir: Path,
+                      tensorboard: bool) -> None:
+    experiment = preset.experiment
+    metrics = experiment.table(settings)
+    seeds = settings["seeds"]
+    rows = compare.results_table(results, experiment.baseline, metrics)
+    write_csv(out_dir / "results.csv", rows, compare.results_columns(metrics))
+    table = stats.results_markdown(rows, metrics, experiment.baseline, seeds=seeds,
                                    title=f"{preset.name}: final metrics")
-    if comparison.notes:  # the experiment's caption: protocol choices, deviations, extra counts
+    per_seed_finals = {n: r.per_seed for n, r in results.items()}
+    notes = experiment.notes(settings, problem, results)
+    if notes:  # the experiment's caption: protocol choices, deviations, extra counts
         table = table.rstrip("\n") + "\n\n" + "\n".join(
-            f"- {key}: {value}" for key, value in comparison.notes.items()) + "\n"
-        write_json(out_dir / "notes.json", comparison.notes)
+            f"- {key}: {value}" for key, value in notes.items()) + "\n"
+        write_json(out_dir / "notes.json", notes)
     (out_dir / "results.md").write_text(table)
     print(table)
-    per_seed = [{"method": m, "seed": i, **{k: float(v[i]) for k, v in values.items()}}
-                for m, values in comparison.per_seed.items() for i in range(seeds)]
+    per_seed = [{"method": n, "seed": i, "diverged": r.diverged[i] is not None,
+                 **{k: float(v[i]) for k, v in r.per_seed.items()}}
+                for n, r in results.items() for i in range(seeds)]
     write_csv(out_dir / "per_seed.csv", per_seed)
-    history = [{"method": m, **row} for m, rows_ in comparison.histories.items()
-               for row in rows_]
-    write_csv(out_dir / "metrics.csv", history)
+    long_rows = [row for r in results.values() for row in r.long_rows()]
+    write_csv(out_dir / "per_seed_metrics.csv", long_rows)
+    histories = {n: r.seed_mean_rows() for n, r in results.items()}
+    write_csv(out_dir / "metrics.csv", [{"method": n, **row} for n, rows_ in histories.items()
+                                        for row in rows_])
+    comparison = Comparison(per_seed_finals, histories, metrics, experiment.baseline, notes,
+                            results)
     plots.plot_history([], out_dir / "comparison.png", list(experiment.panels),
                        title=f"{preset.name}: mean over {seeds} seeds",
-                       groups=comparison.histories, log_y=set(experiment.log_metrics))
+                       groups=histories, log_y=set(experiment.log_metrics))
     experiment.plot_compare(comparison, out_dir)
-    return out_dir
+    if tensorboard:  # one run folder per method: seed means
+        for n, rows_ in histories.items():
+            with TensorBoardLog(out_dir / "tensorboard" / n) as tb:
+                for row in rows_:
+                    tb.write(int(row["round"]), {f"{k}/mean": v for k, v in row.items()
+                                                 if k != "round"})
 
 
 def describe_preset(name: str) -> str:

@@ -36,6 +36,9 @@ class Setting:
         how a result is computed (memory budget, checkpoint interval) are
         left out of sweep trial keys and resume checks.
       listable: accepts a comma list in a run (e.g. a sweep's lr grid).
+      commands: the commands that read it (None: every command). A value
+        other than the preset's default given to a command that would ignore
+        it is refused, naming the setting.
     """
 
     name: str
@@ -48,6 +51,7 @@ class Setting:
     traced: bool = False
     result: bool = True
     listable: bool = False
+    commands: tuple[str, ...] | None = None
 
     def describe_range(self) -> str:
         if self.choices is not None:
@@ -101,6 +105,18 @@ def count(name: str, default: int, help: str, minimum: int = 1, maximum: int = M
           **kw) -> Setting:
     """An integer size setting, bounded so a typo cannot abort or exhaust the machine."""
     return Setting(name, int, default, help, minimum=minimum, maximum=maximum, **kw)
+
+
+def checkpoint_setting(default: int = 50) -> Setting:
+    """Rounds between checkpoints (a run's, or each method's of a comparison)."""
+    return count("checkpoint_every", default, "rounds between checkpoints (each method's, in a "
+                 "comparison); 0: none", minimum=0, result=False)
+
+
+def method_setting(methods: tuple[str, ...], default: str) -> Setting:
+    """The method a `run` of a comparison preset trains."""
+    return Setting("method", str, default, "the method `run` trains (compare trains them all)",
+                   choices=tuple(methods), commands=("run",))
 
 
 def seed_setting(default: int = 0) -> Setting:

@@ -1,0 +1,325 @@
+"""Methods side by side over vmapped seeds: the one comparison loop.
+
+Every experiment's comparison (IFCA and its baselines, DRFA/DRFLM, Mixed FL)
+and every single-method `run` of a comparison preset goes through here. An
+experiment declares each method as a `MethodRun` (its algorithm with a leading
+[seeds] axis from `with_seeds`, its data, its key, its evaluation); this module
+trains it through `simulate.run` and keeps the books:
+
+- **checkpoints and resume**: method M checkpoints into ``checkpoints/M/``
+  every ``checkpoint_every`` rounds; once it finishes, ``methods/M.json`` holds
+  its per-seed finals and per-seed history and the checkpoints go. A resumed
+  comparison skips every method with a ``methods/M.json`` and continues the one
+  in flight from its newest intact checkpoint, so its outputs equal an
+  uninterrupted comparison's.
+- **divergence**: a seed has diverged when a metric that was finite at round 0
+  becomes NaN or ±inf (or, when every seed went, where `simulate.run` stopped).
+  It is named on stderr (method, seed, round, metric), counted, and left out
+  of the method's means and paired differences: its finals are NaN.
+- **per-seed histories**: every evaluated round of every seed, for curves with
+  bands (``per_seed_metrics.csv``).
+
+Nothing here knows an experiment's metric names.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fedjax_sim import simulate, stats
+from fedjax_sim.algorithms.base import Algorithm
+from fedjax_sim.io import read_json, write_json
+
+
+class MethodRun(NamedTuple):
+    """One method of a comparison, ready for `simulate.run` over its vmapped seeds.
+
+    Attributes:
+      algorithm: the method with a leading [seeds] axis on every state leaf
+        (`with_seeds`, possibly around `with_restarts`).
+      data: the algorithm's inputs.
+      key: simulate.run's key (the same for every method of a comparison, so
+        seed s gets the same initialisation and round keys in each).
+      rounds: rounds to train.
+      evaluate: state -> one history row's values ([seeds] arrays; a row may
+        leave out metrics that are only computed on some rounds).
+      eval_every: rounds between `evaluate` calls (and checkpoints' chunks).
+      seed_rows: history -> per-seed rows {"round": t, metric: [seeds]}, for
+        histories whose values carry more than the seeds axis (restarts);
+        None: the history rows already are.
+      finals: (per-seed rows, every round's metrics or None) -> further
+        finals {metric: [seeds]} beside each metric's last logged value.
+      round_metrics: keep every round's metrics (`simulate.run(round_metrics=True)`)
+        and hand them to `finals`.
+    """
+
+    algorithm: Algorithm
+    data: Any
+    key: Any
+    rounds: int
+    evaluate: Callable[[Any], dict]
+    eval_every: int = 1
+    seed_rows: Callable[[list[dict]], list[dict]] | None = None
+    finals: Callable[[list[dict], dict | None], dict] | None = None
+    round_metrics: bool = False
+
+
+@dataclass
+class MethodResult:
+    """A finished method: what methods/<name>.json holds.
+
+    per_seed: metric -> [seeds] final values (NaN for a diverged seed).
+    rows: per-seed history rows {"round": t, metric: [seeds] float64}.
+    diverged: per seed, None or {"round", "metric", "value"} of its divergence.
+    timing: compile and run seconds (not compared on resume).
+    """
+
+    name: str
+    per_seed: dict
+    rows: list
+    diverged: list
+    timing: dict = field(default_factory=dict)
+
+    @property
+    def seeds(self) -> int:
+        return len(self.diverged)
+
+    @property
+    def diverged_seeds(self) -> int:
+        return sum(d is not None for d in self.diverged)
+
+    def to_json(self) -> dict:
+        return {
+            "method": self.name,
+            "per_seed": {m: _floats(v) for m, v in self.per_seed.items()},
+            "diverged": self.diverged,
+            "history": [{k: (v if k == "round" else _floats(v)) for k, v in row.items()}
+                        for row in self.rows],
+            "timing": self.timing,
+        }
+
+    @classmethod
+    def from_json(cls, record: dict) -> MethodResult:
+        return cls(
+            name=record["method"],
+            per_seed={m: _array(v) for m, v in record["per_seed"].items()},
+            rows=[{k: (v if k == "round" else _array(v)) for k, v in row.items()}
+                  for row in record["history"]],
+            diverged=list(record["diverged"]),
+            timing=dict(record.get("timing", {})),
+        )
+
+    def seed_mean_rows(self) -> list[dict]:
+        """History rows averaged over the seeds that did not diverge (NaN: none left)."""
+        keep = np.array([d is None for d in self.diverged])
+        out = []
+        for row in self.rows:
+            mean = {}
+            for k, v in row.items():
+                if k == "round":
+                    continue
+                x = np.asarray(v, np.float64)[keep]
+                x = x[np.isfinite(x)]
+                mean[k] = float(x.mean()) if x.size else math.nan
+            out.append({"round": row["round"], **mean})
+        return out
+
+    def long_rows(self) -> list[dict]:
+        """One row per (round, seed): the per_seed_metrics.csv rows of this method."""
+        return [{"method": self.name, "seed": i, "round": row["round"],
+                 **{k: float(np.asarray(v)[i]) for k, v in row.items() if k != "round"}}
+                for row in self.rows for i in range(self.seeds)]
+
+
+def _floats(values) -> list:
+    return np.asarray(values, np.float64).reshape(-1).tolist()
+
+
+def _array(values) -> np.ndarray:
+    return np.array([math.nan if v is None else v for v in values], np.float64)
+
+
+def _per_seed(value, seeds: int) -> np.ndarray:
+    """A row value as [seeds] float64 (a value without the seeds axis counts for every seed)."""
+    x = np.asarray(value, np.float64)
+    if x.ndim == 0:
+        return np.full(seeds, float(x))
+    if x.shape[0] != seeds or x.ndim != 1:
+        raise ValueError(
+            f"a per-seed history value must have shape [{seeds}] (one per seed); got "
+            f"{x.shape}: reduce restarts or other copies in the method's seed_rows.")
+    return x
+
+
+def _kind(x: float) -> str:
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+def find_divergence(rows: list[dict], seeds: int, stopped=None) -> list:
+    """Per seed: None, or {"round", "metric", "value"} where it first went non-finite.
+
+    A metric is watched for a seed when its round-0 value there is finite. A
+    seed with no such failure in `rows` but a `simulate.Diverged` (`stopped`:
+    every seed went, and rows end at the last good evaluation) diverged where
+    the run stopped.
+    """
+    out: list = [None] * seeds
+    if not rows:
+        return out
+    watched = [{k for k, v in rows[0].items() if k != "round" and np.isfinite(v[i])}
+               for i in range(seeds)]
+    for row in rows[1:]:
+        for i in range(seeds):
+            if out[i] is not None:
+                continue
+            for k in sorted(watched[i] & row.keys()):
+                x = float(row[k][i])
+                if not math.isfinite(x):
+                    out[i] = {"round": int(row["round"]), "metric": k, "value": _kind(x)}
+                    break
+    if stopped is not None:
+        out = [d if d is not None else {"round": stopped.round, "metric": stopped.metric,
+                                        "value": stopped.value} for d in out]
+    return out
+
+
+def train_method(name: str, spec: MethodRun, seeds: int, *, checkpoint_dir=None,
+                 checkpoint_every: int | None = None, resume: bool = False,
+                 progress: bool = True, mesh=None, on_rows=None) -> MethodResult:
+    """Trains one method over its seeds through `simulate.run`; never raises `Diverged`.
+
+    on_rows, when given, gets the per-seed rows as they come (only for a
+    method without `seed_rows`, whose history rows already are per seed).
+    """
+    timing: dict = {}
+    stopped = None
+    per_round = None
+    kwargs = {"round_metrics": True} if spec.round_metrics else {}
+    try:
+        out = simulate.run(
+            spec.algorithm, spec.data, spec.key, rounds=spec.rounds,
+            eval_every=spec.eval_every, evaluate=spec.evaluate, progress=progress,
+            description=name, mesh=mesh, checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every if checkpoint_dir is not None else None,
+            resume=resume and checkpoint_dir is not None, copies_axis=True,
+            on_rows=on_rows if spec.seed_rows is None else None, timing=timing, **kwargs)
+        history = out[1]
+        if spec.round_metrics:
+            per_round = out[2]
+    except simulate.Diverged as err:
+        history, stopped = err.history, err
+        per_round = getattr(err, "round_metrics", None)
+    rows = spec.seed_rows(history) if spec.seed_rows is not None else history
+    rows = [{"round": int(row["round"]),
+             **{k: _per_seed(v, seeds) for k, v in row.items() if k != "round"}}
+            for row in rows]
+    diverged = find_divergence(rows, seeds, stopped)
+    finals: dict = {}
+    for row in rows:  # each metric's last logged value
+        finals.update({k: v.copy() for k, v in row.items() if k != "round"})
+    if spec.finals is not None:
+        finals.update({k: _per_seed(v, seeds)
+                       for k, v in spec.finals(rows, per_round).items()})
+    gone = np.array([d is not None for d in diverged])
+    for value in finals.values():
+        value[gone] = math.nan
+    return MethodResult(name, finals, rows, diverged, {
+        k: timing.get(k) for k in ("compile_seconds", "run_seconds", "rounds_run")})
+
+
+def divergence_lines(result: MethodResult) -> list[str]:
+    """One stderr line per diverged seed of a method."""
+    return [f"fedjax-sim: method {result.name} seed {i} diverged at round {d['round']}: "
+            f"{d['metric']} is {d['value']}"
+            for i, d in enumerate(result.diverged) if d is not None]
+
+
+def run_methods(methods: Mapping[str, Callable[[], MethodRun]], seeds: int, out_dir, *,
+                resume: bool = False, checkpoint_every: int | None = None,
+                progress: bool = True, mesh=None, primary: bool = True,
+                on_method: Callable[[MethodResult], None] | None = None) -> dict:
+    """Trains each method in turn (built lazily: a finished one is never rebuilt on resume).
+
+    Args:
+      methods: name -> a function building its MethodRun.
+      seeds: the size of every method's seeds axis.
+      out_dir: the comparison's directory (methods/, checkpoints/).
+      resume: load finished methods from methods/<name>.json, continue the
+        one in flight from checkpoints/<name>/.
+      checkpoint_every: rounds between a method's checkpoints; None or 0: none.
+      primary: this process writes files (several processes: process 0).
+      on_method: called with each MethodResult as it is finished or loaded.
+
+    Returns:
+      name -> MethodResult, in `methods`' order.
+    """
+    out_dir = Path(out_dir)
+    results = {}
+    for name, build in methods.items():
+        path = out_dir / "methods" / f"{name}.json"
+        checkpoints = out_dir / "checkpoints" / name
+        if resume and path.exists():
+            result = MethodResult.from_json(read_json(path))
+        else:
+            spec = build()
+            result = train_method(
+                name, spec, seeds, checkpoint_dir=checkpoints if checkpoint_every else None,
+                checkpoint_every=checkpoint_every or None, resume=resume, progress=progress,
+                mesh=mesh)
+            if primary:
+                write_json(path, result.to_json())
+        if primary and checkpoints.exists():
+            shutil.rmtree(checkpoints, ignore_errors=True)
+        for line in divergence_lines(result):
+            print(line, file=sys.stderr)
+        results[name] = result
+        if on_method is not None:
+            on_method(result)
+    if primary and (out_dir / "checkpoints").is_dir() and not any(
+            (out_dir / "checkpoints").iterdir()):
+        (out_dir / "checkpoints").rmdir()
+    return results
+
+
+def results_table(results: Mapping[str, MethodResult], baseline: str, metrics) -> list[dict]:
+    """results.csv rows: `stats.paired_comparison` over the seeds that did not diverge,
+    with `diverged_seeds` and `seeds_used` per method; a method with no seed left has no
+    "significant" verdict."""
+    per_seed = {name: {m: r.per_seed.get(m, np.full(r.seeds, math.nan)) for m in metrics}
+                for name, r in results.items()}  # NaN where a method has no such metric
+    rows = stats.paired_comparison(per_seed, baseline, metrics)
+    for row in rows:
+        r = results[row["method"]]
+        row["diverged_seeds"] = r.diverged_seeds
+        row["seeds_used"] = r.seeds - r.diverged_seeds
+        if row["seeds_used"] == 0:
+            for m in metrics:
+                if row[f"{m}_significant"] is not None:
+                    row[f"{m}_significant"] = False
+    return rows
+
+
+def results_columns(metrics) -> list[str]:
+    return ["method", "diverged_seeds", "seeds_used", *stats.results_columns(metrics)[1:]]
+
+
+class MethodsDiverged(RuntimeError):
+    """Some method diverged in some seed (every output is written by then): exit code 3."""
+
+    def __init__(self, results: Mapping[str, MethodResult]):
+        self.counts = {n: r.diverged_seeds for n, r in results.items() if r.diverged_seeds}
+        super().__init__("comparison finished with diverged seeds: " + ", ".join(
+            f"{n} {c}/{results[n].seeds}" for n, c in self.counts.items())
+            + " (left out of means and differences; see per_seed.csv)")
+
+
+__all__ = ["MethodResult", "MethodRun", "MethodsDiverged", "find_divergence", "results_table",
+           "run_methods", "train_method"]
