@@ -251,7 +251,8 @@ def run_methods(methods: Mapping[str, Callable[[], MethodRun]], seeds: int, out_
     Args:
       methods: name -> a function building its MethodRun.
       seeds: the size of every method's seeds axis.
-      out_dir: the comparison's directory (methods/, checkpoints/).
+      out_dir: the comparison's directory (methods/, checkpoints/); None: in memory
+        only (no files, no checkpoints, no resume).
       resume: load finished methods from methods/<name>.json, continue the
         one in flight from checkpoints/<name>/.
       checkpoint_every: rounds between a method's checkpoints; None or 0: none.
@@ -261,6 +262,9 @@ def run_methods(methods: Mapping[str, Callable[[], MethodRun]], seeds: int, out_
     Returns:
       name -> MethodResult, in `methods`' order.
     """
+    if out_dir is None:
+        primary, resume, checkpoint_every = False, False, None
+        out_dir = Path("<none>")
     out_dir = Path(out_dir)
     results = {}
     for name, build in methods.items():

@@ -286,9 +286,12 @@ def test_every_compare_preset_compares_tiny(tmp_path, name):
     assert [r["method"] for r in rows] == list(experiment.methods)  # one row per method
     metrics = [c[: -len("_mean")] for c in header if c.endswith("_mean")]
     assert {"train_loss", "test_loss"} <= set(metrics)
-    assert header == stats.results_columns(metrics)
-    assert header == ["method"] + [f"{m}{suffix}" for m in metrics for suffix in (
-        "_mean", "_std", "_diff", "_diff_se", "_significant")]
+    assert header == ["method", "diverged_seeds", "seeds_used"] + stats.results_columns(
+        metrics)[1:]
+    assert header == ["method", "diverged_seeds", "seeds_used"] + [
+        f"{m}{suffix}" for m in metrics for suffix in (
+            "_mean", "_std", "_diff", "_diff_se", "_significant")]
+    assert all(r["diverged_seeds"] == "0" and r["seeds_used"] == "2" for r in rows)
     for r in rows:
         assert math.isfinite(float(r["train_loss_mean"]))
         if r["method"] == experiment.baseline:
@@ -315,9 +318,9 @@ def test_every_compare_preset_compares_tiny(tmp_path, name):
 
 
 def test_a_comparison_that_crashes_keeps_the_methods_it_finished(tmp_path, monkeypatch):
-    from fedjax_sim.experiments import ifca_synthetic
+    from fedjax_sim import compare
 
-    real, calls = ifca_synthetic._run_tolerant, []
+    real, calls = compare.train_method, []
 
     def crash_on_second(*args, **kwargs):
         calls.append(1)
@@ -325,7 +328,7 @@ def test_a_comparison_that_crashes_keeps_the_methods_it_finished(tmp_path, monke
             raise KeyboardInterrupt  # a stop (or a crash) during the second method
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ifca_synthetic, "_run_tolerant", crash_on_second)
+    monkeypatch.setattr(compare, "train_method", crash_on_second)
     name = "ifca-synthetic-tiny"
     first = experiments.PRESETS[name].experiment.methods[0]
     out = tmp_path / "compare"

@@ -9,6 +9,7 @@ run directories, sweeps and comparisons; nothing else needs editing to add one.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Callable
@@ -138,6 +139,18 @@ class Experiment:
 
     def plot_compare(self, comparison: Comparison, out_dir) -> None:
         """Plots of a finished comparison beyond comparison.png (default: none)."""
+
+    def compare(self, s: dict, ctx: RunContext | None = None) -> Comparison:
+        """Every compared method over s["seeds"] seeds, in memory (no files): the Python
+        API of `fedjax-sim compare` (which also checkpoints and writes its directory)."""
+        ctx = ctx or RunContext(progress=False)
+        problem = self.problem(s)
+        results = compare.run_methods(
+            {m: functools.partial(self.method_run, m, s, problem) for m in self.compared(s)},
+            s["seeds"], None, progress=ctx.progress)
+        return Comparison({n: r.per_seed for n, r in results.items()},
+                          {n: r.seed_mean_rows() for n, r in results.items()}, self.table(s),
+                          self.baseline, self.notes(s, problem, results), results)
 
     def run_method(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
         """`run` of a comparison preset: method s["method"] over s["seeds"] seeds.

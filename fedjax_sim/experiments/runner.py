@@ -235,11 +235,9 @@ def _base_settings(command: str, name, config, out_dir, resume: bool) -> tuple[s
     """(preset name, the settings overrides apply on): a --config's, a resumed directory's
     config.json's (so `--resume --out DIR` alone continues DIR), or none."""
     if config is not None:
-        config_name, base = load_config(config, command)
-        if name is not None and name != config_name:
-            raise ValueError(f"--config {config} is of preset {config_name}, not {name}; give "
-                             "one of them.")
-        return config_name, base
+        if name is not None:
+            raise ValueError("give a PRESET or --config (which names its preset), not both.")
+        return load_config(config, command)
     if resume:
         if out_dir is None:
             raise ValueError("--resume needs --out DIR (the directory to continue).")

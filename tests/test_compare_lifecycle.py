@@ -1,0 +1,254 @@
+"""The comparison lifecycle: divergence bookkeeping, kill-and-resume, --config re-runs.
+
+A toy experiment built here (a scalar per seed multiplied every round by a
+rate that depends on the method and the seed) makes divergence exact: method
+`one_bad` overflows in seed 1 only, `all_bad` in every seed, and the means
+over the surviving seeds are computed by hand from the same recurrence.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_sim import cli, experiments
+from fedjax_sim.algorithms import Algorithm, with_seeds
+from fedjax_sim.compare import MethodRun
+from fedjax_sim.experiments.base import Experiment, Preset
+from fedjax_sim.experiments.settings import checkpoint_setting, count, method_setting, seed_setting
+from fedjax_sim.io import read_csv
+
+RATES = {"base": 0.5, "better": 0.25, "one_bad": 0.75, "all_bad": 1e30}
+BAD_SEED = 1  # one_bad's rate there is 1e30
+
+
+def _toy_algorithm(name):
+    rate = RATES[name]
+
+    def init(key, seed):
+        del key
+        return {"x": 1.0 + seed.astype(jnp.float32)}
+
+    def round_(state, seed, key):
+        del key
+        r = rate if name != "one_bad" else jnp.where(seed == BAD_SEED, 1e30, rate)
+        return {"x": state["x"] * jnp.float32(r)}, {}
+
+    def evaluate(state, seed):
+        return {"client_loss": state["x"][None]}
+
+    return Algorithm(init, round_, evaluate)
+
+
+class Toy(Experiment):
+    name = "toy"
+    description = "x ← rate · x per round"
+    methods = ("base", "better", "one_bad", "all_bad")
+    baseline = "base"
+    supports_sweep = False
+    settings = (count("seeds", 3, "seeds"), seed_setting(), count("rounds", 6, "rounds"),
+                count("eval_every", 2, "eval"), checkpoint_setting(0),
+                method_setting(("base", "better", "one_bad", "all_bad"), "base"))
+    panels = (("loss", "loss"),)
+
+    def problem(self, s):
+        return jnp.arange(s["seeds"], dtype=jnp.float32)
+
+    def method_run(self, name, s, problem):
+        algorithm = with_seeds(_toy_algorithm(name), s["seeds"])
+
+        def evaluate(state):
+            return {"loss": np.asarray(state["x"], np.float64)}
+
+        return MethodRun(algorithm, problem, __import__("jax").random.key(s["seed"]),
+                         s["rounds"], evaluate, s["eval_every"])
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    preset = Preset("toy", Toy(), "toy")
+    monkeypatch.setitem(experiments.PRESETS, "toy", preset)
+    return preset
+
+
+def _expected_final(name, seed, rounds=6):
+    return (1.0 + seed) * RATES[name] ** rounds
+
+
+def test_diverged_seeds_are_named_counted_and_left_out(tmp_path, capsys, toy):
+    out = tmp_path / "cmp"
+    assert cli.main(["compare", "toy", "--out", str(out), "--no-progress"]) == 3
+    err = capsys.readouterr().err.splitlines()
+    # One line per diverged seed (method, seed, round, metric), then the summary line.
+    lines = [line for line in err if "diverged at round" in line]
+    assert lines == [
+        "fedjax-sim: method one_bad seed 1 diverged at round 4: loss is inf",
+        *[f"fedjax-sim: method all_bad seed {i} diverged at round 2: loss is inf"
+          for i in range(3)],
+    ]
+    rows = {r["method"]: r for r in read_csv(out / "results.csv")}
+    assert {m: int(r["diverged_seeds"]) for m, r in rows.items()} == {
+        "base": 0, "better": 0, "one_bad": 1, "all_bad": 3}
+    assert {m: int(r["seeds_used"]) for m, r in rows.items()} == {
+        "base": 3, "better": 3, "one_bad": 2, "all_bad": 0}
+    # Means over the surviving seeds, by hand from the recurrence (float32 products).
+    kept = [0, 2]
+    want = np.mean([np.float32(_expected_final("one_bad", i)) for i in kept])
+    assert float(rows["one_bad"]["loss_mean"]) == pytest.approx(want, rel=1e-6)
+    diffs = [np.float32(_expected_final("one_bad", i)) - np.float32(_expected_final("base", i))
+             for i in kept]
+    assert float(rows["one_bad"]["loss_diff"]) == pytest.approx(np.mean(diffs), rel=1e-5)
+    assert float(rows["better"]["loss_mean"]) == pytest.approx(
+        np.mean([_expected_final("better", i) for i in range(3)]), rel=1e-6)
+    # A method with no seed left: no number and no "significant".
+    assert rows["all_bad"]["loss_significant"] == "False"
+    assert math.isnan(float(rows["all_bad"]["loss_mean"]))
+    table = (out / "results.md").read_text()
+    all_bad_line = next(line for line in table.splitlines() if line.startswith("| all_bad"))
+    assert "diverged" in all_bad_line and "yes" not in all_bad_line
+    assert "3 of 3 seeds diverged" in all_bad_line
+    per_seed = read_csv(out / "per_seed.csv")
+    marks = {(r["method"], int(r["seed"])): r["diverged"] for r in per_seed}
+    assert marks[("one_bad", 1)] == "True" and marks[("one_bad", 0)] == "False"
+    assert all(marks[("all_bad", i)] == "True" for i in range(3))
+    # Every output was written before the exit code.
+    assert {"results.md", "per_seed.csv", "per_seed_metrics.csv", "metrics.csv",
+            "comparison.png"} <= {p.name for p in out.iterdir()}
+    curves = read_csv(out / "per_seed_metrics.csv")
+    assert len([r for r in curves if r["method"] == "base"]) == 3 * 4  # rounds 0, 2, 4, 6
+
+
+def test_run_of_a_comparison_preset_trains_one_method(tmp_path, toy):
+    out = tmp_path / "run"
+    assert cli.main(["run", "toy", "--set", "method=better", "--out", str(out),
+                     "--no-progress"]) == 0
+    rows = read_csv(out / "metrics.csv")
+    assert [(int(r["round"]), int(r["seed"])) for r in rows][:4] == [(0, 0), (0, 1), (0, 2),
+                                                                      (2, 0)]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["method"] == "better" and summary["diverged_seeds"] == 0
+    assert summary["final_per_seed"]["loss"] == pytest.approx(
+        [_expected_final("better", i) for i in range(3)], rel=1e-6)
+    # Every seed diverged: exit 3, as a run that diverged.
+    assert cli.main(["run", "toy", "--set", "method=all_bad", "--out", str(tmp_path / "bad"),
+                     "--no-progress"]) == 3
+
+
+def test_a_setting_the_command_ignores_is_refused(tmp_path, capsys, toy):
+    out = tmp_path / "cmp"
+    assert cli.main(["compare", "toy", "--set", "method=better", "--out", str(out)]) == 2
+    assert "setting method is not read by compare" in capsys.readouterr().err
+    assert not out.exists()
+    assert cli.main(["run", "ifca-synthetic-tiny", "--set", "seeds=3", "--out", str(out)]) == 2
+    assert "setting seeds is not read by run" in capsys.readouterr().err
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- kill and resume
+
+_NO_TIMING = ("timing",)
+
+
+def _steps(directory):
+    return [p for p in directory.glob("*") if p.name.isdigit()] if directory.is_dir() else []
+
+
+def _kill_when(proc, ready, what, timeout=300):
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if proc.poll() is not None:
+                pytest.fail(f"the comparison ended (code {proc.returncode}) before {what}:\n"
+                            f"{proc.stdout.read()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"not {what} within {timeout} s")
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.stdout.close()
+
+
+def _compare_cmd(*args):
+    return subprocess.Popen([sys.executable, "-m", "fedjax_sim.cli", "compare", *args,
+                             "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _methods(out):
+    return {p.name: {k: v for k, v in json.loads(p.read_text()).items() if k not in _NO_TIMING}
+            for p in sorted((out / "methods").iterdir())}
+
+
+@pytest.mark.parametrize(("preset", "sets", "methods"), [
+    ("ifca-synthetic-tiny", ["seeds=2", "rounds=400", "eval_every=20", "checkpoint_every=20"],
+     ("ifca", "fedavg")),
+    ("drfa-synthetic-noise", ["seeds=2", "rounds=300", "eval_every=10", "checkpoint_every=10",
+                              "num_clients=4", "noisy_clients=1", "n=8", "n_test=8",
+                              "batch_size=4", "local_steps=2"], ("fedavg", "drfa")),
+])
+def test_killed_comparison_resumes_to_identical_outputs(tmp_path, preset, sets, methods):
+    """SIGKILL during the second method, resume, SIGKILL during a checkpoint write, resume:
+    results.csv, per_seed.csv, per_seed_metrics.csv and methods/*.json equal an
+    uninterrupted comparison's (timing aside)."""
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    first, second = methods[0], methods[1]
+    proc = _compare_cmd(preset, "--set", *sets, "--out", str(killed))
+    _kill_when(proc, lambda: bool(_steps(killed / "checkpoints" / second)),
+               f"a checkpoint of {second}")
+    assert (killed / "methods" / f"{first}.json").exists()
+    assert not (killed / "results.csv").exists()
+    # Resume from the directory alone (its config.json), and kill it as a new checkpoint
+    # step appears: mid-write.
+    seen = {p.name for p in _steps(killed / "checkpoints" / second)}
+    proc = _compare_cmd("--resume", "--out", str(killed))
+
+    def new_step():
+        directory = killed / "checkpoints"
+        names = {str(p.relative_to(directory)) for p in directory.glob("*/*")} if \
+            directory.is_dir() else set()
+        return bool(names - {f"{second}/{n}" for n in seen})
+
+    _kill_when(proc, new_step, "a new checkpoint write")
+    assert not (killed / "results.csv").exists()
+    assert cli.main(["compare", "--resume", "--out", str(killed), "--no-progress"]) == 0
+    assert cli.main(["compare", preset, "--set", *sets, "--out", str(whole),
+                     "--no-progress"]) == 0
+    for name in ("results.csv", "per_seed.csv", "per_seed_metrics.csv", "metrics.csv"):
+        assert (killed / name).read_text() == (whole / name).read_text(), name
+    assert _methods(killed) == _methods(whole)
+    assert not (killed / "checkpoints").exists()
+    config = json.loads((killed / "config.json").read_text())
+    assert len(config["resumed"]) == 2
+
+
+def test_resume_refuses_a_changed_result_setting_and_writes_nothing(tmp_path, capsys, toy):
+    out = tmp_path / "cmp"
+    assert cli.main(["compare", "toy", "--set", "checkpoint_every=2", "--out", str(out),
+                     "--no-progress"]) == 3
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert cli.main(["compare", "--resume", "--out", str(out), "--set", "rounds=8"]) == 2
+    assert "rounds" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # A setting that does not change results may differ.
+    assert cli.main(["compare", "--resume", "--out", str(out), "--set", "checkpoint_every=3",
+                     "--no-progress"]) == 3
+
+
+def test_config_reruns_a_comparison(tmp_path, toy):
+    first, again = tmp_path / "first", tmp_path / "again"
+    assert cli.main(["compare", "toy", "--set", "rounds=4", "--out", str(first),
+                     "--no-progress"]) == 3
+    assert cli.main(["compare", "--config", str(first / "config.json"), "--out", str(again),
+                     "--no-progress"]) == 3
+    for name in ("results.csv", "per_seed.csv", "per_seed_metrics.csv"):
+        assert (first / name).read_text() == (again / name).read_text()
