@@ -147,7 +147,8 @@ class Experiment:
         problem = self.problem(s)
         results = compare.run_methods(
             {m: functools.partial(self.method_run, m, s, problem) for m in self.compared(s)},
-            s["seeds"], None, progress=ctx.progress)
+            s["seeds"], None, progress=ctx.progress,
+            on_method=lambda r: ctx.on_method(r.name, r.per_seed, r.seed_mean_rows()))
         return Comparison({n: r.per_seed for n, r in results.items()},
                           {n: r.seed_mean_rows() for n, r in results.items()}, self.table(s),
                           self.baseline, self.notes(s, problem, results), results)

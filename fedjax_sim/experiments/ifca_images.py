@@ -417,7 +417,7 @@ class RotatedImages(Experiment):
         self.description = description
         self.methods = methods
         headline = "ifca" if "ifca" in methods else methods[0]
-        self.settings = (*self.settings, method_setting(methods, headline))
+        self.settings = (*self.settings, method_setting(tuple(METHOD_HELP), headline))
 
     def validate(self, s: dict, command: str = "compare") -> None:
         """Settings and data, before anything is written (the runner calls this first)."""
