@@ -19,13 +19,15 @@ The tasks are one module each: synthetic, smile, charlm, movielens.
 
 from __future__ import annotations
 
-import sys
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim import plots, simulate
+from fedjax_sim import compare, plots
 from fedjax_sim.algorithms import fedavg, with_seeds
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.algorithms.mixed import (
@@ -37,8 +39,15 @@ from fedjax_sim.algorithms.mixed import (
     mixed_parallel,
     on_federated_data,
 )
-from fedjax_sim.experiments.base import Comparison, Experiment, RunContext, seed_mean_rows
-from fedjax_sim.experiments.settings import Setting, count, seed_setting
+from fedjax_sim.compare import MethodRun
+from fedjax_sim.experiments.base import Comparison, Experiment
+from fedjax_sim.experiments.settings import (
+    Setting,
+    checkpoint_setting,
+    count,
+    method_setting,
+    seed_setting,
+)
 
 # Stream ids folded into the user's seed, so data and rounds never share keys.
 DATA_STREAM, ROUNDS_STREAM = 0, 2
@@ -112,6 +121,8 @@ def shared_settings(**defaults) -> tuple[Setting, ...]:
               maximum=1000),
         seed_setting(),
         count("eval_every", d["eval_every"], "evaluate every this many rounds"),
+        checkpoint_setting(d.get("checkpoint_every", 50)),
+        method_setting(METHODS, "mixed_gt2"),
     )
 
 
@@ -163,15 +174,32 @@ def cache_dir(s: dict):
     return s["cache_dir"] or None
 
 
-class MixedTask(Experiment):
-    """Base of the mixed-FL comparisons; subclasses build the problem and its metrics."""
+class MixedProblem(NamedTuple):
+    """What every method of a comparison shares."""
 
-    supports_run = False
+    inputs: Any  # (FederatedData, ServerData, metric-only extras), leading [seeds] axes
+    info: dict  # {"num_params": d, ...} and what the notes report
+    seeds: int
+    model: Any
+    objective: Callable | None  # (params, inputs) -> dict of scalars, every round
+    evaluate: Callable  # jitted and vmapped over seeds: (params, inputs) -> dict of [seeds]
+    central_loss: Any  # None (the datacenter in ServerData) or a callable
+
+
+class MixedTask(Experiment):
+    """Base of the mixed-FL comparisons; subclasses build the data and their metrics.
+
+    Every method trains through `compare` (and so `simulate.run`): the seeds
+    are one vmapped axis, every round's metrics are kept (G̃/B̃ statistics,
+    rounds-to-target), and seed i's data comes from the seed's DATA stream.
+    """
+
     supports_sweep = False
     methods = METHODS
     baseline = "fedavg"
+    headline = "mixed_gt2"
     #: metrics of the results table, in order (subclasses).
-    table: tuple[str, ...] = ()
+    table_metrics: tuple[str, ...] = ()
 
     def validate(self, s: dict, command: str = "compare") -> None:
         if s["w_f"] + s["w_c"] <= 0:
@@ -185,7 +213,7 @@ class MixedTask(Experiment):
     def num_clients(self, s: dict) -> int:
         raise NotImplementedError
 
-    def problem(self, s: dict, seed_ids: list[int]):
+    def seed_data(self, s: dict, seed_ids: list[int]):
         """(inputs, info) of the seeds' data.
 
         inputs: (FederatedData, ServerData, extras) with a leading [seeds] axis;
@@ -203,106 +231,74 @@ class MixedTask(Experiment):
         """
         raise NotImplementedError
 
-    def method(self, name: str, s: dict, seeds: int, model, objective, central_loss):
-        """The method `name` over the seeds (vmapped), on inputs (clients, server, extras)."""
-        # The inputs are (clients, server, metric-only extras): the method sees the pair.
-        method = split_extra(build_method(name, s, model, central_loss))
-        return with_seeds(with_objective(method, objective), seeds)
-
-    def train(self, name: str, algorithm, inputs, key, s: dict, evaluate, progress: bool):
-        """One method through `simulate.run` (seeds are its copies axis): (eval rows
-        {"round": t, metric: [seeds]}, every round's metrics {name: [rounds, seeds]} float64).
-
-        A diverged seed is a failed copy (its values NaN) and the run goes on; a
-        method diverged in every seed is named on stderr and its rows after the
-        last good evaluation, and its per-round metrics, are NaN.
-        """
-        names = []
-
-        def evaluate_row(state):
-            row = jax.tree.map(np.asarray, evaluate(state.params, inputs))
-            names[:] = list(row)
-            return row
-
-        try:
-            _, rows, per_round = simulate.run(
-                algorithm, inputs, key, rounds=s["rounds"], eval_every=s["eval_every"],
-                evaluate=evaluate_row, progress=progress,
-                description=f"{self.name} {name}", copies_axis=1, round_metrics=True)
-        except simulate.Diverged as error:
-            print(f"fedjax-sim: {self.name} {name} diverged in every seed: {error}",
-                  file=sys.stderr)
-            rows = list(error.history)
-            nan = {k: np.full_like(np.asarray(v, np.float64), np.nan)
-                   for k, v in rows[-1].items() if k != "round"}
-            rows.append({"round": s["rounds"], **nan})
-            per_round = {k: np.full((s["rounds"], *np.shape(v)), np.nan)
-                         for k, v in nan.items()}
-        # Round 0 holds the evaluation only (no round has run).
-        rows[0] = {"round": 0, **{k: rows[0][k] for k in names}}
-        return rows, {k: np.asarray(v, np.float64) for k, v in per_round.items()}
-
     def finals(self, s: dict, name: str, rows, per_round, info) -> dict:
         """Extra per-seed table metrics of a method (default: none)."""
         return {}
 
-    def notes(self, s: dict, info) -> dict:
+    def task_notes(self, s: dict, info) -> dict:
         return {}
 
-    # ---------------------------------------------------------------------------
+    # the comparison (`compare.run_methods`) -------------------------------------
     def participation(self, s: dict) -> float:
         m = self.num_clients(s)
         return 1.0 if s["clients_per_round"] == 0 else s["clients_per_round"] / m
 
-    def run_methods(self, s: dict, seed_ids: list[int], progress: bool = False,
-                    on_method=None):
-        """Every method on the seeds' data: (per_seed, histories, per-round metrics, info).
-
-        on_method(name, per_seed, history), when given, is called as each method finishes
-        (`RunContext.on_method`); the table's missing metrics are NaN there too.
-        """
-        s = {**s, "participation": self.participation(s)}
-        inputs, info = self.problem(s, seed_ids)
+    def problem(self, s: dict, seed_ids: list[int] | None = None) -> MixedProblem:
+        seed_ids = list(range(s["seeds"])) if seed_ids is None else list(seed_ids)
+        inputs, info = self.seed_data(s, seed_ids)
         model, objective, evaluate, central_loss = self.functions(s)
-        evaluate = jax.jit(jax.vmap(evaluate))
+        return MixedProblem(inputs, info, len(seed_ids), model, objective,
+                            jax.jit(jax.vmap(evaluate)), central_loss)
+
+    def method_run(self, name: str, s: dict, problem: MixedProblem) -> MethodRun:
+        """Method `name` over the problem's seeds: the same data and keys as the others."""
+        s = {**s, "participation": self.participation(s)}
+        # The inputs are (clients, server, metric-only extras): the method sees the pair.
+        method = split_extra(build_method(name, s, problem.model, problem.central_loss))
+        algorithm = with_seeds(with_objective(method, problem.objective), problem.seeds)
+
+        def evaluate(state):
+            return jax.tree.map(np.asarray, problem.evaluate(state.params, problem.inputs))
+
+        def finals(rows, per_round):
+            return self.method_finals(name, s, rows, per_round, problem)
+
         key = jax.random.fold_in(jax.random.key(s["seed"]), ROUNDS_STREAM)
-        per_seed, histories, rounds_of = {}, {}, {}
-        for name in self.methods:
-            algorithm = self.method(name, s, len(seed_ids), model, objective, central_loss)
-            rows, per_round = self.train(name, algorithm, inputs, key, s, evaluate, progress)
-            final = {k: np.asarray(v, np.float64) for k, v in rows[-1].items() if k != "round"}
-            for stat in ROUND_STATS:
-                values = per_round.get(stat)
-                if values is not None:
-                    final[f"{stat}_mean"] = _nanstat(np.nanmean, values)
-                    final[f"{stat}_median"] = _nanstat(np.nanmedian, values)
-            d = info["num_params"]
-            down, up = {"fedavg": (d, d), "oracle": (0.0, 0.0)}.get(name, (None, None))
-            if down is None:
-                down, up = (per_round[k][-1] for k in ("floats_down", "floats_up"))
-            final["floats_down"] = np.broadcast_to(np.asarray(down, np.float64),
-                                                   (len(seed_ids),)).copy()
-            final["floats_up"] = np.broadcast_to(np.asarray(up, np.float64),
-                                                 (len(seed_ids),)).copy()
-            final.update(self.finals(s, name, rows, per_round, info))
-            per_seed[name] = final
-            histories[name] = seed_mean_rows(rows)
-            rounds_of[name] = per_round
-            for metric in self.table:  # NaN where a method has no such metric (FL only: no G̃)
-                final.setdefault(metric, np.full(len(seed_ids), np.nan))
-            if on_method is not None:
-                on_method(name, final, histories[name])
-        return per_seed, histories, rounds_of, info
+        return MethodRun(algorithm, problem.inputs, key,
+                         s["rounds"], evaluate, s["eval_every"], finals=finals,
+                         round_metrics=True)
 
-    def compare(self, s: dict, ctx: RunContext) -> Comparison:
-        """Every method on the same data seeds, splits and init keys; seeds are one vmap axis.
+    def method_finals(self, name: str, s: dict, rows, per_round, problem) -> dict:
+        """A method's finals beside its last logged values: G̃/B̃ mean and median over
+        rounds, floats per client, the task's own, NaN for a table metric it lacks."""
+        seeds = problem.seeds
+        per_round = {k: np.asarray(v, np.float64) for k, v in (per_round or {}).items()}
+        final = {}
+        for stat in ROUND_STATS:
+            values = per_round.get(stat)
+            if values is not None and len(values):
+                final[f"{stat}_mean"] = _nanstat(np.nanmean, values)
+                final[f"{stat}_median"] = _nanstat(np.nanmedian, values)
+        d = problem.info["num_params"]
+        down, up = {"fedavg": (d, d), "oracle": (0.0, 0.0)}.get(name, (None, None))
+        if down is None:
+            down, up = (per_round[k][-1] if len(per_round.get(k, ())) else np.nan
+                        for k in ("floats_down", "floats_up"))
+        final["floats_down"] = np.broadcast_to(np.asarray(down, np.float64), (seeds,)).copy()
+        final["floats_up"] = np.broadcast_to(np.asarray(up, np.float64), (seeds,)).copy()
+        if per_round:
+            final.update(self.finals(s, name, rows, per_round, problem.info))
+        for metric in self.table_metrics:  # NaN where a method has no such metric
+            if metric not in rows[-1]:
+                final.setdefault(metric, np.full(seeds, np.nan))
+        return final
 
-        Seed i's data comes from fold_in(fold_in(key(seed), DATA), i); every
-        method gets the same data and per-seed keys (`with_seeds`).
-        """
-        per_seed, histories, _, info = self.run_methods(s, list(range(s["seeds"])),
-                                                        ctx.progress, ctx.on_method)
-        notes = {
+    def table(self, s: dict) -> list[str]:
+        return list(self.table_metrics)
+
+    def notes(self, s: dict, problem, results) -> dict:
+        info = problem.info
+        return {
             "methods": ", ".join(f"{m} = {LABELS[m]}" for m in self.methods),
             "2-GT": f"combine={s['combine']} (α = ½ is §6.2's reconstruction; mixing: "
                     f"α = w_f/(w_f+w_c)), transfer={s['transfer']} (current: the central "
@@ -319,9 +315,29 @@ class MixedTask(Experiment):
                       "it communicates nothing",
             "floats": "per client per round: PT d down/d up, 1-GT 2d/d, 2-GT 2d/2d, FedAvg d/d "
                       f"(d = {info['num_params']} parameters)",
-            **self.notes(s, info),
+            **self.task_notes(s, info),
         }
-        return Comparison(per_seed, histories, list(self.table), self.baseline, notes)
+
+    def run_methods(self, s: dict, seed_ids: list[int], progress: bool = False):
+        """Every method on the seeds' data, in memory (`compare.run_methods`):
+        (per_seed, histories, every round's metrics {method: {name: [rounds, seeds]}}, info)."""
+        problem = self.problem(s, seed_ids)
+        per_round_of = {}
+
+        def spec(name):
+            run = self.method_run(name, s, problem)
+
+            def finals(rows, per_round):
+                per_round_of[name] = per_round
+                return run.finals(rows, per_round)
+
+            return run._replace(finals=finals)
+
+        results = compare.run_methods(
+            {m: functools.partial(spec, m) for m in self.methods}, problem.seeds, None,
+            progress=progress)
+        return ({n: r.per_seed for n, r in results.items()},
+                {n: r.seed_mean_rows() for n, r in results.items()}, per_round_of, problem.info)
 
     def plot_compare(self, comparison: Comparison, out_dir) -> None:
         groups = {LABELS.get(k, k): v for k, v in comparison.histories.items()

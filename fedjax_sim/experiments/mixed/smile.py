@@ -72,9 +72,9 @@ class MixedSmile(MixedTask):
         *shared_settings(rounds=60, lr=0.1, local_steps=5, clients_per_round=10,
                           batch_size=10, central_batch_size=32, eval_every=5),
     )
-    table = ("test_auc", "test_loss", "test_accuracy", "federated_loss", "central_loss",
-             "G_tilde_mean", "G_tilde_median", "B_tilde_mean", "B_tilde_median", "floats_down",
-             "floats_up")
+    table_metrics = ("test_auc", "test_loss", "test_accuracy", "federated_loss", "central_loss",
+                     "G_tilde_mean", "G_tilde_median", "B_tilde_mean", "B_tilde_median",
+                     "floats_down", "floats_up")
     panels = (("test_auc", "test AUC"), ("test_loss", "test loss"),
               ("federated_loss", "federated loss f_f"), ("central_loss", "datacenter loss f_c"))
     log_metrics = ()
@@ -90,7 +90,7 @@ class MixedSmile(MixedTask):
     def num_clients(self, s):
         return s["m"]
 
-    def problem(self, s, seed_ids):
+    def seed_data(self, s, seed_ids):
         positive = tuple(sorted(int(c) for c in set(s["positive"])))
         per = [digits_label_imbalance(s["seed"] * 1000 + i, positive=positive, m=s["m"],
                                       test_fraction=s["test_fraction"]) for i in seed_ids]
@@ -137,7 +137,7 @@ class MixedSmile(MixedTask):
         # curves come from the evaluations instead.
         return model, None, evaluate, None
 
-    def notes(self, s, info):
+    def task_notes(self, s, info):
         negative = sorted(set(range(10)) - set(info["positive"]))
         return {
             "data": "sklearn.datasets.load_digits (1 797 8×8 digits, shipped with scikit-learn; "

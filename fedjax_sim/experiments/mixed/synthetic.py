@@ -91,9 +91,9 @@ class MixedSynthetic(MixedTask):
                 "this", minimum=0.0),
         *shared_settings(rounds=150, lr=0.02, local_steps=5, eval_every=5),
     )
-    table = ("excess_loss", "rounds_to_target", "mixed_loss", "federated_loss", "central_loss",
-             "G_tilde_mean", "G_tilde_median", "B_tilde_mean", "B_tilde_median", "floats_down",
-             "floats_up")
+    table_metrics = ("excess_loss", "rounds_to_target", "mixed_loss", "federated_loss",
+                     "central_loss", "G_tilde_mean", "G_tilde_median", "B_tilde_mean",
+                     "B_tilde_median", "floats_down", "floats_up")
     panels = (("excess_loss", "mixed loss − f*"), ("federated_loss", "federated loss f_f"),
               ("central_loss", "centralized loss f_c"), ("G_tilde", "G̃_t"))
     log_metrics = ("excess_loss", "G_tilde")
@@ -101,7 +101,7 @@ class MixedSynthetic(MixedTask):
     def num_clients(self, s):
         return s["m"]
 
-    def problem(self, s, seed_ids):
+    def seed_data(self, s, seed_ids):
         base = jax.random.fold_in(jax.random.key(s["seed"]), DATA_STREAM)
         keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(seed_ids))
         sizes = {k: s[k] for k in ("m", "n", "n_c", "d")}
@@ -126,7 +126,7 @@ class MixedSynthetic(MixedTask):
     def finals(self, s, name, rows, per_round, info):
         return {"rounds_to_target": rounds_to_target(per_round["excess_loss"], s["target"])}
 
-    def notes(self, s, info):
+    def task_notes(self, s, info):
         return {
             "task": "federated clients share θ_f* (homogeneous), the datacenter holds θ_c* = "
                     f"θ_f* + gap·u (gap={s['gap']}); feature scales differ (spread="
