@@ -9,7 +9,7 @@ The mixed objective is f(x) = w_f f_f(x) + w_c f_c(x): f_f the federated loss
 a datacenter dataset (minibatches drawn on the server, `ServerData` arrays
 {"x": [n_c, ...], "y": [n_c, ...]}) or an extra loss term such as a
 regularizer (`central_loss(params, server_arrays, key) -> scalar`). Three
-ways to train it (PAPERS.md §6.2, reconstructed; K = local_steps):
+ways to train it (docs/protocols.md#mixed-fl-algorithms, reconstructed; K = local_steps):
 
 `mixed(model, ..., variant=...)` builds every variant from one body (the
 registry's `mixed_parallel`, `mixed_gt1`, `mixed_gt2` fix the variant); the
@@ -28,16 +28,16 @@ Then x^(t+1) = ServerOpt(x^(t), −Δ) (SGD at lr 1: x^(t) + Δ).
 Choices where the reconstruction is open (settings, documented in the presets'
 notes):
 
-* `combine` (2-GT's α): "half" (α = ½, the text of §6.2) or "mixing"
+* `combine` (2-GT's α): "half" (α = ½, the reconstruction's text) or "mixing"
   (α = w_f / (w_f + w_c), which makes w_c = 0 reduce to FedAvg).
 * `transfer` (2-GT's ĝ_f): "current" (the central steps run after the
   clients report and use this round's ĝ_f) or "stale" (they use last round's
   ĝ_f, zeros in round 0, so the two branches can run concurrently).
 * The central steps use the client optimizer unless `central_optimizer` is
-  given (§6.2: the same η).
+  given (the paper: the same η).
 
 Every round logs, at the round-start model x^(t), the sampled dissimilarity
-estimates of §6.4 from ∇̃f_f = the cohort's mean first-step gradient and
+estimates (docs/protocols.md) from ∇̃f_f = the cohort's mean first-step gradient and
 ∇̃f_c = a central batch gradient, on the normalised weights p = w/(w_f + w_c) and
 ∇̃f = p_f∇̃f_f + p_c∇̃f_c: G̃² = p_f‖∇̃f_f‖² + p_c‖∇̃f_c‖² − ‖∇̃f‖² (B = 1) and
 B̃² = (p_f‖∇̃f_f‖² + p_c‖∇̃f_c‖²)/‖∇̃f‖² (G = 0) (`dissimilarity` says why), and the
@@ -125,8 +125,8 @@ def split_inputs(inputs) -> tuple[FederatedData, ServerData | None]:
 
 
 def dissimilarity(grad_f, grad_c, w_f, w_c):
-    """Sampled G̃ and B̃ (PAPERS.md §6.4) of a federated and a central gradient, for any
-    weights w_f, w_c >= 0 (not both 0).
+    """Sampled G̃, B̃ (docs/protocols.md#mixed-fl-dissimilarity) of a federated, a central gradient,
+    for any weights w_f, w_c >= 0 (not both 0).
 
     Defined on the normalised weights p_f = w_f/(w_f + w_c), p_c = w_c/(w_f + w_c)
     and ∇̃f = p_f g_f + p_c g_c:

@@ -1,5 +1,5 @@
-"""Mixed FL experiments, the shared part (Augenstein et al., arXiv:2205.13655; PAPERS.md
-§6–§7, §9).
+"""Mixed FL experiments, the shared part (Augenstein et al., arXiv:2205.13655;
+docs/protocols.md#mixed-fl).
 
 Every preset is a side-by-side comparison over vmapped seeds (`with_seeds`) of
 
@@ -10,7 +10,7 @@ Every preset is a side-by-side comparison over vmapped seeds (`with_seeds`) of
   mixed loss with all data pooled on the server (`mixed_centralized`),
 
 with curves vs rounds (comparison.png, dissimilarity.png) and a table of final
-metrics. Each round logs the sampled G̃_t, B̃_t (§6.4) at its round-start
+metrics. Each round logs the sampled G̃_t, B̃_t (docs/protocols.md) at its round-start
 model; the table reports their mean and median over rounds per seed (Table 2),
 and the floats each client receives and sends per round. Every method runs
 through `simulate.run` (seeds as its copies axis, every round's metrics kept).
@@ -112,7 +112,7 @@ def shared_settings(**defaults) -> tuple[Setting, ...]:
         count("batch_size", d["batch_size"], "client minibatch; 0: full batch", minimum=0),
         count("central_batch_size", d["central_batch_size"],
               "datacenter minibatch drawn on the server; 0: every row", minimum=0),
-        Setting("combine", str, "half", "2-GT's combination: half (α=½, §6.2's text) or "
+        Setting("combine", str, "half", "2-GT's combination: half (α=½, the text's) or "
                 "mixing (α = w_f/(w_f+w_c))", choices=COMBINES),
         Setting("transfer", str, "current", "2-GT's ĝ_f in the central steps: current "
                 "(this round's) or stale (last round's; zeros in round 0)", choices=TRANSFERS),
@@ -300,11 +300,11 @@ class MixedTask(Experiment):
         info = problem.info
         return {
             "methods": ", ".join(f"{m} = {LABELS[m]}" for m in self.methods),
-            "2-GT": f"combine={s['combine']} (α = ½ is §6.2's reconstruction; mixing: "
+            "2-GT": f"combine={s['combine']} (α = ½ is the reconstruction's; mixing: "
                     f"α = w_f/(w_f+w_c)), transfer={s['transfer']} (current: the central "
                     "steps use this round's ĝ_f; stale: last round's)",
             "central steps": "the server's K central steps use the client SGD at lr η "
-                             "(§6.2: the same η); ServerOpt is SGD at server_lr on −Δ",
+                             "(the paper: the same η); ServerOpt is SGD at server_lr on −Δ",
             "G̃/B̃": "sampled at each round-start model from the cohort's first-step gradients "
                     "and a central batch gradient, on the normalised weights w/(w_f + w_c) "
                     "(so B̃ >= 1 for any weights); mean/median over all rounds and seeds. B̃ "

@@ -122,7 +122,7 @@ class MixedCharLM(MixedTask):
             "seeds": "every seed has the same data split (the plays chosen with `seed`); "
                      "seeds differ in initialisation, cohorts and batches",
             "paper": "FL-only accuracy < 0.45, mixed ≈ 0.60 ≈ oracle on Stack Overflow + "
-                     "Wikipedia (PAPERS.md §9); not comparable in absolute terms",
+                     "Wikipedia (docs/protocols.md#mixed-fl-experiments); not comparable as such",
         }
 
 
