@@ -67,17 +67,10 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
     import numpy as np
     import optax
 
-    from fedjax_sim.algorithms.mixed import (
-        CENTRAL_STREAM,
-        client_batch_grad,
-        client_steps,
-        datacenter_loss,
-        descend,
-        mixed_gt2,
-    )
+    from fedjax_sim.algorithms.mixed import CENTRAL_STREAM, datacenter_loss, descend, mixed_gt2
     from fedjax_sim.data import FederatedData, ServerData
     from fedjax_sim.models.zoo import mlp_classifier
-    from fedjax_sim.ops import sample_cohort
+    from fedjax_sim.ops import client_update, sample_cohort
 
     rng = np.random.default_rng(0)
     x = rng.random((clients, n, 64), np.float32)
@@ -101,9 +94,10 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
 
     @jax.jit
     def one_client(p, x_i, y_i, n_i, key, corr):
-        grad = client_batch_grad(model, x_i, y_i, n_i, batch)
-        inputs = client_steps(jax.random.split(key, steps), n_i, y_i.shape[0], batch)
-        end, g0, _ = descend(grad, opt, p, inputs, scale=w_f, correction=corr)
+        end, _, _, g0 = client_update(
+            model, opt, p, x_i, y_i, n_i, key, num_steps=steps, batch_size=batch,
+            direction=lambda g: optax.tree.add(optax.tree.scale(w_f, g), corr),
+            keep_first_grad=True)
         return optax.tree.sub(end, p), g0
 
     @jax.jit

@@ -5,9 +5,10 @@ A checkpoint is one orbax step directory, `DIR/<round>/`, with two items:
 - `state`: the algorithm state pytree (models, optimizer states, λ,
   assignments, counters; PRNG keys as their raw key data) and the run's base
   PRNG key data, written by orbax's `StandardSave`;
-- `progress`: JSON with the round, the key implementations and the history
-  rows so far (numpy values keep their dtype, so a restored history is
-  bit-for-bit the saved one).
+- `progress`: JSON with the round, the key implementations, the history
+  rows so far and, when the run keeps them, every round's metrics (numpy
+  values keep their dtype, so a restored history is bit-for-bit the saved
+  one).
 
 Keeping the history inside the step directory makes it part of the same
 atomic unit as the state: orbax writes a step into a temporary directory and
@@ -122,6 +123,7 @@ class Restored(NamedTuple):
     state: Any  # the algorithm state, shaped and placed like the abstract target
     key: jax.Array  # the run's base PRNG key
     history: list  # history rows up to `round`
+    round_metrics: dict | None = None  # {name: [round, ...]} when saved with them
 
 
 def _is_key(x) -> bool:
@@ -334,8 +336,12 @@ class RunCheckpoints:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def save(self, step: int, state, key, history: list) -> None:
-        """Writes the checkpoint of round `step` and waits until it is complete on disk."""
+    def save(self, step: int, state, key, history: list, *, round_metrics=None) -> None:
+        """Writes the checkpoint of round `step` and waits until it is complete on disk.
+
+        round_metrics: optional {name: host array [step, ...]}, every round's metrics
+        so far (`simulate.run(round_metrics=True)`), restored with the checkpoint.
+        """
         flat, treedef = jax.tree_util.tree_flatten_with_path(state)
         key_impls = {_keystr(p): str(jax.random.key_impl(x)) for p, x in flat if _is_key(x)}
         saveable = jax.tree_util.tree_unflatten(
@@ -348,6 +354,9 @@ class RunCheckpoints:
             "state_key_impls": key_impls,
             "history": encode_history(history),
         }
+        if round_metrics is not None:
+            progress["round_metrics"] = encode_history(
+                {name: np.asarray(values) for name, values in round_metrics.items()})
         items = {"state": saveable, "key": jax.random.key_data(key) if typed else key}
         items = jax.tree.map(_global, items)
         ocp = _orbax()
@@ -419,6 +428,8 @@ class RunCheckpoints:
             state=jax.tree_util.tree_unflatten(treedef, leaves),
             key=key,
             history=decode_history(progress["history"]),
+            round_metrics=(decode_history(progress["round_metrics"])
+                           if "round_metrics" in progress else None),
         )
 
     def restore_latest_intact(self, abstract_state, abstract_key) -> tuple[

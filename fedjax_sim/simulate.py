@@ -11,6 +11,7 @@ whole state, the key and the history, and the chunks after it are the same.
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -38,11 +39,14 @@ class Diverged(RuntimeError):
       history: the history rows up to the last good evaluation.
       checkpoint_round: the round of the last good checkpoint (None: none).
       checkpoint_dir: where the checkpoints are (None: checkpointing was off).
+      round_metrics: with `run(round_metrics=True)`, every round's metrics up to
+        the last good chunk ({name: [rounds, ...]}); None otherwise.
     """
 
     def __init__(self, round, metric, value, history, checkpoint_round=None,
-                 checkpoint_dir=None):
+                 checkpoint_dir=None, round_metrics=None):
         self.round = int(round)
+        self.round_metrics = round_metrics
         self.metric = metric
         self.value = value
         self.history = history
@@ -57,7 +61,7 @@ class Diverged(RuntimeError):
 
     def __reduce__(self):
         return (Diverged, (self.round, self.metric, self.value, self.history,
-                           self.checkpoint_round, self.checkpoint_dir))
+                           self.checkpoint_round, self.checkpoint_dir, self.round_metrics))
 
 
 def _scan_rounds(algorithm: Algorithm, state, data, round_key, start, length: int):
@@ -124,31 +128,38 @@ class _Watch:
     A copy has diverged in a chunk when any of its round metrics, its values in
     the evaluation row or its state leaves is non-finite. Evaluation values
     already non-finite at round 0 (e.g. a cluster accuracy without ground
-    truth) are not watched.
+    truth) are not watched. `copies` is the shape of the copies axes (() for a
+    run without them); values whose leading axes are not that shape count for
+    every copy.
     """
 
-    def __init__(self, copies: int | None, first_row: dict):
-        self.copies = copies
-        self.n = copies or 1
+    def __init__(self, copies: tuple[int, ...], first_row: dict):
+        self.copies = tuple(copies)
+        self.lead = len(self.copies)
+        self.n = math.prod(self.copies)
         self.watched = {
             name for name, value in first_row.items()
             if name != "round" and (a := _numeric(value)) is not None and np.isfinite(a).all()
         }
 
+    def _split(self, shape, at: int) -> bool:
+        """Whether shape[at:] starts with the copies axes."""
+        return self.lead > 0 and tuple(shape[at:at + self.lead]) == self.copies
+
     def _per_copy(self, ok: np.ndarray, rows: int | None = None) -> np.ndarray:
         """ok as [rows, n] (or [n]): entries not split by copy apply to every copy."""
         ok = np.asarray(ok)
         if rows is None:
-            if self.copies and ok.ndim >= 1 and ok.shape[0] == self.copies:
+            if self._split(ok.shape, 0):
                 return ok.reshape(self.n, -1).all(axis=1)
             return np.full(self.n, bool(ok.all()))
-        if self.copies and ok.ndim >= 2 and ok.shape[1] == self.copies:
+        if self._split(ok.shape, 1):
             return ok.reshape(rows, self.n, -1).all(axis=2)
         return np.repeat(ok.reshape(rows, -1).all(axis=1)[:, None], self.n, axis=1)
 
     def check(self, state, metrics, row, start: int, end: int):
         """None, or (round, metric name, 'nan'/'inf') of the run's divergence."""
-        lead = 1 if self.copies else 0
+        lead = self.lead
         failures: list = [None] * self.n  # per copy: (round, name, how to read the value)
         if metrics:
             metric_ok = jax.tree.map(parallel.to_host, _all_finite(metrics, lead + 1))
@@ -184,8 +195,8 @@ class _Watch:
             values = np.asarray(row[what])
         else:
             values = parallel.to_host(next(x for p, x in flat if p == what))
-        if self.copies and values.ndim >= 1 and values.shape[0] == self.copies:
-            values = values[c]
+        if self._split(values.shape, 0):
+            values = values.reshape(self.n, *values.shape[self.lead:])[c]
         return t, name, _kind(values)
 
 
@@ -220,7 +231,8 @@ def _same_key(a, b) -> bool:
 
 
 def _resume(checkpoints, resume, rounds, algorithm, key, key_init, data, mesh):
-    """(state, history, rounds done) of the newest intact checkpoint, or None when there is none.
+    """(state, history, rounds done, round metrics or None) of the newest intact checkpoint,
+    or None when there is none.
 
     A corrupt or partial newer checkpoint is skipped, saying which and why.
     """
@@ -249,7 +261,7 @@ def _resume(checkpoints, resume, rounds, algorithm, key, key_init, data, mesh):
             f"cannot resume: the checkpoints in {checkpoints.directory} were written with "
             "another key (seed)."
         )
-    return restored.state, restored.history, restored.round
+    return restored.state, restored.history, restored.round, restored.round_metrics
 
 
 class _Timer:
@@ -298,13 +310,55 @@ class _Timer:
         return wrapped
 
 
-def _logged_round_metrics(chunk_metrics, copies_axis: bool) -> dict:
+def _copy_axes(copies_axis) -> int:
+    """The number of leading copies axes that `run`'s copies_axis names (True: 1)."""
+    if isinstance(copies_axis, bool):
+        return int(copies_axis)
+    if not isinstance(copies_axis, int) or copies_axis < 0:
+        raise ValueError(
+            "copies_axis must be a bool or the number of leading copies axes (an integer "
+            f">= 0, e.g. 2 for [seeds, restarts]); got {copies_axis!r}.")
+    return copies_axis
+
+
+def _copies_shape(state, axes: int) -> tuple[int, ...]:
+    """The shape of the copies axes: the first `axes` axes of the state's first leaf."""
+    if axes == 0:
+        return ()
+    leaves = jax.tree.leaves(state)
+    if not leaves or leaves[0].ndim < axes:
+        return ()
+    return tuple(leaves[0].shape[:axes])
+
+
+def _logged_round_metrics(chunk_metrics, copies: tuple[int, ...]) -> dict:
     """{name: shape} of the round metrics a history row carries, from a chunk's abstract
-    metrics ([length, ...] leaves): those that are one number per round (with copies_axis,
-    one per copy: shape [copies]). Vectors such as cluster sizes stay in the chunk's output."""
-    rank = 1 + (1 if copies_axis else 0)
+    metrics ([length, ...] leaves): those that are one number per round and copy, i.e.
+    whose per-round shape is exactly the copies axes' shape (() without copies). Vectors
+    such as cluster sizes stay in the chunk's output."""
     return {name: tuple(s.shape[1:]) for name, s in chunk_metrics.items()
-            if len(s.shape) == rank}
+            if tuple(s.shape[1:]) == copies}
+
+
+class _RoundMetrics:
+    """Every round's logged metrics so far, as host arrays, chunk by chunk."""
+
+    def __init__(self, names, restored: dict | None):
+        self.names = tuple(names)
+        self.parts = {name: [] for name in self.names}
+        for name, values in (restored or {}).items():
+            if name in self.parts:
+                self.parts[name].append(np.asarray(values))
+
+    def add(self, metrics) -> None:
+        for name in self.names:
+            self.parts[name].append(np.asarray(parallel.to_host(metrics[name])))
+
+    def stacked(self, shapes: dict) -> dict:
+        """{name: [rounds, ...]}: a name with no part yet is an empty [0, ...] array."""
+        return {name: np.concatenate(parts) if parts
+                else np.zeros((0, *shapes.get(name, ())), np.float32)
+                for name, parts in self.parts.items()}
 
 
 def _row_value(value):
@@ -327,9 +381,10 @@ def run(
     checkpoint_dir=None,
     checkpoint_every: int | None = None,
     resume: bool = False,
-    copies_axis: bool = False,
+    copies_axis: bool | int = False,
     on_rows: Callable[[list[dict]], None] | None = None,
     timing: dict | None = None,
+    round_metrics: bool = False,
     progress_summary: Callable | None = None,
 ):
     """Runs `rounds` rounds of `algorithm` on `data`, evaluating every `eval_every`.
@@ -365,11 +420,13 @@ def run(
         (from round 0 if there is none); a corrupt or partial newer one is
         skipped with a message. Without it, a checkpoint_dir that already
         holds checkpoints is refused.
-      copies_axis: the leading axis of every state leaf, round metric and
-        evaluation value holds independent copies of the run (as made by
-        `with_restarts`): a diverged copy is a failed copy and the run goes
-        on; the run diverges only when every copy has. Evaluation values
-        without that axis count for every copy.
+      copies_axis: the number of leading axes of every state leaf, round
+        metric and evaluation value that hold independent copies of the run
+        (True: 1, as made by `with_restarts` or `with_seeds`; 2: e.g.
+        [seeds, restarts] of `with_seeds(with_restarts(...))`; False or 0:
+        none): a diverged copy is a failed copy and the run goes on; the run
+        diverges only when every copy has. Evaluation values without those
+        axes count for every copy.
       on_rows: called first with the history so far (the round-0 row, or a
         resumed run's restored rows), then with each new row as soon as it
         exists (before the chunk's checkpoint is written), e.g. to append
@@ -380,13 +437,21 @@ def run(
         counting those restored from a checkpoint), `start_round`,
         `compile_seconds` (compiling the round chunks and the first
         evaluation) and `run_seconds` (the rest of the wall time).
+      round_metrics: also return every round's logged round metrics (those
+        history rows carry: one number per round and copy). They are saved
+        in the checkpoints, so a resumed run returns the same arrays as an
+        uninterrupted one; resuming from a checkpoint written without them
+        is refused.
 
     Returns:
-      (final state, history): history is a list of dict rows, each with
-      `round`, the round metrics of the last round before it that are one
-      number per round (per copy with copies_axis; NaN in the round-0
-      row) and the evaluation; an evaluation value of the
-      same name wins.
+      (final state, history), and with round_metrics=True (final state,
+      history, metrics). history is a list of dict rows, each with `round`,
+      the round metrics of the last round before it that are one number per
+      round and copy (their shape is the copies axes' shape; NaN in the
+      round-0 row) and the evaluation; an evaluation value of the same name
+      wins. The columns are fixed before round 0, from the first chunk's
+      compiled program. metrics is {name: host array [rounds, *copies]}:
+      row t − 1 holds round t's value, for the same metrics as the history.
 
     Raises:
       Diverged: a NaN or inf appeared (in every copy); it carries the round,
@@ -412,6 +477,9 @@ def run(
         jax.eval_shape(lambda k: algorithm.init(k, data), key)
     wall = time.perf_counter()
     timer = _Timer()
+    copy_axes = _copy_axes(copies_axis)
+    if not isinstance(round_metrics, bool):
+        raise ValueError(f"round_metrics must be True or False; got {round_metrics!r}.")
     every = (eval_every,)
     checkpoints = None
     if checkpoint_dir is not None:
@@ -432,9 +500,16 @@ def run(
         except BaseException:
             checkpoints.close()
             raise
+    saved_metrics = None
     if restored is not None:
-        state, history, done = restored
+        state, history, done, saved_metrics = restored
         last_saved = done
+        if round_metrics and saved_metrics is None:
+            checkpoints.close()
+            raise ValueError(
+                f"cannot resume with round_metrics=True: the checkpoint of round {done} in "
+                f"{checkpoints.directory} was written without its round metrics; resume "
+                "without round_metrics or start the run again in another directory.")
     else:
         state = jax.jit(algorithm.init)(key_init, data)
         if mesh is not None:
@@ -442,11 +517,14 @@ def run(
         history, done = None, 0
     # The round metrics history rows carry, from the first chunk's lowering (which its
     # compilation then reuses: the round is traced once).
+    copies = _copies_shape(state, copy_axes)
     logged = {}
     if done < rounds:
         first = timer.lower(algorithm, state, data, key_rounds, done,
                             _next_boundary(done, rounds, every) - done)
-        logged = _logged_round_metrics(first.out_info[1], copies_axis)
+        logged = _logged_round_metrics(first.out_info[1], copies)
+    elif saved_metrics is not None:
+        logged = {name: np.shape(values)[1:] for name, values in saved_metrics.items()}
     if history is None:
         # Round 0 carries every logged round metric as NaN (no round has run), so the
         # history's columns are fixed from its first row (metrics.csv writes them then).
@@ -454,18 +532,16 @@ def run(
                  for name, shape in logged.items()}
         history = [{"round": 0, **unrun, **evaluate(state)}]
     start_round = done
-    copies = None
-    if copies_axis:
-        leaves = jax.tree.leaves(state)
-        copies = leaves[0].shape[0] if leaves and leaves[0].ndim else None
     watch = _Watch(copies, history[0])
     # Only columns the history already has (a run resumed from an older version's
     # checkpoint keeps its metrics.csv columns).
     logged_names = tuple(name for name in logged if name in history[0])
+    kept = _RoundMetrics(logged_names, saved_metrics) if round_metrics else None
 
     def diverged(found, rows):
         return Diverged(*found, history=list(rows), checkpoint_round=last_saved,
-                        checkpoint_dir=None if checkpoints is None else checkpoints.directory)
+                        checkpoint_dir=None if checkpoints is None else checkpoints.directory,
+                        round_metrics=None if kept is None else kept.stacked(logged))
 
     def record_timing():
         if timing is not None:
@@ -490,18 +566,23 @@ def run(
                     row = {"round": end, **last, **evaluate(state)}
                 if (found := watch.check(state, metrics, row, done, end)) is not None:
                     raise diverged(found, history)
+                if kept is not None:
+                    kept.add(metrics)
                 if row is not None:
                     history.append(row)
                     on_rows([row])
                 bar.advance(end - done, postfix=row)
                 done = end
                 if checkpoints is not None and done % checkpoint_every == 0:
-                    checkpoints.save(done, state, key, history)
+                    checkpoints.save(done, state, key, history, round_metrics=None
+                                     if kept is None else kept.stacked(logged))
                     last_saved = done
     finally:
         record_timing()
         if checkpoints is not None:
             checkpoints.close()
+    if kept is not None:
+        return state, history, kept.stacked(logged)
     return state, history
 
 

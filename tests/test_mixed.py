@@ -18,13 +18,14 @@ from fedjax_sim.algorithms.mixed import (
     datacenter_loss,
     dissimilarity,
     l2_regularizer,
+    mixed,
     mixed_centralized,
     mixed_gt1,
     mixed_gt2,
     mixed_parallel,
 )
 from fedjax_sim.data import FederatedData, ServerData
-from fedjax_sim.experiments.mixed_tasks import MixedSynthetic, binary_auc, rounds_to_target
+from fedjax_sim.experiments.mixed import MixedSynthetic, binary_auc, rounds_to_target
 from fedjax_sim.models import linear_regression
 from fedjax_sim.ops import sample_batch, sample_cohort
 
@@ -401,3 +402,74 @@ def test_movielens_client_update_touches_only_its_own_rows():
     # Hand count: the client's rows × d plus the d×d + d tower, each way.
     hand = len(own) * 4 + 4 * 4 + 4
     assert int(recsys.client_floats(clients.num_client_items[client], 4)) == hand
+
+
+@pytest.mark.parametrize(("variant", "factory"), [("parallel", mixed_parallel),
+                                                   ("gt1", mixed_gt1), ("gt2", mixed_gt2),
+                                                   ("centralized", mixed_centralized)])
+def test_one_factory_with_a_variant_is_the_registered_alias(variant, factory):
+    data, server = make_inputs(6)
+    kw = dict(learning_rate=0.05, local_steps=2, batch_size=2, clients_per_round=4,
+              w_f=0.3, w_c=2.0, central_loss=l2_regularizer(0.5))
+    a, b = mixed(MODEL, variant=variant, **kw), factory(MODEL, **kw)
+    state = a.init(jax.random.key(0), (data, server))
+    chex.assert_trees_all_equal(jax.jit(a.round)(state, (data, server), jax.random.key(2)),
+                                jax.jit(b.round)(state, (data, server), jax.random.key(2)))
+
+
+def test_a_setting_the_variant_does_not_read_is_refused():
+    with pytest.raises(ValueError, match="does not read combine"):
+        mixed(MODEL, variant="parallel", learning_rate=0.1, combine="mixing")
+    with pytest.raises(ValueError, match="does not read central_steps"):
+        mixed(MODEL, variant="gt1", learning_rate=0.1, central_steps=3)
+    with pytest.raises(ValueError, match="does not read client_chunk"):
+        mixed(MODEL, variant="centralized", learning_rate=0.1, client_chunk=2)
+    with pytest.raises(ValueError, match="variant"):
+        mixed(MODEL, variant="gt3", learning_rate=0.1)
+
+
+def _dissimilarity_from_definition(g_f, g_c, w_f, w_c):
+    """G̃, B̃ in float64 from the definition on the normalised weights p = w/(w_f + w_c)."""
+    g_f, g_c = np.asarray(g_f, np.float64), np.asarray(g_c, np.float64)
+    p_f, p_c = w_f / (w_f + w_c), w_c / (w_f + w_c)
+    spread = p_f * g_f @ g_f + p_c * g_c @ g_c
+    mean = p_f * g_f + p_c * g_c
+    return np.sqrt(max(spread - mean @ mean, 0.0)), np.sqrt(spread / (mean @ mean))
+
+
+@settings(max_examples=60, deadline=None)
+@given(VECTORS, VECTORS, st.sampled_from([(0.9, 100.0), (0.3, 2.0), (5.0, 0.25), (1.0, 1.0)]))
+def test_dissimilarity_on_normalised_weights_for_any_positive_weights(g_f, g_c, weights):
+    """w_f + w_c ≠ 1 (the movielens preset's 0.9 and 100 among them): G̃ and B̃ equal the
+    definition on w/(w_f + w_c) in float64, and B̃ >= 1."""
+    w_f, w_c = weights
+    g_f, g_c = np.asarray(g_f, np.float32), np.asarray(g_c, np.float32)
+    g_tilde, b_tilde = jax.jit(dissimilarity)({"a": g_f[:3], "b": g_f[3:]},
+                                              {"a": g_c[:3], "b": g_c[3:]}, w_f, w_c)
+    want_g, want_b = _dissimilarity_from_definition(g_f, g_c, w_f, w_c)
+    scale = float(np.sum(g_f.astype(np.float64) ** 2 + g_c.astype(np.float64) ** 2))
+    assert abs(float(g_tilde) ** 2 - want_g**2) <= 1e-5 * scale + 1e-12
+    assert float(b_tilde) >= 1.0
+    mean = (w_f * g_f.astype(np.float64) + w_c * g_c) / (w_f + w_c)
+    if mean @ mean > 1e-3 * scale:  # B̃ is well conditioned
+        np.testing.assert_allclose(float(b_tilde), want_b, rtol=1e-4)
+
+
+def test_movielens_weights_round_logs_the_normalised_dissimilarity():
+    """A full-batch 1-GT round at w_f = 0.9, w_c = 100: G̃, B̃ of the cohort's first-step
+    gradient and the central gradient equal the float64 definition (raw weights would give
+    a negative G̃², read as 0, and B̃ < 1)."""
+    data, server = make_inputs(7)
+    w_f, w_c = 0.9, 100.0
+    alg = mixed_gt1(MODEL, learning_rate=1e-3, w_f=w_f, w_c=w_c, local_steps=2)
+    state = alg.init(jax.random.key(0), (data, server))
+    _, metrics = jax.jit(alg.round)(state, (data, server), jax.random.key(1))
+    theta = np.asarray(state.params, np.float64)
+    g_f = np.mean([np_grad(theta, x, y)[0] for x, y in client_arrays(data) if len(y)], axis=0)
+    g_c = np_grad(theta, *(np.asarray(server.arrays[a], np.float64) for a in ("x", "y")))[0]
+    want_g, want_b = _dissimilarity_from_definition(g_f, g_c, w_f, w_c)
+    assert want_g > 0.1 and want_b > 1.0
+    np.testing.assert_allclose(float(metrics["G_tilde"]), want_g, rtol=1e-4)
+    np.testing.assert_allclose(float(metrics["B_tilde"]), want_b, rtol=1e-4)
+    with pytest.raises(ValueError, match="both be 0"):
+        mixed_gt1(MODEL, learning_rate=0.1, w_f=0.0, w_c=0.0)

@@ -130,7 +130,7 @@ def test_movielens_preset_ranks_only_movies_not_known_watched(tmp_path):
     """The preset's test examples exclude the user's training movies and the example's
     context from the candidates, never the label; the popularity reference equals a loop
     over the same examples."""
-    from fedjax_sim.experiments import mixed_tasks
+    from fedjax_sim.experiments import mixed
 
     rng = np.random.default_rng(0)
     lines = ["user_id:token\titem_id:token\trating:float\ttimestamp:float"]
@@ -143,10 +143,10 @@ def test_movielens_preset_ranks_only_movies_not_known_watched(tmp_path):
         zf.writestr("recbole/dataset_example/ml-100k/ml-100k.user", USER)
         zf.writestr("recbole/dataset_example/ml-100k/ml-100k.item", "item_id:token\n" + "".join(
             f"{j + 1}\n" for j in range(40)))
-    experiment = mixed_tasks.MixedMovieLens()
+    experiment = mixed.MixedMovieLens()
     s = {**experiment.defaults(), "cache_dir": str(tmp_path), "context_len": 3,
          "max_examples": 6, "clients_per_round": 0, "test_examples": 100}
-    (data, _, test), info = experiment.problem(s, [0])
+    (data, _, test), info = experiment.seed_data(s, [0])
     clients = movielens.movielens_clients(movielens.load_ml100k(tmp_path, download=False),
                                           context_len=3, max_examples=6)
     test = {k: np.asarray(v[0]) for k, v in test.items()}

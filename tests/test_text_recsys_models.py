@@ -10,6 +10,7 @@ import numpy as np
 import optax
 import pytest
 
+from fedjax_sim.experiments.mixed.movielens import costs
 from fedjax_sim.models import core, recsys
 from fedjax_sim.models import text as char
 from fedjax_sim.ops.local_update import client_update
@@ -205,7 +206,7 @@ def test_communication_and_computation_counts_by_hand():
     # Two clients with 4 and 2 distinct rows; d = 4, tower 4·4 + 4 = 20 floats.
     assert recsys.tower_size(DIM) == 20
     np.testing.assert_array_equal(recsys.client_floats([4, 2], DIM), [4 * 4 + 20, 2 * 4 + 20])
-    c = recsys.costs([4, 2], [3, 10], num_items=NUM_ITEMS, dim=DIM, context_len=CTX, steps=2,
+    c = costs([4, 2], [3, 10], num_items=NUM_ITEMS, dim=DIM, context_len=CTX, steps=2,
                      batch_size=5, payloads_down=2, payloads_up=1)
     down = 2 * ((16 + 20) + (8 + 20))
     up = (16 + 20) + (8 + 20)
@@ -220,7 +221,7 @@ def test_communication_and_computation_counts_by_hand():
     assert c.all_on_client_macs == 3 * 2 * (fwd + 2 * reg)
     # The positive hinge with cosine scores: pairs b·d + b, plus the unit normalisations
     # b·(c+2)·d per batch and I·d on the server's table.
-    p = recsys.costs([4, 2], [3, 10], num_items=NUM_ITEMS, dim=DIM, context_len=CTX, steps=2,
+    p = costs([4, 2], [3, 10], num_items=NUM_ITEMS, dim=DIM, context_len=CTX, steps=2,
                      batch_size=5, loss="positive", cosine=True)
     fwd = sum(b * CTX * DIM + b * DIM * DIM + b * DIM + b + b * (CTX + 2) * DIM for b in (3, 5))
     reg = NUM_ITEMS**2 * DIM + NUM_ITEMS**2 + NUM_ITEMS * DIM

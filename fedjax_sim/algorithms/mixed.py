@@ -11,6 +11,10 @@ a datacenter dataset (minibatches drawn on the server, `ServerData` arrays
 regularizer (`central_loss(params, server_arrays, key) -> scalar`). Three
 ways to train it (docs/protocols.md#mixed-fl-algorithms, reconstructed; K = local_steps):
 
+`mixed(model, ..., variant=...)` builds every variant from one body (the
+registry's `mixed_parallel`, `mixed_gt1`, `mixed_gt2` fix the variant); the
+clients' K local steps are `ops.client_update`'s, as every algorithm's:
+
 * PT (`mixed_parallel`): clients take K steps on f_i, the server K steps on
   f_c, both from x^(t); Δ = w_f·mean_i Δ_i + w_c·Δ_c.
 * 1-GT (`mixed_gt1`): the server sends ĝ_c = g_c(x^(t)) with the model;
@@ -34,9 +38,10 @@ notes):
 
 Every round logs, at the round-start model x^(t), the sampled dissimilarity
 estimates (docs/protocols.md) from ∇̃f_f = the cohort's mean first-step gradient and
-∇̃f_c = a central batch gradient: G̃² = w_f‖∇̃f_f‖² + w_c‖∇̃f_c‖² − ‖∇̃f‖² (B = 1)
-and B̃² = (w_f‖∇̃f_f‖² + w_c‖∇̃f_c‖²)/‖∇̃f‖² (G = 0), and the floats each client
-receives and sends.
+∇̃f_c = a central batch gradient, on the normalised weights p = w/(w_f + w_c) and
+∇̃f = p_f∇̃f_f + p_c∇̃f_c: G̃² = p_f‖∇̃f_f‖² + p_c‖∇̃f_c‖² − ‖∇̃f‖² (B = 1) and
+B̃² = (p_f‖∇̃f_f‖² + p_c‖∇̃f_c‖²)/‖∇̃f‖² (G = 0) (`dissimilarity` says why), and the
+floats each client receives and sends.
 """
 
 from __future__ import annotations
@@ -65,10 +70,10 @@ from fedjax_sim.data.federated import FederatedData, ServerData
 from fedjax_sim.models.core import Model
 from fedjax_sim.ops import (
     check_client_chunk,
+    client_update,
     cohort_sums,
     mean_or_keep,
     sample_batch,
-    sample_batches,
     sample_cohort,
     take,
     weighted_sum,
@@ -120,38 +125,56 @@ def split_inputs(inputs) -> tuple[FederatedData, ServerData | None]:
 
 
 def dissimilarity(grad_f, grad_c, w_f, w_c):
-    """Sampled G̃, B̃ (docs/protocols.md#mixed-fl-dissimilarity) of a federated, a central gradient.
+    """Sampled G̃, B̃ (docs/protocols.md#mixed-fl-dissimilarity) of a federated, a central gradient,
+    for any weights w_f, w_c >= 0 (not both 0).
+
+    Defined on the normalised weights p_f = w_f/(w_f + w_c), p_c = w_c/(w_f + w_c)
+    and ∇̃f = p_f g_f + p_c g_c:
+
+        G̃² = p_f‖g_f‖² + p_c‖g_c‖² − ‖∇̃f‖²        (B = 1)
+        B̃² = (p_f‖g_f‖² + p_c‖g_c‖²) / ‖∇̃f‖²      (G = 0)
+
+    Why normalised: (G, B)-dissimilarity bounds the weighted mean of the parts'
+    squared gradient norms by the squared norm of their weighted mean, which is
+    a statement about a convex combination. f = w_f f_f + w_c f_c is
+    (w_f + w_c)·(p_f f_f + p_c f_c): the same minimiser and training, only its
+    scale differs. With the raw weights, when w_f + w_c ≠ 1, G̃² can be negative
+    (w_f = 0.9, w_c = 100: ‖w_c g_c‖² dwarfs w_c‖g_c‖²) and B̃ below 1, which
+    the definition excludes. Normalised, B̃ is unchanged by rescaling f, G̃ is
+    in units of the normalised objective's gradient, and with w_f + w_c = 1
+    nothing changes. Both are computed through the identity (exact for
+    p_f + p_c = 1) G̃² = p_f p_c‖g_f − g_c‖², B̃² = 1 + G̃²/‖∇̃f‖², which has no
+    cancellation and keeps G̃ >= 0 and B̃ >= 1 in floating point.
 
     Args:
       grad_f: ∇̃f_f, the cohort-averaged client gradient (pytree).
       grad_c: ∇̃f_c, a central batch gradient (pytree like grad_f).
-      w_f, w_c: the mixing weights.
+      w_f, w_c: the mixing weights (may be traced; both 0 reads as G̃ = 0, B̃ = 1).
 
     Returns:
-      (G̃, B̃) scalars. G̃² = w_f‖g_f‖² + w_c‖g_c‖² − ‖w_f g_f + w_c g_c‖²,
-      clipped at 0 against rounding; B̃² = (w_f‖g_f‖² + w_c‖g_c‖²)/‖∇̃f‖², 1
-      when both gradients are 0 (finite when only ∇̃f is: its floor is 1e-30).
-      With w_f + w_c = 1, G̃² = w_f w_c ‖g_f − g_c‖² and B̃ >= 1.
+      (G̃, B̃) scalars; B̃ = 1 when both gradients are 0, and finite when only
+      ∇̃f is (its squared norm's floor is 1e-30).
     """
-    sq_f = optax.tree.norm(grad_f, squared=True)
-    sq_c = optax.tree.norm(grad_c, squared=True)
-    mixed = optax.tree.add(optax.tree.scale(w_f, grad_f), optax.tree.scale(w_c, grad_c))
-    sq_mixed = optax.tree.norm(mixed, squared=True)
-    spread = w_f * sq_f + w_c * sq_c
-    g_tilde = jnp.sqrt(jnp.maximum(spread - sq_mixed, 0.0))
-    b_tilde = jnp.where(spread > 0, jnp.sqrt(spread / jnp.maximum(sq_mixed, 1e-30)), 1.0)
-    return g_tilde, b_tilde
+    total = w_f + w_c
+    total = jnp.where(total > 0, total, 1.0)
+    p_f, p_c = w_f / total, w_c / total
+    gap = optax.tree.norm(optax.tree.sub(grad_f, grad_c), squared=True)
+    g_sq = p_f * p_c * gap
+    mean = optax.tree.add(optax.tree.scale(p_f, grad_f), optax.tree.scale(p_c, grad_c))
+    sq_mean = optax.tree.norm(mean, squared=True)
+    return jnp.sqrt(g_sq), jnp.sqrt(1.0 + g_sq / jnp.maximum(sq_mean, 1e-30))
 
 
 def descend(batch_grad, optimizer, start, steps, *, scale=1.0, correction=None):
-    """K optimizer steps on scale·g(y) + correction, from `start`.
+    """K optimizer steps on scale·g(y) + correction, from `start`: the server's central steps
+    (the clients' steps are `ops.client_update`'s).
 
     Args:
       batch_grad: (params, step input) -> (loss, gradient) of one stochastic batch.
       optimizer: optax optimizer (a fresh state).
       start: params.
       steps: pytree of the K steps' inputs (leading axis K): their batches drawn
-        beforehand (`client_steps`, a `DrawnLoss`'s draws), or their keys.
+        beforehand (a `DrawnLoss`'s draws), or their keys.
       scale: the weight of g (w_f on a GT client, w_c on a 2-GT server).
       correction: None, or a fixed pytree added to every step's direction
         (the transferred w_c·ĝ_c or w_f·ĝ_f).
@@ -179,25 +202,16 @@ def descend(batch_grad, optimizer, start, steps, *, scale=1.0, correction=None):
 
 
 def client_step_input(key, num_examples, n_max: int, batch_size: int | None):
-    """One client step's input: its batch (idx [b], mask [b]), drawn with the batch key
-    as `ops.client_update` derives it (FedAvg's batches); the key for a full-batch step."""
+    """The oracle's one-gradient input of a cohort member: its batch (idx [b], mask [b]),
+    drawn as a client step's batch is (FedAvg's); the key for a full batch."""
     if batch_size is None:
         return key
     return sample_batch(jax.random.split(key)[0], num_examples, n_max, batch_size)
 
 
-def client_steps(keys, num_examples, n_max: int, batch_size: int | None):
-    """`client_step_input` for each of K step keys, drawn together before the step loop
-    (`ops.sample_batches`)."""
-    if batch_size is None:
-        return keys
-    batch_keys = jax.vmap(lambda k: jax.random.split(k)[0])(keys)
-    return sample_batches(batch_keys, num_examples, n_max, batch_size)
-
-
 def client_batch_grad(model: Model, x, y, num_examples, batch_size: int | None):
     """(params, step input) -> (loss, grad) of one client's masked minibatch loss (full
-    batch if batch_size is None); the step input from `client_step_input`."""
+    batch if batch_size is None); the step input from `client_step_input` (the oracle's)."""
     n_max = y.shape[0]
 
     def loss_fn(p, step):
@@ -259,29 +273,53 @@ def _check_weight(name: str, value) -> None:
         raise ValueError(f"{name} must be a finite number >= 0; got {value!r}.")
 
 
-def _mixed(
-    variant: str,
+def mixed(
     model: Model,
-    optimizer: optax.GradientTransformation | None,
+    optimizer: optax.GradientTransformation | None = None,
     *,
-    learning_rate,
-    server_optimizer,
-    server_learning_rate,
-    central_optimizer,
-    w_f,
-    w_c,
-    local_steps: int,
-    central_steps: int | None,
-    batch_size: int | None,
-    central_batch_size: int | None,
-    clients_per_round: int | None,
-    weighting: str,
-    central_loss: CentralLoss | None,
-    combine: str,
-    transfer: str,
-    client_chunk: int | None,
+    variant: str,
+    learning_rate=None,
+    server_optimizer=None,
+    server_learning_rate=1.0,
+    central_optimizer=None,
+    w_f=0.5,
+    w_c=0.5,
+    local_steps: int = 1,
+    central_steps: int | None = None,
+    batch_size: int | None = None,
+    central_batch_size: int | None = None,
+    clients_per_round: int | None = None,
+    weighting: str = "uniform",
+    central_loss: CentralLoss | None = None,
+    combine: str = "half",
+    transfer: str = "current",
+    client_chunk: int | None = None,
 ) -> Algorithm:
+    """Mixed FL, one body for every variant: "parallel" (PT), "gt1" (1-GT), "gt2" (2-GT) or
+    "centralized" (the oracle); `mixed_parallel`, `mixed_gt1`, `mixed_gt2` and
+    `mixed_centralized` are this with the variant fixed.
+
+    A setting that the variant does not read is refused rather than ignored:
+    combine and transfer are 2-GT's; 1-GT takes no central_steps or
+    central_optimizer (its server computes one gradient); the oracle has no
+    client_chunk. variant: one of VARIANTS; combine: 2-GT's α, "half" or
+    "mixing"; transfer: 2-GT's ĝ_f, "current" or "stale" (the module's
+    docstring); the other settings below.
+    """
     check_choice("variant", variant, VARIANTS)
+    unread = []
+    if variant != "gt2":
+        unread += [name for name, changed in (("combine", combine != "half"),
+                                              ("transfer", transfer != "current")) if changed]
+    if variant == "gt1":
+        unread += [name for name, value in (("central_steps", central_steps),
+                                            ("central_optimizer", central_optimizer))
+                   if value is not None]
+    if variant == "centralized" and client_chunk is not None:
+        unread.append("client_chunk")
+    if unread:
+        raise ValueError(f"mixed variant {variant!r} does not read {', '.join(unread)}; "
+                         "leave them unset.")
     check_steps("local_steps", local_steps)
     central_steps = local_steps if central_steps is None else central_steps
     check_steps("central_steps", central_steps)
@@ -291,6 +329,8 @@ def _mixed(
             check_steps(name, value)
     _check_weight("w_f", w_f)
     _check_weight("w_c", w_c)
+    if all(isinstance(w, (int, float, np.number)) for w in (w_f, w_c)) and w_f + w_c == 0:
+        raise ValueError("w_f and w_c must not both be 0 (f = w_f f_f + w_c f_c would be 0).")
     check_choice("weighting", weighting, WEIGHTINGS)
     check_choice("combine", combine, COMBINES)
     check_choice("transfer", transfer, TRANSFERS)
@@ -364,18 +404,19 @@ def _mixed(
             # ĝ_c at the round-start model goes down with it. (2-GT's central scan
             # starts with the same batch at x^(t), so its first gradient is this one.)
             loss_c, hat_g_c = g_c(x_t, jax.tree.map(lambda a: a[0], central_in))
-            client_scale, client_corr = w_f, optax.tree.scale(w_c, hat_g_c)
+            client_corr = optax.tree.scale(w_c, hat_g_c)
+
+            def client_direction(grad):  # w_f g_i(y) + w_c ĝ_c
+                return optax.tree.add(optax.tree.scale(w_f, grad), client_corr)
         else:
-            client_scale, client_corr = 1.0, None
+            client_direction = None
 
         def client_step(batch):
             def one(x, y, n, k):
-                grad = client_batch_grad(model, x, y, n, batch_size)
-                steps = client_steps(jax.random.split(k, local_steps), n, y.shape[0],
-                                     batch_size)
-                end, g0, loss0 = descend(grad, opt, x_t, steps, scale=client_scale,
-                                         correction=client_corr)
-                return optax.tree.sub(end, x_t), g0, loss0
+                end, _, losses, g0 = client_update(
+                    model, opt, x_t, x, y, n, k, num_steps=local_steps, batch_size=batch_size,
+                    direction=client_direction, keep_first_grad=True)
+                return optax.tree.sub(end, x_t), g0, losses[0]
 
             deltas, grads0, losses0 = jax.vmap(one)(batch.data.x, batch.data.y,
                                                     batch.data.num_examples, batch.keys)
@@ -508,7 +549,7 @@ def mixed_parallel(model: Model, optimizer=None, *, learning_rate=None, server_o
                    central_loss: CentralLoss | None = None,
                    client_chunk: int | None = None) -> Algorithm:
     """Mixed FL by parallel training (PT): client and server steps from x^(t), deltas mixed."""
-    return _mixed("parallel", model, optimizer, learning_rate=learning_rate,
+    return mixed(model, optimizer, variant="parallel", learning_rate=learning_rate,
                   server_optimizer=server_optimizer, server_learning_rate=server_learning_rate,
                   central_optimizer=central_optimizer, w_f=w_f, w_c=w_c, local_steps=local_steps,
                   central_steps=central_steps, batch_size=batch_size,
@@ -524,7 +565,7 @@ def mixed_gt1(model: Model, optimizer=None, *, learning_rate=None, server_optimi
               central_loss: CentralLoss | None = None,
               client_chunk: int | None = None) -> Algorithm:
     """Mixed FL by one-way gradient transfer (1-GT): clients step on w_f g_i + w_c ĝ_c."""
-    return _mixed("gt1", model, optimizer, learning_rate=learning_rate,
+    return mixed(model, optimizer, variant="gt1", learning_rate=learning_rate,
                   server_optimizer=server_optimizer, server_learning_rate=server_learning_rate,
                   central_optimizer=None, w_f=w_f, w_c=w_c, local_steps=local_steps,
                   central_steps=None, batch_size=batch_size,
@@ -541,7 +582,7 @@ def mixed_gt2(model: Model, optimizer=None, *, learning_rate=None, server_optimi
               central_loss: CentralLoss | None = None, combine: str = "half",
               transfer: str = "current", client_chunk: int | None = None) -> Algorithm:
     """Mixed FL by two-way gradient transfer (2-GT): both sides step on the mixed gradient."""
-    return _mixed("gt2", model, optimizer, learning_rate=learning_rate,
+    return mixed(model, optimizer, variant="gt2", learning_rate=learning_rate,
                   server_optimizer=server_optimizer, server_learning_rate=server_learning_rate,
                   central_optimizer=central_optimizer, w_f=w_f, w_c=w_c, local_steps=local_steps,
                   central_steps=central_steps, batch_size=batch_size,
@@ -558,7 +599,7 @@ def mixed_centralized(model: Model, optimizer=None, *, learning_rate=None,
                       central_loss: CentralLoss | None = None) -> Algorithm:
     """The centrally trained oracle: K minibatch-SGD steps per round on the mixed loss, all
     data pooled on the server (each step a fresh cohort's batches and a central batch)."""
-    return _mixed("centralized", model, optimizer, learning_rate=learning_rate,
+    return mixed(model, optimizer, variant="centralized", learning_rate=learning_rate,
                   server_optimizer=server_optimizer, server_learning_rate=server_learning_rate,
                   central_optimizer=None, w_f=w_f, w_c=w_c, local_steps=local_steps,
                   central_steps=None, batch_size=batch_size,
@@ -567,7 +608,7 @@ def mixed_centralized(model: Model, optimizer=None, *, learning_rate=None,
                   transfer="current", client_chunk=None)
 
 
-for _factory in (mixed_parallel, mixed_gt1, mixed_gt2, mixed_centralized):
+for _factory in (mixed, mixed_parallel, mixed_gt1, mixed_gt2, mixed_centralized):
     _factory.__doc__ += "\n" + _DOC_ARGS
 
 

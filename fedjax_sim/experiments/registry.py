@@ -8,7 +8,7 @@ from fedjax_sim.experiments import (
     ifca_images,
     ifca_success,
     ifca_synthetic,
-    mixed_tasks,
+    mixed,
 )
 from fedjax_sim.experiments.base import Preset
 
@@ -18,7 +18,7 @@ _EXPERIMENT_MODULES = (
     ifca_success,
     ifca_images,
     drfa_molecules,
-    mixed_tasks,
+    mixed,
     hetero,
 )
 

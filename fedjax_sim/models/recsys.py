@@ -38,8 +38,6 @@ gathering and scattering rows is plain indexing.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 
@@ -309,25 +307,6 @@ def scatter_rows(row_values, items, num_items: int):
 
 # ------------------------------------------------------------------------------ counts
 
-class Costs(NamedTuple):
-    """Per-round totals over a set of clients, in floats and multiply-adds, both ways.
-
-    mixed_*: clients hold only their rows and the hinge loss; the server the regularizer.
-    all_on_client_*: every client receives the whole table and computes the hinge loss
-      and the spreadout regularizer itself at every step.
-    *_saved: 1 − mixed / all_on_client (of the totals over the clients).
-    """
-
-    mixed_down: float
-    mixed_up: float
-    all_on_client_down: float
-    all_on_client_up: float
-    communication_saved: float
-    mixed_client_macs: float
-    all_on_client_macs: float
-    computation_saved: float
-
-
 def tower_size(dim: int, tower: bool = True) -> int:
     return dim * dim + dim if tower else 0
 
@@ -335,7 +314,7 @@ def tower_size(dim: int, tower: bool = True) -> int:
 def client_floats(num_client_items, dim: int, *, tower: bool = True,
                   payloads: int = 1):
     """Floats of one model-sized message to/from each client: its rows and the tower,
-    times `payloads` (1-GT sends the model and ĝ_c down: 2; 2-GT also 2 up). [m] ints."""
+    times `payloads` (model-sized messages per direction). [m] ints."""
     return payloads * (jnp.asarray(num_client_items) * dim + tower_size(dim, tower))
 
 
@@ -355,39 +334,6 @@ def regularizer_macs(num_items: int, dim: int, cosine: bool = False) -> int:
     (and the rows' unit normalisation I·d with cosine=True)."""
     return num_items * num_items * dim + num_items * num_items + (num_items * dim if cosine
                                                                   else 0)
-
-
-def costs(num_client_items, num_examples, *, num_items: int, dim: int, context_len: int,
-          steps: int, batch_size: int | None, tower: bool = True, payloads_down: int = 1,
-          payloads_up: int = 1, backward_factor: float = 3.0, loss: str = "inbatch",
-          cosine: bool = False) -> Costs:
-    """Communication and client computation of one round for the given clients.
-
-    Args:
-      num_client_items: [m] each client's distinct training movies (the rows it receives).
-      num_examples: [m] each client's training examples (a batch is min(batch, n)).
-      steps: local steps K; batch_size: None = full batch.
-      payloads_down/up: model-sized messages per direction (PT 1/1, 1-GT 2/1, 2-GT 2/2),
-        the same for both schemes.
-      backward_factor: forward + backward ≈ 3 × forward (the usual rule of thumb).
-      loss, cosine: the client loss and scores, as `dual_encoder` takes them.
-    """
-    u = jnp.asarray(num_client_items, jnp.float32)
-    n = jnp.asarray(num_examples, jnp.float32)
-    b = n if batch_size is None else jnp.minimum(n, batch_size)
-    full_rows = jnp.full_like(u, num_items)
-    down = jnp.sum(client_floats(u, dim, tower=tower, payloads=payloads_down))
-    up = jnp.sum(client_floats(u, dim, tower=tower, payloads=payloads_up))
-    all_down = jnp.sum(client_floats(full_rows, dim, tower=tower, payloads=payloads_down))
-    all_up = jnp.sum(client_floats(full_rows, dim, tower=tower, payloads=payloads_up))
-    client = backward_factor * steps * jnp.sum(
-        hinge_macs(b, context_len, dim, tower=tower, loss=loss, cosine=cosine))
-    reg = backward_factor * steps * len(u) * regularizer_macs(num_items, dim, cosine)
-    return Costs(
-        float(down), float(up), float(all_down), float(all_up),
-        float(1.0 - (down + up) / (all_down + all_up)),
-        float(client), float(client + reg), float(1.0 - client / (client + reg)),
-    )
 
 
 def compiled_flops(fn, *args) -> float:

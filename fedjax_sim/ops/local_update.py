@@ -91,6 +91,8 @@ def client_update(
     batch_size: int | None = None,
     snapshot_step=None,
     batch_loss=None,
+    direction=None,
+    keep_first_grad: bool = False,
 ):
     """Runs num_steps optimizer steps on one client, from `params`.
 
@@ -107,9 +109,14 @@ def client_update(
         params after t′ steps (DRFA's w^(t′)).
       batch_loss: optional (params, x_b, y_b, mask_b, key) -> scalar replacing
         the masked mean of the model's loss (e.g. a mixup loss).
+      direction: optional gradient -> what the optimizer steps along (e.g.
+        Mixed FL's w_f·g + w_c·ĝ_c); default the gradient itself.
+      keep_first_grad: also return the first step's gradient (at `params`, on
+        the first batch, before `direction`), e.g. what Mixed FL's clients send.
 
     Returns:
-      (final params, snapshot params or None, [num_steps] step losses).
+      (final params, snapshot params or None, [num_steps] step losses), and
+      with keep_first_grad that gradient as a fourth item.
     """
     n_max = y.shape[0]
 
@@ -127,7 +134,8 @@ def client_update(
     batches = (None if batch_size is None
                else sample_batches(k_batch, num_examples, n_max, batch_size))
 
-    def step(carry, inputs):
+    def advance(carry, inputs):
+        """One step: (carry, (its loss, its gradient before `direction`))."""
         p, opt_state, snap = carry
         t, k, kl, batch = inputs
         if batch is None:
@@ -140,18 +148,29 @@ def client_update(
         if model.augment is not None:  # this step's train-time view (its own key stream)
             xb = model.augment(jax.random.fold_in(k, AUGMENT_STREAM), xb)
         loss, grads = jax.value_and_grad(loss_fn)(p, xb, yb, mb, kl)
-        updates, opt_state = optimizer.update(grads, opt_state, p)
+        along = grads if direction is None else direction(grads)
+        updates, opt_state = optimizer.update(along, opt_state, p)
         p = optax.apply_updates(p, updates)
         if snapshot_step is not None:
             snap = jax.tree.map(lambda s, q: jnp.where(t + 1 == snapshot_step, q, s), snap, p)
-        return (p, opt_state, snap), loss
+        return (p, opt_state, snap), (loss, grads)
+
+    def step(carry, inputs):
+        carry, (loss, _) = advance(carry, inputs)
+        return carry, loss
 
     snap0 = params if snapshot_step is not None else None
-    (p, _, snap), losses = jax.lax.scan(
-        step, (params, optimizer.init(params), snap0),
-        (jnp.arange(num_steps), keys, k_loss, batches),
-    )
-    return p, snap, losses
+    carry = (params, optimizer.init(params), snap0)
+    steps = (jnp.arange(num_steps), keys, k_loss, batches)
+    if not keep_first_grad:
+        (p, _, snap), losses = jax.lax.scan(step, carry, steps)
+        return p, snap, losses
+    # The first step is peeled off the scan, so its gradient comes out without a
+    # [num_steps]-long output of gradients.
+    first, rest = (jax.tree.map(lambda a, i=i: a[i], steps) for i in (0, slice(1, None)))
+    carry, (loss0, grad0) = advance(carry, first)
+    (p, _, snap), losses = jax.lax.scan(step, carry, rest)
+    return p, snap, jnp.concatenate([loss0[None], losses]), grad0
 
 
 @functools.partial(

@@ -1,0 +1,59 @@
+"""Mixed FL experiments (Augenstein et al., arXiv:2205.13655): one module per task.
+
+* `synthetic` (`mixed-synthetic`): two linear objectives whose optima differ by `gap`;
+* `smile` (`mixed-smile`): label imbalance on sklearn's digits;
+* `charlm` (`mixed-charlm`): Shakespeare next-character prediction;
+* `movielens` (`mixed-movielens`): a dual encoder with a server-side regularizer.
+
+`base` holds what they share: the compared methods, the settings, and the
+comparison that runs every method through `simulate.run`.
+"""
+
+from fedjax_sim.experiments.mixed.base import (
+    LABELS,
+    METHODS,
+    MIXED,
+    MixedTask,
+    build_method,
+    rounds_to_target,
+    with_objective,
+)
+from fedjax_sim.experiments.mixed.charlm import CHARLM, MixedCharLM
+from fedjax_sim.experiments.mixed.charlm import PRESET as _CHARLM_PRESET
+from fedjax_sim.experiments.mixed.movielens import MOVIELENS, Costs, MixedMovieLens, costs
+from fedjax_sim.experiments.mixed.movielens import PRESET as _MOVIELENS_PRESET
+from fedjax_sim.experiments.mixed.smile import PRESET as _SMILE_PRESET
+from fedjax_sim.experiments.mixed.smile import (
+    SMILE,
+    MixedSmile,
+    binary_auc,
+    digits_label_imbalance,
+)
+from fedjax_sim.experiments.mixed.synthetic import PRESET as _SYNTHETIC_PRESET
+from fedjax_sim.experiments.mixed.synthetic import SYNTHETIC, MixedSynthetic, mixed_linear
+
+PRESETS = [_SYNTHETIC_PRESET, _SMILE_PRESET, _CHARLM_PRESET, _MOVIELENS_PRESET]
+
+__all__ = [
+    "CHARLM",
+    "LABELS",
+    "METHODS",
+    "MIXED",
+    "MOVIELENS",
+    "PRESETS",
+    "SMILE",
+    "SYNTHETIC",
+    "Costs",
+    "MixedCharLM",
+    "MixedMovieLens",
+    "MixedSmile",
+    "MixedSynthetic",
+    "MixedTask",
+    "binary_auc",
+    "build_method",
+    "costs",
+    "digits_label_imbalance",
+    "mixed_linear",
+    "rounds_to_target",
+    "with_objective",
+]
