@@ -198,6 +198,7 @@ class MixedTask(Experiment):
     methods = METHODS
     baseline = "fedavg"
     headline = "mixed_gt2"
+    labels = LABELS
     #: metrics of the results table, in order (subclasses).
     table_metrics: tuple[str, ...] = ()
 
@@ -340,10 +341,15 @@ class MixedTask(Experiment):
                 {n: r.seed_mean_rows() for n, r in results.items()}, per_round_of, problem.info)
 
     def plot_compare(self, comparison: Comparison, out_dir) -> None:
-        groups = {LABELS.get(k, k): v for k, v in comparison.histories.items()
-                  if k in MIXED or k == "oracle"}
-        plots.plot_history([], out_dir / "dissimilarity.png",
-                           [("G_tilde", "G̃_t (B = 1)"), ("B_tilde", "B̃_t (G = 0)")],
-                           title=f"{self.name}: sampled gradient dissimilarity", groups=groups,
-                           log_y={"G_tilde", "B_tilde"})
+        """dissimilarity.png: G̃ and B̃ per round of the methods that sample them, seed
+        means with bands, on log axes, in the colours of comparison.png."""
+        rows = [row for r in comparison.results.values() for row in r.long_rows()
+                if r.diverged[row["seed"]] is None]
+        plots.plot_comparison(
+            rows, out_dir / "dissimilarity.png",
+            [("G_tilde", "G̃_t (B = 1)"), ("B_tilde", "B̃_t (G = 0)")],
+            title=f"{self.name}: sampled gradient dissimilarity",
+            methods=[m for m in self.methods if m in MIXED or m == "oracle"],
+            colors=plots.method_colors(self.methods), labels=self.labels,
+            log_y={"G_tilde", "B_tilde"})
 

@@ -193,9 +193,11 @@ class MixedSynthetic(MixedTask):
                    "rounds_to_target": row.get(f"rounds_to_target_{m}")}
                   for row in summary for m in self.methods
                   if row.get("G_tilde_mean") is not None]
+        colors = {LABELS[m]: c for m, c in plots.method_colors(self.methods).items()}
         path = plots.plot_curves(points, out_dir / "rounds_to_target_vs_G.png",
                                  x="G_tilde_mean", y="rounds_to_target", group="method",
-                                 xlabel="mean G̃ (PT, 1-GT, 2-GT)",
+                                 log_x=True, missing="not reached", colors=colors,
+                                 label_format="{value}", xlabel="mean G̃ (PT, 1-GT, 2-GT)",
                                  ylabel="rounds to target (mean over seeds that reached it)")
         return [path] if path is not None else []
 
