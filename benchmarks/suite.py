@@ -1,7 +1,7 @@
 """One device suite: every benchmark that matters, most valuable first, within a wall-time budget.
 
 Usage:
-  python benchmarks/suite.py --budget 480 --out benchmarks/results/DEVICE.json  # and DEVICE.md
+  python benchmarks/suite.py --budget 480 --out benchmarks/results/DEVICE.json  # and the .md
   python benchmarks/suite.py --dry-run --out /tmp/dry.json     # every section at a tiny size (CPU)
   python benchmarks/suite.py --sections table1,sweep_grids --budget 480 --out DEVICE_2.json
 
