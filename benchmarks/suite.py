@@ -50,8 +50,8 @@ model, versions, git HEAD, the probes), `sections` (one entry per section in ord
 Artifacts of the CLI runs (the comparison and sweep directories, max_clients.json)
 go to `<stem>_artifacts/` beside the JSON.
 
-`--dry-run` runs every section at a tiny size (about a minute on 2 CPU cores);
-`tests/test_suite.py` runs it.
+`--dry-run` runs every section at a tiny size (about 50 CPU-seconds: a minute on 2
+quiet CPU cores, two on a loaded one); `tests/test_suite.py` runs it.
 """
 
 from __future__ import annotations
@@ -560,6 +560,8 @@ def _on_sigterm(signum, frame):
 
 def _status_of(parts: list[dict]) -> str:
     statuses = {p.get("status") for p in parts}
+    if statuses == {"skipped"}:  # nothing of it ran
+        return "skipped"
     if "timeout" in statuses:
         return "timeout"
     if "failed" in statuses:
@@ -592,6 +594,8 @@ def run_child(section: Section, ctx: Context, allowed: float) -> dict:
                      stderr_tail=got.get("stderr_tail"))
     else:
         entry["status"] = _status_of(parts)
+        if entry["status"] != "ok":
+            entry["reason"] = f"a part {entry['status']} (see its parts)"
     return entry
 
 
@@ -605,7 +609,13 @@ def run_launcher(section: Section, ctx: Context, allowed: float) -> dict:
         raise
     except Exception as err:  # noqa: BLE001 -- one failing section must not lose the others
         return {"status": "failed", "reason": _error(err), "parts": parts, "figures": {}}
-    return {"status": _status_of(parts), "parts": parts, "figures": final.get("figures", {})}
+    entry = {"status": _status_of(parts), "parts": parts, "figures": final.get("figures", {})}
+    reasons = {"timeout": f"a part ran past the section's allotted {allowed:.0f} s",
+               "failed": "a part failed (see its error)",
+               "skipped": "every part was skipped (see their reasons)"}
+    if entry["status"] in reasons:
+        entry["reason"] = reasons[entry["status"]]
+    return entry
 
 
 def schedule(sections, *, budget_s: float, dry: bool, started: float,
@@ -861,15 +871,21 @@ def main(argv=None) -> int:
         return entry
 
     def record(entries: list[dict]) -> None:
-        payload["sections"] = entries
+        payload["sections"] = list(entries)
         payload["total_seconds"] = time.perf_counter() - t0
-        harness.write_json(out, payload)
-        md_path.write_text(markdown(payload))
+        for path, write in ((out, harness.write_json),
+                            (md_path, lambda p, data: p.write_text(markdown(data)))):
+            tmp = path.with_name(path.name + ".tmp")  # a kill mid-write keeps the last file
+            write(tmp, payload)
+            os.replace(tmp, path)
 
     try:
         entries, stopped = schedule(SECTIONS, budget_s=args.budget, dry=args.dry_run,
                                     started=started, execute=execute, record=record,
                                     selected=selected)
+    except KeyboardInterrupt as err:  # between two sections: keep what was recorded
+        entries = payload["sections"]
+        stopped = "SIGTERM" if isinstance(err, Stopped) else "KeyboardInterrupt"
     finally:
         signal.signal(signal.SIGTERM, previous)
     for entry in entries:
