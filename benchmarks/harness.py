@@ -567,12 +567,18 @@ def stream_bandwidth(num_floats: int | None = None, reps: int = 10) -> dict:
     }
 
 
-def matmul_peak(size: int | None = None, reps: int = 5) -> dict:
-    """GFLOP/s of one large square f32 matmul (2·N³ flops), median over reps.
+def matmul_peak(size: int | None = None, reps: int = 5, *, dtype: str = "float32",
+                precision: str | None = None) -> dict:
+    """GFLOP/s of one large square matmul (2·N³ flops), median over reps.
 
     Args:
       size: N (default 2048 on CPU, 8192 on an accelerator).
       reps: timed calls.
+      dtype: the operands' dtype ("float32", "bfloat16", ...); the product has it too
+        (XLA accumulates bf16 products in f32).
+      precision: `jax.lax.Precision` name for the dot ("highest": true f32 on GPUs and
+        TPUs, whose default f32 dot may use TF32 or bf16 passes); None: JAX's default,
+        what a fedjax_sim round gets.
     """
     import jax
     import jax.numpy as jnp
@@ -580,11 +586,13 @@ def matmul_peak(size: int | None = None, reps: int = 5) -> dict:
     if size is None:
         size = 2048 if _on_cpu() else 8192
     rng = np.random.default_rng(321)
-    a = jnp.asarray(rng.standard_normal((size, size), np.float32))
-    b = jnp.asarray(rng.standard_normal((size, size), np.float32))
-    timing = compile_then_time(jax.jit(jnp.dot), a, b, reps=reps)
+    a = jnp.asarray(rng.standard_normal((size, size), np.float32), dtype)
+    b = jnp.asarray(rng.standard_normal((size, size), np.float32), dtype)
+    timing = compile_then_time(jax.jit(lambda a, b: jnp.dot(a, b, precision=precision)), a, b,
+                               reps=reps)
     t = timing.median_s
-    return {"matmul_peak_GFLOPs": 2 * size**3 / t / 1e9, "matmul_size": size, "matmul_s": t}
+    return {"matmul_peak_GFLOPs": 2 * size**3 / t / 1e9, "matmul_size": size, "matmul_s": t,
+            "matmul_dtype": str(jnp.dtype(dtype)), "matmul_precision": precision or "default"}
 
 
 def machine_ceilings(quick: bool = False) -> dict:
@@ -652,8 +660,14 @@ def run_subprocess(
     timeout: float | None = None,
     watch: Callable[[int], str | None] | None = None,
     poll_s: float = 0.05,
+    echo: str | None = None,
 ) -> Finished:
     """Runs cmd to completion, killing its process group past `timeout` or on `watch`.
+
+    If this process is interrupted while it waits (KeyboardInterrupt, or a SIGTERM
+    handler that raises), the child's process group is killed before the exception
+    propagates, and the output read so far is attached to the exception as
+    `partial` (a `Finished`).
 
     Args:
       cmd: the command.
@@ -663,6 +677,8 @@ def run_subprocess(
       watch: `watch(pid) -> reason or None`, polled every poll_s seconds; a
         reason kills the child (max_clients.py's RSS watchdog).
       poll_s: polling interval.
+      echo: when given, each stderr line of the child is also written to this
+        process's stderr as it arrives, after this prefix (live logs of a long run).
     """
     start = time.perf_counter()
     proc = subprocess.Popen(
@@ -670,6 +686,15 @@ def run_subprocess(
         env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
     )
     killed: list[str] = []
+    out_lines: list[str] = []
+    err_lines: list[str] = []
+
+    def kill(reason: str) -> None:
+        killed.append(reason)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the child's own session
+        except ProcessLookupError:
+            pass
 
     def guard():
         while proc.poll() is None:
@@ -679,25 +704,44 @@ def run_subprocess(
             elif watch is not None:
                 reason = watch(proc.pid)
             if reason:
-                killed.append(reason)
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the child's own session
-                except ProcessLookupError:
-                    pass
+                kill(reason)
                 return
             time.sleep(poll_s)
 
+    def read(stream, lines: list[str], prefix: str | None):
+        for line in stream:
+            lines.append(line)
+            if prefix is not None:
+                sys.stderr.write(prefix + line)
+                sys.stderr.flush()
+
+    readers = [threading.Thread(target=read, args=(proc.stdout, out_lines, None), daemon=True),
+               threading.Thread(target=read, args=(proc.stderr, err_lines, echo), daemon=True)]
+    for reader in readers:
+        reader.start()
     guardian = None
     if timeout is not None or watch is not None:
         guardian = threading.Thread(target=guard, daemon=True)
         guardian.start()
-    out, err = proc.communicate()
+
+    def finished() -> Finished:
+        for reader in readers:
+            reader.join(timeout=5.0)
+        return Finished(
+            returncode=proc.returncode, stdout="".join(out_lines), stderr="".join(err_lines),
+            wall_s=time.perf_counter() - start, killed=killed[0] if killed else None,
+        )
+
+    try:
+        proc.wait()
+    except BaseException as err:  # interrupted: never leave the child running
+        kill(f"interrupted by {type(err).__name__}")
+        proc.wait()
+        err.partial = finished()
+        raise
     if guardian is not None:
         guardian.join()
-    return Finished(
-        returncode=proc.returncode, stdout=out, stderr=err,
-        wall_s=time.perf_counter() - start, killed=killed[0] if killed else None,
-    )
+    return finished()
 
 
 def point_command(module_or_script: str, args: Sequence[str] = ()) -> list[str]:
@@ -717,6 +761,8 @@ def run_point_subprocess(
     *,
     cwd: str | os.PathLike | None = None,
     watch: Callable[[int], str | None] | None = None,
+    keep_all: bool = False,
+    echo: str | None = None,
 ) -> dict:
     """Runs one measurement in a fresh Python process; returns the JSON object it printed.
 
@@ -729,20 +775,32 @@ def run_point_subprocess(
       args: its arguments.
       env: environment entries added to this process's (XLA_FLAGS, ...).
       timeout: seconds before the child is killed.
-      cwd, watch: as in `run_subprocess`.
+      cwd, watch, echo: as in `run_subprocess`.
+      keep_all: also return, success or not, every JSON object the child printed
+        (`objects`, in order: what a child that reports as it goes had finished before
+        it failed or was killed), `timed_out` (killed past `timeout`), `wall_s` and
+        `stderr_tail` (its last 2000 characters).
 
     Returns:
       The child's JSON object, or {"error": why, "returncode": code} when it
-      failed, was killed or printed no JSON object.
+      failed, was killed or printed no JSON object; with keep_all, plus the
+      keys above.
     """
     done = run_subprocess(
-        point_command(module_or_script, args), env=env, cwd=cwd, timeout=timeout, watch=watch
+        point_command(module_or_script, args), env=env, cwd=cwd, timeout=timeout, watch=watch,
+        echo=echo,
     )
     objects = done.json_objects()
     error = done.error()
     if error is None and objects:
-        return objects[-1]
-    return {"error": error or "the child printed no JSON object", "returncode": done.returncode}
+        result = dict(objects[-1])
+    else:
+        result = {"error": error or "the child printed no JSON object",
+                  "returncode": done.returncode}
+    if keep_all:
+        result.update(objects=objects, wall_s=done.wall_s, stderr_tail=done.stderr[-2000:],
+                      timed_out=bool(done.killed and done.killed.startswith("ran past")))
+    return result
 
 
 # --------------------------------------------------------------------------- JSON
