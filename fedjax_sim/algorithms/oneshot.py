@@ -43,6 +43,7 @@ def one_shot_clustering(
     weighting: str = "examples",
     kmeans_restarts: int = 8,
     client_chunk: int | None = None,
+    sampling: str = "with_replacement",
 ) -> Algorithm:
     """Builds one-shot clustering; its rounds are per-cluster FedAvg with fixed assignments.
 
@@ -50,16 +51,19 @@ def one_shot_clustering(
     pre-training, the rounds and evaluation as in `local_models` and `ifca`;
     k-means itself still sees all m flattened local models. Clients without
     data take no part in k-means (assignment -1) nor in any average.
+    `sampling` draws the minibatches of both phases ("with_replacement" or
+    "epochs", see `ops.client_update`).
     """
     check_steps("pretrain_steps", pretrain_steps)
     opt = client_optimizer(optimizer, learning_rate)
     local = local_models(
-        model, opt, local_steps=pretrain_steps, batch_size=batch_size, client_chunk=client_chunk
+        model, opt, local_steps=pretrain_steps, batch_size=batch_size, client_chunk=client_chunk,
+        sampling=sampling,
     )
     clustered = ifca(
         model, opt, num_clusters=num_clusters, option="model", local_steps=local_steps,
         batch_size=batch_size, participation=participation, weighting=weighting,
-        fixed_assignment=True, client_chunk=client_chunk,
+        fixed_assignment=True, client_chunk=client_chunk, sampling=sampling,
     )
 
     def init(key, data: FederatedData) -> IFCAState:
