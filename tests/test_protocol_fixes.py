@@ -4,6 +4,8 @@ under partial participation and its downlink count."""
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,9 +14,11 @@ import pytest
 
 from fedjax_sim.algorithms import fedavg, ifca
 from fedjax_sim.data import FederatedData
+from fedjax_sim.experiments import drfa_molecules
 from fedjax_sim.experiments.registry import get_preset
+from fedjax_sim.experiments.runner import resolve_settings
 from fedjax_sim.models import linear_regression
-from fedjax_sim.ops import epoch_batches, local_update
+from fedjax_sim.ops import epoch_batches, local_update, sample_cohort
 from fedjax_sim.ops.local_update import EPOCH_STREAM
 
 D = 3
@@ -49,6 +53,73 @@ def _gd(theta, x, y, steps, lr):
     for _ in range(steps):
         theta = theta - lr * _grad(theta, x, y)
     return theta
+
+
+# --------------------------------------------------------------------------- 1. FedAvg weights
+
+
+@pytest.mark.parametrize("participation", [1.0, 4 / 6])
+@pytest.mark.parametrize("weighting", ["examples", "uniform"])
+def test_fedavg_round_equals_the_weighted_mean_of_a_per_client_loop(weighting, participation):
+    """McMahan et al.: w ← Σ_{k∈S} n_k w_k / Σ_{k∈S} n_k (examples; DRFLM's objective weights
+    clients so) or the plain mean over the cohort's clients holding data (uniform). τ = 3
+    full-batch GD steps from w on each client; a client without rows has no weight."""
+    data, xs, ys = _clients()
+    tau = 3
+    alg = fedavg(linear_regression(D), learning_rate=LR, local_steps=tau,
+                 participation=participation, weighting=weighting)
+    state = alg.init(jax.random.key(0), data)
+    theta = np.asarray(state.params, np.float64)
+    m = len(SIZES)
+    s = max(1, int(round(participation * m)))
+    round_ = jax.jit(alg.round)
+    for r in range(3):
+        key = jax.random.key(10 + r)
+        state, _ = round_(state, data, key)
+        ids = np.asarray(sample_cohort(key, m, s).ids)  # the round's cohort (its draw only)
+        total, weight = np.zeros(D), 0.0
+        for i in ids:
+            n_i = SIZES[i]
+            if n_i == 0:
+                continue
+            w_i = n_i if weighting == "examples" else 1.0
+            total += w_i * _gd(theta, xs[i], ys[i], tau, LR)
+            weight += w_i
+        if weight > 0:
+            theta = total / weight
+        np.testing.assert_allclose(state.params, theta, rtol=2e-5, atol=1e-6)
+
+
+def _molecule_settings(**overrides):
+    return resolve_settings(get_preset("drfa-synthetic-noise"),
+                            {"num_clients": 6, "n": 10, "batch_size": 4, "local_steps": 2,
+                             **overrides})
+
+
+def test_drfa_presets_weight_fedavg_by_rows_and_fedavg_mixup_honours_official_code():
+    """The DRFLM/DRFA presets' FedAvg is sample-weighted by default; FedAvg+mixup keeps λ at
+    FedAvg's weights (∝ rows, or uniform) and takes the FedTorch form with official_code."""
+    for name in ("drflm-esol", "drflm-freesolv", "drflm-lipophilicity", "drfa-synthetic-noise"):
+        assert get_preset(name).defaults["weighting"] == "examples", name
+    data, _, _ = _clients(sizes=(6, 2, 0, 9, 3, 4))
+    rows = np.asarray(data.num_examples, np.float64)
+    model = linear_regression(D)
+    for weighting, official in itertools.product(("examples", "uniform"), (False, True)):
+        s = _molecule_settings(weighting=weighting, official_code=official, d=D)
+        alg = drfa_molecules.build_method("fedavg_mixup", s, model)
+        state = alg.init(jax.random.key(0), data)
+        want = rows / rows.sum() if weighting == "examples" else np.full(6, 1 / 6)
+        np.testing.assert_allclose(state.lam, want, rtol=1e-6)
+        state, _ = jax.jit(alg.round)(state, data, jax.random.key(1))
+        if official:  # FedTorch: C_s uniform without replacement, γ decays (0 stays 0)
+            assert np.asarray(state.sampled).max() == 1
+        floor = 1e-3 if official else 0.0  # FedTorch's clip floor raises the empty client
+        lam = np.maximum(want, floor)
+        np.testing.assert_allclose(state.lam, lam / lam.sum(), rtol=1e-5, atol=1e-7)
+        weighted = drfa_molecules.build_method("fedavg", s, model)
+        st = weighted.init(jax.random.key(0), data)
+        st, _ = jax.jit(weighted.round)(st, data, jax.random.key(1))
+        assert np.all(np.isfinite(np.asarray(st.params)))
 
 
 # --------------------------------------------------------------------------- 3. local epochs

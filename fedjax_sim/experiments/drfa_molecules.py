@@ -4,12 +4,17 @@ PAPERS.md §3–§5, §9 A.5. Four methods trained side by side over seeds run a
 one vmapped axis, the same federation and initial weights for every method
 within a seed:
 
-- fedavg: the registered FedAvg (uniform cohort without replacement);
+- fedavg: the registered FedAvg (uniform cohort without replacement), its
+  clients weighted by their training rows (setting weighting=examples, the
+  default: DRFLM's objective Σ_i (n_i/n) f_i, which its FedAvg baseline
+  optimises) or uniformly (weighting=uniform);
 - drfa: DRFA (λ-sampled cohort, λ ascent on the losses of w̃);
 - drflm: DRFA with a local mixup step after g (the GNN's graph embedding);
-- fedavg_mixup: DRFLM with λ_lr = 0 (λ stays uniform): the control that
-  separates mixup's effect from the robust weighting (it differs from drflm
-  only in λ_lr, from fedavg in mixup and in sampling with replacement).
+- fedavg_mixup: DRFLM with λ_lr = 0, λ fixed at the FedAvg weights (∝ rows
+  with weighting=examples, else uniform): the control that separates mixup's
+  effect from the robust weighting. Like drfa and drflm it follows
+  official_code (paper form: a cohort drawn ∝ λ with replacement, plain
+  mean; FedTorch form: a uniform cohort, λ-weighted aggregation).
 
 Metrics: the worst-client and the average (over clients) test RMSE in the
 target's own units, the mean training loss, and the λ̂ mass on the noisy
@@ -160,14 +165,20 @@ def build_method(name: str, s: dict, model):
     model_opt = (model, opt)
     robust = dict(lambda_floor=s["lambda_floor"] or None, official_code=s["official_code"])
     if name == "fedavg":
-        return fedavg(*model_opt, **common)
+        return fedavg(*model_opt, weighting=s["weighting"], **common)
     if name == "drfa":
         return drfa(*model_opt, lambda_lr=s["lambda_lr"], **common, **robust)
     mix = dict(alpha=s["mixup_alpha"], beta=s["mixup_beta"], lambda_loss=s["lambda_loss"])
     if name == "drflm":
         return drflm(*model_opt, lambda_lr=s["lambda_lr"], **mix, **common, **robust)
-    if name == "fedavg_mixup":
-        return drflm(*model_opt, lambda_lr=0.0, **mix, **common)
+    if name == "fedavg_mixup":  # λ stays at FedAvg's weights (official_code keeps a given λ₀)
+        if s["weighting"] == "examples":
+            lam0 = "examples"
+        elif s["official_code"]:  # FedTorch's default λ₀ is ∝ rows: uniform must be explicit
+            lam0 = np.full(s["num_clients"], 1.0 / s["num_clients"])
+        else:
+            lam0 = "uniform"
+        return drflm(*model_opt, lambda_lr=0.0, lambda_init=lam0, **mix, **common, **robust)
     raise ValueError(f"method must be one of {METHODS}; got {name!r}.")
 
 
@@ -244,6 +255,9 @@ class DRFAExperiment(Experiment):
         Setting("lambda_floor", float, 0.0, "lower bound on every λ_i (exact floored "
                 "projection; 0: none; official_code: 1e-3 clipped when 0)", minimum=0.0,
                 maximum=0.5),
+        Setting("weighting", str, "examples", "FedAvg's (and FedAvg+mixup's) client weights: "
+                "examples (∝ training rows, DRFLM's objective) or uniform",
+                choices=("examples", "uniform")),
         Setting("official_code", bool, False, "reproduce FedTorch's deviations (PAPERS.md "
                 "§3.2) instead of the paper form"),
         Setting("mixup_alpha", float, 1.0, "α of γ ~ Beta(α, β) (DRFLM, FedAvg+mixup)",
@@ -325,6 +339,9 @@ class DRFAExperiment(Experiment):
     def _notes(self, s, problem, per_seed) -> dict:
         federations = ("a new federation per seed" if s["resplit_per_seed"]
                        else "one federation for all seeds")
+        weights = ("by training rows" if s["weighting"] == "examples" else "uniformly")
+        fixed = ("∝ training rows" if s["weighting"] == "examples" else "uniform")
+        form = ("FedTorch form (official_code)" if s["official_code"] else "paper form")
         notes = {
             "protocol": (
                 f"{s['seeds']} seeds as one vmapped axis; every method gets the same "
@@ -332,10 +349,9 @@ class DRFAExperiment(Experiment):
                 f"target units ({problem.units}); average RMSE = mean over clients of "
                 "each client's RMSE"),
             "methods": (
-                "fedavg: registered FedAvg (uniform cohort without replacement); drfa, drflm: "
-                f"{'FedTorch form (official_code)' if s['official_code'] else 'paper form'}; "
-                "fedavg_mixup: DRFLM with lambda_lr = 0 (λ stays uniform; cohort drawn with "
-                "replacement)"),
+                "fedavg: registered FedAvg (uniform cohort without replacement, clients "
+                f"weighted {weights}); drfa, drflm: {form}; fedavg_mixup: DRFLM with "
+                f"lambda_lr = 0 and λ fixed {fixed} ({form})"),
             "choices": (
                 "t' uniform on {1..τ} (paper form); U_s uniform without replacement; one γ ~ "
                 "Beta per minibatch, pairs within the minibatch; mixup after g = "
