@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_sim.algorithms import fedavg, ifca
+from fedjax_sim.algorithms import drfa, fedavg, ifca
 from fedjax_sim.data import FederatedData
 from fedjax_sim.experiments import drfa_molecules
 from fedjax_sim.experiments.registry import get_preset
@@ -120,6 +120,91 @@ def test_drfa_presets_weight_fedavg_by_rows_and_fedavg_mixup_honours_official_co
         st = weighted.init(jax.random.key(0), data)
         st, _ = jax.jit(weighted.round)(st, data, jax.random.key(1))
         assert np.all(np.isfinite(np.asarray(st.params)))
+
+
+# ------------------------------------------------------------- 2. DRFA, FedTorch's snapshot
+
+TAU = 4
+GAMMA0 = 2.0
+FLOOR = 1e-3
+
+
+def _np_projection(v):
+    """Euclidean projection onto the simplex by sorting (FedTorch: projection_simplex_sort)."""
+    u = np.sort(v)[::-1]
+    cssv = np.cumsum(u) - 1.0
+    ind = np.arange(1, len(v) + 1)
+    rho = ind[u - cssv / ind > 0][-1]
+    return np.maximum(v - cssv[rho - 1] / rho, 0.0)
+
+
+def fedtorch_round(w, lam, gamma, xs, ys, key, *, m):
+    """One round of FedTorch's centered DRFA (train_and_validate_drfa_centered), float64.
+
+    In its order: γ ← 0.9 γ; each online client (uniform, without replacement) loads w,
+    draws k uniform on {1, ..., τ−1} and, in its loop over local steps, copies its model
+    when the step counter reaches k (before that step's update: after k − 1 updates);
+    w ← w − Σ_j (λ_j N/m)(w − w_j); w̃ = the mean of the copies; the λ-clients (uniform,
+    without replacement) return (N/m)·loss of w̃; λ ← Π(λ + γ τ v); entries ≤ 1e-3 are set
+    to 1e-3 and λ renormalised. The random draws are the round key's, as drfa documents
+    them (cohort key, step-index key, λ-cohort key); full-batch steps and probes. A client
+    without rows (none in FedTorch) trains nothing and is left out of w̃'s mean.
+    """
+    n = len(xs)
+    gamma = 0.9 * gamma
+    key_c, key_t, key_u = jax.random.split(key, 3)
+    online = np.asarray(sample_cohort(key_c, n, m).ids)
+    ks = np.asarray(jax.random.randint(key_t, (m,), 1, TAU))
+    update, snaps = np.zeros_like(w), []
+    for j, i in enumerate(online):
+        if len(ys[i]) == 0:
+            continue
+        model, kth = w.copy(), None
+        for step in range(1, TAU + 1):
+            if step == ks[j]:
+                kth = model.copy()
+            model = model - LR * _grad(model, xs[i], ys[i])
+        update += lam[i] * n / m * (w - model)
+        snaps.append(kth)
+    w_new = w - update
+    w_tilde = np.mean(snaps, axis=0)
+    probe_ids = np.asarray(sample_cohort(key_u, n, m).ids)
+    v = np.zeros(n)
+    probe = []
+    for i in probe_ids:
+        loss = _loss(w_tilde, xs[i], ys[i]) if len(ys[i]) else 0.0
+        v[i] = loss * n / m
+        probe.append(loss)
+    lam = _np_projection(lam + gamma * TAU * v)
+    lam[lam <= FLOOR] = FLOOR
+    lam = lam / lam.sum()
+    return w_new, lam, gamma, w_tilde, max(probe)
+
+
+def test_drfa_official_code_round_equals_fedtorchs_order_of_operations():
+    """Params (the λ-weighted aggregation), λ (γ decay, projection, floor) and the snapshot
+    w̃ (through the probe losses: λ's move and the worst probe loss) over two rounds."""
+    thetas = np.random.default_rng(5).normal(size=(6, D)) * 2.0  # clients disagree: λ moves
+    data, xs, ys = _clients(seed=1, thetas=thetas)
+    m = 3
+    alg = drfa(linear_regression(D), learning_rate=LR, local_steps=TAU, participation=m / 6,
+               lambda_lr=GAMMA0, official_code=True)
+    state = alg.init(jax.random.key(0), data)
+    rows = np.asarray(SIZES, np.float64)
+    lam = rows / rows.sum()  # FedTorch: λ₀ ∝ sample counts
+    np.testing.assert_allclose(state.lam, lam, rtol=1e-6)
+    w, gamma = np.asarray(state.params, np.float64), GAMMA0
+    round_ = jax.jit(alg.round)
+    for r in range(2):
+        key = jax.random.key(20 + r)
+        state, metrics = round_(state, data, key)
+        w, lam, gamma, w_tilde, probe_worst = fedtorch_round(w, lam, gamma, xs, ys, key, m=m)
+        np.testing.assert_allclose(state.params, w, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(state.lambda_lr, gamma, rtol=1e-6)
+        np.testing.assert_allclose(state.lam, lam, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(metrics["probe_loss_worst"], probe_worst, rtol=1e-5)
+        assert not np.allclose(w_tilde, w)  # the snapshot is not the round's result
+    assert np.asarray(state.lam).min() < 2e-3  # the floor was exercised (the empty client)
 
 
 # --------------------------------------------------------------------------- 3. local epochs

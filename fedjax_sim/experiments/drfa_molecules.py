@@ -353,7 +353,9 @@ class DRFAExperiment(Experiment):
                 f"weighted {weights}); drfa, drflm: {form}; fedavg_mixup: DRFLM with "
                 f"lambda_lr = 0 and λ fixed {fixed} ({form})"),
             "choices": (
-                "t' uniform on {1..τ} (paper form); U_s uniform without replacement; one γ ~ "
+                "t' uniform on {1..τ} (paper form; official_code: each client's model after "
+                "k − 1 local steps, k uniform on {1..τ−1} per client, as FedTorch); U_s uniform "
+                "without replacement; one γ ~ "
                 "Beta per minibatch, pairs within the minibatch; mixup after g = "
                 + ("the identity (inputs mixed)" if s["dataset"] == "synthetic"
                    else "the GNN's graph embedding (trained through the mixed embeddings)")
