@@ -14,7 +14,7 @@ import pytest
 
 from fedjax_sim.algorithms import drfa, fedavg, ifca
 from fedjax_sim.data import FederatedData
-from fedjax_sim.experiments import drfa_molecules
+from fedjax_sim.experiments import drfa_molecules, ifca_images
 from fedjax_sim.experiments.registry import get_preset
 from fedjax_sim.experiments.runner import resolve_settings
 from fedjax_sim.models import linear_regression
@@ -278,3 +278,68 @@ def test_sampling_is_checked():
     assert get_preset("ifca-rotated-cifar").defaults["sampling"] == "epochs"
 
 
+# ------------------------------------------------------- 4. IFCA under partial participation
+
+
+def _plain_identity(assignment, truth, k):
+    """Best relabelling by brute force over the clients that have taken part (assignment >= 0)."""
+    part = [(a, t) for a, t in zip(assignment, truth, strict=True) if a >= 0 and t >= 0]
+    if not part:
+        return float("nan")
+    best = max(sum(perm[a] == t for a, t in part) for perm in itertools.permutations(range(k)))
+    return best / len(part)
+
+
+def test_participant_identity_accuracy_equals_a_plain_loop():
+    rng = np.random.default_rng(0)
+    k = 3
+    for trial in range(30):
+        m = 12
+        truth = rng.integers(0, k, m)
+        assignment = rng.integers(0, k, m)
+        assignment[rng.random(m) < 0.4] = -1  # never sampled
+        if trial == 0:
+            assignment[:] = -1
+        got = ifca_images.participant_identity_accuracy(assignment, truth, k)
+        want = _plain_identity(assignment, truth, k)
+        if np.isnan(want):
+            assert np.isnan(got)
+        else:
+            assert got == pytest.approx(want)
+    # perfect clustering of the clients seen so far scores 1, whoever was not sampled
+    truth = np.array([0, 0, 1, 1, 2, 2])
+    assert ifca_images.participant_identity_accuracy(
+        np.array([2, -1, 0, -1, -1, 1]), truth, 3) == 1.0
+
+
+def test_ifca_keeps_each_clients_most_recent_assignment_and_counts_downlink_of_data_slots():
+    """Partial participation: after every round state.assignment is, for each client, the
+    argmin_j F_i(θ_j) of the last round it took part in (θ at that round's start), -1 while
+    never sampled; the downlink is k·d floats per cohort slot holding data."""
+    k, m = 2, 8
+    sizes = (4, 0, 3, 5, 2, 6, 0, 3)
+    thetas = [np.full(D, 1.0) if i % 2 else np.full(D, -1.0) for i in range(m)]
+    data, xs, ys = _clients(seed=3, sizes=sizes, thetas=thetas)
+    s = 3
+    alg = ifca(linear_regression(D), num_clusters=k, learning_rate=LR, option="model",
+               local_steps=2, participation=s / m)
+    state = alg.init(jax.random.key(0), data)
+    last = np.full(m, -1)
+    round_ = jax.jit(alg.round)
+    empty_sampled = False
+    for r in range(6):
+        key = jax.random.key(30 + r)
+        params = np.asarray(state.cluster_params, np.float64)
+        state, metrics = round_(state, data, key)
+        ids = np.asarray(sample_cohort(key, m, s).ids)
+        with_data = 0
+        for i in ids:
+            if sizes[i] == 0:
+                empty_sampled = True
+                continue
+            last[i] = int(np.argmin([_loss(params[j], xs[i], ys[i]) for j in range(k)]))
+            with_data += 1
+        np.testing.assert_array_equal(state.assignment, last)
+        assert float(metrics["downlink_floats"]) == with_data * k * D
+    assert empty_sampled, "some cohort must hold a client without data"
+    assert (last == -1).any() and (last >= 0).any()

@@ -64,7 +64,10 @@ class IFCAState(NamedTuple):
     cluster_params: object  # pytree, leaves [k, ...] (with weight sharing: the heads)
     shared_params: object  # the trunk every cluster shares (weight sharing); {} otherwise
     opt_state: object  # server optimizer state for option I (leaves [k, ...]); () for option II
-    assignment: jax.Array  # [m] int32, last cluster of each client; -1 before it took part
+    assignment: jax.Array  # [m] int32, each client's most recent cluster (set in the rounds it
+    #                        takes part with data; a warm start's groups from init); -1 while
+    #                        it has none (cluster-identity accuracy under partial participation
+    #                        is taken over the clients >= 0)
     stable: jax.Array  # [m] int32, consecutive rounds with an unchanged assignment
     round: jax.Array  # int32, rounds done
 
@@ -147,7 +150,8 @@ def _choose(losses, batch):
 
 
 def _round_metrics(losses, assignment, active, frozen, state: IFCAState) -> dict:
-    """Mean chosen loss and cluster sizes over the cohort's clients with data; downlink floats."""
+    """Mean chosen loss and cluster sizes over the cohort's clients with data; downlink floats
+    (k·d to each cohort slot holding data, d to a frozen one; a slot without data gets nothing)."""
     s, k = losses.shape
     d = num_params(jax.tree.map(lambda p: p[0], state.cluster_params))
     d += num_params(state.shared_params)
@@ -159,7 +163,8 @@ def _round_metrics(losses, assignment, active, frozen, state: IFCAState) -> dict
     return {
         "train_loss": jnp.sum(jnp.where(active, chosen, 0.0)) / jnp.maximum(with_data, 1.0),
         "cluster_sizes": counts[:k],
-        "downlink_floats": jnp.sum(jnp.where(frozen, d, k * d)).astype(jnp.float32),
+        "downlink_floats": jnp.sum(jnp.where(active, jnp.where(frozen, d, k * d), 0)).astype(
+            jnp.float32),
         "frozen_clients": jnp.sum(frozen).astype(jnp.int32),
     }, with_data
 

@@ -265,11 +265,29 @@ def _weighted(values, weights):
     return (np.where(w > 0, v, 0.0) * w).sum(-1) / np.where(total > 0, total, np.nan)
 
 
+def participant_identity_accuracy(assignment, truth, num_clusters: int) -> float:
+    """Cluster-identity accuracy over the clients that have taken part (the paper's Fig. 4).
+
+    assignment [m] is each client's most recent cluster (IFCA's state: the
+    cluster it chose in the last round it took part in; -1 while it never
+    has). The accuracy is the fraction of the clients with an assignment
+    (and a known truth) whose cluster is right under the best one-to-one
+    relabelling of clusters; NaN while no client has one. With full
+    participation every client has taken part after round 1, so this is the
+    plain accuracy over all clients; under partial participation a client not
+    yet sampled is not counted (counting it as wrong would cap the accuracy
+    at the fraction of clients sampled so far).
+    """
+    a = np.asarray(assignment)
+    return cluster_identity_accuracy(a, np.where(a >= 0, np.asarray(truth), -1), num_clusters)
+
+
 def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_rounds: int):
     """state -> {metric: [seeds]} for one method (vmapped over seeds).
 
     Clustering methods: cluster_accuracy from the state's assignment (each
-    round's own choice, Fig. 4) on every call; the accuracy and loss metrics
+    client's most recent choice, over the clients that have taken part:
+    `participant_identity_accuracy`, Fig. 4) on every call; the accuracy and loss metrics
     of every method only every eval_every rounds and at the last round (other
     calls return no more). All evaluations of a call are one compiled function.
     """
@@ -311,7 +329,7 @@ def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_r
 
     def identity(state):
         assignment = np.asarray(state.assignment)
-        return np.array([cluster_identity_accuracy(a, t, k)
+        return np.array([participant_identity_accuracy(a, t, k)
                          for a, t in zip(assignment, truth, strict=True)])
 
     def metrics(state):
