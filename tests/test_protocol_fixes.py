@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_sim.algorithms import drfa, fedavg, ifca
+from fedjax_sim.algorithms import drfa, fedavg, ifca, with_seeds
 from fedjax_sim.data import FederatedData
 from fedjax_sim.experiments import drfa_molecules, ifca_images
 from fedjax_sim.experiments.registry import get_preset
@@ -120,6 +120,21 @@ def test_drfa_presets_weight_fedavg_by_rows_and_fedavg_mixup_honours_official_co
         st = weighted.init(jax.random.key(0), data)
         st, _ = jax.jit(weighted.round)(st, data, jax.random.key(1))
         assert np.all(np.isfinite(np.asarray(st.params)))
+
+
+def test_fedavg_reports_its_client_weights_as_lambda():
+    """FedAvg keeps no λ; the DRFA experiment reports its fixed weights in λ's columns."""
+    data, _, _ = _clients(sizes=(6, 2, 0, 9))
+    rows = np.asarray(data.num_examples, np.float64)
+    model = linear_regression(D)
+    problem = drfa_molecules.Problem(data, data, [1.0, 1.0], np.zeros(4, bool), "y", {}, model,
+                                     True)
+    alg = with_seeds(fedavg(model, learning_rate=LR), 2, shared_data=True)
+    state = alg.init(jax.random.key(0), data)
+    for weighting, want in (("examples", rows / rows.sum()), ("uniform", np.full(4, 0.25))):
+        out = drfa_molecules._metrics_fn(alg, problem, weighting)(state)
+        np.testing.assert_allclose(out["lambda_hat_max"], [want.max()] * 2)
+        np.testing.assert_allclose(out["lambda_2"], [want[2]] * 2)
 
 
 # ------------------------------------------------------------- 2. DRFA, FedTorch's snapshot

@@ -182,8 +182,10 @@ def build_method(name: str, s: dict, model):
     raise ValueError(f"method must be one of {METHODS}; got {name!r}.")
 
 
-def _metrics_fn(algorithm, problem: Problem):
-    """state -> {metric: [seeds] host array}: test RMSE (target units), losses, λ, sampled."""
+def _metrics_fn(algorithm, problem: Problem, weighting: str = "uniform"):
+    """state -> {metric: [seeds] host array}: test RMSE (target units), losses, λ, sampled.
+
+    FedAvg keeps no λ: its fixed client weights (`weighting`) stand in for λ and λ̂."""
     evaluate = jax.jit(algorithm.evaluate)
     std = problem.target_std[:, None]
     n_clients = problem.noisy.shape[0]
@@ -207,8 +209,13 @@ def _metrics_fn(algorithm, problem: Problem):
             lam = np.asarray(parallel.to_host(state.lam), np.float64)
             lam_hat = np.asarray(parallel.to_host(state.lam_avg), np.float64)
             sampled = np.asarray(parallel.to_host(state.sampled), np.float64)
-        else:  # FedAvg weighs clients uniformly and keeps no sampling counter
-            lam = lam_hat = np.full((seeds, n_clients), 1.0 / n_clients)
+        else:  # FedAvg: its fixed client weights; it keeps no sampling counter
+            if weighting == "examples":
+                rows = np.broadcast_to(np.asarray(problem.train.num_examples, np.float64),
+                                       (seeds, n_clients))
+                lam = lam_hat = rows / np.maximum(rows.sum(-1, keepdims=True), 1.0)
+            else:
+                lam = lam_hat = np.full((seeds, n_clients), 1.0 / n_clients)
             sampled = np.full((seeds, n_clients), np.nan)
         # Rounded: a λ that never moved would otherwise differ from 1/N by float rounding.
         out["lambda_hat_noisy"] = (np.round(lam_hat[:, problem.noisy].sum(-1), 6)
@@ -325,7 +332,7 @@ class DRFAExperiment(Experiment):
                 _, history = simulate.run(
                     algorithm, problem.train, jax.random.fold_in(key, _ROUNDS),
                     rounds=s["rounds"], eval_every=s["eval_every"],
-                    evaluate=_metrics_fn(algorithm, problem), progress=ctx.progress,
+                    evaluate=_metrics_fn(algorithm, problem, s["weighting"]), progress=ctx.progress,
                     description=f"compare {name}", copies_axis=True)
             except simulate.Diverged as err:
                 history = err.history
