@@ -656,8 +656,8 @@ def test_run_history_keeps_each_copys_round_metrics_with_columns_from_round_0(tm
     assert [r["round"] for r in history] == [0, 2, 4] and rows == history
     assert np.isnan(history[0]["downlink_floats"]).all()
     for row in history[1:]:
-        # All 5 clients (the empty one too) download the k models of d floats (hand count).
-        np.testing.assert_array_equal(row["downlink_floats"], np.full(copies, 5 * k * d))
+        # The 4 clients holding data download the k models of d floats; the empty one nothing.
+        np.testing.assert_array_equal(row["downlink_floats"], np.full(copies, 4 * k * d))
         chex.assert_shape(row["frozen_clients"], (copies,))
     assert "cluster_sizes" not in history[-1]  # a vector per round: not a history column
     assert len((tmp_path / "metrics.csv").read_text().splitlines()) == 1 + 3 * copies

@@ -24,9 +24,11 @@ mixup loss into v.
 (`comms/trainings/federated/centered/drfa.py`, docs/protocols.md#drfa-fedtorch) instead:
 λ^(0) ∝ sample counts; γ ← 0.9 γ at the start of every round; C_s uniform
 without replacement with the λ-importance-weighted update
-w ← w + Σ_j (λ_j N/m)(w_j − w); a snapshot step per client from {1, ..., τ−1}
-(FedTorch draws it inside its loop over clients); λ floored at 1e-3 by
-clipping and renormalising, every entry (its distributed variant).
+w ← w + Σ_j (λ_j N/m)(w_j − w); each client draws k uniformly from
+{1, ..., τ−1} (FedTorch draws it inside its loop over clients) and keeps the
+model it holds when its k-th local step begins, i.e. after k − 1 updates
+(w̃ = the plain mean of those); λ floored at 1e-3 by clipping and
+renormalising, every entry (its distributed variant).
 """
 
 from __future__ import annotations
@@ -230,7 +232,9 @@ def drfa(
         # --- C_s: τ local steps, keeping the snapshot at t'
         if official_code:
             cohort = sample_cohort(key_c, n, m)
-            snap_steps = jax.random.randint(key_t, (m,), 1, local_steps)
+            # FedTorch copies the model when its step counter reaches k, before that step's
+            # update: the snapshot is the model after k − 1 updates.
+            snap_steps = jax.random.randint(key_t, (m,), 1, local_steps) - 1
             slot_weight = take(cohort, state.lam) * (n / m)
         else:
             cohort = sample_cohort(key_c, n, m, weights=state.lam)

@@ -29,6 +29,7 @@ from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
 from fedjax_sim.ops import (
     check_client_chunk,
+    check_sampling,
     cohort_sums,
     local_update,
     map_client_chunks,
@@ -77,6 +78,7 @@ def fedavg(
     participation: float = 1.0,
     weighting: str = "uniform",
     client_chunk: int | None = None,
+    sampling: str = "with_replacement",
 ) -> Algorithm:
     """Builds FedAvg: τ local steps on a cohort, then the (weighted) mean model.
 
@@ -87,12 +89,15 @@ def fedavg(
       local_steps: τ.
       batch_size: None for full-batch steps, else the minibatch size.
       participation: fraction of clients per round, uniform without replacement.
-      weighting: "uniform" or "examples" (weights ∝ num_examples). Clients
-        without data have weight 0; when the whole cohort has none the model
-        is kept.
+      weighting: "uniform" or "examples" (weights ∝ num_examples: the
+        sample-weighted mean Σ_k n_k w_k / Σ_k n_k over the cohort, as in
+        McMahan et al.'s FedAvg and DRFLM's objective). Clients without data
+        have weight 0; when the whole cohort has none the model is kept.
       client_chunk: None trains the whole cohort at once; else this many
         clients at a time, accumulating the weighted sum of trained models
         (never holding [s, ...] of them).
+      sampling: minibatches "with_replacement" (independent draws per step)
+        or in "epochs" (every row once per epoch; `ops.client_update`).
     """
     check_steps("local_steps", local_steps)
     if batch_size is not None:
@@ -100,6 +105,7 @@ def fedavg(
     check_fraction("participation", participation)
     check_choice("weighting", weighting, ("uniform", "examples"))
     check_client_chunk(client_chunk)
+    check_sampling(sampling)
     opt = client_optimizer(optimizer, learning_rate)
 
     def init(key, data: FederatedData) -> FedAvgState:
@@ -114,7 +120,8 @@ def fedavg(
         def client_step(batch):  # τ local steps from the global model, weighted sum
             start = broadcast_to_clients(state.params, batch.keys.shape[0])
             trained, _, losses = local_update(model, opt, start, batch.data, batch.keys,
-                                              num_steps=local_steps, batch_size=batch_size)
+                                              num_steps=local_steps, batch_size=batch_size,
+                                              sampling=sampling)
             weights = client_weights(batch.active, batch.data.num_examples, weighting)
             sums = (weighted_sum(trained, weights), jnp.sum(weights))
             return sums, (losses[:, 0], batch.active)

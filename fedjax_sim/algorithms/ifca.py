@@ -39,6 +39,7 @@ from fedjax_sim.models.core import Model, client_accuracy, combine, partition
 from fedjax_sim.ops import (
     assign_clusters,
     check_client_chunk,
+    check_sampling,
     cluster_gradient_sums,
     cluster_losses,
     cohort_sums,
@@ -63,13 +64,17 @@ class IFCAState(NamedTuple):
     cluster_params: object  # pytree, leaves [k, ...] (with weight sharing: the heads)
     shared_params: object  # the trunk every cluster shares (weight sharing); {} otherwise
     opt_state: object  # server optimizer state for option I (leaves [k, ...]); () for option II
-    assignment: jax.Array  # [m] int32, last cluster of each client; -1 before it took part
+    assignment: jax.Array  # [m] int32, each client's most recent cluster (set in the rounds it
+    #                        takes part with data; a warm start's groups from init); -1 while
+    #                        it has none (cluster-identity accuracy under partial participation
+    #                        is taken over the clients >= 0)
     stable: jax.Array  # [m] int32, consecutive rounds with an unchanged assignment
     round: jax.Array  # int32, rounds done
 
 
 def _check(num_clusters, option, local_steps, batch_size, participation, weighting, divide_by,
-           stable_rounds, weight_sharing, model, freeze_shared=False, warm_start_rounds=0):
+           stable_rounds, weight_sharing, model, freeze_shared=False, warm_start_rounds=0,
+           sampling=None):
     if freeze_shared and not weight_sharing:
         raise ValueError("freeze_shared needs weight_sharing=True (a trunk shared by every "
                          "cluster to keep frozen).")
@@ -82,7 +87,7 @@ def _check(num_clusters, option, local_steps, batch_size, participation, weighti
     if option == "gradient":
         # Option I takes one full-batch gradient per client: these would be ignored.
         ignored = {"local_steps": local_steps, "batch_size": batch_size, "weighting": weighting,
-                   "weight_sharing": weight_sharing or None}
+                   "weight_sharing": weight_sharing or None, "sampling": sampling}
         given = [name for name, value in ignored.items() if value is not None]
         if given:
             raise ValueError(
@@ -97,6 +102,7 @@ def _check(num_clusters, option, local_steps, batch_size, participation, weighti
         if batch_size is not None:
             check_steps("batch_size", batch_size)
         check_choice("weighting", weighting or "uniform", WEIGHTINGS)
+        check_sampling(sampling or "with_replacement")
     if weight_sharing and not model.is_split:
         raise ValueError("weight_sharing needs a split model (models.split_model).")
     if stable_rounds is not None:
@@ -144,7 +150,8 @@ def _choose(losses, batch):
 
 
 def _round_metrics(losses, assignment, active, frozen, state: IFCAState) -> dict:
-    """Mean chosen loss and cluster sizes over the cohort's clients with data; downlink floats."""
+    """Mean chosen loss and cluster sizes over the cohort's clients with data; downlink floats
+    (k·d to each cohort slot holding data, d to a frozen one; a slot without data gets nothing)."""
     s, k = losses.shape
     d = num_params(jax.tree.map(lambda p: p[0], state.cluster_params))
     d += num_params(state.shared_params)
@@ -156,7 +163,8 @@ def _round_metrics(losses, assignment, active, frozen, state: IFCAState) -> dict
     return {
         "train_loss": jnp.sum(jnp.where(active, chosen, 0.0)) / jnp.maximum(with_data, 1.0),
         "cluster_sizes": counts[:k],
-        "downlink_floats": jnp.sum(jnp.where(frozen, d, k * d)).astype(jnp.float32),
+        "downlink_floats": jnp.sum(jnp.where(active, jnp.where(frozen, d, k * d), 0)).astype(
+            jnp.float32),
         "frozen_clients": jnp.sum(frozen).astype(jnp.int32),
     }, with_data
 
@@ -180,6 +188,7 @@ def ifca(
     client_chunk: int | None = None,
     freeze_shared: bool = False,
     warm_start_rounds: int = 0,
+    sampling: str | None = None,
 ) -> Algorithm:
     """Builds IFCA.
 
@@ -230,6 +239,10 @@ def ifca(
         into k random groups of equal size (client i's group is its
         assignment) and for this many rounds every client trains the head of
         its group instead of choosing by loss; 0: no warm start.
+      sampling: option II's minibatches: "with_replacement" (default: each
+        step draws its batch independently) or "epochs" (every real row once
+        per epoch, a fresh permutation each epoch: the rotated-CIFAR protocol's
+        "5 local epochs of batch 50"); refused for option I.
 
     A client without data (num_examples 0) takes no part: it is not
     assigned, has no weight in any average and is not counted in cluster
@@ -239,7 +252,7 @@ def ifca(
       Algorithm(init, round, evaluate) with state IFCAState.
     """
     _check(num_clusters, option, local_steps, batch_size, participation, weighting, divide_by,
-           stable_rounds, weight_sharing, model, freeze_shared, warm_start_rounds)
+           stable_rounds, weight_sharing, model, freeze_shared, warm_start_rounds, sampling)
     check_client_chunk(client_chunk)
     if not weight_sharing:  # a split model's params are then whole per cluster
         model = model.unsplit()
@@ -247,6 +260,7 @@ def ifca(
     opt = client_optimizer(optimizer, learning_rate)
     local_steps = local_steps or 1
     weighting = weighting or "uniform"
+    sampling = sampling or "with_replacement"
     # With a frozen trunk the local steps train the head on the trunk's features.
     head_model = Model(model.init, model.head, model.example_loss, model.correct)
 
@@ -300,13 +314,15 @@ def ifca(
         if freeze_shared:  # the trunk's features once, then τ steps on the head alone
             features = jax.vmap(lambda x: model.features(shared, x))(batch.data.x)
             heads, _, _ = local_update(head_model, opt, start, batch.data.replace(x=features),
-                                       batch.keys, num_steps=local_steps, batch_size=batch_size)
+                                       batch.keys, num_steps=local_steps, batch_size=batch_size,
+                                       sampling=sampling)
             trunks = {}
         else:
             if weight_sharing:
                 start = combine(model, broadcast_to_clients(shared, assignment.shape[0]), start)
             trained, _, _ = local_update(model, opt, start, batch.data, batch.keys,
-                                         num_steps=local_steps, batch_size=batch_size)
+                                         num_steps=local_steps, batch_size=batch_size,
+                                         sampling=sampling)
             trunks, heads = partition(model, trained) if weight_sharing else ({}, trained)
         weights = client_weights(batch.active, batch.data.num_examples, weighting)
         segment = jnp.where(batch.active, assignment, k)  # id k is dropped

@@ -19,7 +19,13 @@ from fedjax_sim.algorithms.base import (
 )
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
-from fedjax_sim.ops import check_client_chunk, client_keys, local_update, map_client_chunks
+from fedjax_sim.ops import (
+    check_client_chunk,
+    check_sampling,
+    client_keys,
+    local_update,
+    map_client_chunks,
+)
 
 
 class LocalState(NamedTuple):
@@ -36,6 +42,7 @@ def local_models(
     batch_size: int | None = None,
     shared_init: bool = True,
     client_chunk: int | None = None,
+    sampling: str = "with_replacement",
 ) -> Algorithm:
     """Builds the local-only baseline: one "round" is τ local steps on every client.
 
@@ -46,6 +53,7 @@ def local_models(
       client_chunk: None trains (and evaluates) all clients at once; else this
         many at a time, so gradients, optimizer states and activations exist
         for one chunk only (the state itself is [m, ...] either way).
+      sampling: minibatches "with_replacement" or in "epochs" (`ops.client_update`).
 
     A client without data keeps its initial model and has weight 0 in every
     average.
@@ -54,6 +62,7 @@ def local_models(
     if batch_size is not None:
         check_steps("batch_size", batch_size)
     check_client_chunk(client_chunk)
+    check_sampling(sampling)
     opt = client_optimizer(optimizer, learning_rate)
 
     def init(key, data: FederatedData) -> LocalState:
@@ -71,6 +80,7 @@ def local_models(
         params, _, losses = local_update(
             model, opt, state.params, data, client_keys(key, ids),
             num_steps=local_steps, batch_size=batch_size, client_chunk=client_chunk,
+            sampling=sampling,
         )
         return LocalState(params, state.round + 1), {
             "train_loss": mean_over(losses[:, 0], data.active())}

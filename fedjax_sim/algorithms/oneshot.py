@@ -43,6 +43,7 @@ def one_shot_clustering(
     weighting: str = "examples",
     kmeans_restarts: int = 8,
     client_chunk: int | None = None,
+    sampling: str = "with_replacement",
     pretrain_learning_rate=None,
 ) -> Algorithm:
     """Builds one-shot clustering; its rounds are per-cluster FedAvg with fixed assignments.
@@ -51,6 +52,8 @@ def one_shot_clustering(
     pre-training, the rounds and evaluation as in `local_models` and `ifca`;
     k-means itself still sees all m flattened local models. Clients without
     data take no part in k-means (assignment -1) nor in any average.
+    `sampling` draws the minibatches of both phases ("with_replacement" or
+    "epochs", see `ops.client_update`).
 
     pretrain_learning_rate: plain SGD's step for the local pre-training
     (None: the rounds' optimizer). One client's rows alone can need a smaller
@@ -61,12 +64,13 @@ def one_shot_clustering(
     pre_opt = opt if pretrain_learning_rate is None else client_optimizer(
         None, pretrain_learning_rate)
     local = local_models(
-        model, pre_opt, local_steps=pretrain_steps, batch_size=batch_size, client_chunk=client_chunk
+        model, pre_opt, local_steps=pretrain_steps, batch_size=batch_size,
+        client_chunk=client_chunk, sampling=sampling,
     )
     clustered = ifca(
         model, opt, num_clusters=num_clusters, option="model", local_steps=local_steps,
         batch_size=batch_size, participation=participation, weighting=weighting,
-        fixed_assignment=True, client_chunk=client_chunk,
+        fixed_assignment=True, client_chunk=client_chunk, sampling=sampling,
     )
 
     def init(key, data: FederatedData) -> IFCAState:

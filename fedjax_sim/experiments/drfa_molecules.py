@@ -4,12 +4,17 @@ docs/protocols.md#drflm-experiments. Four methods trained side by side over seed
 one vmapped axis, the same federation and initial weights for every method
 within a seed:
 
-- fedavg: the registered FedAvg (uniform cohort without replacement);
+- fedavg: the registered FedAvg (uniform cohort without replacement), its
+  clients weighted by their training rows (setting weighting=examples, the
+  default: DRFLM's objective Σ_i (n_i/n) f_i, which its FedAvg baseline
+  optimises) or uniformly (weighting=uniform);
 - drfa: DRFA (λ-sampled cohort, λ ascent on the losses of w̃);
 - drflm: DRFA with a local mixup step after g (the GNN's graph embedding);
-- fedavg_mixup: DRFLM with λ_lr = 0 (λ stays uniform): the control that
-  separates mixup's effect from the robust weighting (it differs from drflm
-  only in λ_lr, from fedavg in mixup and in sampling with replacement).
+- fedavg_mixup: DRFLM with λ_lr = 0, λ fixed at the FedAvg weights (∝ rows
+  with weighting=examples, else uniform): the control that separates mixup's
+  effect from the robust weighting. Like drfa and drflm it follows
+  official_code (paper form: a cohort drawn ∝ λ with replacement, plain
+  mean; FedTorch form: a uniform cohort, λ-weighted aggregation).
 
 Metrics: the worst-client and the average (over clients) test RMSE in the
 target's own units, the mean training loss, and the λ̂ mass on the noisy
@@ -161,19 +166,27 @@ def build_method(name: str, s: dict, model):
     model_opt = (model, opt)
     robust = dict(lambda_floor=s["lambda_floor"] or None, official_code=s["official_code"])
     if name == "fedavg":
-        return fedavg(*model_opt, **common)
+        return fedavg(*model_opt, weighting=s["weighting"], **common)
     if name == "drfa":
         return drfa(*model_opt, lambda_lr=s["lambda_lr"], **common, **robust)
     mix = dict(alpha=s["mixup_alpha"], beta=s["mixup_beta"], lambda_loss=s["lambda_loss"])
     if name == "drflm":
         return drflm(*model_opt, lambda_lr=s["lambda_lr"], **mix, **common, **robust)
-    if name == "fedavg_mixup":
-        return drflm(*model_opt, lambda_lr=0.0, **mix, **common)
+    if name == "fedavg_mixup":  # λ stays at FedAvg's weights (official_code keeps a given λ₀)
+        if s["weighting"] == "examples":
+            lam0 = "examples"
+        elif s["official_code"]:  # FedTorch's default λ₀ is ∝ rows: uniform must be explicit
+            lam0 = np.full(s["num_clients"], 1.0 / s["num_clients"])
+        else:
+            lam0 = "uniform"
+        return drflm(*model_opt, lambda_lr=0.0, lambda_init=lam0, **mix, **common, **robust)
     raise ValueError(f"method must be one of {METHODS}; got {name!r}.")
 
 
-def _metrics_fn(algorithm, problem: Problem):
-    """state -> {metric: [seeds] host array}: test RMSE (target units), losses, λ, sampled."""
+def _metrics_fn(algorithm, problem: Problem, weighting: str = "uniform"):
+    """state -> {metric: [seeds] host array}: test RMSE (target units), losses, λ, sampled.
+
+    FedAvg keeps no λ: its fixed client weights (`weighting`) stand in for λ and λ̂."""
     evaluate = jax.jit(algorithm.evaluate)
     std = problem.target_std[:, None]
     n_clients = problem.noisy.shape[0]
@@ -197,8 +210,13 @@ def _metrics_fn(algorithm, problem: Problem):
             lam = np.asarray(parallel.to_host(state.lam), np.float64)
             lam_hat = np.asarray(parallel.to_host(state.lam_avg), np.float64)
             sampled = np.asarray(parallel.to_host(state.sampled), np.float64)
-        else:  # FedAvg weighs clients uniformly and keeps no sampling counter
-            lam = lam_hat = np.full((seeds, n_clients), 1.0 / n_clients)
+        else:  # FedAvg: its fixed client weights; it keeps no sampling counter
+            if weighting == "examples":
+                rows = np.broadcast_to(np.asarray(problem.train.num_examples, np.float64),
+                                       (seeds, n_clients))
+                lam = lam_hat = rows / np.maximum(rows.sum(-1, keepdims=True), 1.0)
+            else:
+                lam = lam_hat = np.full((seeds, n_clients), 1.0 / n_clients)
             sampled = np.full((seeds, n_clients), np.nan)
         # Rounded: a λ that never moved would otherwise differ from 1/N by float rounding.
         out["lambda_hat_noisy"] = (np.round(lam_hat[:, problem.noisy].sum(-1), 6)
@@ -245,6 +263,9 @@ class DRFAExperiment(Experiment):
         Setting("lambda_floor", float, 0.0, "lower bound on every λ_i (exact floored "
                 "projection; 0: none; official_code: 1e-3 clipped when 0)", minimum=0.0,
                 maximum=0.5),
+        Setting("weighting", str, "examples", "FedAvg's (and FedAvg+mixup's) client weights: "
+                "examples (∝ training rows, DRFLM's objective) or uniform",
+                choices=("examples", "uniform")),
         Setting("official_code", bool, False, "reproduce FedTorch's deviations (docs/"
                 "protocols.md#drfa-fedtorch) instead of the paper form"),
         Setting("mixup_alpha", float, 1.0, "α of γ ~ Beta(α, β) (DRFLM, FedAvg+mixup)",
@@ -314,7 +335,7 @@ class DRFAExperiment(Experiment):
                                shared_data=problem.shared)
         return MethodRun(algorithm, problem.train,
                          stream_key(s["seed"], ROUNDS), s["rounds"],
-                         _metrics_fn(algorithm, problem), s["eval_every"])
+                         _metrics_fn(algorithm, problem, s["weighting"]), s["eval_every"])
 
     def table(self, s: dict) -> list[str]:
         return final_metrics(s)
@@ -323,6 +344,9 @@ class DRFAExperiment(Experiment):
         per_seed = {name: r.per_seed for name, r in results.items()}
         federations = ("a new federation per seed" if s["resplit_per_seed"]
                        else "one federation for all seeds")
+        weights = ("by training rows" if s["weighting"] == "examples" else "uniformly")
+        fixed = ("∝ training rows" if s["weighting"] == "examples" else "uniform")
+        form = ("FedTorch form (official_code)" if s["official_code"] else "paper form")
         notes = {
             "protocol": (
                 f"{s['seeds']} seeds as one vmapped axis; every method gets the same "
@@ -330,12 +354,13 @@ class DRFAExperiment(Experiment):
                 f"target units ({problem.units}); average RMSE = mean over clients of "
                 "each client's RMSE"),
             "methods": (
-                "fedavg: registered FedAvg (uniform cohort without replacement); drfa, drflm: "
-                f"{'FedTorch form (official_code)' if s['official_code'] else 'paper form'}; "
-                "fedavg_mixup: DRFLM with lambda_lr = 0 (λ stays uniform; cohort drawn with "
-                "replacement)"),
+                "fedavg: registered FedAvg (uniform cohort without replacement, clients "
+                f"weighted {weights}); drfa, drflm: {form}; fedavg_mixup: DRFLM with "
+                f"lambda_lr = 0 and λ fixed {fixed} ({form})"),
             "choices": (
-                "t' uniform on {1..τ} (paper form); U_s uniform without replacement; one γ ~ "
+                "t' uniform on {1..τ} (paper form; official_code: each client's model after "
+                "k − 1 local steps, k uniform on {1..τ−1} per client, as FedTorch); U_s uniform "
+                "without replacement; one γ ~ "
                 "Beta per minibatch, pairs within the minibatch; mixup after g = "
                 + ("the identity (inputs mixed)" if s["dataset"] == "synthetic"
                    else "the GNN's graph embedding (trained through the mixed embeddings)")

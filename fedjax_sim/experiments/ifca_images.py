@@ -226,7 +226,7 @@ def frozen_trunk_ifca(model, s: dict, client_chunk=None, lr=None) -> Algorithm:
 
 def _local_kwargs(s: dict) -> dict:
     return {"local_steps": s["local_steps"], "batch_size": s["batch_size"] or None,
-            "participation": s["participation"]}
+            "participation": s["participation"], "sampling": s["sampling"]}
 
 
 def build_method(name: str, model, s: dict, client_chunk=None) -> tuple[Algorithm, int]:
@@ -248,7 +248,7 @@ def build_method(name: str, model, s: dict, client_chunk=None) -> tuple[Algorith
         if name == "local":
             return local_models(model, opt, local_steps=s["local_steps"],
                                 batch_size=local["batch_size"], shared_init=False,
-                                client_chunk=client_chunk)
+                                client_chunk=client_chunk, sampling=s["sampling"])
         if name == "oneshot":
             return one_shot_clustering(
                 model, opt, num_clusters=k, pretrain_steps=s["local_rounds"] * s["local_steps"],
@@ -265,11 +265,29 @@ def build_method(name: str, model, s: dict, client_chunk=None) -> tuple[Algorith
     return algorithm, rounds
 
 
+def participant_identity_accuracy(assignment, truth, num_clusters: int) -> float:
+    """Cluster-identity accuracy over the clients that have taken part (the paper's Fig. 4).
+
+    assignment [m] is each client's most recent cluster (IFCA's state: the
+    cluster it chose in the last round it took part in; -1 while it never
+    has). The accuracy is the fraction of the clients with an assignment
+    (and a known truth) whose cluster is right under the best one-to-one
+    relabelling of clusters; NaN while no client has one. With full
+    participation every client has taken part after round 1, so this is the
+    plain accuracy over all clients; under partial participation a client not
+    yet sampled is not counted (counting it as wrong would cap the accuracy
+    at the fraction of clients sampled so far).
+    """
+    a = np.asarray(assignment)
+    return cluster_identity_accuracy(a, np.where(a >= 0, np.asarray(truth), -1), num_clusters)
+
+
 def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_rounds: int):
     """state -> {metric: [seeds]} for one method (vmapped over seeds).
 
     Clustering methods: cluster_accuracy from the state's assignment (each
-    round's own choice, Fig. 4) on every call; the accuracy and loss metrics
+    client's most recent choice, over the clients that have taken part:
+    `participant_identity_accuracy`, Fig. 4) on every call; the accuracy and loss metrics
     of every method only every eval_every rounds and at the last round (other
     calls return no more). All evaluations of a call are one compiled function.
     """
@@ -311,7 +329,7 @@ def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_r
 
     def identity(state):
         assignment = np.asarray(state.assignment)
-        return np.array([cluster_identity_accuracy(a, t, k)
+        return np.array([participant_identity_accuracy(a, t, k)
                          for a, t in zip(assignment, truth, strict=True)])
 
     def metrics(state):
@@ -375,9 +393,12 @@ class RotatedImages(Experiment):
                 "(random 24×24 crop, flip, brightness, contrast); the preset sets it"),
         Setting("weight_decay", float, 0.004, "cifar: L2 weight decay on fc1/fc2 (tutorial)",
                 minimum=0.0),
-        count("local_steps", 10, "local steps τ per round (cifar: 5 epochs × 10 = 50)",
+        count("local_steps", 10, "local steps τ per round (cifar: 5 epochs × 10 batches = 50)",
               maximum=10**5),
         count("batch_size", 0, "local minibatch size; 0: full batch", minimum=0, maximum=10**6),
+        Setting("sampling", str, "with_replacement", "local minibatches: with_replacement "
+                "(each step draws its own) or epochs (every image once per epoch, a fresh "
+                "permutation each; cifar)", choices=("with_replacement", "epochs")),
         Setting("participation", float, 1.0, "fraction of clients per round", minimum=1e-9,
                 maximum=1.0),
         count("rounds", 300, "communication rounds"),
@@ -495,7 +516,11 @@ class RotatedImages(Experiment):
                         f"training clients of n={s['n']} (every training image once per cluster, "
                         f"independent permutation per cluster and seed), {mt} test clients cut "
                         "in order; clients cluster-major",
-            "training": f"τ={s['local_steps']} local {batch} steps, lr {s['lr']}"
+            "training": f"τ={s['local_steps']} local {batch} steps"
+                        + (" in epochs (each a fresh permutation of the client's images)"
+                           if s["sampling"] == "epochs" and s["batch_size"] else
+                           " (each minibatch drawn independently)" if s["batch_size"] else "")
+                        + f", lr {s['lr']}"
                         + (f"·{s['lr_decay']}^t" if s["lr_decay"] != 1.0 else "")
                         + f", participation {s['participation']}, {s['rounds']} rounds, "
                         f"{s['seeds']} seeds (one vmapped axis)",
@@ -578,7 +603,8 @@ PRESETS = [
            "Rotated CIFAR-10 (k=2, 0°/180°) from data_dir: TF-tutorial CNN, 10% participation, "
            "5 epochs of batch 50, lr 0.25·0.99^t, find-a-good-initializer.",
            {"dataset": "cifar", "k": 2, "n": 500, "lr": 0.25, "lr_decay": 0.99,
-            "local_steps": 50, "batch_size": 50, "participation": 0.1, "rounds": 600,
+            "local_steps": 50, "batch_size": 50, "sampling": "epochs", "participation": 0.1,
+            "rounds": 600,
             "augment": True,
             "local_rounds": 10, "init_tries": 10, "init_min_fraction": 0.35}),
     Preset("ifca-weight-sharing", WEIGHT_SHARING,

@@ -12,8 +12,11 @@ from fedjax_sim.ops.clustering import assign_clusters, cluster_gradient_sums, cl
 from fedjax_sim.ops.cohort import Cohort, CohortBatch, cohort_sums, put, sample_cohort, take
 from fedjax_sim.ops.kmeans import kmeans
 from fedjax_sim.ops.local_update import (
+    SAMPLINGS,
+    check_sampling,
     client_keys,
     client_update,
+    epoch_batches,
     local_update,
     sample_batch,
     sample_batches,
@@ -23,6 +26,7 @@ from fedjax_sim.ops.sampling import sample_uniform, sample_weighted
 from fedjax_sim.ops.simplex import project_simplex
 
 __all__ = [
+    "SAMPLINGS",
     "Cohort",
     "CohortBatch",
     "cohort_sums",
@@ -31,11 +35,13 @@ __all__ = [
     "take",
     "assign_clusters",
     "check_client_chunk",
+    "check_sampling",
     "client_keys",
     "client_update",
     "cluster_gradient_sums",
     "cluster_losses",
     "divide_segments",
+    "epoch_batches",
     "kmeans",
     "local_update",
     "mean_or_keep",

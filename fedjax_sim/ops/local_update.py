@@ -12,6 +12,8 @@ from fedjax_sim.models.core import Model
 from fedjax_sim.ops.chunking import map_client_chunks
 
 AUGMENT_STREAM = 1  # a step's augmentation key: fold_in(step key, 1), beside its batch/loss split
+EPOCH_STREAM = 2  # sampling="epochs": epoch e is keyed fold_in(fold_in(client key, 2), e)
+SAMPLINGS = ("with_replacement", "epochs")
 RANK_MAX_ROWS = 128  # up to here `lowest` counts ranks (n² compares) instead of sorting
 
 
@@ -78,6 +80,43 @@ def sample_batches(keys, num_examples, n_max: int, batch_size: int, *,
                                            replicated=replicated))(keys)
 
 
+def epoch_batches(key, num_examples, n_max: int, batch_size: int, num_steps: int):
+    """Row indices of num_steps minibatches that go through a client's real rows in epochs.
+
+    Epoch e is a fresh permutation of the client's n real rows (padding never
+    drawn), keyed by fold_in(key, e), cut into S = ⌈n / b⌉ batches of b rows in
+    order; the last batch of an epoch holds the remaining n − (S − 1)·b rows
+    and the rest of it is masked (a DataLoader without drop_last). Step t is
+    batch t mod S of epoch ⌊t / S⌋, so every epoch visits every real row
+    exactly once; when num_steps is not a multiple of S the last epoch is
+    partial. A client without rows gets all-masked batches.
+
+    Args:
+      key: the client's epoch key.
+      num_examples: n, the client's real rows (traced).
+      n_max: the padded row count (static).
+      batch_size: b (static); b > n_max is cut to n_max.
+      num_steps: K (static).
+
+    Returns:
+      (idx [K, b'], mask [K, b']) with b' = min(b, n_max).
+    """
+    with jax.named_scope("epoch_batches"):
+        size = min(batch_size, n_max)
+        rows = jnp.arange(n_max)
+        per_epoch = jnp.maximum((num_examples + size - 1) // size, 1)
+        steps = jnp.arange(num_steps)
+        pos = (steps % per_epoch)[:, None] * size + jnp.arange(size)  # [K, b']: place in epoch
+
+        def order(epoch):  # the real rows first, in a random order
+            u = jax.random.uniform(jax.random.fold_in(key, epoch), (n_max,))
+            return lowest(jnp.where(rows < num_examples, u, jnp.inf), n_max)
+
+        orders = jax.vmap(order)(steps // per_epoch)  # [K, n_max]
+        idx = jnp.take_along_axis(orders, jnp.minimum(pos, n_max - 1), axis=1)
+    return idx, pos < num_examples
+
+
 def client_update(
     model: Model,
     optimizer: optax.GradientTransformation,
@@ -93,6 +132,7 @@ def client_update(
     batch_loss=None,
     direction=None,
     keep_first_grad: bool = False,
+    sampling: str = "with_replacement",
 ):
     """Runs num_steps optimizer steps on one client, from `params`.
 
@@ -113,11 +153,18 @@ def client_update(
         Mixed FL's w_f·g + w_c·ĝ_c); default the gradient itself.
       keep_first_grad: also return the first step's gradient (at `params`, on
         the first batch, before `direction`), e.g. what Mixed FL's clients send.
+      sampling: how minibatches are drawn (static; ignored for full-batch
+        steps): "with_replacement" (default): each step draws its batch
+        independently (distinct rows within a batch, but a row may come back
+        in the next batch before others were seen); "epochs": the steps go
+        through the rows in epochs, each a fresh permutation (`epoch_batches`,
+        the "E local epochs of batch b" of a protocol: ⌈n / b⌉ steps an epoch).
 
     Returns:
       (final params, snapshot params or None, [num_steps] step losses), and
       with keep_first_grad that gradient as a fourth item.
     """
+    check_sampling(sampling)
     n_max = y.shape[0]
 
     def default_loss(p, xb, yb, mb, _key):
@@ -131,8 +178,13 @@ def client_update(
     halves = jax.vmap(jax.random.split)(keys)  # [num_steps, 2]: each step's (batch, loss) keys
     k_batch, k_loss = halves[:, 0], halves[:, 1]
     # Every step's batch is drawn before the loop (the same rows as drawing in the step).
-    batches = (None if batch_size is None
-               else sample_batches(k_batch, num_examples, n_max, batch_size))
+    if batch_size is None:
+        batches = None
+    elif sampling == "epochs":
+        batches = epoch_batches(jax.random.fold_in(key, EPOCH_STREAM), num_examples, n_max,
+                                batch_size, num_steps)
+    else:
+        batches = sample_batches(k_batch, num_examples, n_max, batch_size)
 
     def advance(carry, inputs):
         """One step: (carry, (its loss, its gradient before `direction`))."""
@@ -176,7 +228,7 @@ def client_update(
 @functools.partial(
     jax.jit,
     static_argnames=(
-        "model", "optimizer", "num_steps", "batch_size", "batch_loss", "client_chunk"
+        "model", "optimizer", "num_steps", "batch_size", "batch_loss", "client_chunk", "sampling"
     ),
 )
 def local_update(
@@ -191,6 +243,7 @@ def local_update(
     snapshot_step=None,
     batch_loss=None,
     client_chunk: int | None = None,
+    sampling: str = "with_replacement",
 ):
     """`client_update` on every client of `data`, each from its own params.
 
@@ -214,12 +267,19 @@ def local_update(
         batch_size=batch_size,
         snapshot_step=snapshot_step,
         batch_loss=batch_loss,
+        sampling=sampling,
     )
     return map_client_chunks(
         lambda part: jax.vmap(one)(*part),
         (params, data.x, data.y, data.num_examples, keys),
         client_chunk,
     )
+
+
+def check_sampling(sampling: str) -> None:
+    """ValueError unless sampling is one of SAMPLINGS."""
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"sampling must be one of {SAMPLINGS}; got {sampling!r}.")
 
 
 def client_keys(key, client_ids: jax.Array) -> jax.Array:
