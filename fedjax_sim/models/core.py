@@ -143,9 +143,12 @@ def _check_label_range(model: Model, pred, data) -> None:
     Out of range, softmax cross-entropy reads a missing logit (NaN) and the run
     "diverges" at its first round. Known when `data` is concrete (not traced):
     `simulate.run` traces `init` once with the data closed over for this.
+    Only for classifiers whose predictions are per-class scores (`correct` is
+    `argmax_correct`); other integer targets (item ids of a recommender) are
+    not class indices of the predictions.
     """
     y, counts = data.y, data.num_examples
-    if (model.correct is None or isinstance(y, jax.core.Tracer)
+    if (model.correct is not argmax_correct or isinstance(y, jax.core.Tracer)
             or isinstance(counts, jax.core.Tracer)
             or not jnp.issubdtype(y.dtype, jnp.integer) or len(pred.shape) != y.ndim
             or not getattr(y, "is_fully_addressable", True)):
