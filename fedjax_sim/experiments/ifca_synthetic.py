@@ -30,7 +30,9 @@ import numpy as np
 
 from fedjax_sim import backend, logs, parallel, plots, simulate
 from fedjax_sim.algorithms import (
+    cfl,
     fedavg,
+    hypcluster,
     ifca,
     local_models,
     one_shot_clustering,
@@ -54,9 +56,9 @@ from fedjax_sim.memory import choose_client_chunk, estimate_bytes_per_client, tr
 from fedjax_sim.metrics import cluster_identity_accuracy, min_dist
 from fedjax_sim.models import linear_regression
 
-ALGORITHM_NAMES = ("ifca", "fedavg", "local", "oneshot")
+ALGORITHM_NAMES = ("ifca", "fedavg", "local", "oneshot", "hypcluster", "cfl")
 TRIAL_METRICS = ("train_loss", "test_loss", "cluster_accuracy", "min_dist")
-CLUSTERING = ("ifca", "oneshot")
+CLUSTERING = ("ifca", "oneshot", "hypcluster", "cfl")
 
 
 def success_threshold(sigma: float, offset: float = 0.0) -> float:
@@ -145,7 +147,7 @@ def make_problem(s: dict, key, mesh=None):
 # The step-size setting each algorithm reads: a local model fits n < d rows alone, whose
 # Hessian 2XᵀX/n has eigenvalues up to ~2(√d + √n)²/n (35 at d = 1000, n = 100), so the
 # IFCA/FedAvg step γ = 0.1, stable for cluster-pooled data, diverges there.
-LR_SETTING = {"ifca": "lr", "fedavg": "lr", "local": "local_lr"}
+LR_SETTING = {"ifca": "lr", "fedavg": "lr", "local": "local_lr", "hypcluster": "lr", "cfl": "lr"}
 
 
 def build_algorithm(name: str, s: dict, client_chunk=None):
@@ -169,6 +171,14 @@ def build_algorithm(name: str, s: dict, client_chunk=None):
             model, num_clusters=s["k"], learning_rate=s["lr"], local_steps=s["local_steps"],
             pretrain_steps=s["pretrain_steps"], participation=s["participation"],
             client_chunk=client_chunk, pretrain_learning_rate=s.get("oneshot_lr"))
+    if name == "hypcluster":  # k hypotheses, each client trains the one of lowest loss
+        return hypcluster(model, num_clusters=s["k"], learning_rate=s["lr"],
+                          local_steps=s["local_steps"], participation=s["participation"],
+                          client_chunk=client_chunk)
+    if name == "cfl":  # up to k clusters by recursive bi-partitioning (its ε₁, ε₂ defaults)
+        return cfl(model, learning_rate=s["lr"], max_clusters=s["k"],
+                   local_steps=s["local_steps"], participation=s["participation"],
+                   client_chunk=client_chunk)
     raise ValueError(f"setting algorithm must be one of {ALGORITHM_NAMES}; got {name!r}.")
 
 
@@ -289,13 +299,13 @@ _SHAPE_NAMES = tuple(st.name for st in _SHAPE)
 # Which algorithms read each setting that not every algorithm reads; a value
 # other than the default for an algorithm that would ignore it is refused.
 _READ_BY = {
-    "lr": ("ifca", "fedavg", "oneshot"),
+    "lr": ("ifca", "fedavg", "oneshot", "hypcluster", "cfl"),
     "local_lr": ("local",),
     "oneshot_lr": ("oneshot",),
     "option": ("ifca",),
     "divide_by": ("ifca",),
     "pretrain_steps": ("oneshot",),
-    "participation": ("ifca", "fedavg", "oneshot"),
+    "participation": ("ifca", "fedavg", "oneshot", "hypcluster", "cfl"),
 }
 
 
