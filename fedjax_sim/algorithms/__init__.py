@@ -3,10 +3,13 @@
 from fedjax_sim.algorithms.base import Algorithm, with_restarts, with_seeds
 from fedjax_sim.algorithms.drfa import drfa, drflm
 from fedjax_sim.algorithms.fedavg import FedAvgState, fedavg
+from fedjax_sim.algorithms.fedprox import fedprox
 from fedjax_sim.algorithms.ifca import IFCAState, ifca
 from fedjax_sim.algorithms.local import LocalState, local_models
 from fedjax_sim.algorithms.mixed import mixed_gt1, mixed_gt2, mixed_parallel
 from fedjax_sim.algorithms.oneshot import one_shot_clustering
+from fedjax_sim.algorithms.qffl import QFFLState, qffl
+from fedjax_sim.algorithms.scaffold import ScaffoldState, scaffold
 
 # name -> factory. Every factory takes the model first and its settings as keywords.
 ALGORITHMS = {
@@ -19,6 +22,10 @@ ALGORITHMS = {
     "mixed_gt2": mixed_gt2,
     "drfa": drfa,
     "drflm": drflm,
+    # Baselines (issue 19): FedProx, SCAFFOLD, q-FFL; FedOpt is fedavg's server_optimizer.
+    "fedprox": fedprox,
+    "scaffold": scaffold,
+    "qffl": qffl,
 }
 
 
@@ -38,11 +45,16 @@ __all__ = [
     "FedAvgState",
     "IFCAState",
     "LocalState",
+    "QFFLState",
+    "ScaffoldState",
     "fedavg",
+    "fedprox",
     "get_algorithm",
     "ifca",
     "local_models",
     "one_shot_clustering",
+    "qffl",
+    "scaffold",
     "with_restarts",
     "with_seeds",
 ]
