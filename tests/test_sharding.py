@@ -39,6 +39,9 @@ ALGORITHM_KWARGS = {
               "lambda_lr": 0.05}],
     "drflm": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
                "lambda_lr": 0.05}],
+    "fedprox": [{"learning_rate": 0.1, "local_steps": 2, "participation": 0.5, "mu": 0.1}],
+    "scaffold": [{"learning_rate": 0.1, "local_steps": 2, "participation": 0.5}],
+    "qffl": [{"learning_rate": 0.1, "local_steps": 2, "participation": 0.5, "q": 1.0}],
 }
 
 SCRIPT = textwrap.dedent(
