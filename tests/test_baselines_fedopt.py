@@ -17,7 +17,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_sim.algorithms import ALGORITHMS, fedavg, fedprox, qffl, scaffold
+from fedjax_sim.algorithms import ALGORITHMS, drfa, fedavg, fedprox, ifca, qffl, scaffold
 from fedjax_sim.algorithms.base import cohort_size
 from fedjax_sim.algorithms.server import apply_server_update, make_server_optimizer
 from fedjax_sim.data import FederatedData
@@ -248,26 +248,28 @@ def test_qffl_q0_equals_fedavg_to_rounding(ragged, linear_model):
 # --------------------------------------------------------------------------- FedOpt
 
 
-def _reddi(name, eta, rounds_of_deltas, b1=0.9, b2=0.99, tau=1e-3):
-    """Reddi et al.'s Algorithm 2 (and FedAvgM), float64, from x = 0: the model increments."""
-    m = v = mom = None
-    steps = []
-    for delta in rounds_of_deltas:
-        if m is None:
-            m, v, mom = np.zeros_like(delta), np.full_like(delta, tau**2), np.zeros_like(delta)
-        if name == "sgdm":
-            mom = 0.9 * mom + delta
-            steps.append(eta * mom)
-            continue
-        m = b1 * m + (1 - b1) * delta
-        if name == "adagrad":
-            v = v + delta**2
-        elif name == "yogi":
-            v = v - (1 - b2) * delta**2 * np.sign(v - delta**2)
+class Algorithm2:
+    """Reddi et al.'s Algorithm 2 (and FedAvgM) in float64: step(Δ) -> the model's change."""
+
+    def __init__(self, name, eta, b1=0.9, b2=0.99, tau=1e-3):
+        self.name, self.eta, self.b1, self.b2, self.tau = name, eta, b1, b2, tau
+        self.m = self.v = None
+
+    def step(self, delta):
+        if self.m is None:
+            self.m, self.v = np.zeros_like(delta), np.full_like(delta, self.tau**2)
+        if self.name == "sgdm":  # heavy ball: v ← 0.9 v + Δ, x ← x + η v
+            self.m = 0.9 * self.m + delta
+            return self.eta * self.m
+        b1, b2 = self.b1, self.b2
+        self.m = b1 * self.m + (1 - b1) * delta
+        if self.name == "adagrad":
+            self.v = self.v + delta**2
+        elif self.name == "yogi":
+            self.v = self.v - (1 - b2) * delta**2 * np.sign(self.v - delta**2)
         else:
-            v = b2 * v + (1 - b2) * delta**2
-        steps.append(eta * m / (np.sqrt(v) + tau))
-    return steps
+            self.v = b2 * self.v + (1 - b2) * delta**2
+        return self.eta * self.m / (np.sqrt(self.v) + self.tau)
 
 
 @pytest.mark.parametrize("name", ["sgdm", "adam", "yogi", "adagrad"])
@@ -281,13 +283,12 @@ def test_fedopt_presets_equal_algorithm_2(ragged, linear_model, ref, name):
     round_ = jax.jit(alg.round)
     x, y, n = _np(ragged)
     w = np.asarray(state.params, np.float64)
-    deltas = []
+    server = Algorithm2(name, eta)
     for key in jax.random.split(jax.random.key(1), 4):
         state, _ = round_(state, ragged, key)
         cohort = [i for i in _cohort(key, ragged.num_clients, 0.6) if n[i] > 0]
-        deltas.append(np.mean([_local_gd(ref, w, x[i], y[i], n[i], lr, tau) - w
-                               for i in cohort], axis=0))
-        w = w + _reddi(name, eta, deltas)[-1]
+        w = w + server.step(np.mean([_local_gd(ref, w, x[i], y[i], n[i], lr, tau) - w
+                                     for i in cohort], axis=0))
         np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
 
 
@@ -303,6 +304,52 @@ def test_fedopt_sgd_at_server_lr_1_equals_fedavg_to_rounding(ragged, linear_mode
         sb, mb = jax.jit(b.round)(sb, ragged, key)
         np.testing.assert_allclose(sa.params, sb.params, rtol=1e-5, atol=1e-6)
         np.testing.assert_array_equal(ma["train_loss"], mb["train_loss"])
+
+
+def test_ifca_fedopt_per_cluster_equals_loop(ragged, linear_model, ref):
+    """IFCA option II with FedOpt: each cluster model steps on its members' mean delta with
+    its own Algorithm 2 state; the cluster nobody picks keeps model and state."""
+    lr, tau, eta, k = 0.05, 2, 0.3, 3
+    theta0 = np.array([[0.0, 0.0, 0.0], [1.0, -1.0, 0.5], [50.0, 50.0, 50.0]])
+    alg = ifca(linear_model, num_clusters=k, option="model", learning_rate=lr, local_steps=tau,
+               server_optimizer="adam", server_lr=eta,
+               init_params=lambda key: jnp.asarray(theta0, jnp.float32))
+    state = alg.init(jax.random.key(0), ragged)
+    round_ = jax.jit(alg.round)
+    x, y, n = _np(ragged)
+    theta = theta0.copy()
+    servers = [Algorithm2("adam", eta) for _ in range(k)]
+    for key in jax.random.split(jax.random.key(1), 3):
+        state, _ = round_(state, ragged, key)
+        members = {j: [] for j in range(k)}
+        for i in range(ragged.num_clients):
+            if n[i]:
+                j = int(np.argmin([ref.loss(theta[c], x[i], y[i], n[i]) for c in range(k)]))
+                members[j].append(_local_gd(ref, theta[j], x[i], y[i], n[i], lr, tau))
+        for j in range(k):
+            if members[j]:
+                theta[j] = theta[j] + servers[j].step(np.mean(members[j], axis=0) - theta[j])
+        np.testing.assert_allclose(state.cluster_params, theta, rtol=RTOL, atol=ATOL)
+    assert servers[2].m is None  # the premise: cluster 2 was never picked
+    np.testing.assert_array_equal(state.cluster_params[2], theta0[2])
+    np.testing.assert_array_equal(state.opt_state[0].m[2], 0.0)  # its state kept too
+    np.testing.assert_array_equal(state.opt_state[0].v[2], np.float32(1e-3**2))
+
+
+def test_drfa_fedopt_steps_on_the_mean_change(ragged, linear_model):
+    """DRFA with server SGD at η: w + η (mean_j w_j − w), the λ step unchanged."""
+    kw = dict(learning_rate=0.05, local_steps=3, batch_size=2, participation=0.6,
+              lambda_lr=0.1)
+    plain, opt = drfa(linear_model, **kw), drfa(linear_model, server_optimizer="sgd",
+                                                server_lr=0.5, **kw)
+    state = plain.init(jax.random.key(0), ragged)
+    key = jax.random.key(1)
+    want, _ = jax.jit(plain.round)(state, ragged, key)
+    got, _ = jax.jit(opt.round)(opt.init(jax.random.key(0), ragged), ragged, key)
+    np.testing.assert_allclose(got.params, state.params + 0.5 * (want.params - state.params),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got.lam, want.lam)
+    assert not np.allclose(want.params, state.params)
 
 
 def test_server_step_is_skipped_when_nobody_trained():
@@ -334,6 +381,8 @@ def test_server_step_is_skipped_when_nobody_trained():
         (fedavg, dict(learning_rate=0.1, server_optimizer=optax.adam(0.1), server_lr=0.1),
          "server_lr"),
         (fedavg, dict(learning_rate=0.1, server_lr=0.1), "server_lr"),
+        (ifca, dict(learning_rate=0.1, num_clusters=2, server_optimizer="adam"),
+         "server_optimizer"),
     ],
 )
 def test_rejects_bad_settings(linear_model, factory, kwargs, match):
