@@ -48,6 +48,9 @@ ALGORITHM_KWARGS = {
     "ditto": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5}],
     "robust_ifca": [{"num_clusters": 2, "learning_rate": 0.1, "local_steps": 2, "batch_size": 3,
                      "participation": 0.5, "lambda_lr": 0.1}],
+    "fedprox": [{"learning_rate": 0.1, "local_steps": 2, "participation": 0.5, "mu": 0.1}],
+    "scaffold": [{"learning_rate": 0.1, "local_steps": 2, "participation": 0.5}],
+    "qffl": [{"learning_rate": 0.1, "local_steps": 2, "participation": 0.5, "q": 1.0}],
 }
 
 SCRIPT = textwrap.dedent(

@@ -6,12 +6,15 @@ from fedjax_sim.algorithms.cfl import cfl
 from fedjax_sim.algorithms.ditto import ditto
 from fedjax_sim.algorithms.drfa import drfa, drflm
 from fedjax_sim.algorithms.fedavg import FedAvgState, fedavg
+from fedjax_sim.algorithms.fedprox import fedprox
 from fedjax_sim.algorithms.hypcluster import hypcluster
 from fedjax_sim.algorithms.ifca import IFCAState, ifca
 from fedjax_sim.algorithms.local import LocalState, local_models
 from fedjax_sim.algorithms.mixed import mixed_gt1, mixed_gt2, mixed_parallel
 from fedjax_sim.algorithms.oneshot import one_shot_clustering
+from fedjax_sim.algorithms.qffl import QFFLState, qffl
 from fedjax_sim.algorithms.robust_ifca import robust_ifca
+from fedjax_sim.algorithms.scaffold import ScaffoldState, scaffold
 
 # name -> factory. Every factory takes the model first and its settings as keywords.
 ALGORITHMS = {
@@ -30,6 +33,10 @@ ALGORITHMS = {
     "cfl": cfl,
     "ditto": ditto,
     "robust_ifca": robust_ifca,
+    # Baselines (issue 19): FedProx, SCAFFOLD, q-FFL; FedOpt is fedavg's server_optimizer.
+    "fedprox": fedprox,
+    "scaffold": scaffold,
+    "qffl": qffl,
 }
 
 
@@ -49,11 +56,16 @@ __all__ = [
     "FedAvgState",
     "IFCAState",
     "LocalState",
+    "QFFLState",
+    "ScaffoldState",
     "fedavg",
+    "fedprox",
     "get_algorithm",
     "ifca",
     "local_models",
     "one_shot_clustering",
+    "qffl",
+    "scaffold",
     "with_restarts",
     "with_seeds",
 ]

@@ -53,6 +53,7 @@ from fedjax_sim.algorithms.base import (
     per_client_fields,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
+from fedjax_sim.algorithms.server import apply_server_update, make_server_optimizer
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import HEAD, TRUNK, Model
 from fedjax_sim.ops import (
@@ -82,6 +83,7 @@ class DRFAState(NamedTuple):
     lambda_lr: jax.Array  # float32 scalar, γ of the next round (decays with official_code)
     sampled: jax.Array  # [N] int32, how often each client has been in C_s so far
     round: jax.Array  # int32
+    server_state: object = ()  # FedOpt's server optimizer state; () without one
 
 
 def _masked_mean_loss(model: Model, pred, y, mask):
@@ -128,6 +130,8 @@ def drfa(
     client_chunk: int | None = None,
     mixup: tuple | None = None,
     lambda_loss: str = "clean",
+    server_optimizer=None,
+    server_lr=None,
 ) -> Algorithm:
     """Builds DRFA (docs/protocols.md#drfa; `official_code=True`: the FedTorch form).
 
@@ -153,6 +157,8 @@ def drfa(
       mixup: None (DRFA) or (α, β): DRFLM's local mixup step (use `drflm`).
       lambda_loss: "clean" or "mixup": which loss of w̃ the clients of U_s
         return for the λ step ("mixup" needs `mixup`).
+      server_optimizer, server_lr: FedOpt (algorithms/server.py): the server
+        steps on w's change, mean_j w_j^(τ) − w (the λ step and w̃ unchanged).
     """
     check_steps("local_steps", local_steps)
     if batch_size is not None:
@@ -185,6 +191,7 @@ def drfa(
         floor = 0.0 if lambda_floor is None else float(lambda_floor)
         floor_method = "exact"
     opt = client_optimizer(optimizer, learning_rate)
+    server = make_server_optimizer(server_optimizer, server_lr)
     if mixup is not None:
         alpha, beta = mixup
         for name, value in (("alpha", alpha), ("beta", beta)):
@@ -221,7 +228,8 @@ def drfa(
             if lam.shape != (n,):
                 raise ValueError(f"lambda_init has shape {lam.shape}; the data has N={n} clients.")
         return DRFAState(params, lam, lam, jnp.asarray(lambda_lr, jnp.float32),
-                         jnp.zeros((n,), jnp.int32), jnp.zeros((), jnp.int32))
+                         jnp.zeros((n,), jnp.int32), jnp.zeros((), jnp.int32),
+                         () if server is None else server.init(params))
 
     def round_(state: DRFAState, data: FederatedData, key):
         n = data.num_clients
@@ -266,6 +274,11 @@ def drfa(
         else:
             params = mean_or_keep(w_sum, w_weight, state.params)
         w_tilde = mean_or_keep(snap_sum, count, state.params)
+        server_state = state.server_state
+        if server is not None:  # FedOpt: a server step on w's change
+            params, server_state = apply_server_update(
+                server, state.params, server_state, optax.tree.sub(params, state.params),
+                w_weight > 0)
 
         # --- U_s: each returns the loss of w̃ on one minibatch; the λ step
         lam_cohort = sample_cohort(key_u, n, m)
@@ -296,7 +309,8 @@ def drfa(
             "lambda_entropy": -jnp.sum(jnp.where(lam > 0, lam * jnp.log(lam), 0.0)),
             "probe_loss_worst": jnp.max(probe_losses),
         }
-        return DRFAState(params, lam, lam_avg, gamma, sampled, state.round + 1), metrics
+        return DRFAState(params, lam, lam_avg, gamma, sampled, state.round + 1,
+                         server_state), metrics
 
     def evaluate(state: DRFAState, data: FederatedData) -> dict:
         out = evaluate_shared(model, state.params, data, client_chunk)

@@ -25,6 +25,7 @@ from fedjax_sim.algorithms.base import (
     cohort_size,
     mean_over,
 )
+from fedjax_sim.algorithms.server import apply_server_update, make_server_optimizer
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
 from fedjax_sim.ops import (
@@ -42,6 +43,7 @@ from fedjax_sim.ops import (
 class FedAvgState(NamedTuple):
     params: object  # pytree, one model
     round: jax.Array  # int32
+    server_state: object = ()  # FedOpt's server optimizer state; () without one
 
 
 def evaluate_shared(
@@ -79,6 +81,8 @@ def fedavg(
     weighting: str = "uniform",
     client_chunk: int | None = None,
     sampling: str = "with_replacement",
+    server_optimizer=None,
+    server_lr=None,
 ) -> Algorithm:
     """Builds FedAvg: τ local steps on a cohort, then the (weighted) mean model.
 
@@ -98,6 +102,11 @@ def fedavg(
         (never holding [s, ...] of them).
       sampling: minibatches "with_replacement" (independent draws per step)
         or in "epochs" (every row once per epoch; `ops.client_update`).
+      server_optimizer: None: the new model is the mean (McMahan et al.);
+        else FedOpt (Reddi et al. 2021, algorithms/server.py): "sgd", "sgdm"
+        (FedAvgM), "adam", "yogi", "adagrad" or an optax transformation, stepping
+        on the mean client delta.
+      server_lr: the server learning rate η of a named server_optimizer.
     """
     check_steps("local_steps", local_steps)
     if batch_size is not None:
@@ -107,11 +116,13 @@ def fedavg(
     check_client_chunk(client_chunk)
     check_sampling(sampling)
     opt = client_optimizer(optimizer, learning_rate)
+    server = make_server_optimizer(server_optimizer, server_lr)
 
     def init(key, data: FederatedData) -> FedAvgState:
         params = model.init(key)
         check_inputs(model, params, data)
-        return FedAvgState(params, jnp.zeros((), jnp.int32))
+        return FedAvgState(params, jnp.zeros((), jnp.int32),
+                           () if server is None else server.init(params))
 
     def round_(state: FedAvgState, data: FederatedData, key):
         m = data.num_clients
@@ -129,8 +140,13 @@ def fedavg(
         (total, weight), (first_losses, active) = cohort_sums(
             client_step, data, cohort, client_chunk=client_chunk)
         params = mean_or_keep(total, weight, state.params)
+        server_state = state.server_state
+        if server is not None:  # FedOpt: a server step on the mean delta Δ = mean − w
+            params, server_state = apply_server_update(
+                server, state.params, server_state, optax.tree.sub(params, state.params),
+                weight > 0)
         metrics = {"train_loss": mean_over(first_losses, active)}
-        return FedAvgState(params, state.round + 1), metrics
+        return FedAvgState(params, state.round + 1, server_state), metrics
 
     def evaluate(state: FedAvgState, data: FederatedData) -> dict:
         return evaluate_shared(model, state.params, data, client_chunk)

@@ -15,6 +15,7 @@ trained) the trunk never changes. See docs/protocols.md#ifca.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -34,6 +35,7 @@ from fedjax_sim.algorithms.base import (
     num_params,
     per_client_fields,
 )
+from fedjax_sim.algorithms.server import apply_server_update, make_server_optimizer
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, combine, partition
 from fedjax_sim.ops import (
@@ -63,7 +65,7 @@ DIVISORS = ("m", "cohort")
 class IFCAState(NamedTuple):
     cluster_params: object  # pytree, leaves [k, ...] (with weight sharing: the heads)
     shared_params: object  # the trunk every cluster shares (weight sharing); {} otherwise
-    opt_state: object  # server optimizer state for option I (leaves [k, ...]); () for option II
+    opt_state: object  # server optimizer state, leaves [k, ...] (option I; FedOpt in II) or ()
     assignment: jax.Array  # [m] int32, each client's most recent cluster (set in the rounds it
     #                        takes part with data; a warm start's groups from init); -1 while
     #                        it has none (cluster-identity accuracy under partial participation
@@ -189,6 +191,8 @@ def ifca(
     freeze_shared: bool = False,
     warm_start_rounds: int = 0,
     sampling: str | None = None,
+    server_optimizer=None,
+    server_lr=None,
 ) -> Algorithm:
     """Builds IFCA.
 
@@ -243,6 +247,10 @@ def ifca(
         step draws its batch independently) or "epochs" (every real row once
         per epoch, a fresh permutation each epoch: the rotated-CIFAR protocol's
         "5 local epochs of batch 50"); refused for option I.
+      server_optimizer, server_lr: option II without weight sharing: FedOpt
+        per cluster (algorithms/server.py): each cluster model takes a server
+        step on its members' mean delta, with its own optimizer state; a
+        cluster nobody picked keeps model and state.
 
     A client without data (num_examples 0) takes no part: it is not
     assigned, has no weight in any average and is not counted in cluster
@@ -254,6 +262,10 @@ def ifca(
     _check(num_clusters, option, local_steps, batch_size, participation, weighting, divide_by,
            stable_rounds, weight_sharing, model, freeze_shared, warm_start_rounds, sampling)
     check_client_chunk(client_chunk)
+    if server_optimizer is not None and (option == "gradient" or weight_sharing):
+        raise ValueError("server_optimizer applies to option 'model' without weight_sharing "
+                         "(option I's `optimizer` is already the server's).")
+    server = make_server_optimizer(server_optimizer, server_lr)
     if not weight_sharing:  # a split model's params are then whole per cluster
         model = model.unsplit()
     k = num_clusters
@@ -282,7 +294,8 @@ def ifca(
         return IFCAState(
             cluster_params=heads,
             shared_params=shared,
-            opt_state=opt.init(params) if option == "gradient" else (),
+            opt_state=(opt.init(params) if option == "gradient"
+                       else () if server is None else jax.vmap(server.init)(heads)),
             assignment=assignment,
             stable=jnp.zeros((m,), jnp.int32),
             round=jnp.zeros((), jnp.int32),
@@ -335,8 +348,13 @@ def ifca(
         (totals, cluster_weight), trunk_total, weight = sums
         shared = (state.shared_params if freeze_shared
                   else mean_or_keep(trunk_total, weight, state.shared_params))
-        return (divide_segments(totals, cluster_weight, fallback=state.cluster_params),
-                shared, state.opt_state)
+        params = divide_segments(totals, cluster_weight, fallback=state.cluster_params)
+        opt_state = state.opt_state
+        if server is not None:  # FedOpt per cluster, on each cluster's mean delta
+            params, opt_state = jax.vmap(functools.partial(apply_server_update, server))(
+                state.cluster_params, opt_state, optax.tree.sub(params, state.cluster_params),
+                cluster_weight > 0)
+        return params, shared, opt_state
 
     client_step, server_update = {
         "gradient": (gradient_step, gradient_server), "model": (model_step, model_server),

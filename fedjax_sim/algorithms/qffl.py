@@ -1,0 +1,162 @@
+"""q-FFL by q-FedAvg: fair federated learning that weighs clients by their loss to the q.
+
+Tian Li, Maziar Sanjabi, Ahmad Beirami, Virginia Smith. "Fair Resource
+Allocation in Federated Learning". ICLR 2020, arXiv:1905.10497.
+
+q-FFL minimises f_q(w) = Σ_k p_k F_k^{q+1}(w) / (q + 1): the larger q, the
+more weight on the clients with the largest loss. One round of q-FedAvg (the
+paper's Algorithm 2):
+
+    S_t   ← a cohort of the clients
+    each k ∈ S_t:  F_k ← F_k(w_t) on its training data
+                   w̄_k ← τ local SGD steps from w_t
+                   ΔW_k ← L (w_t − w̄_k)
+                   Δ_k  ← F_k^q ΔW_k
+                   h_k  ← q F_k^{q−1} ‖ΔW_k‖² + L F_k^q
+    w_{t+1} ← w_t − Σ_k Δ_k / Σ_k h_k
+
+with L = 1/η, η the local learning rate (the paper's estimate of the
+Lipschitz constant of ∇F_k). At q = 0, Δ_k = ΔW_k and h_k = L, so w_{t+1} is
+the uniform mean of the w̄_k: FedAvg, equal up to rounding (not bit for bit).
+
+Choices, following the authors' code (`flearn/trainers/qffedavg.py`) [I]:
+- F_k is the loss on the client's whole training data at w_t, and F_k^q is
+  (F_k + 1e-10)^q, so a client with zero loss gives no 0·∞.
+- ‖ΔW_k‖² is the squared norm of all the model's parameters together.
+- The cohort is uniform without replacement (the code samples ∝ examples
+  without replacement; the objective's p_k are then uniform here); the sums
+  over S_t are unweighted, as in the paper.
+- A client without data takes no part (it is left out of both sums); a
+  round whose cohort holds no data keeps w.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedjax_sim.algorithms.base import (
+    Algorithm,
+    check_fraction,
+    check_inputs,
+    check_steps,
+    client_optimizer,
+    cohort_size,
+    mean_over,
+)
+from fedjax_sim.algorithms.fedavg import evaluate_shared
+from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.models.core import Model, client_loss
+from fedjax_sim.ops import (
+    check_client_chunk,
+    client_update,
+    cohort_sums,
+    sample_cohort,
+    weighted_sum,
+)
+
+DEFAULT_Q = 1.0  # from the paper's grid (q ∈ {0.001, …, 1, 2, 5, 15}); tune it
+LOSS_FLOOR = 1e-10  # the authors' code: np.float_power(loss + 1e-10, q)
+
+
+class QFFLState(NamedTuple):
+    params: object  # pytree, the global model w_t
+    round: jax.Array  # int32
+
+
+def _check_number(name: str, value, *, zero_allowed: bool) -> None:
+    """A concrete value must be finite and >= 0 (> 0 unless zero_allowed); traced ones pass."""
+    if value is None:
+        raise ValueError(f"{name} must be given.")
+    if isinstance(value, (int, float, np.number)) and not (
+        math.isfinite(float(value)) and (value >= 0 if zero_allowed else value > 0)
+    ):
+        bound = ">= 0" if zero_allowed else "> 0"
+        raise ValueError(f"{name} must be a finite number {bound}; got {value!r}.")
+
+
+def qffl(
+    model: Model,
+    *,
+    q=DEFAULT_Q,
+    learning_rate,
+    local_steps: int = 1,
+    batch_size: int | None = None,
+    participation: float = 1.0,
+    client_chunk: int | None = None,
+) -> Algorithm:
+    """Builds q-FedAvg.
+
+    Args:
+      model: the shared model.
+      q: q ≥ 0, the fairness exponent (0: FedAvg); may be traced.
+      learning_rate: η > 0, the clients' SGD step; L = 1/η. May be traced.
+      local_steps: τ.
+      batch_size: None for full-batch local steps, else the minibatch size.
+      participation: |S_t| / N, uniform without replacement.
+      client_chunk: None: the whole cohort at once; else this many clients at
+        a time (Σ Δ_k and Σ h_k accumulated).
+
+    Returns:
+      Algorithm(init, round, evaluate) with state QFFLState. Round metrics:
+      train_loss (the cohort's mean F_k(w_t)) and fair_weight_max (the largest
+      share F_k^q / Σ_S F^q of a cohort client).
+    """
+    _check_number("q", q, zero_allowed=True)
+    _check_number("learning_rate", learning_rate, zero_allowed=False)  # L = 1/η
+    check_steps("local_steps", local_steps)
+    if batch_size is not None:
+        check_steps("batch_size", batch_size)
+    check_fraction("participation", participation)
+    check_client_chunk(client_chunk)
+    sgd = client_optimizer(None, learning_rate)
+    lipschitz = 1.0 / learning_rate
+
+    def init(key, data: FederatedData) -> QFFLState:
+        params = model.init(key)
+        check_inputs(model, params, data)
+        return QFFLState(params, jnp.zeros((), jnp.int32))
+
+    def client(w, x, y, count, key):  # one client's Δ_k, h_k and F_k^q
+        loss = client_loss(model, w, x, y, count) + LOSS_FLOOR
+        trained, _, _ = client_update(model, sgd, w, x, y, count, key,
+                                      num_steps=local_steps, batch_size=batch_size)
+        delta_w = jax.tree.map(lambda a, b: lipschitz * (a - b), w, trained)
+        fq = loss**q
+        h = q * loss ** (q - 1.0) * optax.tree.norm(delta_w, squared=True) + lipschitz * fq
+        return optax.tree.scale(fq, delta_w), h, fq, loss - LOSS_FLOOR
+
+    def round_(state: QFFLState, data: FederatedData, key):
+        m = data.num_clients
+        cohort = sample_cohort(key, m, cohort_size(m, participation))
+
+        def client_step(batch):
+            delta, h, fq, loss = jax.vmap(client, in_axes=(None, 0, 0, 0, 0))(
+                state.params, batch.data.x, batch.data.y, batch.data.num_examples, batch.keys)
+            taking_part = batch.active.astype(jnp.float32)
+            sums = (weighted_sum(delta, taking_part), jnp.sum(taking_part * h),
+                    jnp.sum(taking_part * fq))
+            return sums, (loss, fq, batch.active)
+
+        (delta_total, h_total, fq_total), (losses, fq, active) = cohort_sums(
+            client_step, data, cohort, client_chunk=client_chunk)
+        # w_{t+1} = w_t − Σ Δ_k / Σ h_k (kept when no client with data took part)
+        params = jax.tree.map(
+            lambda w, d: jnp.where(h_total > 0, w - d / jnp.maximum(h_total, 1e-30), w),
+            state.params, delta_total)
+        metrics = {
+            "train_loss": mean_over(losses, active),
+            "fair_weight_max": jnp.max(jnp.where(active, fq, 0.0))
+            / jnp.maximum(fq_total, 1e-30),
+        }
+        return QFFLState(params, state.round + 1), metrics
+
+    def evaluate(state: QFFLState, data: FederatedData) -> dict:
+        return evaluate_shared(model, state.params, data, client_chunk)
+
+    return Algorithm(init, round_, evaluate)

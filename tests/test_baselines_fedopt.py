@@ -1,0 +1,429 @@
+"""FedOpt (server optimizers), FedProx, SCAFFOLD and q-FedAvg: each round against a plain
+float64 loop over clients written here from the paper, the reductions to FedAvg, SCAFFOLD
+against client drift, and the new algorithms on 4 forced CPU devices.
+
+The ragged federation (conftest.py) has clients of 4, 1, 0, 3 and 2 rows: every round
+sees a one-example client and an empty one, which takes no part.
+"""
+
+from __future__ import annotations
+
+import json
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedjax_sim.algorithms import ALGORITHMS, drfa, fedavg, fedprox, ifca, qffl, scaffold
+from fedjax_sim.algorithms.base import cohort_size
+from fedjax_sim.algorithms.server import apply_server_update, make_server_optimizer
+from fedjax_sim.data import FederatedData
+from fedjax_sim.models import linear_regression
+from fedjax_sim.ops import sample_cohort
+
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def _np(data):
+    return np.asarray(data.x), np.asarray(data.y), np.asarray(data.num_examples)
+
+
+def _cohort(key, m, participation):
+    """The clients of a round (the cohort op's draw; its sampling is tested in test_ops)."""
+    return np.asarray(sample_cohort(key, m, cohort_size(m, participation)).ids).tolist()
+
+
+def _local_gd(ref, theta, x, y, n, lr, steps, extra=lambda th: 0.0):
+    """`steps` full-batch GD steps on F_i (+ a gradient term `extra`), float64."""
+    theta = np.asarray(theta, np.float64).copy()
+    for _ in range(steps):
+        theta = theta - lr * (ref.grad(theta, x, y, n) + extra(theta))
+    return theta
+
+
+def _weighted_mean(values, weights, fallback):
+    total = sum(weights)
+    if total == 0:
+        return fallback
+    return sum(w * v for w, v in zip(weights, values, strict=True)) / total
+
+
+# --------------------------------------------------------------------------- FedProx
+
+
+@pytest.mark.parametrize("participation,weighting", [(1.0, "uniform"), (0.6, "examples")])
+def test_fedprox_rounds_equal_loop(ragged, linear_model, ref, participation, weighting):
+    """Per client: τ GD steps on F_i(w) + μ/2‖w − w_t‖²; then the (weighted) mean."""
+    lr, tau, mu = 0.05, 3, 0.5
+    alg = fedprox(linear_model, mu=mu, learning_rate=lr, local_steps=tau,
+                  participation=participation, weighting=weighting)
+    state = alg.init(jax.random.key(0), ragged)
+    round_ = jax.jit(alg.round)
+    x, y, n = _np(ragged)
+    w = np.asarray(state.params, np.float64)
+    for key in jax.random.split(jax.random.key(1), 3):
+        state, _ = round_(state, ragged, key)
+        trained, weights = [], []
+        for i in _cohort(key, ragged.num_clients, participation):
+            w_t = w
+            trained.append(_local_gd(ref, w, x[i], y[i], n[i], lr, tau,
+                                     extra=lambda th, w_t=w_t: mu * (th - w_t)))
+            weights.append(float(n[i] > 0) * (n[i] if weighting == "examples" else 1.0))
+        w = _weighted_mean(trained, weights, w)
+        np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
+    # The proximal term matters at this μ: FedAvg's model differs.
+    plain = fedavg(linear_model, learning_rate=lr, local_steps=tau, participation=participation,
+                   weighting=weighting)
+    s = plain.init(jax.random.key(0), ragged)
+    for key in jax.random.split(jax.random.key(1), 3):
+        s, _ = jax.jit(plain.round)(s, ragged, key)
+    assert not np.allclose(s.params, state.params, rtol=1e-3)
+
+
+def test_fedprox_mu0_is_fedavg_bit_for_bit(ragged, linear_model):
+    """μ = 0 adds an exact zero to every gradient: the same bits as FedAvg, with minibatches,
+    partial participation and several rounds."""
+    kw = dict(learning_rate=0.05, local_steps=3, batch_size=2, participation=0.6)
+    a, b = fedprox(linear_model, mu=0.0, **kw), fedavg(linear_model, **kw)
+    sa, sb = a.init(jax.random.key(0), ragged), b.init(jax.random.key(0), ragged)
+    ra, rb = jax.jit(a.round), jax.jit(b.round)
+    for key in jax.random.split(jax.random.key(1), 4):
+        sa, ma = ra(sa, ragged, key)
+        sb, mb = rb(sb, ragged, key)
+        chex.assert_trees_all_equal((sa, ma), (sb, mb))
+
+
+# --------------------------------------------------------------------------- SCAFFOLD
+
+
+@pytest.mark.parametrize("participation,weighting,server_lr",
+                         [(1.0, "uniform", 1.0), (0.6, "uniform", 0.7), (0.6, "examples", 1.0)])
+def test_scaffold_rounds_equal_loop(ragged, linear_model, ref, participation, weighting,
+                                    server_lr):
+    """Algorithm 1, option II, over several rounds with a changing cohort: corrected local
+    steps, c_i⁺ = c_i − c + (x − y_i)/(K η_l) for the cohort only, x += η_g mean Δy,
+    c += (|S|/N) mean Δc (N, S: the clients holding data)."""
+    lr, steps = 0.05, 3
+    alg = scaffold(linear_model, learning_rate=lr, local_steps=steps,
+                   participation=participation, weighting=weighting, server_lr=server_lr)
+    state = alg.init(jax.random.key(0), ragged)
+    round_ = jax.jit(alg.round)
+    x, y, n = _np(ragged)
+    m = ragged.num_clients
+    holding = [i for i in range(m) if n[i] > 0]
+    p = {i: (n[i] if weighting == "examples" else 1.0) for i in holding}
+    total_p = sum(p.values())
+    xs = np.asarray(state.params, np.float64)
+    c, ci = np.zeros_like(xs), np.zeros((m, xs.size))
+    cohorts = []
+    for key in jax.random.split(jax.random.key(1), 5):
+        state, _ = round_(state, ragged, key)
+        cohort = [i for i in _cohort(key, m, participation) if n[i] > 0]
+        cohorts.append(frozenset(cohort))
+        new_ci = ci.copy()
+        dys, dcs = {}, {}
+        for i in cohort:
+            yi = _local_gd(ref, xs, x[i], y[i], n[i], lr, steps,
+                           extra=lambda th, i=i: c - ci[i])
+            new_ci[i] = ci[i] - c + (xs - yi) / (steps * lr)
+            dys[i], dcs[i] = yi - xs, new_ci[i] - ci[i]
+        if weighting == "uniform":  # the paper's form
+            xs = xs + server_lr * np.mean([dys[i] for i in cohort], axis=0)
+            c = c + len(cohort) / len(holding) * np.mean([dcs[i] for i in cohort], axis=0)
+        else:
+            xs = xs + server_lr * _weighted_mean([dys[i] for i in cohort],
+                                                 [p[i] for i in cohort], 0)
+            c = c + sum(p[i] * dcs[i] for i in cohort) / total_p
+        ci = new_ci
+        np.testing.assert_allclose(state.params, xs, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(state.control, c, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(state.client_controls, ci, rtol=RTOL, atol=ATOL)
+        # c stays the (weighted) mean of every client's c_i; the empty client's stays 0.
+        np.testing.assert_allclose(
+            state.control, sum(p[i] * np.asarray(state.client_controls[i]) for i in holding)
+            / total_p, rtol=RTOL, atol=ATOL)
+        np.testing.assert_array_equal(state.client_controls[2], 0.0)
+    if participation < 1:
+        assert len(set(cohorts)) > 1  # the cohort did change
+        # Some client sat a round out with a non-zero c_i that was kept.
+        assert any(np.any(ci[i] != 0) for i in holding)
+
+
+def test_scaffold_chunked_equals_whole_cohort(ragged, linear_model):
+    kw = dict(learning_rate=0.05, local_steps=2, batch_size=2, participation=0.6)
+    whole, chunked = scaffold(linear_model, **kw), scaffold(linear_model, client_chunk=2, **kw)
+    sa, sb = whole.init(jax.random.key(0), ragged), chunked.init(jax.random.key(0), ragged)
+    for key in jax.random.split(jax.random.key(1), 3):
+        sa, ma = jax.jit(whole.round)(sa, ragged, key)
+        sb, mb = jax.jit(chunked.round)(sb, ragged, key)
+        chex.assert_trees_all_close((sa, ma), (sb, mb), rtol=1e-5, atol=1e-6)
+    assert np.any(np.asarray(sa.client_controls) != 0)
+
+
+def _drift_problem(seed=0):
+    """4 clients of a 2-d linear regression with different optima and different feature
+    scales (so different Hessians: FedAvg's fixed point is then biased), no noise."""
+    rng = np.random.default_rng(seed)
+    scales = np.array([[3.0, 0.3], [0.3, 3.0], [2.0, 0.5], [0.5, 2.0]])
+    optima = np.array([[2.0, -1.0], [-2.0, 1.0], [1.0, 2.0], [-1.0, -2.0]])
+    xs = [rng.normal(size=(16, 2)) * s for s in scales]
+    ys = [x @ t for x, t in zip(xs, optima, strict=True)]
+    return FederatedData.from_clients([x.astype(np.float32) for x in xs],
+                                      [y.astype(np.float32) for y in ys])
+
+
+def test_scaffold_beats_fedavg_under_client_drift(ref):
+    """With many local steps FedAvg drifts to a biased point; SCAFFOLD's corrections remove
+    the drift and reach the global optimum's training loss."""
+    data = _drift_problem()
+    model = linear_regression(2)
+    kw = dict(learning_rate=0.02, local_steps=25)
+    x, y, n = _np(data)
+
+    def objective(theta):  # the mean client loss, float64
+        return np.mean([ref.loss(theta, x[i], y[i], n[i]) for i in range(4)])
+
+    finals = {}
+    for name, alg in (("fedavg", fedavg(model, **kw)), ("scaffold", scaffold(model, **kw))):
+        state = alg.init(jax.random.key(0), data)
+        state, _ = jax.lax.scan(lambda s, k, alg=alg: alg.round(s, data, k), state,
+                                jax.random.split(jax.random.key(1), 60))
+        finals[name] = objective(np.asarray(state.params))
+    # The global optimum: Σ_i (2/n_i) X_iᵀ(X_i θ − y_i) = 0.
+    xs = [np.asarray(x[i, :n[i]], np.float64) for i in range(4)]
+    ys = [np.asarray(y[i, :n[i]], np.float64) for i in range(4)]
+    star = np.linalg.solve(sum(a.T @ a / len(a) for a in xs),
+                           sum(a.T @ b / len(a) for a, b in zip(xs, ys, strict=True)))
+    best = objective(star)
+    assert finals["scaffold"] < best + 1e-3 * best
+    assert finals["fedavg"] > best + 0.05 * best  # FedAvg's drift is real here
+    assert finals["scaffold"] < finals["fedavg"]
+
+
+# --------------------------------------------------------------------------- q-FedAvg
+
+
+@pytest.mark.parametrize("participation", [1.0, 0.6])
+def test_qffl_rounds_equal_loop(ragged, linear_model, ref, participation):
+    """Algorithm 2: Δ_k = F_k^q L(w − w̄_k), h_k = q F_k^{q−1}‖L(w − w̄_k)‖² + L F_k^q,
+    w ← w − ΣΔ_k/Σh_k, L = 1/η, F_k on the client's training data at w (+1e-10)."""
+    lr, tau, q = 0.05, 3, 2.0
+    alg = qffl(linear_model, q=q, learning_rate=lr, local_steps=tau, participation=participation)
+    state = alg.init(jax.random.key(0), ragged)
+    round_ = jax.jit(alg.round)
+    x, y, n = _np(ragged)
+    big_l = 1.0 / lr
+    w = np.asarray(state.params, np.float64)
+    for key in jax.random.split(jax.random.key(1), 3):
+        state, metrics = round_(state, ragged, key)
+        deltas, hs, fqs = [], [], []
+        for i in _cohort(key, ragged.num_clients, participation):
+            if n[i] == 0:
+                continue
+            loss = ref.loss(w, x[i], y[i], n[i]) + 1e-10
+            dw = big_l * (w - _local_gd(ref, w, x[i], y[i], n[i], lr, tau))
+            deltas.append(loss**q * dw)
+            hs.append(q * loss ** (q - 1) * dw @ dw + big_l * loss**q)
+            fqs.append(loss**q)
+        w = w - sum(deltas) / sum(hs)
+        np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(metrics["fair_weight_max"], max(fqs) / sum(fqs), rtol=1e-4)
+
+
+def test_qffl_q0_equals_fedavg_to_rounding(ragged, linear_model):
+    """q = 0: Δ_k = L(w − w̄_k), h_k = L, so w ← mean_k w̄_k: FedAvg (uniform), equal to float
+    rounding (w − Σ L(w − w̄_k)/(|S| L) is not the same arithmetic as the mean)."""
+    kw = dict(learning_rate=0.05, local_steps=3, batch_size=2, participation=0.6)
+    a, b = qffl(linear_model, q=0.0, **kw), fedavg(linear_model, **kw)
+    sa, sb = a.init(jax.random.key(0), ragged), b.init(jax.random.key(0), ragged)
+    for key in jax.random.split(jax.random.key(1), 4):
+        sa, _ = jax.jit(a.round)(sa, ragged, key)
+        sb, _ = jax.jit(b.round)(sb, ragged, key)
+        np.testing.assert_allclose(sa.params, sb.params, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- FedOpt
+
+
+class Algorithm2:
+    """Reddi et al.'s Algorithm 2 (and FedAvgM) in float64: step(Δ) -> the model's change."""
+
+    def __init__(self, name, eta, b1=0.9, b2=0.99, tau=1e-3):
+        self.name, self.eta, self.b1, self.b2, self.tau = name, eta, b1, b2, tau
+        self.m = self.v = None
+
+    def step(self, delta):
+        if self.m is None:
+            self.m, self.v = np.zeros_like(delta), np.full_like(delta, self.tau**2)
+        if self.name == "sgdm":  # heavy ball: v ← 0.9 v + Δ, x ← x + η v
+            self.m = 0.9 * self.m + delta
+            return self.eta * self.m
+        b1, b2 = self.b1, self.b2
+        self.m = b1 * self.m + (1 - b1) * delta
+        if self.name == "adagrad":
+            self.v = self.v + delta**2
+        elif self.name == "yogi":
+            self.v = self.v - (1 - b2) * delta**2 * np.sign(self.v - delta**2)
+        else:
+            self.v = b2 * self.v + (1 - b2) * delta**2
+        return self.eta * self.m / (np.sqrt(self.v) + self.tau)
+
+
+@pytest.mark.parametrize("name", ["sgdm", "adam", "yogi", "adagrad"])
+def test_fedopt_presets_equal_algorithm_2(ragged, linear_model, ref, name):
+    """x ← x + ServerOpt(Δ), Δ the mean over the cohort's clients holding data of their
+    τ-step change, with β₁ = 0.9, β₂ = 0.99, τ = 1e-3, m_{−1} = 0, v_{−1} = τ²."""
+    lr, tau, eta = 0.05, 2, 0.3
+    alg = fedavg(linear_model, learning_rate=lr, local_steps=tau, participation=0.6,
+                 server_optimizer=name, server_lr=eta)
+    state = alg.init(jax.random.key(0), ragged)
+    round_ = jax.jit(alg.round)
+    x, y, n = _np(ragged)
+    w = np.asarray(state.params, np.float64)
+    server = Algorithm2(name, eta)
+    for key in jax.random.split(jax.random.key(1), 4):
+        state, _ = round_(state, ragged, key)
+        cohort = [i for i in _cohort(key, ragged.num_clients, 0.6) if n[i] > 0]
+        w = w + server.step(np.mean([_local_gd(ref, w, x[i], y[i], n[i], lr, tau) - w
+                                     for i in cohort], axis=0))
+        np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
+
+
+def test_fedopt_sgd_at_server_lr_1_equals_fedavg_to_rounding(ragged, linear_model):
+    """x + 1·(mean − x) is FedAvg's mean up to float rounding (not bit for bit)."""
+    kw = dict(learning_rate=0.05, local_steps=3, batch_size=2, participation=0.6,
+              weighting="examples")
+    a = fedavg(linear_model, server_optimizer="sgd", server_lr=1.0, **kw)
+    b = fedavg(linear_model, **kw)
+    sa, sb = a.init(jax.random.key(0), ragged), b.init(jax.random.key(0), ragged)
+    for key in jax.random.split(jax.random.key(1), 4):
+        sa, ma = jax.jit(a.round)(sa, ragged, key)
+        sb, mb = jax.jit(b.round)(sb, ragged, key)
+        np.testing.assert_allclose(sa.params, sb.params, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(ma["train_loss"], mb["train_loss"])
+
+
+def test_ifca_fedopt_per_cluster_equals_loop(ragged, linear_model, ref):
+    """IFCA option II with FedOpt: each cluster model steps on its members' mean delta with
+    its own Algorithm 2 state; the cluster nobody picks keeps model and state."""
+    lr, tau, eta, k = 0.05, 2, 0.3, 3
+    theta0 = np.array([[0.0, 0.0, 0.0], [1.0, -1.0, 0.5], [50.0, 50.0, 50.0]])
+    alg = ifca(linear_model, num_clusters=k, option="model", learning_rate=lr, local_steps=tau,
+               server_optimizer="adam", server_lr=eta,
+               init_params=lambda key: jnp.asarray(theta0, jnp.float32))
+    state = alg.init(jax.random.key(0), ragged)
+    round_ = jax.jit(alg.round)
+    x, y, n = _np(ragged)
+    theta = theta0.copy()
+    servers = [Algorithm2("adam", eta) for _ in range(k)]
+    for key in jax.random.split(jax.random.key(1), 3):
+        state, _ = round_(state, ragged, key)
+        members = {j: [] for j in range(k)}
+        for i in range(ragged.num_clients):
+            if n[i]:
+                j = int(np.argmin([ref.loss(theta[c], x[i], y[i], n[i]) for c in range(k)]))
+                members[j].append(_local_gd(ref, theta[j], x[i], y[i], n[i], lr, tau))
+        for j in range(k):
+            if members[j]:
+                theta[j] = theta[j] + servers[j].step(np.mean(members[j], axis=0) - theta[j])
+        np.testing.assert_allclose(state.cluster_params, theta, rtol=RTOL, atol=ATOL)
+    assert servers[2].m is None  # the premise: cluster 2 was never picked
+    np.testing.assert_array_equal(state.cluster_params[2], theta0[2])
+    np.testing.assert_array_equal(state.opt_state[0].m[2], 0.0)  # its state kept too
+    np.testing.assert_array_equal(state.opt_state[0].v[2], np.float32(1e-3**2))
+
+
+def test_drfa_fedopt_steps_on_the_mean_change(ragged, linear_model):
+    """DRFA with server SGD at η: w + η (mean_j w_j − w), the λ step unchanged."""
+    kw = dict(learning_rate=0.05, local_steps=3, batch_size=2, participation=0.6,
+              lambda_lr=0.1)
+    plain, opt = drfa(linear_model, **kw), drfa(linear_model, server_optimizer="sgd",
+                                                server_lr=0.5, **kw)
+    state = plain.init(jax.random.key(0), ragged)
+    key = jax.random.key(1)
+    want, _ = jax.jit(plain.round)(state, ragged, key)
+    got, _ = jax.jit(opt.round)(opt.init(jax.random.key(0), ragged), ragged, key)
+    np.testing.assert_allclose(got.params, state.params + 0.5 * (want.params - state.params),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got.lam, want.lam)
+    assert not np.allclose(want.params, state.params)
+
+
+def test_server_step_is_skipped_when_nobody_trained():
+    opt = make_server_optimizer("sgdm", 1.0)
+    params = jnp.array([1.0, 2.0])
+    state = opt.init(params)
+    params1, state1 = apply_server_update(opt, params, state, jnp.array([0.5, -0.5]), True)
+    kept = apply_server_update(opt, params1, state1, jnp.zeros(2), False)
+    chex.assert_trees_all_equal(kept, (params1, state1))
+    moved = apply_server_update(opt, params1, state1, jnp.zeros(2), True)  # momentum moves it
+    assert not np.allclose(moved[0], params1)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize(
+    "factory, kwargs, match",
+    [
+        (fedprox, dict(learning_rate=0.1, mu=-1.0), "mu"),
+        (fedprox, dict(learning_rate=0.1, mu=float("nan")), "mu"),
+        (scaffold, dict(learning_rate=0.0), "learning_rate"),
+        (scaffold, dict(learning_rate=0.1, weighting="loss"), "weighting"),
+        (scaffold, dict(learning_rate=0.1, server_optimizer=None), "server_optimizer"),
+        (qffl, dict(learning_rate=0.1, q=-0.5), "q must"),
+        (qffl, dict(learning_rate=0.0), "learning_rate"),
+        (fedavg, dict(learning_rate=0.1, server_optimizer="nesterov"), "server_optimizer"),
+        (fedavg, dict(learning_rate=0.1, server_optimizer="adam", server_lr=0.0), "server_lr"),
+        (fedavg, dict(learning_rate=0.1, server_optimizer=optax.adam(0.1), server_lr=0.1),
+         "server_lr"),
+        (fedavg, dict(learning_rate=0.1, server_lr=0.1), "server_lr"),
+        (ifca, dict(learning_rate=0.1, num_clusters=2, server_optimizer="adam"),
+         "server_optimizer"),
+    ],
+)
+def test_rejects_bad_settings(linear_model, factory, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        factory(linear_model, **kwargs)
+
+
+def test_registered_names():
+    assert (ALGORITHMS["fedprox"], ALGORITHMS["scaffold"], ALGORITHMS["qffl"]) == (
+        fedprox, scaffold, qffl)
+
+
+# --------------------------------------------------------------------------- devices
+
+# Beyond test_sharding.py's registry cases: FedOpt presets, chunks, minibatches.
+SHARDED_CASES = [
+    ["fedavg", 10, {"learning_rate": 0.1, "local_steps": 2, "batch_size": 3,
+                    "participation": 0.5, "server_optimizer": "adam", "server_lr": 0.05}],
+    ["fedprox", 10, {"learning_rate": 0.1, "local_steps": 2, "batch_size": 3,
+                     "participation": 0.5, "mu": 0.3, "server_optimizer": "sgdm"}],
+    ["scaffold", 10, {"learning_rate": 0.1, "local_steps": 2, "batch_size": 3,
+                      "participation": 0.5, "client_chunk": 2, "server_lr": 0.8}],
+    ["qffl", 10, {"learning_rate": 0.1, "local_steps": 2, "batch_size": 3,
+                  "participation": 0.5, "q": 2.0, "client_chunk": 3}],
+]
+
+
+@pytest.mark.slow
+def test_new_algorithms_on_four_devices_equal_one():
+    from test_sharding import _run  # the subprocess script of the registry-wide check
+
+    results = _run([json.dumps(SHARDED_CASES)])
+    for name, index, _ in SHARDED_CASES:
+        one, four = results[f"{name}/{index}/1"], results[f"{name}/{index}/4"]
+        assert one["assignment"] == four["assignment"], name
+        np.testing.assert_allclose(four["client_loss"], one["client_loss"], rtol=1e-5,
+                                   atol=1e-6, err_msg=name)
+        assert len(one["leaves"]) == len(four["leaves"])
+        for a, b in zip(four["leaves"], one["leaves"], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
+        for row_a, row_b in zip(four["history"], one["history"], strict=True):
+            for key in row_b:
+                np.testing.assert_allclose(row_a[key], row_b[key], rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{name}: {key}")
