@@ -67,19 +67,21 @@ from fedjax_sim.models import mlp_classifier
 class Method(NamedTuple):
     """One compared method: a registered algorithm, fixed options, the settings it reads.
 
-    reads: setting -> the factory keywords it may go to (the first one the
-    factory's signature takes is used).
+    reads: setting -> the factory keyword it goes to.
+    client_optimizer: the factory takes the client `optimizer` (else plain SGD at
+      `learning_rate`: SCAFFOLD's option II and q-FedAvg's L = 1/lr assume SGD).
     """
 
     algorithm: str
     options: dict
     reads: dict
     help: str
+    client_optimizer: bool = True
 
 
-_LAMBDA = {"lambda_lr": ("lambda_lr", "domain_learning_rate")}
-_FEDOPT = {"server_lr": ("server_lr",)}
-_K = {"k": ("num_clusters",)}
+_LAMBDA = {"lambda_lr": "lambda_lr"}
+_FEDOPT = {"server_lr": "server_lr"}
+_K = {"k": "num_clusters"}
 METHODS = {
     "fedavg": Method("fedavg", {}, {}, "FedAvg"),
     "fedavgm": Method("fedavg", {"server_optimizer": "sgdm"}, _FEDOPT, "FedAvgM (FedOpt, SGDM)"),
@@ -87,12 +89,12 @@ METHODS = {
     "fedyogi": Method("fedavg", {"server_optimizer": "yogi"}, _FEDOPT, "FedYogi (FedOpt)"),
     "fedadagrad": Method("fedavg", {"server_optimizer": "adagrad"}, _FEDOPT,
                          "FedAdagrad (FedOpt)"),
-    "fedprox": Method("fedprox", {}, {"prox_mu": ("mu", "prox_mu", "proximal_mu")}, "FedProx"),
-    "scaffold": Method("scaffold", {}, {}, "SCAFFOLD (option II variates)"),
-    "qffl": Method("qffl", {}, {"q": ("q",)}, "q-FFL (q-FedAvg)"),
+    "fedprox": Method("fedprox", {}, {"prox_mu": "mu"}, "FedProx"),
+    "scaffold": Method("scaffold", {}, {}, "SCAFFOLD (option II variates)",
+                       client_optimizer=False),
+    "qffl": Method("qffl", {}, {"q": "q"}, "q-FFL (q-FedAvg)", client_optimizer=False),
     "afl": Method("afl", {}, _LAMBDA, "Agnostic FL"),
-    "ditto": Method("ditto", {}, {"ditto_lambda": ("ditto_lambda", "lam", "lambda_")},
-                    "Ditto (personal models)"),
+    "ditto": Method("ditto", {}, {"ditto_lambda": "ditto_lambda"}, "Ditto (personal models)"),
     "hypcluster": Method("hypcluster", {}, _K, "HypCluster"),
     "cfl": Method("cfl", {}, {}, "clustered FL (Sattler et al.)"),
     "ifca": Method("ifca", {"option": "model"}, _K, "IFCA (option II)"),
@@ -144,18 +146,16 @@ def build_algorithm(name: str, model, s: dict):
     method = METHODS[name]
     factory = ALGORITHMS[method.algorithm]
     names, any_keyword = _parameters(factory)
-    kwargs = {"optimizer": optax.sgd(s["lr"]), **method.options}
+    kwargs = ({"optimizer": optax.sgd(s["lr"])} if method.client_optimizer
+              else {"learning_rate": s["lr"]})
+    kwargs.update(method.options)
     # The client-training settings go where the factory takes them (local has no cohort).
     common = {"local_steps": s["local_steps"], "batch_size": s["batch_size"] or None,
               "participation": s["participation"]}
     kwargs.update({k: v for k, v in common.items() if k in names or any_keyword})
-    for setting, keywords in method.reads.items():
+    for setting, keyword in method.reads.items():
         if setting == "server_lr" and not s[setting]:
             continue  # 0: the server optimizer's own default
-        keyword = next((k for k in keywords if k in names), keywords[0] if any_keyword else None)
-        if keyword is None:
-            raise ValueError(f"method {name}: algorithm {method.algorithm} takes none of the "
-                             f"keywords {', '.join(keywords)} for setting {setting}.")
         kwargs[keyword] = s[setting]
     return factory(model, **kwargs)
 
