@@ -38,7 +38,7 @@ import numpy as np
 import optax
 
 from fedjax_sim import parallel
-from fedjax_sim.algorithms import drfa, drflm, fedavg, with_seeds
+from fedjax_sim.algorithms import afl, drfa, drflm, fedavg, qffl, with_seeds
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.experiments.base import ROUNDS, Comparison, Experiment, Preset, stream_key
@@ -52,7 +52,7 @@ from fedjax_sim.experiments.settings import (
 from fedjax_sim.extras import require
 from fedjax_sim.models import linear_regression
 
-METHODS = ("fedavg", "drfa", "drflm", "fedavg_mixup")
+METHODS = ("fedavg", "drfa", "drflm", "fedavg_mixup", "afl", "qffl")
 MOLECULES = ("esol", "freesolv", "lipophilicity")
 DATASET_NAMES = (*MOLECULES, "synthetic")
 # The paper's ESOL worst-client test RMSE (arXiv 2204.07742; docs/protocols.md#drflm-experiments).
@@ -180,13 +180,19 @@ def build_method(name: str, s: dict, model):
         else:
             lam0 = "uniform"
         return drflm(*model_opt, lambda_lr=0.0, lambda_init=lam0, **mix, **common, **robust)
+    if name == "afl":  # Agnostic FL: λ by projected ascent, λ-weighted averaging
+        return afl(*model_opt, lambda_lr=s["lambda_lr"], **common)
+    if name == "qffl":  # q-FedAvg: plain SGD at qffl_lr (its L = 1/lr assumes SGD)
+        return qffl(model, q=s["q"], learning_rate=s["qffl_lr"], **common)
     raise ValueError(f"method must be one of {METHODS}; got {name!r}.")
 
 
-def _metrics_fn(algorithm, problem: Problem, weighting: str = "uniform"):
+def _metrics_fn(algorithm, problem: Problem, weighting: str | None = "uniform"):
     """state -> {metric: [seeds] host array}: test RMSE (target units), losses, λ, sampled.
 
-    FedAvg keeps no λ: its fixed client weights (`weighting`) stand in for λ and λ̂."""
+    FedAvg keeps no λ: its fixed client weights (`weighting`) stand in for λ and λ̂.
+    A method with neither (q-FFL: weights that change every round; weighting None)
+    reports NaN there; one without a sampling counter (AFL) NaN sampled counts."""
     evaluate = jax.jit(algorithm.evaluate)
     std = problem.target_std[:, None]
     n_clients = problem.noisy.shape[0]
@@ -209,7 +215,10 @@ def _metrics_fn(algorithm, problem: Problem, weighting: str = "uniform"):
         if hasattr(state, "lam_avg"):
             lam = np.asarray(parallel.to_host(state.lam), np.float64)
             lam_hat = np.asarray(parallel.to_host(state.lam_avg), np.float64)
-            sampled = np.asarray(parallel.to_host(state.sampled), np.float64)
+            sampled = (np.asarray(parallel.to_host(state.sampled), np.float64)
+                       if hasattr(state, "sampled") else np.full((seeds, n_clients), np.nan))
+        elif weighting is None:
+            lam = lam_hat = sampled = np.full((seeds, n_clients), np.nan)
         else:  # FedAvg: its fixed client weights; it keeps no sampling counter
             if weighting == "examples":
                 rows = np.broadcast_to(np.asarray(problem.train.num_examples, np.float64),
@@ -259,7 +268,10 @@ class DRFAExperiment(Experiment):
         Setting("optimizer", str, "adam", "client optimizer (fresh state every round)",
                 choices=("adam", "sgd")),
         Setting("lr", float, 0.001, "client learning rate η", minimum=0.0),
-        Setting("lambda_lr", float, 0.002, "λ step size γ of DRFA / DRFLM", minimum=0.0),
+        Setting("lambda_lr", float, 0.002, "λ step size γ of DRFA / DRFLM / AFL", minimum=0.0),
+        Setting("q", float, 1.0, "q-FFL's fairness exponent q (0: FedAvg)", minimum=0.0),
+        Setting("qffl_lr", float, 0.05, "q-FFL's client SGD step (its Lipschitz estimate is "
+                "1/qffl_lr; it takes no Adam)", minimum=1e-9),
         Setting("lambda_floor", float, 0.0, "lower bound on every λ_i (exact floored "
                 "projection; 0: none; official_code: 1e-3 clipped when 0)", minimum=0.0,
                 maximum=0.5),
@@ -335,7 +347,9 @@ class DRFAExperiment(Experiment):
                                shared_data=problem.shared)
         return MethodRun(algorithm, problem.train,
                          stream_key(s["seed"], ROUNDS), s["rounds"],
-                         _metrics_fn(algorithm, problem, s["weighting"]), s["eval_every"])
+                         _metrics_fn(algorithm, problem, s["weighting"] if name == "fedavg"
+                                     else None if name == "qffl" else "uniform"),
+                         s["eval_every"])
 
     def table(self, s: dict) -> list[str]:
         return final_metrics(s)

@@ -33,7 +33,15 @@ import numpy as np
 import optax
 
 from fedjax_sim import plots, simulate
-from fedjax_sim.algorithms import fedavg, ifca, local_models, one_shot_clustering, with_seeds
+from fedjax_sim.algorithms import (
+    cfl,
+    fedavg,
+    hypcluster,
+    ifca,
+    local_models,
+    one_shot_clustering,
+    with_seeds,
+)
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.algorithms.ifca import evaluate_clusters, pretrained_trunk, with_balanced_init
 from fedjax_sim.compare import MethodRun
@@ -67,7 +75,7 @@ from fedjax_sim.models.augment import CROP
 from fedjax_sim.models.zoo import cifar_cnn, cifar_weight_decay_mask
 
 DATASETS = ("mnist", "digits", "cifar")
-CLUSTERING = ("ifca", "ifca_ws", "ifca_frozen", "oneshot")
+CLUSTERING = ("ifca", "ifca_ws", "ifca_frozen", "oneshot", "hypcluster", "cfl")
 SHARING = ("ifca_ws", "ifca_frozen")  # methods on the split model (shared trunk)
 METHOD_HELP = {
     "ifca": "IFCA (option II, model averaging)",
@@ -76,6 +84,8 @@ METHOD_HELP = {
     "oneshot": "one-shot clustering (k-means of local models, then fixed clusters)",
     "ifca_ws": "IFCA with weight sharing (trunk by FedAvg over every client, k heads by IFCA)",
     "ifca_frozen": "IFCA, frozen pretrained trunk, only the last layer clustered (FEMNIST)",
+    "hypcluster": "HypCluster (k hypotheses, each client trains its lowest-loss one)",
+    "cfl": "clustered FL (Sattler et al.: recursive bi-partitioning, up to k clusters)",
 }
 TABLE = ["test_accuracy", "local_paired_accuracy", "cluster_accuracy", "train_loss",
          "test_loss"]
@@ -253,6 +263,15 @@ def build_method(name: str, model, s: dict, client_chunk=None) -> tuple[Algorith
             return one_shot_clustering(
                 model, opt, num_clusters=k, pretrain_steps=s["local_rounds"] * s["local_steps"],
                 weighting="uniform", client_chunk=client_chunk, **local)
+        if name in ("hypcluster", "cfl"):
+            if local["sampling"] != "with_replacement":
+                raise ValueError(f"setting sampling={local['sampling']} is not read by method "
+                                 f"{name} (its minibatches are drawn with replacement).")
+            plain = {k: v for k, v in local.items() if k != "sampling"}
+            if name == "hypcluster":
+                return hypcluster(model, opt, num_clusters=k, client_chunk=client_chunk, **plain)
+            # up to k clusters; its paper's ε₁, ε₂ (the factory's defaults)
+            return cfl(model, opt, max_clusters=k, client_chunk=client_chunk, **plain)
         raise ValueError(f"unknown method {name!r}; known: {', '.join(METHOD_HELP)}.")
 
     algorithm = with_lr_decay(build, s["lr"], s["lr_decay"])
@@ -309,6 +328,13 @@ def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_r
         out = {"train": summary(tr, train)}
         if name in ("oneshot", "local"):  # per-client models or fixed clusters: the test twin
             out["test"] = summary(algorithm.evaluate(state, paired), paired)
+        elif name in ("hypcluster", "cfl"):  # their cluster models, served as IFCA's are
+            def pick(st, d, a=None):
+                return evaluate_clusters(model, st.cluster_params, d, assignment=a)
+            if s["selection"] == "train_loss":
+                out["test"] = summary(jax.vmap(pick)(state, paired, tr["assignment"]), paired)
+            else:
+                out["test"] = summary(jax.vmap(pick)(state, test), test)
         elif name in CLUSTERING and s["selection"] == "train_loss":
             def by_train(st, d, a):
                 return evaluate_clusters(model, st.cluster_params, d, shared=st.shared_params,
@@ -328,7 +354,8 @@ def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_r
         return out
 
     def identity(state):
-        assignment = np.asarray(state.assignment)
+        # CFL's clusters are its state's cluster ids; every other clustering method's assignment.
+        assignment = np.asarray(state.cluster_id if name == "cfl" else state.assignment)
         return np.array([participant_identity_accuracy(a, t, k)
                          for a, t in zip(assignment, truth, strict=True)])
 
@@ -580,8 +607,9 @@ MNIST = RotatedImages("ifca_rotated_mnist",
                       "IFCA vs global, local, one-shot and weight sharing on rotated MNIST (k=4)",
                       ("ifca", "fedavg", "local", "oneshot", "ifca_ws"))
 DIGITS = RotatedImages("ifca_rotated_digits",
-                       "IFCA vs global vs local on rotated 8×8 digits (CI / quick-start scale)",
-                       ("ifca", "fedavg", "local"))
+                       "IFCA vs global vs local, HypCluster and CFL on rotated 8×8 digits "
+                       "(CI / quick-start scale)",
+                       ("ifca", "fedavg", "local", "hypcluster", "cfl"))
 CIFAR = RotatedImages("ifca_rotated_cifar", "IFCA vs global vs local on rotated CIFAR-10 (k=2)",
                       ("ifca", "fedavg", "local"))
 WEIGHT_SHARING = RotatedImages(
