@@ -73,10 +73,13 @@ def _exists(target: str, source: Path, root: Path) -> bool:
     if re.fullmatch(r"[A-Z][A-Z_]+\.md", target):  # a notes file: anywhere in the repository
         return any(root.rglob(target))
     for base in (root, source.parent):
+        path = (base / target).resolve()
+        if not path.is_relative_to(root.resolve()):  # outside the repository: users lack it
+            continue
         if "*" in target:
             if any(base.glob(target)):
                 return True
-        elif (base / target).exists():
+        elif path.exists():
             return True
     return False
 
