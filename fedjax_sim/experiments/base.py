@@ -16,9 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim import compare
+from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.experiments.settings import Setting
 
 
@@ -52,8 +55,6 @@ DATA, INIT, ROUNDS = 0, 1, 2
 
 def stream_key(seed: int, stream: int):
     """The PRNG key of one stream (DATA, INIT, ROUNDS) of a user's seed."""
-    import jax
-
     return jax.random.fold_in(jax.random.key(seed), stream)
 
 
@@ -64,6 +65,32 @@ def client_mean(values, weights) -> np.ndarray:
     v, w = np.asarray(values, np.float64), np.asarray(weights, np.float64)
     total = w.sum(-1)
     return (np.where(w > 0, v, 0.0) * w).sum(-1) / np.where(total > 0, total, np.nan)
+
+
+def stack_seeds(parts: list):
+    """Per-seed data (FederatedData, or pytrees holding them) stacked on a leading [seeds]
+    axis; FederatedData of different row counts are padded (zeros past num_examples) to the
+    largest n_max first, so seeds may differ in their clients' sizes."""
+
+    def is_data(node) -> bool:
+        return isinstance(node, FederatedData)
+
+    def padded(datasets: tuple) -> list:
+        if not is_data(datasets[0]):
+            return list(datasets)
+        width = max(d.max_examples for d in datasets)
+
+        def pad(a):
+            a = np.asarray(a)
+            return np.pad(a, [(0, 0), (0, width - a.shape[1])] + [(0, 0)] * (a.ndim - 2))
+
+        return [d.replace(x=jax.tree.map(pad, d.x), y=pad(d.y)) for d in datasets]
+
+    structure = jax.tree.structure(parts[0], is_leaf=is_data)
+    columns = [padded(nodes) for nodes in zip(
+        *(jax.tree.leaves(p, is_leaf=is_data) for p in parts), strict=True)]
+    seeds = [jax.tree.unflatten(structure, [c[i] for c in columns]) for i in range(len(parts))]
+    return jax.tree.map(lambda *a: jnp.stack([jnp.asarray(x) for x in a]), *seeds)
 
 
 def seed_mean(values) -> float:

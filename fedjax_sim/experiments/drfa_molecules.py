@@ -41,7 +41,14 @@ from fedjax_sim import parallel
 from fedjax_sim.algorithms import afl, drfa, drflm, fedavg, qffl, with_seeds
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.experiments.base import ROUNDS, Comparison, Experiment, Preset, stream_key
+from fedjax_sim.experiments.base import (
+    ROUNDS,
+    Comparison,
+    Experiment,
+    Preset,
+    stack_seeds,
+    stream_key,
+)
 from fedjax_sim.experiments.settings import (
     Setting,
     checkpoint_setting,
@@ -68,22 +75,6 @@ class Problem:
         self.target_std = np.asarray(target_std, np.float64)  # [seeds]
         self.noisy = np.asarray(noisy, bool)  # [N]
         self.units, self.notes, self.model, self.shared = units, notes, model, shared
-
-
-def _stack_seeds(parts: list[FederatedData]) -> FederatedData:
-    """Per-seed federations (same N) padded to one n_max and stacked on a leading [seeds] axis."""
-    width = max(p.max_examples for p in parts)
-
-    def pad(a):
-        a = np.asarray(a)
-        widths = [(0, 0), (0, width - a.shape[1])] + [(0, 0)] * (a.ndim - 2)
-        return np.pad(a, widths)
-
-    x = jax.tree.map(lambda *leaves: jnp.asarray(np.stack([pad(a) for a in leaves])),
-                     *[p.x for p in parts])
-    y = jnp.asarray(np.stack([pad(p.y) for p in parts]))
-    return FederatedData(x=x, y=y, num_examples=jnp.stack([p.num_examples for p in parts]),
-                         cluster=jnp.stack([p.cluster for p in parts]))
 
 
 def _pad_rows(data: FederatedData, width: int) -> FederatedData:
@@ -150,7 +141,7 @@ def build_problem(s: dict) -> Problem:
     # Test clients padded to the training width: one compiled evaluation serves both.
     test = [_pad_rows(t, max(p.max_examples for p in train)) for t in test]
     if s["resplit_per_seed"]:
-        train, test = _stack_seeds(train), _stack_seeds(test)
+        train, test = stack_seeds(train), stack_seeds(test)
         shared = False
     else:
         train, test, std = train[0], test[0], std * seeds

@@ -35,7 +35,6 @@ import inspect
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -52,6 +51,7 @@ from fedjax_sim.experiments.base import (
     Preset,
     client_mean,
     methods_setting,
+    stack_seeds,
     stream_key,
 )
 from fedjax_sim.experiments.settings import (
@@ -229,7 +229,7 @@ def build_problem(s: dict) -> dict:
     def stack(part: int, width: int) -> FederatedData:
         feds = [FederatedData.from_clients([c[part] for c in cl], [c[part + 1] for c in cl],
                                            [c[4] for c in cl], n_max=width) for cl in per_seed]
-        return jax.tree.map(lambda *a: jnp.stack(a), *feds)
+        return stack_seeds(feds)
 
     first = per_seed[0]
     return {"train": stack(0, max(widths)), "test": stack(2, max(test_widths)),

@@ -59,6 +59,7 @@ from fedjax_sim.experiments.base import (
     Experiment,
     Preset,
     client_mean,
+    stack_seeds,
     stream_key,
 )
 from fedjax_sim.experiments.settings import (
@@ -151,13 +152,9 @@ def build_problem(s: dict):
                                  n_test=s["n"])
                 for i in range(s["seeds"])]
     first = per_seed[0]
-
-    def stack(*parts):
-        return jax.tree.map(lambda *a: jnp.stack(a), *parts)
-
-    train = stack(*[p.train for p in per_seed])
-    test = stack(*[p.test for p in per_seed])
-    paired = stack(*[p.test.take(jnp.asarray(p.test_of_client)) for p in per_seed])
+    train = stack_seeds([p.train for p in per_seed])
+    test = stack_seeds([p.test for p in per_seed])
+    paired = stack_seeds([p.test.take(jnp.asarray(p.test_of_client)) for p in per_seed])
     return {"train": train, "test": test, "paired": paired,
             "test_of_client": first.test_of_client, "test_clients": first.test.num_clients,
             "rotations": first.rotations}
