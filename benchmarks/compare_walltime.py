@@ -60,7 +60,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default=str(HERE / "results" / "compare_walltime.json"))
     args = parser.parse_args(argv)
-    meta = harness.collect_meta()
+    started = time.perf_counter()
+    meta = harness.collect_meta(old_checkout=str(args.old))
     rows = []
     for name, old_args, new_args in CASES:
         runs = {"old": [], "new": []}
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
         row["new_over_old_wall"] = row["new_wall_s"] / row["old_wall_s"]
         row["new_over_old_cpu"] = row["new_cpu_s"] / row["old_cpu_s"]
         rows.append(row)
-    harness.write_json(args.out, {"meta": harness.finish_meta(meta), "rows": rows})
+    harness.write_json(args.out, {"meta": harness.finish_meta(meta, started), "rows": rows})
     for r in rows:
         print(f"{r['case']}: old {r['old_wall_s']:.1f} s wall / {r['old_cpu_s']:.1f} s CPU, "
               f"new {r['new_wall_s']:.1f} s / {r['new_cpu_s']:.1f} s "
