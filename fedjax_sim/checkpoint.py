@@ -12,11 +12,19 @@ A checkpoint is one orbax step directory, `DIR/<round>/`, with two items:
 
 Keeping the history inside the step directory makes it part of the same
 atomic unit as the state: orbax writes a step into a temporary directory and
-renames it when complete, and saving here is synchronous
-(`wait_until_finished`), so a process killed at any moment leaves the
+renames it when complete, so a process killed at any moment leaves the
 previous steps intact and never a half-written latest one. Temporary
 directories left by a killed save are removed when the directory is next
 opened. The newest `max_to_keep` steps are kept.
+
+Saves are asynchronous on one process: `save` copies the state to host memory
+and returns while orbax writes the files in a background thread; the next
+`save` first waits for it (and raises its error, if it failed), and `close`
+waits for the last one, so every checkpoint a run asked for is complete on
+disk when the run returns, and none is ever dropped. Under several processes
+saves stay synchronous. Before a checkpoint is written, `save` fsyncs the rows
+appended with `io.append_csv(..., sync=False)` (metrics.csv): every row of the
+rounds a checkpoint covers is durable before that checkpoint exists.
 
 The directory is created on the first save, so a run shorter than its
 checkpoint interval leaves none behind.
@@ -52,6 +60,8 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+
+from fedjax_sim.io import sync_appended
 
 _STATE, _PROGRESS = "state", "progress"
 # orbax's default step directory name, `DIR/<round>`; its temporary
@@ -259,7 +269,8 @@ def decode_history(value):
 
 
 class RunCheckpoints:
-    """The checkpoints of one run in `directory` (orbax `CheckpointManager`, synchronous).
+    """The checkpoints of one run in `directory` (orbax `CheckpointManager`; saves are
+    asynchronous on one process, complete at the next `save` or at `close`).
 
     Under several processes every method is collective: every process calls
     it, in the same order, on the same shared directory.
@@ -271,6 +282,11 @@ class RunCheckpoints:
         self.directory = Path(directory).absolute()
         self.max_to_keep = max_to_keep
         self._manager = None
+        self._pending: int | None = None  # the step an asynchronous save is writing
+        # The history rows saved so far and their encodings: a run's history only
+        # grows, so each save encodes only the rows added since the previous one.
+        self._rows: list = []
+        self._encoded: list = []
 
     def _open(self):
         """The orbax CheckpointManager (opening it removes a killed save's temporary directory)."""
@@ -278,7 +294,7 @@ class RunCheckpoints:
         if self._manager is None:
             options = ocp.CheckpointManagerOptions(
                 max_to_keep=self.max_to_keep,
-                enable_async_checkpointing=False,
+                enable_async_checkpointing=jax.process_count() == 1,
                 cleanup_tmp_directories=True,
             )
             self._manager = ocp.CheckpointManager(
@@ -327,7 +343,8 @@ class RunCheckpoints:
         self._open().reload()
 
     def steps(self) -> list[int]:
-        """Rounds with a complete checkpoint, oldest first."""
+        """Rounds with a complete checkpoint, oldest first (after waiting for a save)."""
+        self.wait()
         if self._manager is None and not self._exists():
             return []
         return sorted(self._open().all_steps())
@@ -336,12 +353,63 @@ class RunCheckpoints:
         steps = self.steps()
         return steps[-1] if steps else None
 
+    def _encode_history(self, history: list) -> list:
+        """encode_history(history), reusing the encodings of the same row objects saved
+        before (rows are not changed once saved: `simulate.run` only appends)."""
+        done = len(self._rows)
+        if done > len(history) or any(
+                a is not b for a, b in zip(self._rows, history[:done], strict=True)):
+            self._rows, self._encoded, done = [], [], 0  # not the same history
+        self._rows += history[done:]
+        self._encoded += [encode_history(row) for row in history[done:]]
+        return list(self._encoded)
+
+    def _translated(self, error: Exception, step: int):
+        """The OSError (naming the step) behind an orbax write error, the temporary
+        directory of the unfinished step removed; None when it is not one."""
+        failed = _os_error(error, self.directory / str(step))
+        if failed is not None and jax.process_index() == 0:
+            # The unfinished step is only a temporary directory: give its space back
+            # (orbax would remove it when the directory is next opened).
+            for tmp in self.directory.glob(f"{int(step)}.orbax-checkpoint-tmp*"):
+                shutil.rmtree(tmp, ignore_errors=True)
+        return failed
+
+    def wait(self) -> None:
+        """Waits until the last save is complete on disk.
+
+        Raises:
+          OSError: the save failed for an OS reason (e.g. ENOSPC), naming its step.
+        """
+        if self._manager is None or self._pending is None:
+            return
+        step, self._pending = self._pending, None
+        try:
+            self._manager.wait_until_finished()
+        except Exception as error:
+            failed = self._translated(error, step)
+            if failed is None:
+                raise
+            raise failed from None
+
     def save(self, step: int, state, key, history: list, *, round_metrics=None) -> None:
-        """Writes the checkpoint of round `step` and waits until it is complete on disk.
+        """Writes the checkpoint of round `step`.
+
+        First every row appended with `io.append_csv(..., sync=False)` is fsynced
+        (`io.sync_appended`) and the previous save is waited for. On one process
+        the files are then written in the background: the checkpoint is complete
+        at the next `save`, `wait` or `close`; a process killed before then keeps
+        the previous checkpoints intact. Under several processes it returns once
+        the checkpoint is complete.
 
         round_metrics: optional {name: host array [step, ...]}, every round's metrics
         so far (`simulate.run(round_metrics=True)`), restored with the checkpoint.
+
+        Raises:
+          OSError: this save, or the previous one, failed for an OS reason.
         """
+        sync_appended()
+        self.wait()
         flat, treedef = jax.tree_util.tree_flatten_with_path(state)
         key_impls = {_keystr(p): str(jax.random.key_impl(x)) for p, x in flat if _is_key(x)}
         saveable = jax.tree_util.tree_unflatten(
@@ -352,7 +420,7 @@ class RunCheckpoints:
             "round": int(step),
             "key_impl": str(jax.random.key_impl(key)) if typed else None,
             "state_key_impls": key_impls,
-            "history": encode_history(history),
+            "history": self._encode_history(history),
         }
         if round_metrics is not None:
             progress["round_metrics"] = encode_history(
@@ -370,16 +438,14 @@ class RunCheckpoints:
                 ),
                 force=True,
             )
-            manager.wait_until_finished()
+            self._pending = int(step)
+            if jax.process_count() > 1:
+                self.wait()
         except Exception as error:
-            failed = _os_error(error, self.directory / str(step))
+            self._pending = None
+            failed = self._translated(error, step)
             if failed is None:
                 raise
-            # The unfinished step is only a temporary directory: give its space back
-            # (orbax would remove it when the directory is next opened).
-            if jax.process_index() == 0:
-                for tmp in self.directory.glob(f"{int(step)}.orbax-checkpoint-tmp*"):
-                    shutil.rmtree(tmp, ignore_errors=True)
             raise failed from None
 
     def restore(self, abstract_state, abstract_key, step: int | None = None) -> Restored:
@@ -457,6 +523,7 @@ class RunCheckpoints:
         Raises:
           CheckpointError: step directories exist but none restores.
         """
+        self.wait()
         if self._manager is None and not self._exists():
             return None, []
         manager = self._open()
@@ -486,7 +553,12 @@ class RunCheckpoints:
         )
 
     def close(self) -> None:
-        if self._manager is not None:
+        """Waits for the last save (raising its error, as `wait`), then closes orbax."""
+        if self._manager is None:
+            return
+        try:
+            self.wait()
+        finally:
             self._manager.close()
             self._manager = None
 
