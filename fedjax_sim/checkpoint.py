@@ -5,10 +5,16 @@ A checkpoint is one orbax step directory, `DIR/<round>/`, with two items:
 - `state`: the algorithm state pytree (models, optimizer states, λ,
   assignments, counters; PRNG keys as their raw key data) and the run's base
   PRNG key data, written by orbax's `StandardSave`;
-- `progress`: JSON with the round, the key implementations, the history
-  rows so far and, when the run keeps them, every round's metrics (numpy
-  values keep their dtype, so a restored history is bit-for-bit the saved
-  one).
+- `progress`: JSON with the round, the key implementations and, when the run
+  keeps them, every round's metrics (numpy values keep their dtype).
+
+The history rows so far are JSON text too (`encode_history`, numpy values
+keeping their dtype, so a restored history is bit-for-bit the saved one), but
+stored as the UTF-8 bytes of that text, a uint8 array beside the state
+(`history_json`; its length in `progress`): a run's history grows with its
+rounds, and each row is encoded once and then only copied, never re-encoded,
+escaped into a JSON string or parsed by the saving thread. Checkpoints that
+hold the history inside `progress` (older versions) restore as well.
 
 Keeping the history inside the step directory makes it part of the same
 atomic unit as the state: orbax writes a step into a temporary directory and
@@ -50,6 +56,7 @@ device, and come back on this process's first device.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import re
@@ -283,10 +290,10 @@ class RunCheckpoints:
         self.max_to_keep = max_to_keep
         self._manager = None
         self._pending: int | None = None  # the step an asynchronous save is writing
-        # The history rows saved so far and their encodings: a run's history only
+        # The history rows saved so far and their JSON texts: a run's history only
         # grows, so each save encodes only the rows added since the previous one.
         self._rows: list = []
-        self._encoded: list = []
+        self._encoded: list[str] = []
 
     def _open(self):
         """The orbax CheckpointManager (opening it removes a killed save's temporary directory)."""
@@ -353,16 +360,19 @@ class RunCheckpoints:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def _encode_history(self, history: list) -> list:
-        """encode_history(history), reusing the encodings of the same row objects saved
-        before (rows are not changed once saved: `simulate.run` only appends)."""
+    def _encode_history(self, history: list) -> np.ndarray:
+        """The UTF-8 bytes of the JSON text of encode_history(history), as uint8, reusing
+        the texts of the same row objects saved before (rows are not changed once saved:
+        `simulate.run` only appends)."""
         done = len(self._rows)
         if done > len(history) or any(
                 a is not b for a, b in zip(self._rows, history[:done], strict=True)):
             self._rows, self._encoded, done = [], [], 0  # not the same history
         self._rows += history[done:]
-        self._encoded += [encode_history(row) for row in history[done:]]
-        return list(self._encoded)
+        self._encoded += [json.dumps(encode_history(row), allow_nan=True)
+                          for row in history[done:]]
+        text = "[" + ",".join(self._encoded) + "]"
+        return np.frombuffer(text.encode("utf-8"), np.uint8)
 
     def _translated(self, error: Exception, step: int):
         """The OSError (naming the step) behind an orbax write error, the temporary
@@ -420,12 +430,14 @@ class RunCheckpoints:
             "round": int(step),
             "key_impl": str(jax.random.key_impl(key)) if typed else None,
             "state_key_impls": key_impls,
-            "history": self._encode_history(history),
         }
+        history_json = self._encode_history(history)
+        progress["history_json_bytes"] = int(history_json.size)
         if round_metrics is not None:
             progress["round_metrics"] = encode_history(
                 {name: np.asarray(values) for name, values in round_metrics.items()})
-        items = {"state": saveable, "key": jax.random.key_data(key) if typed else key}
+        items = {"state": saveable, "key": jax.random.key_data(key) if typed else key,
+                 "history_json": history_json}
         items = jax.tree.map(_global, items)
         ocp = _orbax()
         manager = self._open()
@@ -471,14 +483,23 @@ class RunCheckpoints:
         key_target = _placed(_key_data_like(abstract_key) if _is_key(abstract_key)
                              else abstract_key)
         ocp = _orbax()
-        restored = self._open().restore(
-            int(step),
-            args=ocp.args.Composite(**{
-                _STATE: ocp.args.StandardRestore({"state": target_state, "key": key_target}),
-                _PROGRESS: ocp.args.JsonRestore(),
-            }),
+        manager = self._open()
+        # The progress item first: it says how long the history's bytes are.
+        progress = manager.restore(
+            int(step), args=ocp.args.Composite(**{_PROGRESS: ocp.args.JsonRestore()}),
+        )[_PROGRESS]
+        target = {"state": target_state, "key": key_target}
+        if "history_json_bytes" in progress:
+            target["history_json"] = _placed(
+                jax.ShapeDtypeStruct((int(progress["history_json_bytes"]),), np.uint8))
+        restored = manager.restore(
+            int(step), args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(target)}),
         )
-        progress = restored[_PROGRESS]
+        if "history_json_bytes" in progress:
+            text = np.asarray(restored[_STATE]["history_json"].addressable_data(0)).tobytes()
+            history = json.loads(text.decode("utf-8"))
+        else:  # written by an older version: the history inside the progress item
+            history = progress["history"]
         impls = progress["state_key_impls"]
         restored_flat = jax.tree_util.tree_leaves(restored[_STATE]["state"])
         leaves = [
@@ -493,7 +514,7 @@ class RunCheckpoints:
             round=int(progress["round"]),
             state=jax.tree_util.tree_unflatten(treedef, leaves),
             key=key,
-            history=decode_history(progress["history"]),
+            history=decode_history(history),
             round_metrics=(decode_history(progress["round_metrics"])
                            if "round_metrics" in progress else None),
         )
