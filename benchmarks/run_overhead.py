@@ -20,9 +20,11 @@ For each preset family it measures, in this process:
   Blocking each chunk removes the overlap of the next chunk with the host's
   work on the previous one, so the phases sum to more than an uninstrumented run.
 
-    python benchmarks/run_overhead.py                 # ~4 minutes on 2 busy cores
-    python benchmarks/run_overhead.py --rounds 500 --quick
+    python benchmarks/run_overhead.py                 # 2000 rounds: ~10 min, 2 busy cores
+    python benchmarks/run_overhead.py --rounds 500 --families ifca-synthetic
     python benchmarks/run_overhead.py --checkout /tmp/old   # an older fedjax_sim
+    python benchmarks/run_overhead.py --rounds 10000 --families ifca-synthetic \
+        --end-to-end-only --out benchmarks/results/run_overhead_long.json
 
 Writes benchmarks/results/run_overhead.json (or --out).
 """
@@ -246,11 +248,14 @@ def measure(label, preset, overrides, rounds: int) -> dict:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     harness.add_checkout_arg(parser)
-    parser.add_argument("--rounds", type=int, default=3000,
+    parser.add_argument("--rounds", type=int, default=2000,
                         help="rounds of the ifca-synthetic run (drfa: 5x as many)")
     parser.add_argument("--families", default=",".join(FAMILIES))
     parser.add_argument("--out", default=str(HERE / "results" / "run_overhead.json"))
     parser.add_argument("--label", default=None, help="a note stored in the JSON (e.g. before)")
+    parser.add_argument("--end-to-end-only", action="store_true",
+                        help="one uninstrumented run per family, no compiled calls (long runs, "
+                             "where the history a checkpoint holds has grown)")
     args = parser.parse_args(argv)
     harness.use_checkout(args.checkout)
     started = time.perf_counter()
@@ -260,7 +265,12 @@ def main(argv=None):
     for label in args.families.split(","):
         preset, overrides = FAMILIES[label]
         rounds = args.rounds if label == "ifca-synthetic" else 5 * args.rounds
-        results[label] = measure(label, preset, overrides, rounds)
+        if args.end_to_end_only:
+            _, results[label] = run_once(preset, [*overrides, f"rounds={rounds}"], None)
+            print(f"[{label}] end-to-end {results[label]['rounds_per_s']:.1f} rounds/s",
+                  file=sys.stderr, flush=True)
+        else:
+            results[label] = measure(label, preset, overrides, rounds)
     harness.finish_meta(meta, started)
     harness.write_json(args.out, {"meta": meta, "results": results})
     print(f"wrote {args.out}", file=sys.stderr)

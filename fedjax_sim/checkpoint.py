@@ -433,11 +433,24 @@ class RunCheckpoints:
         }
         history_json = self._encode_history(history)
         progress["history_json_bytes"] = int(history_json.size)
+        arrays = {}
         if round_metrics is not None:
+            # As arrays beside the state (their shapes and dtypes in progress), not JSON:
+            # they grow with the rounds. Empty ones (no round yet) and dtypes JAX would
+            # narrow (float64 without x64) stay in the JSON.
+            values = {name: np.asarray(v) for name, v in round_metrics.items()}
+            arrays = {name: v for name, v in values.items()
+                      if v.size and jax.dtypes.canonicalize_dtype(v.dtype) == v.dtype}
             progress["round_metrics"] = encode_history(
-                {name: np.asarray(values) for name, values in round_metrics.items()})
+                {name: v for name, v in values.items() if name not in arrays})
+            progress["round_metrics_names"] = list(values)
+            progress["round_metrics_shapes"] = {name: list(v.shape) for name, v in values.items()}
+            progress["round_metrics_arrays"] = {
+                name: {"shape": list(v.shape), "dtype": v.dtype.str} for name, v in arrays.items()}
         items = {"state": saveable, "key": jax.random.key_data(key) if typed else key,
                  "history_json": history_json}
+        if arrays:
+            items["round_metrics"] = arrays
         items = jax.tree.map(_global, items)
         ocp = _orbax()
         manager = self._open()
@@ -492,6 +505,10 @@ class RunCheckpoints:
         if "history_json_bytes" in progress:
             target["history_json"] = _placed(
                 jax.ShapeDtypeStruct((int(progress["history_json_bytes"]),), np.uint8))
+        if progress.get("round_metrics_arrays"):
+            target["round_metrics"] = {
+                name: _placed(jax.ShapeDtypeStruct(tuple(spec["shape"]), np.dtype(spec["dtype"])))
+                for name, spec in progress["round_metrics_arrays"].items()}
         restored = manager.restore(
             int(step), args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(target)}),
         )
@@ -500,6 +517,16 @@ class RunCheckpoints:
             history = json.loads(text.decode("utf-8"))
         else:  # written by an older version: the history inside the progress item
             history = progress["history"]
+        round_metrics = None
+        if "round_metrics" in progress:
+            round_metrics = decode_history(progress["round_metrics"])
+            round_metrics.update({name: np.asarray(x.addressable_data(0)) for name, x
+                                  in restored[_STATE].get("round_metrics", {}).items()})
+            order = progress.get("round_metrics_names", list(round_metrics))
+            shapes = progress.get("round_metrics_shapes", {})
+            round_metrics = {name: round_metrics[name] if name not in shapes
+                             else np.reshape(round_metrics[name], shapes[name])
+                             for name in order}
         impls = progress["state_key_impls"]
         restored_flat = jax.tree_util.tree_leaves(restored[_STATE]["state"])
         leaves = [
@@ -515,8 +542,7 @@ class RunCheckpoints:
             state=jax.tree_util.tree_unflatten(treedef, leaves),
             key=key,
             history=decode_history(history),
-            round_metrics=(decode_history(progress["round_metrics"])
-                           if "round_metrics" in progress else None),
+            round_metrics=round_metrics,
         )
 
     def restore_latest_intact(self, abstract_state, abstract_key) -> tuple[

@@ -163,3 +163,22 @@ def test_batched_cluster_accuracy_equals_a_brute_force_loop():
             assert cluster_identity_accuracy(assignment[i, j], truth[i, j], k) == want
     # Labels past num_clusters widen the label space, as per row.
     assert cluster_identity_accuracies(np.array([[4, 4, 0]]), np.array([[1, 1, 0]]), 2)[0] == 1.0
+
+
+def test_round_metrics_restore_bit_for_bit_in_their_order(tmp_path):
+    metrics = {
+        "loss": np.array([[1.5, np.nan], [0.25, np.inf]], np.float32),  # an array item
+        "sizes": np.array([[3, 4], [5, 6]], np.int32),
+        "wide": np.array([[0.1], [0.2]], np.float64),  # JAX would narrow it: stays JSON
+        "none_yet": np.zeros((0, 2), np.float32),  # empty: stays JSON
+    }
+    with RunCheckpoints(tmp_path / "c") as checkpoints:
+        checkpoints.save(2, _state(2), jax.random.key(3), [{"round": 2}], round_metrics=metrics)
+    with RunCheckpoints(tmp_path / "c") as again:
+        restored = again.restore(jax.eval_shape(lambda: _state(0)),
+                                 jax.eval_shape(lambda: jax.random.key(0)))
+    assert list(restored.round_metrics) == list(metrics)
+    for name, want in metrics.items():
+        got = restored.round_metrics[name]
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        np.testing.assert_array_equal(got, want)
