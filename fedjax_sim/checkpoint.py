@@ -5,18 +5,32 @@ A checkpoint is one orbax step directory, `DIR/<round>/`, with two items:
 - `state`: the algorithm state pytree (models, optimizer states, λ,
   assignments, counters; PRNG keys as their raw key data) and the run's base
   PRNG key data, written by orbax's `StandardSave`;
-- `progress`: JSON with the round, the key implementations, the history
-  rows so far and, when the run keeps them, every round's metrics (numpy
-  values keep their dtype, so a restored history is bit-for-bit the saved
-  one).
+- `progress`: JSON with the round, the key implementations and, when the run
+  keeps them, every round's metrics (numpy values keep their dtype).
+
+The history rows so far are JSON text too (`encode_history`, numpy values
+keeping their dtype, so a restored history is bit-for-bit the saved one), but
+stored as the UTF-8 bytes of that text, a uint8 array beside the state
+(`history_json`; its length in `progress`): a run's history grows with its
+rounds, and each row is encoded once and then only copied, never re-encoded,
+escaped into a JSON string or parsed by the saving thread. Checkpoints that
+hold the history inside `progress` (older versions) restore as well.
 
 Keeping the history inside the step directory makes it part of the same
 atomic unit as the state: orbax writes a step into a temporary directory and
-renames it when complete, and saving here is synchronous
-(`wait_until_finished`), so a process killed at any moment leaves the
+renames it when complete, so a process killed at any moment leaves the
 previous steps intact and never a half-written latest one. Temporary
 directories left by a killed save are removed when the directory is next
 opened. The newest `max_to_keep` steps are kept.
+
+Saves are asynchronous on one process: `save` copies the state to host memory
+and returns while orbax writes the files in a background thread; the next
+`save` first waits for it (and raises its error, if it failed), and `close`
+waits for the last one, so every checkpoint a run asked for is complete on
+disk when the run returns, and none is ever dropped. Under several processes
+saves stay synchronous. Before a checkpoint is written, `save` fsyncs the rows
+appended with `io.append_csv(..., sync=False)` (metrics.csv): every row of the
+rounds a checkpoint covers is durable before that checkpoint exists.
 
 The directory is created on the first save, so a run shorter than its
 checkpoint interval leaves none behind.
@@ -42,6 +56,7 @@ device, and come back on this process's first device.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import re
@@ -52,6 +67,8 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+
+from fedjax_sim.io import sync_appended
 
 _STATE, _PROGRESS = "state", "progress"
 # orbax's default step directory name, `DIR/<round>`; its temporary
@@ -259,7 +276,8 @@ def decode_history(value):
 
 
 class RunCheckpoints:
-    """The checkpoints of one run in `directory` (orbax `CheckpointManager`, synchronous).
+    """The checkpoints of one run in `directory` (orbax `CheckpointManager`; saves are
+    asynchronous on one process, complete at the next `save` or at `close`).
 
     Under several processes every method is collective: every process calls
     it, in the same order, on the same shared directory.
@@ -271,6 +289,11 @@ class RunCheckpoints:
         self.directory = Path(directory).absolute()
         self.max_to_keep = max_to_keep
         self._manager = None
+        self._pending: int | None = None  # the step an asynchronous save is writing
+        # The history rows saved so far and their JSON texts: a run's history only
+        # grows, so each save encodes only the rows added since the previous one.
+        self._rows: list = []
+        self._encoded: list[str] = []
 
     def _open(self):
         """The orbax CheckpointManager (opening it removes a killed save's temporary directory)."""
@@ -278,7 +301,7 @@ class RunCheckpoints:
         if self._manager is None:
             options = ocp.CheckpointManagerOptions(
                 max_to_keep=self.max_to_keep,
-                enable_async_checkpointing=False,
+                enable_async_checkpointing=jax.process_count() == 1,
                 cleanup_tmp_directories=True,
             )
             self._manager = ocp.CheckpointManager(
@@ -327,7 +350,8 @@ class RunCheckpoints:
         self._open().reload()
 
     def steps(self) -> list[int]:
-        """Rounds with a complete checkpoint, oldest first."""
+        """Rounds with a complete checkpoint, oldest first (after waiting for a save)."""
+        self.wait()
         if self._manager is None and not self._exists():
             return []
         return sorted(self._open().all_steps())
@@ -336,12 +360,66 @@ class RunCheckpoints:
         steps = self.steps()
         return steps[-1] if steps else None
 
+    def _encode_history(self, history: list) -> np.ndarray:
+        """The UTF-8 bytes of the JSON text of encode_history(history), as uint8, reusing
+        the texts of the same row objects saved before (rows are not changed once saved:
+        `simulate.run` only appends)."""
+        done = len(self._rows)
+        if done > len(history) or any(
+                a is not b for a, b in zip(self._rows, history[:done], strict=True)):
+            self._rows, self._encoded, done = [], [], 0  # not the same history
+        self._rows += history[done:]
+        self._encoded += [json.dumps(encode_history(row), allow_nan=True)
+                          for row in history[done:]]
+        text = "[" + ",".join(self._encoded) + "]"
+        return np.frombuffer(text.encode("utf-8"), np.uint8)
+
+    def _translated(self, error: Exception, step: int):
+        """The OSError (naming the step) behind an orbax write error, the temporary
+        directory of the unfinished step removed; None when it is not one."""
+        failed = _os_error(error, self.directory / str(step))
+        if failed is not None and jax.process_index() == 0:
+            # The unfinished step is only a temporary directory: give its space back
+            # (orbax would remove it when the directory is next opened).
+            for tmp in self.directory.glob(f"{int(step)}.orbax-checkpoint-tmp*"):
+                shutil.rmtree(tmp, ignore_errors=True)
+        return failed
+
+    def wait(self) -> None:
+        """Waits until the last save is complete on disk.
+
+        Raises:
+          OSError: the save failed for an OS reason (e.g. ENOSPC), naming its step.
+        """
+        if self._manager is None or self._pending is None:
+            return
+        step, self._pending = self._pending, None
+        try:
+            self._manager.wait_until_finished()
+        except Exception as error:
+            failed = self._translated(error, step)
+            if failed is None:
+                raise
+            raise failed from None
+
     def save(self, step: int, state, key, history: list, *, round_metrics=None) -> None:
-        """Writes the checkpoint of round `step` and waits until it is complete on disk.
+        """Writes the checkpoint of round `step`.
+
+        First every row appended with `io.append_csv(..., sync=False)` is fsynced
+        (`io.sync_appended`) and the previous save is waited for. On one process
+        the files are then written in the background: the checkpoint is complete
+        at the next `save`, `wait` or `close`; a process killed before then keeps
+        the previous checkpoints intact. Under several processes it returns once
+        the checkpoint is complete.
 
         round_metrics: optional {name: host array [step, ...]}, every round's metrics
         so far (`simulate.run(round_metrics=True)`), restored with the checkpoint.
+
+        Raises:
+          OSError: this save, or the previous one, failed for an OS reason.
         """
+        sync_appended()
+        self.wait()
         flat, treedef = jax.tree_util.tree_flatten_with_path(state)
         key_impls = {_keystr(p): str(jax.random.key_impl(x)) for p, x in flat if _is_key(x)}
         saveable = jax.tree_util.tree_unflatten(
@@ -352,12 +430,27 @@ class RunCheckpoints:
             "round": int(step),
             "key_impl": str(jax.random.key_impl(key)) if typed else None,
             "state_key_impls": key_impls,
-            "history": encode_history(history),
         }
+        history_json = self._encode_history(history)
+        progress["history_json_bytes"] = int(history_json.size)
+        arrays = {}
         if round_metrics is not None:
+            # As arrays beside the state (their shapes and dtypes in progress), not JSON:
+            # they grow with the rounds. Empty ones (no round yet) and dtypes JAX would
+            # narrow (float64 without x64) stay in the JSON.
+            values = {name: np.asarray(v) for name, v in round_metrics.items()}
+            arrays = {name: v for name, v in values.items()
+                      if v.size and jax.dtypes.canonicalize_dtype(v.dtype) == v.dtype}
             progress["round_metrics"] = encode_history(
-                {name: np.asarray(values) for name, values in round_metrics.items()})
-        items = {"state": saveable, "key": jax.random.key_data(key) if typed else key}
+                {name: v for name, v in values.items() if name not in arrays})
+            progress["round_metrics_names"] = list(values)
+            progress["round_metrics_shapes"] = {name: list(v.shape) for name, v in values.items()}
+            progress["round_metrics_arrays"] = {
+                name: {"shape": list(v.shape), "dtype": v.dtype.str} for name, v in arrays.items()}
+        items = {"state": saveable, "key": jax.random.key_data(key) if typed else key,
+                 "history_json": history_json}
+        if arrays:
+            items["round_metrics"] = arrays
         items = jax.tree.map(_global, items)
         ocp = _orbax()
         manager = self._open()
@@ -370,16 +463,14 @@ class RunCheckpoints:
                 ),
                 force=True,
             )
-            manager.wait_until_finished()
+            self._pending = int(step)
+            if jax.process_count() > 1:
+                self.wait()
         except Exception as error:
-            failed = _os_error(error, self.directory / str(step))
+            self._pending = None
+            failed = self._translated(error, step)
             if failed is None:
                 raise
-            # The unfinished step is only a temporary directory: give its space back
-            # (orbax would remove it when the directory is next opened).
-            if jax.process_index() == 0:
-                for tmp in self.directory.glob(f"{int(step)}.orbax-checkpoint-tmp*"):
-                    shutil.rmtree(tmp, ignore_errors=True)
             raise failed from None
 
     def restore(self, abstract_state, abstract_key, step: int | None = None) -> Restored:
@@ -405,14 +496,37 @@ class RunCheckpoints:
         key_target = _placed(_key_data_like(abstract_key) if _is_key(abstract_key)
                              else abstract_key)
         ocp = _orbax()
-        restored = self._open().restore(
-            int(step),
-            args=ocp.args.Composite(**{
-                _STATE: ocp.args.StandardRestore({"state": target_state, "key": key_target}),
-                _PROGRESS: ocp.args.JsonRestore(),
-            }),
+        manager = self._open()
+        # The progress item first: it says how long the history's bytes are.
+        progress = manager.restore(
+            int(step), args=ocp.args.Composite(**{_PROGRESS: ocp.args.JsonRestore()}),
+        )[_PROGRESS]
+        target = {"state": target_state, "key": key_target}
+        if "history_json_bytes" in progress:
+            target["history_json"] = _placed(
+                jax.ShapeDtypeStruct((int(progress["history_json_bytes"]),), np.uint8))
+        if progress.get("round_metrics_arrays"):
+            target["round_metrics"] = {
+                name: _placed(jax.ShapeDtypeStruct(tuple(spec["shape"]), np.dtype(spec["dtype"])))
+                for name, spec in progress["round_metrics_arrays"].items()}
+        restored = manager.restore(
+            int(step), args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(target)}),
         )
-        progress = restored[_PROGRESS]
+        if "history_json_bytes" in progress:
+            text = np.asarray(restored[_STATE]["history_json"].addressable_data(0)).tobytes()
+            history = json.loads(text.decode("utf-8"))
+        else:  # written by an older version: the history inside the progress item
+            history = progress["history"]
+        round_metrics = None
+        if "round_metrics" in progress:
+            round_metrics = decode_history(progress["round_metrics"])
+            round_metrics.update({name: np.asarray(x.addressable_data(0)) for name, x
+                                  in restored[_STATE].get("round_metrics", {}).items()})
+            order = progress.get("round_metrics_names", list(round_metrics))
+            shapes = progress.get("round_metrics_shapes", {})
+            round_metrics = {name: round_metrics[name] if name not in shapes
+                             else np.reshape(round_metrics[name], shapes[name])
+                             for name in order}
         impls = progress["state_key_impls"]
         restored_flat = jax.tree_util.tree_leaves(restored[_STATE]["state"])
         leaves = [
@@ -427,9 +541,8 @@ class RunCheckpoints:
             round=int(progress["round"]),
             state=jax.tree_util.tree_unflatten(treedef, leaves),
             key=key,
-            history=decode_history(progress["history"]),
-            round_metrics=(decode_history(progress["round_metrics"])
-                           if "round_metrics" in progress else None),
+            history=decode_history(history),
+            round_metrics=round_metrics,
         )
 
     def restore_latest_intact(self, abstract_state, abstract_key) -> tuple[
@@ -457,6 +570,7 @@ class RunCheckpoints:
         Raises:
           CheckpointError: step directories exist but none restores.
         """
+        self.wait()
         if self._manager is None and not self._exists():
             return None, []
         manager = self._open()
@@ -486,7 +600,12 @@ class RunCheckpoints:
         )
 
     def close(self) -> None:
-        if self._manager is not None:
+        """Waits for the last save (raising its error, as `wait`), then closes orbax."""
+        if self._manager is None:
+            return
+        try:
+            self.wait()
+        finally:
             self._manager.close()
             self._manager = None
 

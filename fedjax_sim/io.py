@@ -2,8 +2,12 @@
 
 `write_json` and `write_csv` write a temporary file beside the target, fsync it
 and rename it over the target, so a reader or a crash sees the old file or the
-new one, never half of one. `append_csv` appends and fsyncs instead, for files
-that grow while a run goes; `read_csv` drops a last line a crash cut short.
+new one, never half of one. `append_csv` appends instead, for files that grow
+while a run goes: by default it fsyncs each call; with ``sync=False`` the rows
+reach the operating system at once (a killed process loses nothing) and the
+disk at the next `sync_appended` (which every checkpoint save and the end of
+`simulate.run` call), so only an OS crash or power loss can take rows written
+since then. `read_csv` drops a last line a crash cut short.
 
 Formats:
 
@@ -25,6 +29,7 @@ import json
 import math
 import os
 import secrets
+import threading
 from pathlib import Path
 
 # Python's csv writer quotes a field holding "\r" only when "\r" is part of the
@@ -33,6 +38,9 @@ from pathlib import Path
 _CSV_TERMINATOR = "\r\n"
 _EOL = "\n"
 _TEMP_NAME_TRIES = 100
+# Files appended with sync=False since their last fsync (see `sync_appended`).
+_UNSYNCED: set[Path] = set()
+_UNSYNCED_LOCK = threading.Lock()
 
 
 def _create_temp(path: Path) -> tuple[int, Path]:
@@ -160,11 +168,13 @@ def write_csv(path, rows: list[dict], columns: list[str] | None = None) -> None:
     _atomic_write(Path(path), _records(rows, columns, header=True))
 
 
-def append_csv(path, rows: list[dict], columns: list[str]) -> None:
-    """Appends rows to a CSV (writing the header first if the file is new), then fsyncs.
+def append_csv(path, rows: list[dict], columns: list[str], *, sync: bool = True) -> None:
+    """Appends rows to a CSV (writing the header first if the file is new).
 
-    A crash loses at most the rows of this call; a partial last line left by a
-    crash is dropped by `read_csv`.
+    sync=True fsyncs the file before returning: an OS crash loses at most the
+    rows of this call. sync=False only flushes them to the operating system (a
+    killed process loses nothing) and leaves the fsync to the next
+    `sync_appended`. A partial last line left by a crash is dropped by `read_csv`.
     """
     path = Path(path)
     try:
@@ -174,9 +184,39 @@ def append_csv(path, rows: list[dict], columns: list[str]) -> None:
         with open(path, "a", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
+        if not sync:
+            with _UNSYNCED_LOCK:
+                _UNSYNCED.add(path.absolute())
     except OSError as err:  # a write error names no file
         raise _naming(err, path) from None
+
+
+def sync_appended() -> None:
+    """Fsyncs every file `append_csv(..., sync=False)` appended to since its last fsync.
+
+    The write barrier of deferred appends: `checkpoint.RunCheckpoints.save`
+    calls it before writing a checkpoint, so every row appended before a
+    checkpoint is on disk before that checkpoint is; `simulate.run` calls it
+    when it ends. A file removed since is skipped.
+    """
+    with _UNSYNCED_LOCK:
+        paths = sorted(_UNSYNCED)
+        _UNSYNCED.clear()
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            raise _naming(err, path) from None
+        try:
+            os.fsync(fd)
+        except OSError as err:
+            raise _naming(err, path) from None
+        finally:
+            os.close(fd)
 
 
 def _drop_partial_line(path: Path) -> None:

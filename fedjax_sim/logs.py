@@ -27,11 +27,19 @@ from pathlib import Path
 import numpy as np
 
 from fedjax_sim.extras import require
-from fedjax_sim.io import append_csv, read_csv, write_csv
+from fedjax_sim.io import append_csv, read_csv, sync_appended, write_csv
 
 
 class MetricsCSV:
     """History rows appended to a CSV, one `append` call at a time.
+
+    Appends reach the operating system at once (a killed process loses no row)
+    but are fsynced only at the next `io.sync_appended`: before each checkpoint
+    is written (`checkpoint.RunCheckpoints.save`), when `simulate.run` ends, and
+    at `sync`. So every row of the rounds a checkpoint covers is on disk before
+    that checkpoint is, and a resumed run never lacks one; an fsync per
+    evaluation row would cost a disk flush every few rounds for no stronger
+    guarantee (rows past the last checkpoint are recomputed on resume anyway).
 
     Args:
       path: the CSV file.
@@ -62,7 +70,8 @@ class MetricsCSV:
         write_csv(self.path, kept, self.columns)
 
     def append(self, rows: list[dict]) -> None:
-        """Appends `rows` and fsyncs; the first row ever written fixes the columns.
+        """Appends `rows` (fsynced at the next `io.sync_appended`); the first row ever
+        written fixes the columns.
 
         Raises:
           ValueError: a row has a key that is not a column (it would be lost).
@@ -79,7 +88,11 @@ class MetricsCSV:
                     f"row for round {row.get('round')!r} has keys {extra} that {self.path} "
                     f"has no column for (columns: {self.columns})."
                 )
-        append_csv(self.path, rows, self.columns)
+        append_csv(self.path, rows, self.columns, sync=False)
+
+    def sync(self) -> None:
+        """Fsyncs the rows appended so far (and those of every other deferred append)."""
+        sync_appended()
 
 
 def _header(path: Path) -> list[str] | None:

@@ -26,22 +26,49 @@ def cluster_identity_accuracy(assignment, truth, num_clusters: int | None = None
     Returns:
       Accuracy in [0, 1] (NaN when no client has a known truth).
     """
-    a = np.asarray(assignment).astype(np.int64)
-    t = np.asarray(truth).astype(np.int64)
+    a, t = np.asarray(assignment), np.asarray(truth)
     if a.shape != t.shape:
         raise ValueError(f"assignment {a.shape} and truth {t.shape} must have the same shape.")
+    return float(cluster_identity_accuracies(a.reshape(-1), t.reshape(-1), num_clusters))
+
+
+def cluster_identity_accuracies(assignment, truth, num_clusters: int | None = None) -> np.ndarray:
+    """`cluster_identity_accuracy` of every row of a batch: [..., m] -> [...] float64.
+
+    Each row is matched on its own (its own relabeling); the confusion
+    matrices of all rows are counted at once, and only the Hungarian method
+    runs per row. Zero-padding a confusion matrix to the batch's label space
+    does not change its best matching, so every value equals the per-row one.
+
+    Args:
+      assignment: [..., m] predicted cluster ids.
+      truth: [..., m] true cluster ids (-1 = unknown), the same shape.
+      num_clusters: size of the label space (default: inferred).
+    """
+    a = np.asarray(assignment).astype(np.int64)
+    t = np.asarray(truth).astype(np.int64)
+    if a.shape != t.shape or a.ndim < 1:
+        raise ValueError(f"assignment {a.shape} and truth {t.shape} must have the same shape "
+                         "[..., m].")
+    batch = a.shape[:-1]
+    a, t = a.reshape(-1, a.shape[-1]), t.reshape(-1, t.shape[-1])
     known = t >= 0
-    if not known.any():
-        return float("nan")
-    a, t = a[known], t[known]
-    size = max(int(a.max(initial=0)), int(t.max(initial=0))) + 1
+    size = max(int(np.max(a, where=known, initial=0)),
+               int(np.max(t, where=known, initial=0))) + 1
     if num_clusters is not None:
         size = max(size, num_clusters)
-    confusion = np.zeros((size, size), np.int64)
-    valid = a >= 0
-    np.add.at(confusion, (a[valid], t[valid]), 1)
-    rows, cols = linear_sum_assignment(-confusion)
-    return float(confusion[rows, cols].sum() / len(t))
+    rows = np.arange(a.shape[0])[:, None]
+    valid = known & (a >= 0)
+    flat = ((rows * size + np.where(valid, a, 0)) * size + np.where(valid, t, 0))[valid]
+    confusion = np.bincount(flat, minlength=a.shape[0] * size * size).reshape(-1, size, size)
+    matched = np.zeros(a.shape[0], np.int64)
+    for i, c in enumerate(confusion):
+        r, col = linear_sum_assignment(-c)
+        matched[i] = c[r, col].sum()
+    count = known.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(count > 0, matched / np.maximum(count, 1), np.nan)
+    return out.reshape(batch)
 
 
 def min_dist(cluster_params: jax.Array, theta_star: jax.Array) -> jax.Array:

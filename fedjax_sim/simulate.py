@@ -6,6 +6,14 @@ step of a compiled scan. Round t's key is fold_in(round_key, t), so a run's
 numbers do not depend on the chunk length or on when evaluation happens, and a
 run resumed from a checkpoint continues bit-for-bit: the checkpoint holds the
 whole state, the key and the history, and the chunks after it are the same.
+
+What the host does between chunks costs as little as it can: one program and
+one transfer read a chunk's logged round metrics and whether its metrics and
+state are finite; once the state is known to be healthy, the next chunk is
+dispatched before the host appends the rows, draws the progress and starts
+the checkpoint, so the rounds run while it does; checkpoints are written in the
+background (`checkpoint.RunCheckpoints`) and metrics.csv rows are fsynced once
+per checkpoint, before it, not once per row (`io.sync_appended`).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from fedjax_sim import backend, parallel
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.checkpoint import RunCheckpoints
 from fedjax_sim.data.checks import check_run_inputs
+from fedjax_sim.io import sync_appended
 from fedjax_sim.logs import Progress
 from fedjax_sim.metrics import summarize_clients
 
@@ -108,6 +117,15 @@ def _all_finite(tree, lead: int):
     return jax.tree.map(reduce, tree)
 
 
+@functools.partial(jax.jit, static_argnames=("names", "lead"))
+def _chunk_summary(metrics, state_leaves, names: tuple, lead: int):
+    """One program per chunk for what the host reads of it: the last round's value of
+    each logged metric in `names`, and `_all_finite` of the round metrics (per round
+    and copy) and of the state leaves (per copy)."""
+    last = {name: metrics[name][-1] for name in names}
+    return last, _all_finite(metrics, lead + 1), _all_finite(state_leaves, lead)
+
+
 def _kind(values) -> str:
     """'nan', 'inf' or '-inf': the first non-finite entry of values."""
     flat = np.asarray(values, np.float64).ravel()
@@ -157,12 +175,21 @@ class _Watch:
             return ok.reshape(rows, self.n, -1).all(axis=2)
         return np.repeat(ok.reshape(rows, -1).all(axis=1)[:, None], self.n, axis=1)
 
-    def check(self, state, metrics, row, start: int, end: int):
-        """None, or (round, metric name, 'nan'/'inf') of the run's divergence."""
+    def check(self, state, metrics, row, start: int, end: int, finite=None):
+        """None, or (round, metric name, 'nan'/'inf') of the run's divergence.
+
+        finite: (metrics ok, state leaves ok) as host arrays when already read
+        (`_chunk_summary`); None: computed here.
+        """
         lead = self.lead
         failures: list = [None] * self.n  # per copy: (round, name, how to read the value)
+        flat, _ = jax.tree_util.tree_flatten_with_path(state)
+        if finite is None:
+            finite = jax.tree.map(parallel.to_host, (
+                _all_finite(metrics, lead + 1) if metrics else {},
+                _all_finite([x for _, x in flat], lead)))
+        metric_ok, state_ok = finite
         if metrics:
-            metric_ok = jax.tree.map(parallel.to_host, _all_finite(metrics, lead + 1))
             for name, ok in metric_ok.items():
                 ok = self._per_copy(ok, rows=end - start)
                 for c in range(self.n):
@@ -177,8 +204,6 @@ class _Watch:
             for c in np.flatnonzero(~ok):
                 if failures[c] is None:
                     failures[c] = (end, name, ("row", name, None, c))
-        flat, _ = jax.tree_util.tree_flatten_with_path(state)
-        state_ok = jax.tree.map(parallel.to_host, _all_finite([x for _, x in flat], lead))
         for (path, _), ok in zip(flat, state_ok, strict=True):
             ok = self._per_copy(ok)
             for c in np.flatnonzero(~ok):
@@ -293,6 +318,13 @@ class _Timer:
             self.compile_seconds += time.perf_counter() - t0
             self._compiled[length] = compiled
         return compiled(state, data, round_key, start)
+
+    def compiled_call(self, jitted, *args):
+        """jitted(*args), compiled ahead of time (timed as compilation)."""
+        t0 = time.perf_counter()
+        compiled = jitted.lower(*args).compile()
+        self.compile_seconds += time.perf_counter() - t0
+        return compiled(*args)
 
     def first_call(self, fn):
         """fn, whose first call (tracing and compiling it) counts as compilation."""
@@ -410,7 +442,11 @@ def run(
         data and the state's declared per-client leaves are sharded over it,
         everything else replicated.
       checkpoint_dir: where to write checkpoints (`checkpoint.RunCheckpoints`);
-        None: no checkpoints. Under several processes every process passes
+        None: no checkpoints. A save runs in the background until the next
+        one starts; every one is complete on disk when `run` returns or
+        raises, and the rows `on_rows` appended with `io.append_csv(...,
+        sync=False)` (metrics.csv) are fsynced before each checkpoint is
+        written and when `run` ends. Under several processes every process passes
         the same directory, on storage they share; each writes its shards.
       checkpoint_every: checkpoint after every this many rounds (default:
         eval_every). Chunks end at multiples of both eval_every and
@@ -511,7 +547,7 @@ def run(
                 f"{checkpoints.directory} was written without its round metrics; resume "
                 "without round_metrics or start the run again in another directory.")
     else:
-        state = jax.jit(algorithm.init)(key_init, data)
+        state = timer.compiled_call(jax.jit(algorithm.init), key_init, data)
         if mesh is not None:
             state = parallel.shard_state(state, algorithm.client_axes(state), mesh)
         history, done = None, 0
@@ -557,15 +593,29 @@ def run(
         on_rows(list(history))
         with Progress(rounds, initial=done, description=description, unit="round",
                       enabled=progress, summary=progress_summary) as bar:
+            ahead = None  # the next chunk, dispatched before the host's work on this one
             while done < rounds:
                 end = _next_boundary(done, rounds, every)
-                state, metrics = timer.scan(algorithm, state, data, key_rounds, done, end - done)
+                if ahead is None:
+                    ahead = timer.scan(algorithm, state, data, key_rounds, done, end - done)
+                state, metrics = ahead
+                ahead = None
+                evaluated = end % eval_every == 0 or end == rounds
+                # What the host reads of the chunk, in one program and one transfer.
+                last, *finite = jax.tree.map(parallel.to_host, _chunk_summary(
+                    metrics, jax.tree.leaves(state), logged_names if evaluated else (),
+                    watch.lead))
                 row = None
-                if end % eval_every == 0 or end == rounds:
-                    last = {name: _row_value(metrics[name][-1]) for name in logged_names}
+                if evaluated:
+                    last = {name: _row_value(value) for name, value in last.items()}
                     row = {"round": end, **last, **evaluate(state)}
-                if (found := watch.check(state, metrics, row, done, end)) is not None:
+                if (found := watch.check(state, metrics, row, done, end, finite)) is not None:
                     raise diverged(found, history)
+                if end < rounds:
+                    # The state is healthy: the next chunk runs while the host writes this
+                    # one's rows, progress and checkpoint.
+                    after = _next_boundary(end, rounds, every)
+                    ahead = timer.scan(algorithm, state, data, key_rounds, end, after - end)
                 if kept is not None:
                     kept.add(metrics)
                 if row is not None:
@@ -574,13 +624,18 @@ def run(
                 bar.advance(end - done, postfix=row)
                 done = end
                 if checkpoints is not None and done % checkpoint_every == 0:
+                    # Saving fsyncs the rows appended so far first, and writes in the
+                    # background; the last save is complete once `close` returns.
                     checkpoints.save(done, state, key, history, round_metrics=None
                                      if kept is None else kept.stacked(logged))
                     last_saved = done
     finally:
         record_timing()
-        if checkpoints is not None:
-            checkpoints.close()
+        try:
+            sync_appended()  # metrics.csv rows appended since the last checkpoint
+        finally:
+            if checkpoints is not None:
+                checkpoints.close()
     if kept is not None:
         return state, history, kept.stacked(logged)
     return state, history

@@ -53,7 +53,7 @@ from fedjax_sim.experiments.base import (
 )
 from fedjax_sim.experiments.settings import Setting, count, seed_setting
 from fedjax_sim.memory import choose_client_chunk, estimate_bytes_per_client, tree_bytes
-from fedjax_sim.metrics import cluster_identity_accuracy, min_dist
+from fedjax_sim.metrics import cluster_identity_accuracies, cluster_identity_accuracy, min_dist
 from fedjax_sim.models import linear_regression
 
 ALGORITHM_NAMES = ("ifca", "fedavg", "local", "oneshot", "hypcluster", "cfl")
@@ -221,11 +221,7 @@ def _metrics_fn(name: str, algorithm, problem, k: int):
             assignment = parallel.to_host(train["assignment"])
             shape = truth.shape[:-1] + (1,) * (assignment.ndim - truth.ndim) + truth.shape[-1:]
             truths = np.broadcast_to(truth.reshape(shape), assignment.shape)
-            flat, truths = assignment.reshape(-1, assignment.shape[-1]), truths.reshape(
-                -1, assignment.shape[-1])
-            out["cluster_accuracy"] = np.array([
-                cluster_identity_accuracy(a, t, k) for a, t in zip(flat, truths, strict=True)
-            ]).reshape(assignment.shape[:-1])
+            out["cluster_accuracy"] = cluster_identity_accuracies(assignment, truths, k)
         models = _cluster_models(name, state)
         if models is not None:
             out["min_dist"] = parallel.to_host(dist(models, problem.theta_star))

@@ -1,0 +1,184 @@
+"""What makes a run as fast as its compiled rounds keeps its guarantees.
+
+* metrics.csv rows are fsynced once per checkpoint, before it is written, and
+  at the end of the run, not once per row;
+* an asynchronous checkpoint save is complete once `close` returns, and the
+  next save (or a listing of the steps) waits for it;
+* a checkpoint's history is the same when its rows are encoded once each;
+* the batched cluster identity accuracy equals a brute-force per-row loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_sim import checkpoint, io, logs
+from fedjax_sim.checkpoint import RunCheckpoints
+from fedjax_sim.experiments import run_preset
+from fedjax_sim.metrics import cluster_identity_accuracies, cluster_identity_accuracy
+
+
+def _fd_path(fd: int) -> str:
+    return os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_rows_are_fsynced_before_each_checkpoint_and_at_the_end(tmp_path, monkeypatch):
+    events = []
+    fsync = os.fsync
+
+    def recording_fsync(fd):
+        events.append(("fsync", _fd_path(fd)))
+        fsync(fd)
+
+    append = logs.MetricsCSV.append
+
+    def recording_append(self, rows):
+        events.append(("append", int(rows[-1]["round"])))
+        append(self, rows)
+
+    save = RunCheckpoints.save
+
+    def recording_save(self, step, *args, **kwargs):
+        save(self, step, *args, **kwargs)
+        events.append(("save", int(step)))
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(logs.MetricsCSV, "append", recording_append)
+    monkeypatch.setattr(RunCheckpoints, "save", recording_save)
+    out = run_preset("ifca-synthetic-tiny", ["rounds=5", "eval_every=1", "checkpoint_every=2",
+                                             "restarts=1"], out_dir=tmp_path / "run",
+                     progress=False)
+    appends = [e for e in events if e[0] == "append"]
+    saves = [e for e in events if e[0] == "save"]
+    csv_syncs = [i for i, e in enumerate(events) if e == ("fsync", "metrics.csv")]
+    assert [r for _, r in appends] == [1, 2, 3, 4, 5] and [s for _, s in saves] == [2, 4]
+    # Fewer fsyncs than rows: one before each checkpoint and one at the end.
+    assert len(csv_syncs) < len(appends)
+    for i, event in enumerate(events):
+        if event[0] != "save":
+            continue
+        last_append = max(j for j, e in enumerate(events[:i]) if e[0] == "append")
+        assert events[last_append][1] == event[1]  # that checkpoint's round was appended
+        assert any(last_append < j < i for j in csv_syncs), events
+    last_append = max(j for j, e in enumerate(events) if e[0] == "append")
+    assert any(j > last_append for j in csv_syncs), events
+    assert len(io.read_csv(out / "metrics.csv")) == 6  # rounds 0..5
+
+
+def test_a_deferred_append_is_synced_by_sync_appended(tmp_path, monkeypatch):
+    synced = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(_fd_path(fd)))
+    path = tmp_path / "m.csv"
+    io.append_csv(path, [{"round": 1}], ["round"], sync=False)
+    assert synced == []
+    io.sync_appended()
+    assert synced == ["m.csv"]
+    io.sync_appended()  # nothing new appended: no fsync
+    assert synced == ["m.csv"]
+    io.append_csv(path, [{"round": 2}], ["round"])  # the default fsyncs at once
+    assert synced == ["m.csv", "m.csv"]
+    assert path.read_text() == "round\n1\n2\n"
+
+
+def _state(round_: int) -> dict:
+    return {"w": jnp.arange(6.0).reshape(2, 3) * round_, "key": jax.random.key(round_)}
+
+
+def test_an_async_checkpoint_is_complete_after_close(tmp_path, monkeypatch):
+    directory = tmp_path / "checkpoints"
+    waits = []
+    wait = RunCheckpoints.wait
+    monkeypatch.setattr(RunCheckpoints, "wait",
+                        lambda self: (waits.append(self._pending), wait(self))[1])
+    history = [{"round": 0, "loss": np.float32(2.0)}]
+    checkpoints = RunCheckpoints(directory)
+    checkpoints.save(1, _state(1), jax.random.key(3), history)
+    assert checkpoints._open()._options.enable_async_checkpointing
+    history.append({"round": 2, "loss": np.array([1.0, 0.5], np.float32)})
+    checkpoints.save(2, _state(2), jax.random.key(3), history)
+    assert 1 in waits  # the second save waited for the first
+    checkpoints.close()
+    assert waits[-1] == 2  # close waited for the last one
+    assert sorted(p.name for p in directory.iterdir()) == ["1", "2"]
+    with RunCheckpoints(directory) as again:
+        assert again.steps() == [1, 2]
+        restored = again.restore(jax.eval_shape(lambda: _state(0)),
+                                 jax.eval_shape(lambda: jax.random.key(0)))
+    assert restored.round == 2
+    np.testing.assert_array_equal(restored.state["w"], _state(2)["w"])
+    assert len(restored.history) == 2
+    assert restored.history[0]["loss"] == np.float32(2.0)
+    assert restored.history[0]["loss"].dtype == np.float32
+    np.testing.assert_array_equal(restored.history[1]["loss"], history[1]["loss"])
+
+
+def test_a_new_history_is_encoded_afresh(tmp_path):
+    # Rows of another list (not the one saved before) are not taken for the saved ones.
+    with RunCheckpoints(tmp_path / "c") as checkpoints:
+        checkpoints.save(1, _state(1), jax.random.key(3), [{"round": 1, "loss": 1.0}])
+        checkpoints.save(2, _state(2), jax.random.key(3), [{"round": 1, "loss": 9.0},
+                                                            {"round": 2, "loss": 8.0}])
+    with RunCheckpoints(tmp_path / "c") as again:
+        restored = again.restore(jax.eval_shape(lambda: _state(0)),
+                                 jax.eval_shape(lambda: jax.random.key(0)))
+    assert restored.history == [{"round": 1, "loss": 9.0}, {"round": 2, "loss": 8.0}]
+    assert checkpoint.decode_history(checkpoint.encode_history(restored.history)) == (
+        restored.history)
+
+
+def _brute_force(assignment, truth, labels: int) -> float:
+    """Best fraction of known clients right over every relabeling (a permutation)."""
+    known = [(a, t) for a, t in zip(assignment, truth, strict=True) if t >= 0]
+    if not known:
+        return float("nan")
+    best = max(sum(1 for a, t in known if a >= 0 and perm[a] == t)
+               for perm in itertools.permutations(range(labels)))
+    return best / len(known)
+
+
+def test_batched_cluster_accuracy_equals_a_brute_force_loop():
+    rng = np.random.default_rng(0)
+    k, m = 3, 17
+    assignment = rng.integers(-1, k, size=(4, 5, m))
+    truth = rng.integers(-1, k, size=(4, 5, m))
+    truth[0, 0] = -1  # no known client: NaN
+    truth[1, 1] = rng.integers(0, k, size=m)  # every client known
+    assignment[2, 2] = truth[2, 2] % k  # right up to relabeling
+    got = cluster_identity_accuracies(assignment, truth, k)
+    assert got.shape == (4, 5) and got.dtype == np.float64
+    for i, j in itertools.product(range(4), range(5)):
+        want = _brute_force(assignment[i, j], truth[i, j], k)
+        if np.isnan(want):
+            assert np.isnan(got[i, j]) and np.isnan(
+                cluster_identity_accuracy(assignment[i, j], truth[i, j], k))
+        else:
+            assert got[i, j] == want
+            assert cluster_identity_accuracy(assignment[i, j], truth[i, j], k) == want
+    # Labels past num_clusters widen the label space, as per row.
+    assert cluster_identity_accuracies(np.array([[4, 4, 0]]), np.array([[1, 1, 0]]), 2)[0] == 1.0
+
+
+def test_round_metrics_restore_bit_for_bit_in_their_order(tmp_path):
+    metrics = {
+        "loss": np.array([[1.5, np.nan], [0.25, np.inf]], np.float32),  # an array item
+        "sizes": np.array([[3, 4], [5, 6]], np.int32),
+        "wide": np.array([[0.1], [0.2]], np.float64),  # JAX would narrow it: stays JSON
+        "none_yet": np.zeros((0, 2), np.float32),  # empty: stays JSON
+    }
+    with RunCheckpoints(tmp_path / "c") as checkpoints:
+        checkpoints.save(2, _state(2), jax.random.key(3), [{"round": 2}], round_metrics=metrics)
+    with RunCheckpoints(tmp_path / "c") as again:
+        restored = again.restore(jax.eval_shape(lambda: _state(0)),
+                                 jax.eval_shape(lambda: jax.random.key(0)))
+    assert list(restored.round_metrics) == list(metrics)
+    for name, want in metrics.items():
+        got = restored.round_metrics[name]
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        np.testing.assert_array_equal(got, want)
