@@ -297,13 +297,18 @@ def run_methods(methods: Mapping[str, Callable[[], MethodRun]], seeds: int, out_
     return results
 
 
+def table_per_seed(results: Mapping[str, MethodResult], metrics) -> dict:
+    """method -> metric -> [seeds] finals, every table metric present (NaN where a method
+    has no such metric: local models have no cluster accuracy)."""
+    return {name: {**{m: np.full(r.seeds, math.nan) for m in metrics}, **r.per_seed}
+            for name, r in results.items()}
+
+
 def results_table(results: Mapping[str, MethodResult], baseline: str, metrics) -> list[dict]:
     """results.csv rows: `stats.paired_comparison` over the seeds that did not diverge,
     with `diverged_seeds` and `seeds_used` per method; a method with no seed left has no
     "significant" verdict."""
-    per_seed = {name: {m: r.per_seed.get(m, np.full(r.seeds, math.nan)) for m in metrics}
-                for name, r in results.items()}  # NaN where a method has no such metric
-    rows = stats.paired_comparison(per_seed, baseline, metrics)
+    rows = stats.paired_comparison(table_per_seed(results, metrics), baseline, metrics)
     for row in rows:
         r = results[row["method"]]
         row["diverged_seeds"] = r.diverged_seeds

@@ -428,7 +428,7 @@ def test_frozen_trunk_method_of_the_weight_sharing_preset(tmp_path):
     s = resolve(experiment.declared, preset.defaults, {
         "dataset": "digits", "test_per_class": 30, "n": 100, "hidden": 8, "rounds": 3,
         "seeds": 2, "local_steps": 2, "pretrain_rounds": 2, "warm_start_rounds": 1,
-        "eval_every": 3})
+        "eval_every": 3, "methods": "ifca_frozen"})
     experiment.validate(s)
     result = experiment.compare(s, RunContext(progress=False))
     assert np.all(np.isfinite(result.per_seed["ifca_frozen"]["test_accuracy"]))

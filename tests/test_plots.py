@@ -247,13 +247,14 @@ def test_drfa_plots_draw_per_seed_bands_in_the_runs_colours(tmp_path, comparison
 def test_cluster_identity_plot_keeps_the_colours_of_all_methods(tmp_path, comparison_calls):
     from fedjax_sim.experiments import ifca_images
 
-    experiment = ifca_images.DIGITS  # ifca, fedavg, local: ifca alone clusters
+    experiment = ifca_images.DIGITS  # ifca, fedavg, local, hypcluster, cfl
     comparison, rows = _comparison_outputs(tmp_path, list(experiment.methods),
                                            ["cluster_accuracy"])
     experiment.plot_compare(comparison, tmp_path)
     ((name, _, kw, drawn),) = comparison_calls
     assert name == "cluster_identity.png" and (tmp_path / name).is_file()
-    assert list(drawn["cluster_accuracy"]) == ["ifca"]
+    assert list(drawn["cluster_accuracy"]) == [m for m in experiment.methods
+                                               if m in ifca_images.CLUSTERING]
     assert kw["colors"]["ifca"] == plots.method_colors(experiment.methods)["ifca"]
     np.testing.assert_allclose(drawn["cluster_accuracy"]["ifca"]["mean"],
                                _expected_from(rows, "ifca", "cluster_accuracy")["mean"])

@@ -373,7 +373,10 @@ def test_from_arrays_bad_arguments_are_value_errors(m, n_max, how, data):
 
 # ======================================================================= 2. settings
 
-RUN_PRESETS = sorted(n for n, p in experiments.PRESETS.items() if "run" in p.commands)
+# The synthetic run presets: the keys and ranges below are theirs (the comparison presets'
+# runs have their own settings, tested in test_compare_lifecycle).
+RUN_PRESETS = sorted(n for n, p in experiments.PRESETS.items()
+                     if p.experiment is ifca_synthetic.RUN)
 SWEEP_PRESETS = ["ifca-success-small", "ifca-success-m-n-k4", "ifca-success-r-noise-k2"]
 RUN_KEYS = list(ifca_synthetic.RUN.defaults())
 RUN_INT_KEYS = [

@@ -13,7 +13,7 @@ import pytest
 from fedjax_sim import simulate
 from fedjax_sim.algorithms import Algorithm, ifca, with_restarts, with_seeds
 from fedjax_sim.checkpoint import RunCheckpoints
-from fedjax_sim.data import linear_mixture
+from fedjax_sim.data import FederatedData, linear_mixture
 from fedjax_sim.models import linear_regression
 
 
@@ -129,7 +129,7 @@ def _grow(factor) -> Algorithm:
 
 
 def test_divergence_over_two_copies_axes_needs_every_copy():
-    data = jnp.zeros(1)
+    data = FederatedData.from_arrays(np.zeros((1, 1, 1), np.float32), np.zeros((1, 1), np.float32))
     kw = dict(rounds=6, eval_every=3, progress=False, copies_axis=2, evaluate=lambda s: {})
     one_healthy = [[1e20, 1e20, 1e20], [1e20, 1e10, 1.0]]
     _, history = simulate.run(_grow(one_healthy), data, jax.random.key(0), **kw)

@@ -65,7 +65,8 @@ def test_char_model_is_causal_and_its_client_loss_masks_padding(cell):
     np.testing.assert_allclose(later[:, :4], logits[:, :4], rtol=1e-6, atol=1e-6)
     full = jax.jit(core.client_loss, static_argnums=0)(model, params, x, y, 2)
     np.testing.assert_allclose(full, _np_masked_ce(logits, y).mean(), rtol=1e-5)
-    core.check_model_data(model, params, type("D", (), {"x": x[None], "y": y[None]}))
+    core.check_model_data(model, params, type("D", (), {"x": x[None], "y": y[None],
+                                                        "num_examples": jnp.asarray([2])}))
 
 
 # ------------------------------------------------------------------------------ dual encoder

@@ -145,9 +145,11 @@ class Experiment:
 
     @property
     def declared(self) -> dict[str, Setting]:
+        self.declare_methods_setting()
         return {s.name: s for s in self.settings}
 
     def defaults(self) -> dict:
+        self.declare_methods_setting()
         return {s.name: s.default for s in self.settings}
 
     def validate(self, s: dict, command: str = "run") -> None:
@@ -192,7 +194,7 @@ class Experiment:
         if repeated:
             raise ValueError(f"setting methods names {', '.join(repeated)} twice; give each "
                              "method once.")
-        if self.baseline is not None and self.baseline not in names:
+        if self.baseline in self.methods and self.baseline not in names:
             raise ValueError(
                 f"setting methods must include the baseline {self.baseline} (the paired "
                 f"differences are taken to it); got {','.join(names)}.")
@@ -202,7 +204,7 @@ class Experiment:
         """Adds the `methods` setting (`methods_setting`) to an experiment that compares
         methods through `method_run` and does not declare one itself (a `Preset` calls
         this), so `--set methods=a,b` narrows and orders every comparison."""
-        if (self.methods and "methods" not in self.declared
+        if (self.methods and all(st.name != "methods" for st in self.settings)
                 and type(self).method_run is not Experiment.method_run):
             self.settings = (*self.settings, methods_setting(tuple(self.methods)))
 
@@ -226,8 +228,9 @@ class Experiment:
             {m: functools.partial(self.method_run, m, s, problem) for m in self.compared(s)},
             s["seeds"], None, progress=ctx.progress,
             on_method=lambda r: ctx.on_method(r.name, r.per_seed, r.seed_mean_rows()))
-        return Comparison({n: r.per_seed for n, r in results.items()},
-                          {n: r.seed_mean_rows() for n, r in results.items()}, self.table(s),
+        table = self.table(s)
+        return Comparison(compare.table_per_seed(results, table),
+                          {n: r.seed_mean_rows() for n, r in results.items()}, table,
                           self.baseline, self.notes(s, problem, results), results)
 
     def run_method(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:

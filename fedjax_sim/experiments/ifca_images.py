@@ -59,6 +59,7 @@ from fedjax_sim.experiments.base import (
     Experiment,
     Preset,
     client_mean,
+    methods_setting,
     stack_seeds,
     stream_key,
 )
@@ -457,7 +458,8 @@ class RotatedImages(Experiment):
         self.description = description
         self.methods = methods
         headline = "ifca" if "ifca" in methods else methods[0]
-        self.settings = (*self.settings, method_setting(tuple(METHOD_HELP), headline))
+        self.settings = (*self.settings, method_setting(tuple(METHOD_HELP), headline),
+                         methods_setting(tuple(METHOD_HELP), methods))
 
     def validate(self, s: dict, command: str = "compare") -> None:
         """Settings and data, before anything is written (the runner calls this first)."""

@@ -507,8 +507,10 @@ class SyntheticRun(Experiment):
         base = cells[0]
         pairs = [(c, i) for c in cells for i in seed_ids]
         traced = [name for name, st in self.declared.items() if st.traced]
+        # The settings the cells share (not seeds, nor what only another command reads).
         static = tuple(sorted((k, v) for k, v in base.items()
-                              if k in self.declared and k not in traced and k != "seeds"))
+                              if k in self.declared and k not in traced and k != "seeds"
+                              and "sweep" in (self.declared[k].commands or ("sweep",))))
         per_pair = plan_pair_bytes(base)
         budget = base["memory_budget_gb"] * 2**30 or 0.5 * _machine_bytes()
         size = int(max(1, min(len(pairs), budget // per_pair)))

@@ -619,7 +619,7 @@ def _write_comparison(preset: Preset, settings: dict, problem, results: dict, ou
     write_csv(out_dir / "results.csv", rows, compare.results_columns(metrics))
     table = stats.results_markdown(rows, metrics, experiment.baseline, seeds=seeds,
                                    title=f"{preset.name}: final metrics")
-    per_seed_finals = {n: r.per_seed for n, r in results.items()}
+    per_seed_finals = compare.table_per_seed(results, metrics)
     notes = experiment.notes(settings, problem, results)
     if notes:  # the experiment's caption: protocol choices, deviations, extra counts
         table = table.rstrip("\n") + "\n\n" + "\n".join(
