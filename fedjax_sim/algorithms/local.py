@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -26,6 +27,25 @@ from fedjax_sim.ops import (
     local_update,
     map_client_chunks,
 )
+
+# Clients' own inits are drawn this many parameter bytes at a time: drawing all m at once
+# holds the random bits and temporaries of every model together (2.8 GB of XLA temp for
+# 5 seeds × 320 rotated-MNIST MLPs of 159k parameters, against 0.95 GB of models).
+INIT_BATCH_BYTES = 2**26
+
+
+def init_per_client(model: Model, keys, batch_bytes: int = INIT_BATCH_BYTES):
+    """model.init(keys[i]) for every client i (leaves [m, ...]), a batch of clients at a time.
+
+    The same values as `jax.vmap(model.init)(keys)`; `lax.map` in batches of about
+    `batch_bytes` of parameters bounds the working memory of the draw.
+    """
+    shapes = jax.eval_shape(model.init, keys[0])
+    per_client = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
+    batch = max(1, batch_bytes // max(per_client, 1))
+    if batch >= keys.shape[0]:
+        return jax.vmap(model.init)(keys)
+    return jax.lax.map(model.init, keys, batch_size=batch)
 
 
 class LocalState(NamedTuple):
@@ -72,7 +92,7 @@ def local_models(
         if shared_init:
             params = broadcast_to_clients(p, m)
         else:
-            params = jax.vmap(model.init)(client_keys(key, jnp.arange(m)))
+            params = init_per_client(model, client_keys(key, jnp.arange(m)))
         return LocalState(params, jnp.zeros((), jnp.int32))
 
     def round_(state: LocalState, data: FederatedData, key):
