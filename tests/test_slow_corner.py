@@ -142,18 +142,19 @@ def test_kmeans_of_a_pytree_equals_kmeans_of_its_concatenation():
     np.testing.assert_allclose(float(inertia_tree), float(inertia_flat), rtol=1e-5)
 
 
-@pytest.mark.parametrize("batch_bytes", [1, 3 * 4 * 41, 2**30])
-def test_init_per_client_equals_each_clients_own_init(batch_bytes):
-    """Local models' own inits drawn in batches (one client, a remainder, all at once) are
-    each client's model.init(key_i)."""
+@pytest.mark.parametrize("m,batch_bytes", [(7, 1), (7, 104 * 3), (8, 104 * 4), (8, 2**30)])
+def test_init_per_client_equals_each_clients_own_init(m, batch_bytes):
+    """Local models' own inits drawn in batches (of 1; of 3, the last shifted back; of 4;
+    all at once) are each client's model.init(key_i), also under a vmap over seeds."""
     from fedjax_sim.algorithms.local import init_per_client
     from fedjax_sim.models import mlp_classifier
 
-    model = mlp_classifier((5,), [3], 2)  # 5·3 + 3 + 3·2 + 2 = 26 parameters
-    keys = jax.random.split(jax.random.key(4), 7)
-    params = init_per_client(model, keys, batch_bytes)
-    for i in range(7):
-        want = model.init(keys[i])
-        jax.tree.map(lambda a, w, i=i: np.testing.assert_array_equal(np.asarray(a[i]),
-                                                                     np.asarray(w)),
-                     params, want)
+    model = mlp_classifier((5,), [3], 2)  # 5·3 + 3 + 3·2 + 2 = 26 float32: 104 bytes
+    keys = jax.random.split(jax.random.key(4), m)
+    seeds = jnp.stack([keys, jax.random.split(jax.random.key(5), m)])
+    both = jax.jit(jax.vmap(lambda k: init_per_client(model, k, batch_bytes)))(seeds)
+    for s in range(2):
+        for i in range(m):
+            want = model.init(seeds[s, i])
+            jax.tree.map(lambda a, w, s=s, i=i: np.testing.assert_array_equal(
+                np.asarray(a[s, i]), np.asarray(w)), both, want)
