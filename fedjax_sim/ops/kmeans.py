@@ -4,9 +4,11 @@ The points can be long (one-shot clusters flattened models: 159 010 floats per
 client for the rotated-MNIST MLP), so the squared distances of all points to
 all centers of every restart are one GEMM per leaf, ‖x − μ‖² − 2 (x − μ)·(c − μ) +
 ‖c − μ‖² about the points' mean μ, never an [m, k, p] tensor (which
-XLA on CPU runs as an elementwise broadcast-subtract-square-reduce: 80 s for
-one seed of 320 local models × 8 restarts × 50 iterations, against under a
-second as GEMMs). Measuring from μ leaves every distance unchanged and keeps
+XLA on CPU runs as a broadcast-subtract-square-reduce over m·k·p elements
+per restart and iteration: about 180 CPU seconds for one seed of 320 local
+models × 8 restarts × 50 iterations on the 2-core AMD EPYC, against about 2 as
+GEMMs with the early stop; benchmarks/README.md, "A comparison's wall time per
+phase"). Measuring from μ leaves every distance unchanged and keeps
 the expansion's cancellation small when the points share a large common part
 (local models trained from one shared init); the points are read in place (a
 pytree of stacked models needs no flattened copy, nor a centred one). Lloyd
