@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -26,6 +27,37 @@ from fedjax_sim.ops import (
     local_update,
     map_client_chunks,
 )
+
+# Clients' own inits are drawn this many parameter bytes at a time: drawing all m at once
+# holds the random bits and temporaries of every model together (2.8 GB of XLA temp for
+# 5 seeds × 320 rotated-MNIST MLPs of 159k parameters, against 0.95 GB of models).
+INIT_BATCH_BYTES = 2**24
+
+
+def init_per_client(model: Model, keys, batch_bytes: int = INIT_BATCH_BYTES):
+    """model.init(keys[i]) for every client i (leaves [m, ...]), a batch of clients at a time.
+
+    The same values as `jax.vmap(model.init)(keys)`. Batches of about `batch_bytes` of
+    parameters are written in place into the [m, ...] result (a `fori_loop` of
+    dynamic_update_slice, which stays in place under `with_seeds`' vmap, where a stacked
+    `lax.map` output would be transposed into a second copy); the last batch is shifted
+    back to end at m, redrawing a few clients' identical values.
+    """
+    shapes = jax.eval_shape(model.init, keys[0])
+    per_client = sum(math.prod(a.shape) * a.dtype.itemsize for a in jax.tree.leaves(shapes))
+    m = keys.shape[0]
+    batch = max(1, batch_bytes // max(per_client, 1))
+    if batch >= m:
+        return jax.vmap(model.init)(keys)
+
+    def draw(i, params):
+        start = jnp.minimum(i * batch, m - batch)
+        new = jax.vmap(model.init)(jax.lax.dynamic_slice_in_dim(keys, start, batch))
+        return jax.tree.map(lambda p, n: jax.lax.dynamic_update_slice_in_dim(p, n, start, 0),
+                            params, new)
+
+    empty = jax.tree.map(lambda a: jnp.zeros((m,) + a.shape, a.dtype), shapes)
+    return jax.lax.fori_loop(0, -(-m // batch), draw, empty)
 
 
 class LocalState(NamedTuple):
@@ -72,7 +104,7 @@ def local_models(
         if shared_init:
             params = broadcast_to_clients(p, m)
         else:
-            params = jax.vmap(model.init)(client_keys(key, jnp.arange(m)))
+            params = init_per_client(model, client_keys(key, jnp.arange(m)))
         return LocalState(params, jnp.zeros((), jnp.int32))
 
     def round_(state: LocalState, data: FederatedData, key):

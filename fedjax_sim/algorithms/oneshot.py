@@ -50,7 +50,7 @@ def one_shot_clustering(
 
     client_chunk (None: all clients at once) bounds the memory of the local
     pre-training, the rounds and evaluation as in `local_models` and `ifca`;
-    k-means itself still sees all m flattened local models. Clients without
+    k-means itself still sees all m local models (in place, leaf by leaf). Clients without
     data take no part in k-means (assignment -1) nor in any average.
     `sampling` draws the minibatches of both phases ("with_replacement" or
     "epochs", see `ops.client_update`).
@@ -80,11 +80,9 @@ def one_shot_clustering(
             )
         k_init, k_train, k_means = jax.random.split(key, 3)
         state, _ = local.round(local.init(k_init, data), data, k_train)
-        flat = jax.vmap(lambda p: jnp.concatenate([a.ravel() for a in jax.tree.leaves(p)]))(
-            state.params
-        )
         active = data.active()
-        labels, _ = kmeans(k_means, flat, num_clusters, restarts=kmeans_restarts,
+        # k-means on the flattened models, read leaf by leaf (no [m, P] copy).
+        labels, _ = kmeans(k_means, state.params, num_clusters, restarts=kmeans_restarts,
                            weights=active)
         labels = jnp.where(active, labels, -1)
         fallback = jax.tree.map(

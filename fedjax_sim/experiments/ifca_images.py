@@ -70,10 +70,15 @@ from fedjax_sim.experiments.settings import (
     method_setting,
     seed_setting,
 )
-from fedjax_sim.memory import choose_client_chunk
+from fedjax_sim.memory import (
+    choose_client_chunk,
+    client_chunk_for_budget,
+    estimate_bytes_per_client,
+)
 from fedjax_sim.metrics import cluster_identity_accuracy
 from fedjax_sim.models import mlp_classifier
 from fedjax_sim.models.augment import CROP
+from fedjax_sim.models.core import client_accuracy
 from fedjax_sim.models.zoo import cifar_cnn, cifar_weight_decay_mask
 
 DATASETS = ("mnist", "digits", "cifar")
@@ -103,6 +108,9 @@ CIFAR_FILES_HELP = (
 )
 
 _DATA_CACHE: dict = {}
+# Working memory of per-client models (local, one-shot pre-training) when no memory budget
+# is set: see RotatedImages.client_chunk.
+PER_CLIENT_MODELS_BYTES = 2**30
 
 
 def load_split_images(s: dict):
@@ -299,6 +307,46 @@ def participant_identity_accuracy(assignment, truth, num_clusters: int) -> float
     return cluster_identity_accuracy(a, np.where(a >= 0, np.asarray(truth), -1), num_clusters)
 
 
+def _local_on_cluster_tests(model, test_of_client, per_test: int, k: int):
+    """(params [m, ...], test clients) -> (correct [m], weight [m]) of one seed.
+
+    Local model i on every test client of its cluster, i.e. on all its cluster's
+    test data: correct_i = Σ_r accuracy_i(r) · n_r over the cluster's test
+    clients r (with data), weight_i = Σ_r n_r. Clients are cluster-major (training
+    client i of cluster j is paired with a test client of cluster j), so the
+    models are grouped [k, m/k] and each test client's images are shared by the
+    m/k models of its cluster (one GEMM per layer, no per-model copy of the test
+    data); a `lax.scan` over the test clients of a cluster holds one at a time.
+    """
+    m = len(test_of_client)
+    per = m // k
+    cluster = np.asarray(test_of_client) // per_test
+    if m % k or not np.array_equal(cluster, np.arange(m) // per):
+        raise ValueError("the local baseline's evaluation needs cluster-major clients, "
+                         f"{per} per cluster (build_problem's layout); got clusters "
+                         f"{cluster.tolist()}.")
+
+    def on_cluster(params, x, y, n):  # params [per, ...]; one test client x [n_max, ...]
+        acc = jax.vmap(lambda p: client_accuracy(model, p, x, y, n))(params)
+        weight = (n > 0).astype(jnp.float32) * n
+        return acc * weight, jnp.broadcast_to(weight, acc.shape)
+
+    def official(params, test):
+        grouped = jax.tree.map(lambda a: a.reshape((k, per) + a.shape[1:]), params)
+        by_cluster = jax.tree.map(lambda a: a.reshape((k, per_test) + a.shape[1:]), test)
+
+        def step(total, r):
+            part = jax.tree.map(lambda a: a[:, r], by_cluster)
+            c, w = jax.vmap(on_cluster)(grouped, part.x, part.y, part.num_examples)
+            return (total[0] + c, total[1] + w), None
+
+        zero = jnp.zeros((k, per), jnp.float32)
+        (correct, weight), _ = jax.lax.scan(step, (zero, zero), jnp.arange(per_test))
+        return correct.reshape(m), weight.reshape(m)
+
+    return official
+
+
 def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_rounds: int):
     """state -> {metric: [seeds]} for one method (vmapped over seeds).
 
@@ -312,13 +360,15 @@ def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_r
     truth = np.asarray(train.cluster)
     k = s["k"]
     per_test = problem["test_clients"] // k
-    base = jnp.asarray((problem["test_of_client"] // per_test) * per_test)
 
     def summary(out, data):
         # Σ_i correct_i / Σ_i n_i over clients with data (official get_inference_stats).
         n = out["client_weight"] * data.num_examples
         return {"loss": (out["client_loss"], out["client_weight"]),
                 "accuracy": (out["client_accuracy"], n)}
+
+    if name == "local":
+        official = _local_on_cluster_tests(model, problem["test_of_client"], per_test, k)
 
     @jax.jit
     def evaluate_all(state, train, test, paired):
@@ -341,14 +391,7 @@ def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_r
         else:
             out["test"] = summary(algorithm.evaluate(state, test), test)
         if name == "local":
-            # Each local model on every test client of its cluster = all its cluster's test data.
-            correct = weight = 0.0
-            for r in range(per_test):
-                part = jax.tree.map(lambda a, r=r: a[:, base + r], test)
-                one = algorithm.evaluate(state, part)
-                n = one["client_weight"] * part.num_examples
-                correct, weight = correct + one["client_accuracy"] * n, weight + n
-            out["official"] = (correct, weight)
+            out["official"] = jax.vmap(official)(state.params, test)
         return out
 
     def identity(state):
@@ -449,7 +492,8 @@ class RotatedImages(Experiment):
                 "or ~/.cache/fedjax_sim)", result=False),
         Setting("data_dir", str, "", "cifar: directory with CIFAR-10 (tfds array_record or "
                 ".npz)", result=False),
-        Setting("memory_budget_gb", float, 0.0, "GiB for the client axis; 0: no chunking",
+        Setting("memory_budget_gb", float, 0.0, "GiB for the client axis; 0: no chunking "
+                "(local/oneshot: per-client models in chunks of 1 GiB working memory)",
                 minimum=0.0, result=False),
     )
 
@@ -483,9 +527,17 @@ class RotatedImages(Experiment):
             raise ValueError(f"setting batch_size={s['batch_size']} exceeds n={s['n']}.")
 
     def client_chunk(self, s: dict, problem, model, name: str):
-        if not s["memory_budget_gb"]:
-            return None
+        """The method's client_chunk: from memory_budget_gb, else None, except for per-client
+        models (local, oneshot), which train PER_CLIENT_MODELS_BYTES of working memory at a
+        time (their gradients and updates for all m clients × seeds would double the
+        resident models: rotated MNIST's 5 seeds × 320 MLPs peaked at 4.25 GB unchunked)."""
         shapes = jax.eval_shape(lambda d: jax.tree.map(lambda a: a[0], d), problem["train"])
+        if not s["memory_budget_gb"]:
+            if name not in ("local", "oneshot"):
+                return None
+            per_client = s["seeds"] * estimate_bytes_per_client(model, shapes)
+            return client_chunk_for_budget(shapes.num_clients, per_client,
+                                           PER_CLIENT_MODELS_BYTES)
         return choose_client_chunk(
             model, shapes, s["memory_budget_gb"] * 2**30, num_clusters=s["k"],
             copies=s["seeds"], per_client_models=name in ("local", "oneshot"))
