@@ -7,8 +7,7 @@ it), old and new in turn, `--repeats` times; the JSON holds every run's wall
 and CPU seconds (the child's user + system time) and the medians.
 
     git worktree add /tmp/fedjax_old <old commit>
-    python benchmarks/compare_walltime.py --old /tmp/fedjax_old \\
-        --out benchmarks/results/compare_walltime.json
+    python benchmarks/compare_walltime.py --old /tmp/fedjax_old --out OUT.json
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 import fedjax_sim
@@ -198,5 +199,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def console_main() -> None:
+    """The `fedjax-sim` command: `main`, then exit with its code. An interrupted command
+    (130) leaves at once after its one line: JAX's and orbax's threads may still be inside
+    a compiled call or a save, and tearing the interpreter down around them can crash
+    (a segfault instead of 130); what the command keeps is on disk by then."""
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

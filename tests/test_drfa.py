@@ -293,7 +293,8 @@ def test_synthetic_noise_preset_small_drfa_chases_noisy_clients():
 
     preset = experiments.get_preset("drfa-synthetic-noise", "compare")
     s = experiments.resolve_settings(preset, {"seeds": 3, "rounds": 30, "eval_every": 30,
-                                              "n_test": 20}, "compare")
+                                              "n_test": 20, "methods": "fedavg,drfa"},
+                                     "compare")
     experiment = DRFAExperiment()
     experiment.methods = ("fedavg", "drfa")
     ctx, finished = recording_context()

@@ -224,11 +224,13 @@ class Experiment:
         API of `fedjax-sim compare` (which also checkpoints and writes its directory)."""
         ctx = ctx or RunContext(progress=False)
         problem = self.problem(s)
+        table = self.table(s)
         results = compare.run_methods(
             {m: functools.partial(self.method_run, m, s, problem) for m in self.compared(s)},
             s["seeds"], None, progress=ctx.progress,
-            on_method=lambda r: ctx.on_method(r.name, r.per_seed, r.seed_mean_rows()))
-        table = self.table(s)
+            on_method=lambda r: ctx.on_method(
+                r.name, compare.table_per_seed({r.name: r}, table)[r.name],
+                r.seed_mean_rows()))
         return Comparison(compare.table_per_seed(results, table),
                           {n: r.seed_mean_rows() for n, r in results.items()}, table,
                           self.baseline, self.notes(s, problem, results), results)
