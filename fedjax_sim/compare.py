@@ -205,7 +205,6 @@ def train_method(name: str, spec: MethodRun, seeds: int, *, checkpoint_dir=None,
     timing: dict = {}
     stopped = None
     per_round = None
-    kwargs = {"round_metrics": True} if spec.round_metrics else {}
     try:
         out = simulate.run(
             spec.algorithm, spec.data, spec.key, rounds=spec.rounds,
@@ -214,13 +213,14 @@ def train_method(name: str, spec: MethodRun, seeds: int, *, checkpoint_dir=None,
             checkpoint_every=checkpoint_every if checkpoint_dir is not None else None,
             resume=resume and checkpoint_dir is not None, copies_axis=True,
             on_rows=on_rows if spec.seed_rows is None else None, timing=timing,
-            progress_summary=spec.progress_summary or logs.mean_of_copies("seeds"), **kwargs)
+            progress_summary=spec.progress_summary or logs.mean_of_copies("seeds"),
+            round_metrics=spec.round_metrics)
         history = out[1]
         if spec.round_metrics:
             per_round = out[2]
     except simulate.Diverged as err:
         history, stopped = err.history, err
-        per_round = getattr(err, "round_metrics", None)
+        per_round = err.round_metrics
     rows = spec.seed_rows(history) if spec.seed_rows is not None else history
     rows = [{"round": int(row["round"]),
              **{k: _per_seed(v, seeds) for k, v in row.items() if k != "round"}}
