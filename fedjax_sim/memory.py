@@ -1,12 +1,23 @@
-"""How many clients to process at once under a memory budget (`client_chunk`).
+"""Memory planning: how many clients, seeds or runs to process at once under a byte budget.
 
-A round holds the data of all m clients (its input) plus, for the clients
+Every experiment plans through this module (it names no algorithm's options
+and no experiment's settings: callers pass what the estimates need, e.g.
+`local_training=True`).
+
+Clients of a round (`client_chunk`). A round holds the data of all m clients (its input) plus, for the clients
 being processed together, their working memory: gathered data rows, forward
 and backward activations, and, when clients train locally, their own copies
 of the model, its gradient, update and optimizer state. The first part does
 not depend on the chunk; the second is linear in it. `estimate_bytes_per_client`
 approximates the second per client, `client_chunk_for_budget` turns a budget
 into a chunk size, and `choose_client_chunk` does both for a setting.
+`client_chunk_within_machine` adds the check that the round fits this machine,
+and `per_client_models_chunk` bounds per-client models when no budget is set.
+
+Vmapped copies of a whole run (sweep cells, data seeds): `run_bytes` (one run
+of a model, every client at once) or `linear_fit_bytes` (a hand count for
+linear models), and `items_per_chunk` turns a budget into how many at once.
+
 The estimates are deliberately simple upper-bound-ish counts, not XLA's buffer
 assignment; benchmarks/MEMORY.md compares them with measured peak RSS.
 """
@@ -14,6 +25,7 @@ assignment; benchmarks/MEMORY.md compares them with measured peak RSS.
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 import optax
@@ -25,6 +37,19 @@ from fedjax_sim.models.core import Model
 # params, its trained params, the gradient, the update and the weighted copy
 # summed into the cluster total.
 _MODEL_COPIES = 5
+
+# Working memory of per-client models when no budget is set: their gradients and
+# updates for all m clients × copies would double the resident models (rotated MNIST's
+# 5 seeds × 320 MLPs peaked at 4.25 GB unchunked).
+PER_CLIENT_MODELS_BYTES = 2**30
+
+
+def machine_bytes() -> int:
+    """This machine's physical memory in bytes (1 TiB where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2**40
 
 
 def tree_bytes(tree) -> int:
@@ -56,7 +81,7 @@ def estimate_bytes_per_client(
       data: its x and y rows (the chunk is gathered from the full arrays);
       losses: one forward pass per cluster model (k · activations);
       without local training (one gradient per client, summed over clients,
-        e.g. IFCA's gradient averaging): the VJP of those losses, another
+        e.g. gradient averaging): the VJP of those losses, another
         k · activations; no per-client model copies (the gradient is summed
         over clients inside the backward matmuls);
       with local training (each client takes steps on its own copy): 5
@@ -69,7 +94,7 @@ def estimate_bytes_per_client(
       data: the clients (only shapes and dtypes are used).
       local_training: whether clients train their own model copies, as above.
       num_clusters: k (1 for FedAvg and local models).
-      optimizer: the client optimizer for option "model" (default: SGD, no
+      optimizer: the client optimizer of local training (default: SGD, no
         state); e.g. momentum adds one params-sized slot, Adam two.
 
     Returns:
@@ -123,6 +148,7 @@ def choose_client_chunk(
     optimizer: optax.GradientTransformation | None = None,
     copies: int = 1,
     per_client_models: bool = False,
+    budget_name: str = "the memory budget",
 ) -> int | None:
     """client_chunk for a setting under a total memory budget (None: no chunking needed).
 
@@ -133,9 +159,10 @@ def choose_client_chunk(
     Args:
       model, data, local_training, num_clusters, optimizer: as in
         `estimate_bytes_per_client`.
-      budget_bytes: the whole budget (e.g. memory_budget_gb · 2**30).
+      budget_bytes: the whole budget (e.g. a setting in GiB · 2**30).
       copies: algorithm copies run side by side (`with_restarts` restarts, or
         vmapped learning rates); each holds its own chunk.
+      budget_name: what the error tells the user to raise (e.g. the setting's name).
       per_client_models: the state holds one model per client (local models,
         one-shot pre-training).
 
@@ -152,9 +179,130 @@ def choose_client_chunk(
         raise ValueError(
             f"the memory budget ({budget_bytes / 2**30:.3g} GiB) is below what the run holds "
             f"regardless of chunking ({resident / 2**30:.3g} GiB: the data of m={m} clients"
-            f"{' and their models' if per_client_models else ''}); raise memory_budget_gb."
+            f"{' and their models' if per_client_models else ''}); raise {budget_name}."
         )
     per_client = copies * estimate_bytes_per_client(
         model, data, local_training=local_training, num_clusters=num_clusters,
         optimizer=optimizer)
     return client_chunk_for_budget(m, per_client, budget_bytes - resident)
+
+
+def client_chunk_within_machine(
+    model: Model,
+    data: FederatedData,
+    budget_bytes: float,
+    *,
+    copies: int = 1,
+    per_client_models: bool = False,
+    local_training: bool = True,
+    num_clusters: int = 1,
+    extra_resident_bytes: int = 0,
+    machine_fraction: float = 0.8,
+    describe: str = "",
+    remedy: str = "",
+    budget_name: str = "the memory budget",
+) -> int | None:
+    """client_chunk under budget_bytes (0: no budget, no chunking), after refusing a
+    round that would not fit this machine.
+
+    Without a budget the whole round must fit `machine_fraction` of this
+    machine's memory; with one, `choose_client_chunk` chunks the clients and the
+    chunked round must fit. The peak counted is the data, extra_resident_bytes
+    (e.g. test data), the [m, ...] per-client models of this round and the next
+    (2 · copies · m models) and the working memory of one chunk.
+
+    Args:
+      model, data, local_training, num_clusters: as in `estimate_bytes_per_client`
+        (shapes only: nothing is built).
+      budget_bytes, copies, per_client_models, budget_name: as in
+        `choose_client_chunk`.
+      extra_resident_bytes: bytes the run holds besides `data` regardless of chunking.
+      machine_fraction: the share of this machine's memory a run may take.
+      describe, remedy: the caller's words in the error (the settings behind the
+        estimate; what to change).
+
+    Raises:
+      ValueError: the round does not fit (or the budget is below the data).
+    """
+    m = data.num_clients
+    resident = tree_bytes(data) + extra_resident_bytes
+    if per_client_models:
+        resident += 2 * copies * m * tree_bytes(jax.eval_shape(model.init, jax.random.key(0)))
+    per_client = copies * estimate_bytes_per_client(
+        model, data, local_training=local_training, num_clusters=num_clusters)
+    chunk = None
+    if budget_bytes > 0:
+        chunk = choose_client_chunk(
+            model, data, budget_bytes, local_training=local_training,
+            num_clusters=num_clusters, copies=copies, per_client_models=per_client_models,
+            budget_name=budget_name)
+    peak = resident + per_client * (chunk or m)
+    machine = machine_bytes()
+    if peak > machine_fraction * machine:
+        raise ValueError(
+            f"this run needs about {peak / 2**30:.3g} GiB ({describe}), more than this "
+            f"machine's {machine / 2**30:.3g} GiB allow; {remedy}"
+        )
+    return chunk
+
+
+def per_client_models_chunk(
+    model: Model, data: FederatedData, *, copies: int = 1,
+    work_bytes: float = PER_CLIENT_MODELS_BYTES,
+) -> int | None:
+    """client_chunk of per-client models (each client trains its own) without a budget.
+
+    They train `work_bytes` of working memory at a time: one model per client
+    (`estimate_bytes_per_client` with local training, one cluster) × copies.
+    """
+    per_client = copies * estimate_bytes_per_client(model, data)
+    return client_chunk_for_budget(data.num_clients, per_client, work_bytes)
+
+
+def run_bytes(
+    model: Model,
+    data: FederatedData,
+    *,
+    copies: int = 1,
+    extra_resident_bytes: int = 0,
+    local_training: bool = True,
+    num_clusters: int = 1,
+) -> int:
+    """Bytes one whole run holds when every client is processed at once.
+
+    Its data (+ extra_resident_bytes, e.g. test data) and `copies` rounds of
+    all m clients' working memory (`estimate_bytes_per_client`): what one item
+    of a vmap over runs (sweep cells × seeds) costs.
+    """
+    work = copies * data.num_clients * estimate_bytes_per_client(
+        model, data, local_training=local_training, num_clusters=num_clusters)
+    return tree_bytes(data) + extra_resident_bytes + work
+
+
+def linear_fit_bytes(rows: int, features: int, outputs: int, runs: int) -> int:
+    """Bytes of one data set of a vmap of full-batch linear-model fits (float32).
+
+    The data x [rows, features] and y [rows] three times over (the data, and
+    the gradient's traffic through x), and per run (e.g. learning rates ×
+    restarts sharing the data) four [rows, outputs] buffers: predictions,
+    residuals, losses and their gradient.
+    """
+    data = 4 * rows * (features + 1) * 3
+    return data + 4 * rows * outputs * runs * 4
+
+
+def items_per_chunk(
+    total: int, bytes_per_item: float, budget_bytes: float = 0.0,
+    machine_fraction: float = 0.5,
+) -> int:
+    """How many of `total` equal items (vmapped runs, data seeds) to process at once.
+
+    As many as fit budget_bytes (0: machine_fraction of this machine's
+    memory), at least 1 and at most total.
+    """
+    if not isinstance(total, int) or total < 0:
+        raise ValueError(f"total must be an integer >= 0; got {total!r}.")
+    if not bytes_per_item > 0:
+        raise ValueError(f"bytes_per_item must be > 0; got {bytes_per_item!r}.")
+    budget = budget_bytes or machine_fraction * machine_bytes()
+    return int(max(1, min(total, budget // bytes_per_item)))

@@ -103,7 +103,7 @@ def test_local_official_accuracy_equals_loop_over_test_clients():
     params = jax.vmap(jax.vmap(model.init))(
         jax.random.split(jax.random.key(0), seeds * m).reshape(seeds, m))
     k, per_test = s["k"], problem["test_clients"] // s["k"]
-    official = E._local_on_cluster_tests(model, problem["test_of_client"], per_test, k)
+    official = E.local_on_cluster_tests(model, problem["test_of_client"], per_test, k)
     correct, weight = jax.jit(jax.vmap(official))(params, test)
     guesses = np.asarray(jax.jit(jax.vmap(jax.vmap(jax.vmap(
         lambda p, x: model.apply(p, x).argmax(-1), in_axes=(None, 0)), in_axes=(0, None))))(
@@ -127,7 +127,7 @@ def test_local_official_accuracy_equals_loop_over_test_clients():
 
 def test_local_official_accuracy_refuses_a_layout_it_cannot_group():
     with pytest.raises(ValueError, match="cluster-major"):
-        E._local_on_cluster_tests(None, np.array([0, 2, 1, 3]), per_test=2, k=2)
+        E.local_on_cluster_tests(None, np.array([0, 2, 1, 3]), per_test=2, k=2)
 
 
 def test_kmeans_of_a_pytree_equals_kmeans_of_its_concatenation():

@@ -16,16 +16,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim import parallel, plots, stats
+from fedjax_sim import memory, parallel, plots, stats
 from fedjax_sim.data import check_mixture_settings
 from fedjax_sim.experiments.base import Experiment, Preset, RunContext
 from fedjax_sim.experiments.ifca_synthetic import (
-    _SHAPE,
-    _SHAPE_NAMES,
     RUN,
+    SHAPE,
+    SHAPE_NAMES,
     SWEEP_KEYS,
-    _rows_by_cell,
     cell_min_dist,
+    rows_by_cell,
     success_threshold,
 )
 from fedjax_sim.experiments.settings import Setting, count, seed_setting
@@ -37,7 +37,7 @@ class SuccessSweep(Experiment):
     name = "ifca_success"
     description = "IFCA success probability over data seeds (best of restarts × lrs)."
     settings = (
-        *_SHAPE,
+        *SHAPE,
         Setting("lr", float, 1.0, "the learning-rate grid searched within each cell "
                 "(a comma list)", minimum=0.0, traced=True, listable=True),
         count("rounds", 300, "iterations of option I"),
@@ -59,7 +59,7 @@ class SuccessSweep(Experiment):
         """The synthetic run of one cell: IFCA option I on data seed `seed`, as the protocol
         trains it (no test clients), at one lr of the grid (the first, unless one is set)."""
         lr = s["lr"][0] if isinstance(s["lr"], list) else s["lr"]
-        return {**RUN.defaults(), **{k: s[k] for k in _SHAPE_NAMES}, "lr": lr,
+        return {**RUN.defaults(), **{k: s[k] for k in SHAPE_NAMES}, "lr": lr,
                 "rounds": s["rounds"], "restarts": s["restarts"], "seed": s["seed"],
                 "n_test": 0, "eval_every": 10, "memory_budget_gb": 0.0}
 
@@ -85,9 +85,9 @@ class SuccessSweep(Experiment):
     def seeds_per_chunk(self, cell: dict) -> int:
         """Data seeds per compiled chunk: X (and its gradient traffic) must fit the budget."""
         lrs = cell["lr"] if isinstance(cell["lr"], list) else [cell["lr"]]
-        per_seed = 4 * cell["m"] * cell["n"] * (cell["d"] + 1) * 3
-        per_seed += 4 * cell["m"] * cell["n"] * cell["k"] * len(lrs) * cell["restarts"] * 4
-        return int(max(1, min(cell["seeds"], cell["memory_budget_gb"] * 2**30 // per_seed)))
+        per_seed = memory.linear_fit_bytes(cell["m"] * cell["n"], cell["d"], cell["k"],
+                                           len(lrs) * cell["restarts"])
+        return memory.items_per_chunk(cell["seeds"], per_seed, cell["memory_budget_gb"] * 2**30)
 
     def cell_cost(self, cell: dict) -> float:
         lrs = cell["lr"] if isinstance(cell["lr"], list) else [cell["lr"]]
@@ -139,7 +139,7 @@ class SuccessSweep(Experiment):
     def summarize_cells(self, trials, cells, axes):
         """One row per cell: success probability with its 95 % Wilson interval."""
         summary = []
-        for cell, rows in _rows_by_cell(trials, cells):
+        for cell, rows in rows_by_cell(trials, cells):
             success = np.array([int(r["success"]) for r in rows])
             dists = np.array([float(r["best_min_dist"]) for r in rows]) if rows else np.array([])
             low, high = stats.wilson_interval(int(success.sum()), len(rows))

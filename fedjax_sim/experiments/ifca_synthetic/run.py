@@ -1,0 +1,293 @@
+"""`SyntheticRun`: one algorithm on the synthetic mixture (run), or all of them (compare).
+
+Presets ifca-synthetic, fedavg-synthetic, local-synthetic, ...: `run` trains one
+algorithm on one data seed with `restarts` random inits at once and reports
+the restart with the lowest final training loss; `compare` trains IFCA,
+FedAvg, local models, one-shot clustering, HypCluster and CFL side by side
+over `seeds` seeds; `sweep` takes any setting as an axis (`sweep.group_trials`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedjax_sim import logs, memory, plots, simulate
+from fedjax_sim.algorithms import with_restarts, with_seeds
+from fedjax_sim.compare import MethodRun
+from fedjax_sim.data import check_mixture_settings
+from fedjax_sim.experiments.base import DATA, ROUNDS, Experiment, Preset, RunContext, stream_key
+from fedjax_sim.experiments.ifca_synthetic import sweep
+from fedjax_sim.experiments.ifca_synthetic.common import (
+    ALGORITHM_NAMES,
+    CLUSTERING,
+    COMPARE_METRICS,
+    PER_CLIENT_MODELS,
+    SHAPE,
+    best_restart,
+    best_restart_rows,
+    build_algorithm,
+    least_squares_floor,
+    make_problem,
+    metrics_fn,
+    per_restart_rows,
+    problem_shapes,
+    success_threshold,
+    trains_locally,
+)
+from fedjax_sim.experiments.settings import Setting, count, seed_setting
+from fedjax_sim.models import linear_regression
+
+# Which algorithms read each setting that not every algorithm reads; a value
+# other than the default for an algorithm that would ignore it is refused.
+_READ_BY = {
+    "lr": ("ifca", "fedavg", "oneshot", "hypcluster", "cfl"),
+    "local_lr": ("local",),
+    "oneshot_lr": ("oneshot",),
+    "option": ("ifca",),
+    "divide_by": ("ifca",),
+    "pretrain_steps": ("oneshot",),
+    "participation": ("ifca", "fedavg", "oneshot", "hypcluster", "cfl"),
+}
+
+
+class SyntheticRun(Experiment):
+    name = "ifca_synthetic"
+    description = "IFCA and its baselines on the synthetic mixture of linear regressions."
+    settings = (
+        Setting("algorithm", str, "ifca", "the algorithm of a run", choices=ALGORITHM_NAMES,
+                commands=("run", "sweep")),
+        *SHAPE,
+        Setting("lr", float, 0.1, "learning rate γ of IFCA and FedAvg (option I step; local "
+                "SGD otherwise)", minimum=0.0, traced=True),
+        Setting("local_lr", float, 0.02, "learning rate of the local-models baseline (one "
+                "client's n rows alone need a smaller step than cluster-pooled data)",
+                minimum=0.0, traced=True),
+        Setting("oneshot_lr", float, 0.02, "learning rate of one-shot clustering's local "
+                "pretraining (it fits one client's rows alone; its clustered rounds use lr)",
+                minimum=0.0, traced=True),
+        count("rounds", 300, "communication rounds (option I: iterations)"),
+        count("restarts", 10, "random initialisations trained at once; the lowest final "
+              "training loss is reported", maximum=10_000),
+        count("seeds", 5, "seeds of a comparison or sweep (seed, seed+1, ... as folded keys)",
+              maximum=10_000, commands=("compare", "sweep")),
+        seed_setting(),
+        count("eval_every", 10, "evaluate every this many rounds"),
+        count("n_test", 100, "test examples per client (its test twin)"),
+        Setting("option", str, "gradient", "IFCA option: gradient (I) or model (II) averaging",
+                choices=("gradient", "model")),
+        Setting("divide_by", str, "m", "IFCA option I divisor: the paper's m or the cohort size",
+                choices=("m", "cohort")),
+        count("local_steps", 1, "local steps τ per round (option II, FedAvg, local, one-shot)",
+              maximum=10**5),
+        count("pretrain_steps", 100, "one-shot: local steps before k-means", maximum=10**6),
+        Setting("participation", float, 1.0, "fraction of clients per round", minimum=1e-9,
+                maximum=1.0),
+        count("checkpoint_every", 50, "rounds between checkpoints; 0: none", minimum=0,
+              result=False),
+        Setting("memory_budget_gb", float, 0.0, "GiB for the client axis; 0: no limit (the "
+                "machine's memory)", minimum=0.0, result=False),
+    )
+    methods = ALGORITHM_NAMES
+    baseline = "fedavg"
+    panels = (
+        ("train_loss", "train loss (avg client)"),
+        ("test_loss", "test loss (avg client)"),
+        ("cluster_accuracy", "cluster-identity accuracy"),
+        ("min_dist", "min_dist to θ*"),
+    )
+    log_metrics = ("train_loss", "test_loss", "min_dist")
+
+    def validate(self, s: dict, command: str = "run") -> None:
+        check_mixture_settings(s["k"], s["m"], s["n"], s["d"], s["sigma"], s["R"], s["n_test"])
+        if s["k"] > s["m"]:
+            raise ValueError(f"setting k={s['k']} exceeds m={s['m']}.")
+        defaults = self.defaults()
+        if command == "compare":  # every method runs: each setting is read by one of them
+            # (`algorithm`, the method of a run, is the one setting compare does not read.)
+            for name in self.methods:
+                self.client_chunk(s, copies=s["restarts"] * s["seeds"], algorithm=name)
+            return
+        for key, readers in _READ_BY.items():
+            if s[key] != defaults[key] and s["algorithm"] not in readers:
+                raise ValueError(
+                    f"setting {key} is not read by algorithm {s['algorithm']} (only by "
+                    f"{', '.join(readers)}); leave it at {defaults[key]!r}."
+                )
+        if s["algorithm"] == "ifca":
+            if s["option"] == "gradient" and s["local_steps"] != 1:
+                raise ValueError(
+                    "setting local_steps is not read by IFCA option gradient (one full-batch "
+                    "gradient per client); use option=model for local training."
+                )
+            if s["option"] == "model" and s["divide_by"] != "m":
+                raise ValueError("setting divide_by applies to IFCA option gradient only.")
+        self.client_chunk(s, copies=s["restarts"])
+
+    def client_chunk(self, s: dict, copies: int, algorithm: str | None = None):
+        """client_chunk for memory_budget_gb (0: none) of `copies` runs side by side.
+
+        Shapes only (nothing is built). Without a budget the whole round must
+        fit this machine's memory; with one, the data must fit the budget and
+        the round is chunked to fit.
+
+        Raises:
+          ValueError naming the settings, before anything is written.
+        """
+        name = algorithm or s["algorithm"]
+        shapes = problem_shapes(s, s.get("n_test", 0))
+        return memory.client_chunk_within_machine(
+            linear_regression(s["d"]), shapes.train, s.get("memory_budget_gb", 0.0) * 2**30,
+            copies=copies, per_client_models=name in PER_CLIENT_MODELS,
+            local_training=trains_locally(name, s), num_clusters=s["k"],
+            extra_resident_bytes=memory.tree_bytes(shapes.test),
+            describe=f"m={s['m']}, n={s['n']}, n_test={s.get('n_test', 0)}, d={s['d']}, "
+                     f"{copies} copies: restarts × seeds",
+            remedy="lower m, n, n_test, d, restarts or seeds, or set memory_budget_gb to "
+                   "process the clients in chunks.", budget_name="memory_budget_gb")
+
+    def run(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
+        """Trains the algorithm (with `restarts` random inits in parallel) on one data seed.
+
+        The restart reported is the one with the lowest final training loss
+        among those that stayed finite: a choice a user could make without
+        knowing θ* (the sweep protocol instead takes the best min_dist, as the
+        official code does). metrics.csv gets one row per (round, restart).
+        """
+        key = jax.random.key(s["seed"])
+        problem = make_problem(s, jax.random.fold_in(key, DATA), ctx.mesh)
+        name = s["algorithm"]
+        client_chunk = self.client_chunk(s, copies=s["restarts"])
+        algorithm = with_restarts(build_algorithm(name, s, client_chunk), s["restarts"])
+        every = s["checkpoint_every"]
+        diverged = None
+        try:
+            _, history = simulate.run(
+                algorithm, problem.train, jax.random.fold_in(key, ROUNDS), rounds=s["rounds"],
+                eval_every=s["eval_every"], evaluate=metrics_fn(name, algorithm, problem, s["k"]),
+                progress=ctx.progress, description=f"{name}-synthetic", mesh=ctx.mesh,
+                checkpoint_dir=ctx.checkpoint_dir if every else None,
+                checkpoint_every=every or None, resume=ctx.resume and bool(every),
+                copies_axis=True, on_rows=lambda rows: ctx.on_rows(per_restart_rows(rows)),
+                timing=ctx.timing, progress_summary=logs.best_copy("train_loss"),
+            )
+        except simulate.Diverged as err:
+            history, diverged = err.history, err
+        final = history[-1]
+        best, restart_diverged = best_restart(final)
+        rows = [r for r in per_restart_rows(history) if r["restart"] == (best or 0)]
+        threshold = success_threshold(s["sigma"])
+        timing = ctx.timing
+        seconds = timing.get("run_seconds", 0.0)
+        summary = {
+            "algorithm": name,
+            "best_restart": best,
+            "client_chunk": client_chunk,
+            "final": rows[-1] if best is not None else None,
+            "success": bool(best is not None and name in CLUSTERING + ("fedavg",)
+                            and rows[-1].get("min_dist", math.inf) < threshold),
+            "success_threshold": threshold,
+            "diverged": bool(diverged is not None or best is None),
+            "restarts_diverged": restart_diverged.tolist(),
+            "restarts_final_train_loss": np.asarray(final["train_loss"]).tolist(),
+            "least_squares_floor": least_squares_floor(s),
+            "rounds_run": timing.get("rounds_run"),
+            "compile_seconds": timing.get("compile_seconds"),
+            "seconds": seconds,
+            "rounds_per_second": timing["rounds_run"] / seconds
+            if timing.get("rounds_run") and seconds > 0 else None,
+        }
+        if "min_dist" in final:
+            summary["restarts_final_min_dist"] = np.asarray(final["min_dist"]).tolist()
+        if diverged is not None:
+            summary.update(
+                diverged_round=diverged.round,
+                diverged_metric=diverged.metric,
+                diverged_value=diverged.value,
+                last_checkpoint_round=diverged.checkpoint_round,
+            )
+        return rows, summary
+
+    def plot_run(self, rows, summary, out_dir) -> None:
+        threshold = summary["success_threshold"]
+        name = summary["algorithm"]
+        plots.plot_history(
+            rows, out_dir / "metrics.png", list(self.panels),
+            title=f"{name} (restart {summary['best_restart']}, lowest final train loss)",
+            hlines={"min_dist": (threshold, "success threshold")} if threshold > 0 else None,
+            log_y=set(self.log_metrics), groups={name: rows},
+            colors=plots.method_colors(self.methods),
+        )
+
+    # ---- comparison: IFCA, FedAvg, local, one-shot over the same seeds
+
+    def problem(self, s: dict):
+        """`seeds` data seeds stacked on a leading axis: seed i's data comes from
+        fold_in(fold_in(key(seed), DATA), i)."""
+        key = stream_key(s["seed"], DATA)
+        data_keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(s["seeds"]))
+        return jax.jit(jax.vmap(lambda kk: make_problem(s, kk)))(data_keys)
+
+    def method_run(self, name: str, s: dict, problem) -> MethodRun:
+        """Every method gets the same data and per-seed keys (`with_seeds`); within a seed
+        it keeps its restart of lowest final training loss (as `run` does)."""
+        chunk = self.client_chunk(s, copies=s["restarts"] * s["seeds"], algorithm=name)
+        algorithm = with_seeds(with_restarts(build_algorithm(name, s, chunk), s["restarts"]),
+                               s["seeds"])
+        return MethodRun(
+            algorithm, problem.train, stream_key(s["seed"], ROUNDS),
+            s["rounds"], metrics_fn(name, algorithm, problem, s["k"]), s["eval_every"],
+            seed_rows=best_restart_rows,
+            progress_summary=logs.best_copy("train_loss", noun="restarts", outer="seeds"))
+
+    def table(self, s: dict) -> list[str]:
+        return list(COMPARE_METRICS)
+
+    # ---- generic sweep: any setting as an axis; cells that differ only in traced
+    # settings (lr, σ, R) and their seeds are one vmapped, compiled program
+
+    group_cells = True
+
+    def trial_columns(self, axes):
+        return [*axes, "cell_id", "data_seed", "train_loss", "test_loss", "cluster_accuracy",
+                "min_dist", "diverged"]
+
+    def trials(self, cell, seed_ids, mesh=None):
+        return self.group_trials([cell], seed_ids, mesh)
+
+    def group_trials(self, cells, seed_ids, mesh=None):
+        """trials.csv rows of every (cell, seed) as one vmapped program (`sweep.group_trials`)."""
+        del mesh  # the pairs axis is small; clients are not sharded here
+        return sweep.group_trials(self.declared, cells, seed_ids)
+
+    def cell_cost(self, cell):
+        return cell["m"] * cell["n"] * cell["d"] * cell["k"] * cell["rounds"] * cell["restarts"]
+
+    def summarize_cells(self, trials, cells, axes):
+        return sweep.summarize_cells(trials, cells, axes)
+
+
+RUN = SyntheticRun()
+
+
+_TINY = {"m": 20, "n": 50, "d": 10, "R": 1.0, "rounds": 60, "restarts": 10, "eval_every": 10,
+         "n_test": 20}
+
+PRESETS = [
+    Preset("ifca-synthetic", RUN,
+           "IFCA (option I, gradient averaging) on the synthetic mixture of linear regressions."),
+    Preset("ifca-synthetic-tiny", RUN,
+           "A seconds-long IFCA synthetic run (k=2, m=20, n=50, d=10) for smoke tests.", _TINY),
+    Preset("fedavg-synthetic", RUN,
+           "FedAvg (one global model) on the synthetic mixture of linear regressions.",
+           {"algorithm": "fedavg"}),
+    Preset("local-synthetic", RUN,
+           "Local models (each client alone) on the synthetic mixture of linear regressions.",
+           {"algorithm": "local"}),
+    Preset("oneshot-synthetic", RUN,
+           "One-shot clustering (k-means of local models) on the synthetic mixture.",
+           {"algorithm": "oneshot"}),
+]

@@ -1,0 +1,155 @@
+"""The chunk sizes experiments choose through `fedjax_sim.memory`, pinned.
+
+Each expected chunk is computed here from the byte counts written out by hand
+(float32 data and linear models: 4 bytes a number) and also pinned as the
+number the experiments chose before planning moved into `memory`, so a change
+of either the formula or its use shows.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import pytest
+
+from fedjax_sim import memory
+from fedjax_sim.experiments import PRESETS, ifca_success, ifca_synthetic
+from fedjax_sim.experiments import ifca_images as images
+from fedjax_sim.experiments.ifca_synthetic import sweep as synthetic_sweep
+
+
+def _chunk(m: int, per_client: int, available: float):
+    """client_chunk_for_budget by hand: None if all fit, else the fewest even chunks."""
+    if m * per_client <= available:
+        return None
+    fit = max(1, int(available // per_client))
+    chunks = math.ceil(m / fit)
+    return math.ceil(m / chunks)
+
+
+def _synthetic_per_client(s: dict, local_training: bool) -> int:
+    """One client of the linear mixture: x [n, d], y [n]; a prediction [n] per cluster model."""
+    n, d, k = s["n"], s["d"], s["k"]
+    rows, act = 4 * n * d + 4 * n, 4 * n
+    if not local_training:  # k forward passes and their VJP
+        return rows + 2 * k * act
+    return rows + k * act + 5 * 4 * d + 2 * act  # 5 model copies, one local step
+
+
+def _synthetic_chunk(s: dict, copies: int, per_client_models: bool, local_training: bool):
+    m = s["m"]
+    train = 4 * m * (s["n"] * s["d"] + s["n"] + 2)  # x, y, num_examples, cluster
+    resident = train + (2 * copies * m * 4 * s["d"] if per_client_models else 0)
+    budget = s["memory_budget_gb"] * 2**30
+    return _chunk(m, copies * _synthetic_per_client(s, local_training), budget - resident)
+
+
+SYNTHETIC = [  # (settings, copies, algorithm, the chunk chosen before the move)
+    ({"memory_budget_gb": 0.2}, 10, "ifca", 34),
+    ({"memory_budget_gb": 0.2}, 10, "local", 34),
+    ({"memory_budget_gb": 0.1}, 5, "oneshot", 25),
+    ({"memory_budget_gb": 0.3, "option": "model"}, 10, "ifca", 50),
+    ({"memory_budget_gb": 0.05, "m": 400, "d": 100}, 3, "cfl", 200),
+    ({"memory_budget_gb": 0.5, "m": 1000, "n": 50}, 10, "hypcluster", 143),
+    ({"memory_budget_gb": 0.0}, 10, "fedavg", None),
+]
+
+
+@pytest.mark.parametrize("over,copies,algorithm,pinned", SYNTHETIC)
+def test_synthetic_client_chunk(over, copies, algorithm, pinned):
+    s = {**ifca_synthetic.RUN.defaults(), **over, "algorithm": algorithm}
+    got = ifca_synthetic.RUN.client_chunk(s, copies=copies, algorithm=algorithm)
+    assert got == pinned
+    if s["memory_budget_gb"]:
+        local = not (algorithm == "ifca" and s["option"] == "gradient")
+        assert got == _synthetic_chunk(s, copies, algorithm in ("local", "oneshot"), local)
+
+
+def test_synthetic_refuses_what_the_machine_cannot_hold():
+    s = {**ifca_synthetic.RUN.defaults(), "m": 10**6}
+    with pytest.raises(ValueError, match=r"needs about .* \(m=1000000, n=100, n_test=100, "
+                       r"d=1000, 10 copies: restarts × seeds\), more than this machine's"):
+        ifca_synthetic.RUN.client_chunk(s, copies=10)
+
+
+@pytest.mark.parametrize("over,pinned", [({}, 482081600), ({"restarts": 3, "m": 40, "n_test": 0},
+                                                           64416800)])
+def test_synthetic_sweep_pair_bytes_and_chunk(over, pinned):
+    s = {**ifca_synthetic.RUN.defaults(), **over}
+    m, n, d = s["m"], s["n"], s["d"]
+    nt = max(s["n_test"], 1)  # n_test = 0 still builds one test row per client
+    data = 4 * m * (n * d + n + 2) + 4 * m * (nt * d + nt + 2)
+    expected = data + s["restarts"] * m * _synthetic_per_client(s, local_training=False)
+    assert synthetic_sweep.pair_bytes(s) == expected == pinned
+    assert memory.items_per_chunk(7, expected, 3.5 * expected) == 3
+    assert memory.items_per_chunk(7, expected, 0.5 * expected) == 1
+    assert memory.items_per_chunk(7, expected, 100 * expected) == 7
+
+
+SUCCESS = [  # (preset, m, n, budget GiB, seeds per chunk chosen before the move)
+    ("ifca-success-small", 80, 5, 0.01, 13),
+    ("ifca-success-small", 400, 200, 1.0, 6),
+    ("ifca-success-r-noise-k2", 100, 100, 1.0, 8),
+    ("ifca-success-m-n-k4", 100, 100, 1.0, 7),
+    ("ifca-success-m-n-k4", 80, 5, 1.0, 40),
+    ("ifca-success-m-n-k4", 400, 200, 1.0, 1),
+]
+
+
+@pytest.mark.parametrize("preset,m,n,gb,pinned", SUCCESS)
+def test_success_seeds_per_chunk(preset, m, n, gb, pinned):
+    cell = {**PRESETS[preset].defaults, "m": m, "n": n, "memory_budget_gb": gb}
+    runs = len(cell["lr"]) * cell["restarts"]
+    # X and y three times over, and 4 [rows, k] buffers per (lr, restart)
+    per_seed = 4 * m * n * (cell["d"] + 1) * 3 + 4 * m * n * cell["k"] * runs * 4
+    expected = int(max(1, min(cell["seeds"], gb * 2**30 // per_seed)))
+    assert ifca_success.SUCCESS.seeds_per_chunk(cell) == expected == pinned
+
+
+@pytest.fixture(scope="module")
+def digits():
+    s = PRESETS["ifca-rotated-digits"].defaults
+    return s, images.DIGITS.problem(s)
+
+
+IMAGES = [  # (method, budget GiB, seeds, the chunk chosen before the move)
+    ("ifca", 0.0, 3, None),
+    ("ifca", 0.005, 3, 4),
+    ("cfl", 0.02, 3, 20),
+    ("ifca_ws", 0.02, 3, 20),
+    ("local", 0.02, 3, 15),
+    ("oneshot", 0.02, 3, 15),
+    ("local", 0.0, 3, None),
+    ("local", 0.0, 2000, 3),
+]
+
+
+@pytest.mark.parametrize("name,gb,seeds,pinned", IMAGES)
+def test_images_client_chunk(digits, name, gb, seeds, pinned):
+    s, problem = digits
+    s = {**s, "memory_budget_gb": gb, "seeds": seeds}
+    model = problem["models"][name in images.SHARING]
+    got = images.DIGITS.client_chunk(s, problem, model, name)
+    assert got == pinned
+    # By hand: one seed's clients; the model's own params and activations are measured.
+    train = jax.tree.map(lambda a: a[0], problem["train"])
+    m, per_client_models = train.num_clients, name in ("local", "oneshot")
+    params = memory.tree_bytes(jax.eval_shape(model.init, jax.random.key(0)))
+    x = jax.ShapeDtypeStruct(train.x.shape[1:], train.x.dtype)
+    act = memory.activation_bytes(model, jax.eval_shape(model.init, jax.random.key(0)), x)
+    rows = memory.tree_bytes([x, jax.ShapeDtypeStruct(train.y.shape[1:], train.y.dtype)])
+    if gb:  # local training with k cluster models
+        per_client = seeds * (rows + s["k"] * act + 5 * params + 2 * act)
+        resident = memory.tree_bytes(train) + (2 * seeds * m * params if per_client_models
+                                               else 0)
+        assert got == _chunk(m, per_client, gb * 2**30 - resident)
+    elif per_client_models:  # 1 GiB of one model per client at a time
+        assert got == _chunk(m, seeds * (rows + act + 5 * params + 2 * act), 2**30)
+
+
+def test_items_per_chunk_refuses_bad_input():
+    with pytest.raises(ValueError, match="total"):
+        memory.items_per_chunk(-1, 10, 100)
+    with pytest.raises(ValueError, match="bytes_per_item"):
+        memory.items_per_chunk(3, 0, 100)
