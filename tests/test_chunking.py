@@ -265,5 +265,7 @@ def test_choose_client_chunk():
     resident = memory.tree_bytes(data)
     per = memory.estimate_bytes_per_client(model, data)
     assert memory.choose_client_chunk(model, data, resident + 2.5 * per) == 2
-    with pytest.raises(ValueError, match="memory_budget_gb"):
+    with pytest.raises(ValueError, match="raise the memory budget"):
         memory.choose_client_chunk(model, data, resident / 2)
+    with pytest.raises(ValueError, match="raise memory_budget_gb"):  # the caller's setting
+        memory.choose_client_chunk(model, data, resident / 2, budget_name="memory_budget_gb")
