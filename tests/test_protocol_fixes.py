@@ -132,7 +132,7 @@ def test_fedavg_reports_its_client_weights_as_lambda():
     alg = with_seeds(fedavg(model, learning_rate=LR), 2, shared_data=True)
     state = alg.init(jax.random.key(0), data)
     for weighting, want in (("examples", rows / rows.sum()), ("uniform", np.full(4, 0.25))):
-        out = drfa_molecules._metrics_fn(alg, problem, weighting)(state)
+        out = drfa_molecules.metrics_fn(alg, problem, weighting)(state)
         np.testing.assert_allclose(out["lambda_hat_max"], [want.max()] * 2)
         np.testing.assert_allclose(out["lambda_2"], [want[2]] * 2)
 

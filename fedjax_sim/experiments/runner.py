@@ -3,94 +3,41 @@
 Nothing here knows an experiment's metric names: the experiment builds its
 rows, summaries and plots; the runner checks settings, refuses unusable
 output directories before writing, writes config.json, streams metrics.csv,
-and writes the rest.
+and writes the rest. The output directory's checks, config.json and what a
+stop keeps are `rundir.py`; the files a run streams and a finished
+comparison writes are `outputs.py`.
 """
 
 from __future__ import annotations
 
-import contextvars
-import datetime
-import errno
 import functools
 import hashlib
 import itertools
 import json
-import os
-import platform
-import sys
 from pathlib import Path
 
 import jax
 
-import fedjax_sim
-from fedjax_sim import compare, parallel, plots, simulate, stats
-from fedjax_sim.experiments.base import Comparison, RunContext
+from fedjax_sim import compare, parallel, simulate
+from fedjax_sim.experiments.base import RunContext
+from fedjax_sim.experiments.outputs import _after_first_rows, _rows_writer, _write_comparison
 from fedjax_sim.experiments.registry import Preset, get_preset
+from fedjax_sim.experiments.rundir import (
+    COMPARE,
+    RUN,
+    SWEEP,
+    OutputError,
+    _base_settings,
+    _check_resumable,
+    _config,
+    _now,
+    _prepare_out,
+    _reports_kept,
+    default_out_dir,
+)
 from fedjax_sim.experiments.settings import parse_assignments, resolve
 from fedjax_sim.io import append_csv, read_csv, read_json, write_csv, write_json
-from fedjax_sim.logs import MetricsCSV, Progress, TensorBoardLog, write_bands
-
-RUN, SWEEP, COMPARE = "run", "sweep", "compare"
-# The file that marks a directory as each command's output.
-_MARKERS = {RUN: "metrics.csv", SWEEP: "trials.csv", COMPARE: "results.csv"}
-
-
-class OutputError(OSError):
-    """--out cannot be used (unwritable, read-only, not a directory, full): exit code 4."""
-
-
-# ----------------------------------------------------------------------------- what a stop keeps
-# The --out a command has started writing (set once it is checked, see `_reports_kept`).
-_STARTED: contextvars.ContextVar = contextvars.ContextVar("fedjax_sim_started", default=None)
-
-
-def _kept(command: str, out_dir: Path) -> str:
-    """What `command` keeps in out_dir after an OS error or an interrupt stopped it."""
-    try:
-        if command == RUN:
-            rounds = [int(r["round"]) for r in read_csv(out_dir / "metrics.csv")]
-            steps = sorted(int(p.name) for p in (out_dir / "checkpoints").glob("*")
-                           if p.is_dir() and p.name.isdigit())
-            rows = (f"metrics.csv up to round {max(rounds)}" if rounds
-                    else "no metrics.csv rows")
-            ckpt = (f"the checkpoint of round {steps[-1]} (--resume continues from it)" if steps
-                    else "no checkpoint")
-            return f"kept in {out_dir}: {rows} and {ckpt}"
-        if command == SWEEP:
-            rows = len(read_csv(out_dir / "trials.csv"))
-            return f"kept in {out_dir}: {rows} trials.csv rows (--resume continues from them)"
-        done = sorted(p.stem for p in (out_dir / "methods").glob("*.json"))
-        return (f"kept in {out_dir}: the finished methods {', '.join(done)} (methods/*.json)"
-                if done else f"no method had finished; {out_dir} holds only its config.json")
-    except Exception:  # the disk may be failing: say where to look, not what is there
-        return f"what was written before the stop is in {out_dir}"
-
-
-def _reports_kept(command: str):
-    """Marks an OSError or KeyboardInterrupt that stops `command` after its --out was checked.
-
-    The exception gets `out_dir` and `kept` (one clause saying what the
-    directory keeps) for the CLI's one-line message; one raised before (a bad
-    cache_dir while validating) gets neither: nothing was written.
-    """
-
-    def decorate(fn):
-        @functools.wraps(fn)
-        def wrapped(*args, **kwargs):
-            token = _STARTED.set(None)
-            try:
-                return fn(*args, **kwargs)
-            except (OSError, KeyboardInterrupt) as err:
-                out_dir = _STARTED.get()
-                if out_dir is not None and not isinstance(err, OutputError):
-                    err.out_dir, err.kept = str(out_dir), _kept(command, out_dir)
-                raise
-            finally:
-                _STARTED.reset(token)
-
-        return wrapped
-
-    return decorate
+from fedjax_sim.logs import Progress, TensorBoardLog
 
 
 def resolve_settings(preset: Preset, overrides, command: str = RUN,
@@ -134,141 +81,6 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN,
     return settings
 
 
-def _now() -> str:
-    return datetime.datetime.now().isoformat(timespec="seconds")
-
-
-def _config(preset: Preset, command: str, settings: dict, mesh=None) -> dict:
-    from fedjax_sim.provenance import provenance
-
-    experiment = preset.experiment
-    produced_by = provenance()
-    return {
-        "preset": preset.name,
-        "experiment": experiment.name,
-        "command": command,
-        "description": preset.description,
-        "settings": settings,
-        "seed": settings.get("seed"),
-        "fedjax_sim_version": fedjax_sim.__version__,
-        "jax_version": jax.__version__,
-        "backend": jax.default_backend(),
-        "devices": [str(d) for d in jax.devices()],
-        "mesh_devices": 1 if mesh is None else mesh.size,
-        "processes": jax.process_count(),
-        "python": platform.python_version(),
-        # The package's git commit (None when not a checkout) and dirty flag; the versions
-        # of its stack (None: not installed).
-        "git_commit": produced_by["git"]["commit"],
-        "git_dirty": produced_by["git"]["dirty"],
-        "versions": produced_by["versions"],
-        "argv": sys.argv,
-        "started": _now(),
-    }
-
-
-def default_out_dir(name: str) -> Path:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{name}-{stamp}"
-
-
-def _prepare_out(out_dir: Path, command: str) -> None:
-    """Refuses an --out that is another command's output, already used, or unwritable.
-
-    Nothing is written when it refuses (nor when it accepts: the write probe
-    and any directory it made are removed; in a multi-process run an empty new
-    directory is left). Raises ValueError (exit 2) for a
-    directory of the wrong kind or already used, OutputError (exit 4) for an
-    OS reason.
-    """
-    if out_dir.exists() and not out_dir.is_dir():
-        raise OutputError(errno.ENOTDIR, f"--out {out_dir} is not a directory")
-    resumable = "" if command == COMPARE else ", or --resume it"  # compare has no --resume
-    if out_dir.is_dir():
-        for other, marker in _MARKERS.items():
-            if other != command and (out_dir / marker).exists():
-                raise ValueError(
-                    f"--out {out_dir} holds a {other} ({marker}); a {command} there would "
-                    f"overwrite its config.json. Choose another --out."
-                )
-        config_path = out_dir / "config.json"
-        if config_path.exists():
-            try:
-                previous = read_json(config_path).get("command")
-            except (OSError, json.JSONDecodeError):
-                previous = None
-            if previous not in (None, command):
-                raise ValueError(
-                    f"--out {out_dir} holds a {previous}; choose another --out for this {command}."
-                )
-            raise ValueError(
-                f"output directory {out_dir} already holds a run (config.json); choose "
-                f"another --out{resumable}."
-            )
-        own = out_dir / _MARKERS[command]
-        if own.exists():
-            raise ValueError(
-                f"output directory {out_dir} already holds a {own.name}; choose another "
-                f"--out{resumable}."
-            )
-    created = []  # the directories the probe makes, deepest first
-    parent = out_dir
-    while not parent.exists():
-        created.append(parent)
-        parent = parent.parent
-    # Every process of a multi-process run probes the same new directory at once: each
-    # uses its own probe name, tolerates the others' mkdir, and only a lone process
-    # removes the directories it made (another may be probing inside them).
-    alone = jax.process_count() == 1
-    probe = out_dir / f".fedjax_sim_write_probe.{os.getpid()}"
-    try:
-        for d in reversed(created):
-            d.mkdir(exist_ok=True)
-        with open(probe, "w") as f:
-            f.write("x")
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as err:
-        raise OutputError(err.errno, f"--out {out_dir}: {err.strerror or err}") from None
-    finally:
-        # Also when the write failed (a full disk): the probe may exist, empty.
-        try:
-            probe.unlink(missing_ok=True)
-        except OSError:
-            pass
-        for d in created if alone else ():
-            if d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
-    _STARTED.set(out_dir)
-
-
-def _check_resumable(out_dir: Path, settings: dict, declared, command: str) -> dict:
-    """The config.json to resume in out_dir; ValueError naming the settings that differ."""
-    path = out_dir / "config.json"
-    if not path.exists():
-        raise ValueError(
-            f"cannot resume: {out_dir} holds no config.json (no run was started there)."
-        )
-    config = read_json(path)
-    if config.get("command", command) != command:
-        raise ValueError(
-            f"cannot resume {out_dir} as a {command}: it holds a {config['command']}."
-        )
-    saved = config.get("settings", {})
-    keys = saved.keys() | settings.keys()
-    differ = sorted(k for k in keys if saved.get(k) != settings.get(k)
-                    and (k not in declared or declared[k].result))
-    if differ:
-        changes = ", ".join(f"{k} ({saved.get(k)!r} there, {settings.get(k)!r} now)"
-                            for k in differ)
-        raise ValueError(
-            f"cannot resume {out_dir}: settings differ from its config.json: {changes}. "
-            "Resume with the same settings, or start a new run in another --out."
-        )
-    _STARTED.set(out_dir)
-    return config
-
-
 def choose_mesh(devices: int | None, num_clients: int | None = None):
     """The mesh for a run: `devices` devices, or automatically every device.
 
@@ -285,96 +97,6 @@ def choose_mesh(devices: int | None, num_clients: int | None = None):
     if num_clients is not None:
         parallel.check_divisible(num_clients, mesh)
     return mesh if devices > 1 or jax.process_count() > 1 else None
-
-
-def load_config(path, command: str | None = None) -> tuple[str, dict]:
-    """(preset name, settings) of an output directory's config.json, for `--config`.
-
-    command: the command that will use it; a config.json of a sweep holds lists
-    that only a sweep reads, so only a sweep may take one.
-    """
-    path = Path(path)
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        config = read_json(path)
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"--config {path}: cannot read it ({err}).") from None
-    if not isinstance(config, dict) or "preset" not in config or "settings" not in config:
-        raise ValueError(f"--config {path}: not a fedjax_sim config.json (no preset/settings).")
-    if not isinstance(config["settings"], dict) or not isinstance(config["preset"], str):
-        raise ValueError(f"--config {path}: \"settings\" must be a mapping of setting names "
-                         f"to values and \"preset\" a name; got "
-                         f"{type(config['settings']).__name__} and "
-                         f"{type(config['preset']).__name__}.")
-    if command is not None and config.get("command") == SWEEP and command != SWEEP:
-        raise ValueError(f"--config {path} records a sweep (settings with lists); use it with "
-                         "`fedjax-sim sweep --config`.")
-    return config["preset"], config["settings"]
-
-
-def _base_settings(command: str, name, config, out_dir, resume: bool) -> tuple[str, dict]:
-    """(preset name, the settings overrides apply on): a --config's, a resumed directory's
-    config.json's (so `--resume --out DIR` alone continues DIR), or none."""
-    if config is not None:
-        if name is not None:
-            raise ValueError("give a PRESET or --config (which names its preset), not both.")
-        return load_config(config, command)
-    if resume:
-        if out_dir is None:
-            raise ValueError("--resume needs --out DIR (the directory to continue).")
-        path = Path(out_dir) / "config.json"
-        if not path.exists():
-            raise ValueError(
-                f"cannot resume: {out_dir} holds no config.json (no {command} was started "
-                "there).")
-        saved_name, base = load_config(path, command)
-        if name is not None and name != saved_name:
-            raise ValueError(f"cannot resume {out_dir}: it holds preset {saved_name}, not {name}.")
-        return saved_name, base
-    if name is None:
-        raise ValueError(f"{command} needs a PRESET, --config DIR/config.json, or --resume "
-                         "--out DIR.")
-    return name, {}
-
-
-def _rows_writer(out_dir: Path, tensorboard: bool):
-    """on_rows for a run: metrics.csv (streamed, fsynced) and optional TensorBoard events."""
-    path = out_dir / "metrics.csv"
-    state = {"csv": None, "tb": TensorBoardLog(out_dir / "tensorboard") if tensorboard else None}
-
-    def on_rows(rows):
-        if not rows:
-            return
-        if state["csv"] is None:  # the history so far: a fresh run's round 0, or a resume's
-            write_csv(path, rows)
-            state["csv"] = MetricsCSV(path, resume_round=int(rows[-1]["round"]))
-        else:
-            state["csv"].append(rows)
-        if state["tb"] is not None:
-            for row in rows:
-                copy = next((c for c in ("restart", "seed") if c in row), None)
-                tag = f"/{copy}{row[copy]}" if copy else ""
-                state["tb"].write(int(row["round"]), {
-                    f"{k}{tag}": v for k, v in row.items() if k not in ("round", copy)})
-
-    def close():
-        if state["tb"] is not None:
-            state["tb"].close()
-
-    return on_rows, close
-
-
-def _after_first_rows(on_rows, write_config):
-    """on_rows that calls write_config once, before the first rows are written."""
-    pending = [write_config]
-
-    def wrapped(rows):
-        if pending:
-            pending.pop()()
-        on_rows(rows)
-
-    return wrapped
 
 
 @_reports_kept(RUN)
@@ -610,48 +332,6 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
     return out_dir
 
 
-def _write_comparison(preset: Preset, settings: dict, problem, results: dict, out_dir: Path,
-                      tensorboard: bool) -> None:
-    experiment = preset.experiment
-    metrics = experiment.table(settings)
-    seeds = settings["seeds"]
-    rows = compare.results_table(results, experiment.baseline, metrics)
-    write_csv(out_dir / "results.csv", rows, compare.results_columns(metrics))
-    table = stats.results_markdown(rows, metrics, experiment.baseline, seeds=seeds,
-                                   title=f"{preset.name}: final metrics")
-    per_seed_finals = compare.table_per_seed(results, metrics)
-    notes = experiment.notes(settings, problem, results)
-    if notes:  # the experiment's caption: protocol choices, deviations, extra counts
-        table = table.rstrip("\n") + "\n\n" + "\n".join(
-            f"- {key}: {value}" for key, value in notes.items()) + "\n"
-        write_json(out_dir / "notes.json", notes)
-    (out_dir / "results.md").write_text(table)
-    print(table)
-    per_seed = [{"method": n, "seed": i, "diverged": r.diverged[i] is not None,
-                 **{k: float(v[i]) for k, v in r.per_seed.items()}}
-                for n, r in results.items() for i in range(seeds)]
-    write_csv(out_dir / "per_seed.csv", per_seed)
-    long_rows = [row for r in results.values() for row in r.long_rows()]
-    write_csv(out_dir / "per_seed_metrics.csv", long_rows)
-    histories = {n: r.seed_mean_rows() for n, r in results.items()}
-    write_csv(out_dir / "metrics.csv", [{"method": n, **row} for n, rows_ in histories.items()
-                                        for row in rows_])
-    comparison = Comparison(per_seed_finals, histories, metrics, experiment.baseline, notes,
-                            results)
-    methods = list(experiment.methods)
-    # Curves and bands over the seeds that did not diverge, as the means of metrics.csv.
-    kept = [row for row in long_rows if results[row["method"]].diverged[row["seed"]] is None]
-    plots.plot_comparison(kept, out_dir / "comparison.png", list(experiment.panels),
-                          title=f"{preset.name}: {seeds} seeds", methods=methods,
-                          colors=plots.method_colors(methods), labels=experiment.labels,
-                          log_y=experiment.log_metrics)
-    experiment.plot_compare(comparison, out_dir)
-    if tensorboard:  # one run folder per method: the seed mean and its band per metric
-        write_bands(out_dir / "tensorboard", plots.seed_bands(
-            kept, [m for m, _ in experiment.panels] + [
-                m for m in metrics if m not in dict(experiment.panels)]))
-
-
 def describe_preset(name: str) -> str:
     """Every setting of a preset with its default, allowed range and help."""
     preset = get_preset(name)
@@ -674,4 +354,3 @@ def describe_preset(name: str) -> str:
 
 
 __all__ = ["OutputError", "compare_preset", "describe_preset", "run_preset", "sweep_preset"]
-

@@ -1,54 +1,28 @@
-"""DRFA and DRFLM against FedAvg: molecular regression and synthetic noisy clients.
-
-docs/protocols.md#drflm-experiments. Four methods trained side by side over seeds run as
-one vmapped axis, the same federation and initial weights for every method
-within a seed:
-
-- fedavg: the registered FedAvg (uniform cohort without replacement), its
-  clients weighted by their training rows (setting weighting=examples, the
-  default: DRFLM's objective Σ_i (n_i/n) f_i, which its FedAvg baseline
-  optimises) or uniformly (weighting=uniform);
-- drfa: DRFA (λ-sampled cohort, λ ascent on the losses of w̃);
-- drflm: DRFA with a local mixup step after g (the GNN's graph embedding);
-- fedavg_mixup: DRFLM with λ_lr = 0, λ fixed at the FedAvg weights (∝ rows
-  with weighting=examples, else uniform): the control that separates mixup's
-  effect from the robust weighting. Like drfa and drflm it follows
-  official_code (paper form: a cohort drawn ∝ λ with replacement, plain
-  mean; FedTorch form: a uniform cohort, λ-weighted aggregation).
-
-Metrics: the worst-client and the average (over clients) test RMSE in the
-target's own units, the mean training loss, and the λ̂ mass on the noisy
-clients. The paper's ESOL worst-client RMSE (DRFA 1.357 > FedAvg 1.232 >
-DRFLM 1.121) is printed in the notes next to what is measured.
-
-Datasets: esol, freesolv, lipophilicity (data/molecules.py, scaffold clients),
-and synthetic: linear regression y = xᵀθ* + ε with one θ* for everyone, where
-the last `noisy_clients` clients carry heavy label noise on their training
-targets only (the paper's motivating case: DRFA's λ chases the noisy clients
-and its clean-test RMSE rises above FedAvg's).
-"""
+"""The DRFA / DRFLM comparison and its presets: settings, checks, notes and plots."""
 
 from __future__ import annotations
 
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 
-from fedjax_sim import parallel
-from fedjax_sim.algorithms import afl, drfa, drflm, fedavg, qffl, with_seeds
+from fedjax_sim.algorithms import with_seeds
 from fedjax_sim.compare import MethodRun
-from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.experiments.base import (
     ROUNDS,
     Comparison,
     Experiment,
     Preset,
-    stack_seeds,
     stream_key,
 )
+from fedjax_sim.experiments.drfa_molecules.data import (
+    DATASET_NAMES,
+    MOLECULES,
+    Problem,
+    build_problem,
+)
+from fedjax_sim.experiments.drfa_molecules.methods import METHODS, build_method
+from fedjax_sim.experiments.drfa_molecules.metrics import final_metrics, metrics_fn
 from fedjax_sim.experiments.settings import (
     Setting,
     checkpoint_setting,
@@ -57,186 +31,9 @@ from fedjax_sim.experiments.settings import (
     seed_setting,
 )
 from fedjax_sim.extras import require
-from fedjax_sim.models import linear_regression
 
-METHODS = ("fedavg", "drfa", "drflm", "fedavg_mixup", "afl", "qffl")
-MOLECULES = ("esol", "freesolv", "lipophilicity")
-DATASET_NAMES = (*MOLECULES, "synthetic")
 # The paper's ESOL worst-client test RMSE (arXiv 2204.07742; docs/protocols.md#drflm-experiments).
 PAPER_ESOL_WORST = {"drfa": 1.357, "fedavg": 1.232, "drflm": 1.121}
-_MAX_LAMBDA_COLUMNS = 64  # λ_i / sampled_i history columns only for this many clients or fewer
-
-
-class Problem:
-    """Train/test clients with a leading [seeds] axis (or none when shared), and metadata."""
-
-    def __init__(self, train, test, target_std, noisy, units, notes, model, shared):
-        self.train, self.test = train, test
-        self.target_std = np.asarray(target_std, np.float64)  # [seeds]
-        self.noisy = np.asarray(noisy, bool)  # [N]
-        self.units, self.notes, self.model, self.shared = units, notes, model, shared
-
-
-def _pad_rows(data: FederatedData, width: int) -> FederatedData:
-    """The same clients padded to `width` rows (at least their own n_max)."""
-    extra = max(width - data.max_examples, 0)
-
-    def pad(a):
-        return jnp.pad(a, [(0, 0), (0, extra)] + [(0, 0)] * (a.ndim - 2))
-
-    return data.replace(x=jax.tree.map(pad, data.x), y=pad(data.y))
-
-
-def _synthetic(s: dict, seed: int):
-    """One seed of the noisy-clients linear problem (host numpy, seeded)."""
-    rng = np.random.default_rng(seed)
-    n_clients, d, n, n_test = s["num_clients"], s["d"], s["n"], s["n_test"]
-    theta = rng.normal(size=d)
-    noisy = np.arange(n_clients) >= n_clients - s["noisy_clients"]
-    x = rng.normal(size=(n_clients, n, d))
-    sigma = np.where(noisy, s["noise_std"], s["clean_noise"])[:, None]
-    y = x @ theta + sigma * rng.normal(size=(n_clients, n))
-    xt = rng.normal(size=(n_clients, n_test, d))
-    yt = xt @ theta + s["clean_noise"] * rng.normal(size=(n_clients, n_test))  # clean test
-    f32 = np.float32
-    return (FederatedData.from_arrays(x.astype(f32), y.astype(f32)),
-            FederatedData.from_arrays(xt.astype(f32), yt.astype(f32)), noisy)
-
-
-def build_problem(s: dict) -> Problem:
-    """The federation of every seed (resplit_per_seed) or one shared by all seeds."""
-    seeds = s["seeds"]
-    per_seed = range(seeds) if s["resplit_per_seed"] else range(1)
-    if s["dataset"] == "synthetic":
-        built = [_synthetic(s, s["seed"] * 1000 + i) for i in per_seed]
-        train = [b[0] for b in built]
-        test = [b[1] for b in built]
-        std = [1.0] * len(train)
-        noisy = built[0][2]
-        units = "y units (unit-variance x)"
-        notes = {"synthetic_problem": (
-            f"y = xᵀθ* + ε, one θ* ~ N(0, I_{s['d']}) for every client, x ~ N(0, I); ε std "
-            f"{s['clean_noise']} on clean clients and {s['noise_std']} on the last "
-            f"{s['noisy_clients']} clients' training targets; every test set is clean")}
-        model = linear_regression(s["d"])
-    else:
-        from fedjax_sim.data.molecules import ATOM_FEATURES, federate, load_graphs
-        from fedjax_sim.models.graph import gin_regressor
-
-        graphs, targets, units = load_graphs(s["dataset"], max_atoms=s["max_atoms"] or None,
-                                             cache_dir=s["cache_dir"] or None)
-        feds = [federate(graphs, targets, s["num_clients"], split=s["split"],
-                         alpha=s["split_alpha"], seed=s["seed"] * 1000 + i,
-                         noisy_clients=s["noisy_clients"], noise_std=s["noise_std"],
-                         units=units) for i in per_seed]
-        train = [f.train for f in feds]
-        test = [f.test for f in feds]
-        std = [f.target_std for f in feds]
-        noisy = feds[0].noisy
-        notes = dict(feds[0].notes)
-        if feds[0].skipped["invalid"]:
-            notes["invalid_smiles_rows"] = [r for r, _ in feds[0].skipped["invalid"]][:20]
-        model = gin_regressor(ATOM_FEATURES, graphs.nodes.shape[1], hidden=s["hidden"],
-                              layers=s["layers"], pooling=s["pooling"])
-    # Test clients padded to the training width: one compiled evaluation serves both.
-    test = [_pad_rows(t, max(p.max_examples for p in train)) for t in test]
-    if s["resplit_per_seed"]:
-        train, test = stack_seeds(train), stack_seeds(test)
-        shared = False
-    else:
-        train, test, std = train[0], test[0], std * seeds
-        shared = True
-    return Problem(train, test, std, noisy, units, notes, model, shared)
-
-
-def build_method(name: str, s: dict, model):
-    # A fresh optimizer state on every client every round (as FedAvg's clients do).
-    opt = optax.adam(s["lr"]) if s["optimizer"] == "adam" else optax.sgd(s["lr"])
-    common = dict(local_steps=s["local_steps"], batch_size=s["batch_size"],
-                  participation=s["participation"])
-    model_opt = (model, opt)
-    robust = dict(lambda_floor=s["lambda_floor"] or None, official_code=s["official_code"])
-    if name == "fedavg":
-        return fedavg(*model_opt, weighting=s["weighting"], **common)
-    if name == "drfa":
-        return drfa(*model_opt, lambda_lr=s["lambda_lr"], **common, **robust)
-    mix = dict(alpha=s["mixup_alpha"], beta=s["mixup_beta"], lambda_loss=s["lambda_loss"])
-    if name == "drflm":
-        return drflm(*model_opt, lambda_lr=s["lambda_lr"], **mix, **common, **robust)
-    if name == "fedavg_mixup":  # λ stays at FedAvg's weights (official_code keeps a given λ₀)
-        if s["weighting"] == "examples":
-            lam0 = "examples"
-        elif s["official_code"]:  # FedTorch's default λ₀ is ∝ rows: uniform must be explicit
-            lam0 = np.full(s["num_clients"], 1.0 / s["num_clients"])
-        else:
-            lam0 = "uniform"
-        return drflm(*model_opt, lambda_lr=0.0, lambda_init=lam0, **mix, **common, **robust)
-    if name == "afl":  # Agnostic FL: λ by projected ascent, λ-weighted averaging
-        return afl(*model_opt, lambda_lr=s["lambda_lr"], **common)
-    if name == "qffl":  # q-FedAvg: plain SGD at qffl_lr (its L = 1/lr assumes SGD)
-        return qffl(model, q=s["q"], learning_rate=s["qffl_lr"], **common)
-    raise ValueError(f"method must be one of {METHODS}; got {name!r}.")
-
-
-def _metrics_fn(algorithm, problem: Problem, weighting: str | None = "uniform"):
-    """state -> {metric: [seeds] host array}: test RMSE (target units), losses, λ, sampled.
-
-    FedAvg keeps no λ: its fixed client weights (`weighting`) stand in for λ and λ̂.
-    A method with neither (q-FFL: weights that change every round; weighting None)
-    reports NaN there; one without a sampling counter (AFL) NaN sampled counts."""
-    evaluate = jax.jit(algorithm.evaluate)
-    std = problem.target_std[:, None]
-    n_clients = problem.noisy.shape[0]
-
-    def metrics(state):
-        test = jax.tree.map(np.asarray, evaluate(state, problem.test))
-        train = jax.tree.map(np.asarray, evaluate(state, problem.train))
-        active = test["client_weight"] > 0
-        rmse = np.sqrt(np.maximum(test["client_loss"].astype(np.float64), 0.0)) * std
-        out = {
-            "test_rmse_worst": np.where(active, rmse, -np.inf).max(-1),
-            "test_rmse_avg": np.where(active, rmse, 0).sum(-1) / np.maximum(active.sum(-1), 1),
-        }
-        tr_active = train["client_weight"] > 0
-        tr_loss = train["client_loss"].astype(np.float64)
-        out["train_loss"] = np.where(tr_active, tr_loss, 0).sum(-1) / np.maximum(
-            tr_active.sum(-1), 1)
-        out["train_loss_worst"] = np.where(tr_active, tr_loss, -np.inf).max(-1)
-        seeds = rmse.shape[0]
-        if hasattr(state, "lam_avg"):
-            lam = np.asarray(parallel.to_host(state.lam), np.float64)
-            lam_hat = np.asarray(parallel.to_host(state.lam_avg), np.float64)
-            sampled = (np.asarray(parallel.to_host(state.sampled), np.float64)
-                       if hasattr(state, "sampled") else np.full((seeds, n_clients), np.nan))
-        elif weighting is None:
-            lam = lam_hat = sampled = np.full((seeds, n_clients), np.nan)
-        else:  # FedAvg: its fixed client weights; it keeps no sampling counter
-            if weighting == "examples":
-                rows = np.broadcast_to(np.asarray(problem.train.num_examples, np.float64),
-                                       (seeds, n_clients))
-                lam = lam_hat = rows / np.maximum(rows.sum(-1, keepdims=True), 1.0)
-            else:
-                lam = lam_hat = np.full((seeds, n_clients), 1.0 / n_clients)
-            sampled = np.full((seeds, n_clients), np.nan)
-        # Rounded: a λ that never moved would otherwise differ from 1/N by float rounding.
-        out["lambda_hat_noisy"] = (np.round(lam_hat[:, problem.noisy].sum(-1), 6)
-                                   if problem.noisy.any() else np.full(seeds, np.nan))
-        out["lambda_hat_max"] = lam_hat.max(-1)
-        if n_clients <= _MAX_LAMBDA_COLUMNS:
-            for i in range(n_clients):
-                out[f"lambda_{i}"] = lam[:, i]
-                out[f"sampled_{i}"] = sampled[:, i]
-        return out
-
-    return metrics
-
-
-FINAL_METRICS = ["test_rmse_worst", "test_rmse_avg", "train_loss"]
-
-
-def final_metrics(s: dict) -> list[str]:
-    """The results table's metrics: λ̂'s mass on the noisy clients when there are any."""
-    return FINAL_METRICS + (["lambda_hat_noisy"] if s["noisy_clients"] else ["lambda_hat_max"])
 
 
 class DRFAExperiment(Experiment):
@@ -338,7 +135,7 @@ class DRFAExperiment(Experiment):
                                shared_data=problem.shared)
         return MethodRun(algorithm, problem.train,
                          stream_key(s["seed"], ROUNDS), s["rounds"],
-                         _metrics_fn(algorithm, problem, s["weighting"] if name == "fedavg"
+                         metrics_fn(algorithm, problem, s["weighting"] if name == "fedavg"
                                      else None if name == "qffl" else "uniform"),
                          s["eval_every"])
 

@@ -1,0 +1,105 @@
+"""The clients of the heterogeneous-FL experiments: Flower partitioners over images.
+
+Protocol. For each rotation cluster c the partitioner cuts the whole dataset
+into num_clients/rotations clients with its own seed, turned c·360°/rotations
+(np.rot90): every example appears once per cluster. Each client holds out
+⌊test_fraction·n_i⌋ of its (shuffled) examples as its test set (Flower's
+per-partition train/test split), so every metric is over the same clients. A
+noisy client's labels, train and test, become a uniform random class with
+probability `label_noise`: its data is harder, not only mislabelled in
+training. Seed i draws its own partitions and noise (seed sequence [seed, i]);
+every method gets the same data, init keys and round keys per seed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedjax_sim.data import partition
+from fedjax_sim.data.archives import DataUnavailable
+from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.data.images import default_rotations, digits, mnist_5k, rotate
+from fedjax_sim.experiments.base import stack_seeds
+
+DATASETS = ("digits", "mnist")
+PARTITIONERS = ("iid", "dirichlet", "pathological", "shard", "size")
+SIZE_FNS = {"linear": partition.linear_partition, "square": partition.square_partition,
+            "exponential": partition.exponential_partition}
+# Data settings read by one partitioner only.
+PARTITIONER_READS = {"alpha": "dirichlet", "min_partition_size": "dirichlet",
+                     "classes_per_client": "pathological", "class_assignment": "pathological",
+                     "shards_per_client": "shard", "size_fn": "size"}
+
+_IMAGES: dict = {}
+
+
+def load_images(s: dict) -> tuple[np.ndarray, np.ndarray]:
+    key = (s["dataset"], s["cache_dir"])
+    if key not in _IMAGES:
+        try:
+            _IMAGES.clear()
+            _IMAGES[key] = (mnist_5k(s["cache_dir"] or None) if s["dataset"] == "mnist"
+                            else digits())
+        except DataUnavailable as err:
+            raise ValueError(str(err)) from None
+    return _IMAGES[key]
+
+
+def client_indices(labels: np.ndarray, s: dict, seed: int) -> list[np.ndarray]:
+    """One rotation cluster's clients: the partitioner `s["partitioner"]` over every example."""
+    m, p, n = s["num_clients"] // s["rotations"], s["partitioner"], len(labels)
+    try:
+        if p == "iid":
+            return partition.iid_partition(n, m, seed=seed)
+        if p == "dirichlet":
+            return partition.dirichlet_partition(
+                labels, m, s["alpha"], min_partition_size=s["min_partition_size"], seed=seed)
+        if p == "pathological":
+            return partition.pathological_partition(
+                labels, m, s["classes_per_client"], class_assignment_mode=s["class_assignment"],
+                seed=seed)
+        if p == "shard":
+            return partition.shard_partition(labels, m,
+                                             num_shards_per_partition=s["shards_per_client"],
+                                             seed=seed)
+        return SIZE_FNS[s["size_fn"]](n, m, seed=seed)
+    except ValueError as err:
+        raise ValueError(f"setting partitioner={p} (Flower's names; num_clients per rotation "
+                         f"cluster = {m}): {err}") from None
+
+
+def seed_clients(s: dict, i: int) -> list[tuple]:
+    """Seed i's clients: (train x, train y, test x, test y, cluster, noisy) each."""
+    images, labels = load_images(s)
+    turns = default_rotations(s["rotations"])
+    per = s["num_clients"] // s["rotations"]
+    rng = np.random.default_rng([s["seed"], i])
+    clients = []
+    for c, q in enumerate(turns):
+        seed = int(np.random.SeedSequence([s["seed"], i, c]).generate_state(1)[0])
+        for j, idx in enumerate(client_indices(labels, s, seed)):
+            x, y = rotate(images[idx], q), labels[idx].copy()
+            noisy = j >= per - s["noisy_clients"]
+            if noisy:
+                flip = rng.random(len(y)) < s["label_noise"]
+                y[flip] = rng.integers(0, 10, int(flip.sum()))
+            cut = len(y) - int(s["test_fraction"] * len(y))
+            clients.append((x[:cut], y[:cut], x[cut:], y[cut:], c, noisy))
+    return clients
+
+
+def build_problem(s: dict) -> dict:
+    """Train and test clients of every seed, stacked on a leading [seeds] axis."""
+    per_seed = [seed_clients(s, i) for i in range(s["seeds"])]
+    widths = [max(max(len(c[1]) for c in cl), 1) for cl in per_seed]
+    test_widths = [max(max(len(c[3]) for c in cl), 1) for cl in per_seed]
+
+    def stack(part: int, width: int) -> FederatedData:
+        feds = [FederatedData.from_clients([c[part] for c in cl], [c[part + 1] for c in cl],
+                                           [c[4] for c in cl], n_max=width) for cl in per_seed]
+        return stack_seeds(feds)
+
+    first = per_seed[0]
+    return {"train": stack(0, max(widths)), "test": stack(2, max(test_widths)),
+            "cluster": np.array([c[4] for c in first]), "noisy": np.array([c[5] for c in first]),
+            "input_shape": first[0][0].shape[1:]}

