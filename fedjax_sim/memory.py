@@ -5,8 +5,8 @@ and no experiment's settings: callers pass what the estimates need, e.g.
 `local_training=True`).
 
 Clients of a round (`client_chunk`). A round holds the data of all m clients
-(its input) plus, for the clients being processed together, their working memory: gathered data rows, forward
-and backward activations, and, when clients train locally, their own copies
+(its input) plus, for the clients being processed together, their working
+memory: gathered data rows, forward and backward activations, and, when clients train locally, their own copies
 of the model, its gradient, update and optimizer state. The first part does
 not depend on the chunk; the second is linear in it. `estimate_bytes_per_client`
 approximates the second per client, `client_chunk_for_budget` turns a budget
