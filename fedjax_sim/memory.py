@@ -6,13 +6,14 @@ and no experiment's settings: callers pass what the estimates need, e.g.
 
 Clients of a round (`client_chunk`). A round holds the data of all m clients
 (its input) plus, for the clients being processed together, their working
-memory: gathered data rows, forward and backward activations, and, when clients train locally, their own copies
-of the model, its gradient, update and optimizer state. The first part does
-not depend on the chunk; the second is linear in it. `estimate_bytes_per_client`
-approximates the second per client, `client_chunk_for_budget` turns a budget
-into a chunk size, and `choose_client_chunk` does both for a setting.
-`client_chunk_within_machine` adds the check that the round fits this machine,
-and `per_client_models_chunk` bounds per-client models when no budget is set.
+memory: gathered data rows, forward and backward activations, and, when clients
+train locally, their own copies of the model, its gradient, update and optimizer
+state. The first part does not depend on the chunk; the second is linear in it.
+`estimate_bytes_per_client` approximates the second per client,
+`client_chunk_for_budget` turns a budget into a chunk size, and
+`choose_client_chunk` does both for a setting. `client_chunk_within_machine`
+adds the check that the round fits this machine, and `per_client_models_chunk`
+bounds per-client models when no budget is set.
 
 Vmapped copies of a whole run (sweep cells, data seeds): `run_bytes` (one run
 of a model, every client at once) or `linear_fit_bytes` (a hand count for
