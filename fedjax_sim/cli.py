@@ -75,12 +75,14 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--memory-budget", type=float, default=None, metavar="GB",
                        help="memory budget in GiB: the client axis (sweep: seeds) is processed "
                             "in chunks that fit (same as --set memory_budget_gb=GB)")
-        if name == "compare":
-            continue
         p.add_argument("--devices", type=int, default=None,
                        help="devices to shard the clients (sweep: data seeds) over "
-                            "(default: all that divide m)")
-        if name == "sweep":
+                            "(default: all that divide m)" if name != "compare" else
+                            "devices to shard every method's clients over (the client axis "
+                            "of each seed's data; default: all that divide the clients); "
+                            "results equal those on one device up to float summation order, "
+                            "so --resume may change it")
+        if name != "run":
             continue
         p.add_argument("--distributed", action="store_true",
                        help="start JAX's multi-process runtime (jax.distributed.initialize); "
@@ -175,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             out = experiments.sweep_preset(args.preset, args.overrides, args.out,
                                            devices=args.devices, **common)
         else:
-            out = experiments.compare_preset(args.preset, args.overrides, args.out, **common)
+            out = experiments.compare_preset(args.preset, args.overrides, args.out,
+                                             devices=args.devices, **common)
     except experiments.OutputError as err:  # --out refused before anything was written
         _error(f"error: {err.strerror or err}")
         return EXIT_OUTPUT

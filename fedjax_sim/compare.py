@@ -32,10 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 
-from fedjax_sim import logs, simulate, stats
+from fedjax_sim import logs, parallel, simulate, stats
 from fedjax_sim.algorithms.base import Algorithm
+from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.io import read_json, write_json
 
 
@@ -61,6 +63,11 @@ class MethodRun(NamedTuple):
         and hand them to `finals`.
       progress_summary: how a progress line sums up a row over the copies
         (`logs.best_copy` for restarts); None: the mean of the seeds.
+      data_copies: leading copies axes of the client data (`FederatedData`)
+        before its client axis: 1 for a data set per seed ([seeds, m, ...],
+        `stack_seeds`), 0 for one data set every seed shares
+        (`with_seeds(shared_data=True)`). Over several devices the client
+        axis, not the seeds axis, is sharded.
     """
 
     algorithm: Algorithm
@@ -73,6 +80,26 @@ class MethodRun(NamedTuple):
     finals: Callable[[list[dict], dict | None], dict] | None = None
     round_metrics: bool = False
     progress_summary: Callable | None = None
+    data_copies: int = 1
+
+
+def method_clients(spec: MethodRun) -> int:
+    """The number of clients of a method's data (its first `FederatedData`).
+
+    Raises:
+      ValueError: the data holds no FederatedData, or one whose shape does not
+        have `spec.data_copies` copies axes before the client axis.
+    """
+    found = [node for node in jax.tree.leaves(spec.data, is_leaf=_is_clients)
+             if _is_clients(node)]
+    if not found:
+        raise ValueError("a method's data holds no FederatedData (the clients).")
+    counts = [parallel.num_clients(node, spec.data_copies) for node in found]
+    return counts[0]
+
+
+def _is_clients(node) -> bool:
+    return isinstance(node, FederatedData)
 
 
 @dataclass
@@ -205,6 +232,7 @@ def train_method(name: str, spec: MethodRun, seeds: int, *, checkpoint_dir=None,
     timing: dict = {}
     stopped = None
     per_round = None
+    method_clients(spec)  # the declared copies axes match the data, with or without a mesh
     try:
         out = simulate.run(
             spec.algorithm, spec.data, spec.key, rounds=spec.rounds,
@@ -212,6 +240,7 @@ def train_method(name: str, spec: MethodRun, seeds: int, *, checkpoint_dir=None,
             description=name, mesh=mesh, checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every if checkpoint_dir is not None else None,
             resume=resume and checkpoint_dir is not None, copies_axis=True,
+            data_copies_axis=spec.data_copies,
             on_rows=on_rows if spec.seed_rows is None else None, timing=timing,
             progress_summary=spec.progress_summary or logs.mean_of_copies("seeds"),
             round_metrics=spec.round_metrics)
@@ -334,5 +363,5 @@ class MethodsDiverged(RuntimeError):
             + " (left out of means and differences; see per_seed.csv)")
 
 
-__all__ = ["MethodResult", "MethodRun", "MethodsDiverged", "find_divergence", "results_table",
-           "run_methods", "train_method"]
+__all__ = ["MethodResult", "MethodRun", "MethodsDiverged", "find_divergence", "method_clients",
+           "results_table", "run_methods", "train_method"]

@@ -1,11 +1,14 @@
 """Devices and processes: the client axis over a `jax.sharding.Mesh`.
 
 The client axis (and a sweep's seed axis) is laid over a 1-D mesh named
-"clients" with `NamedSharding`; jit places the cross-device reductions (the
-per-cluster sums of `segment_average`, the gradient VJP). There is no
-hand-written communication. Results do not depend on the device count because
-every per-client key is fold_in(key, client id), never a split that depends
-on the layout.
+"clients" with `NamedSharding`. Where copies of a run are stacked in front of
+it (a comparison's [seeds, m, ...]), the caller says how many copies axes there
+are; what is per-client is decided by type (`FederatedData`, an algorithm's
+`client_axes`), never by guessing from shapes. jit places the cross-device
+reductions (the per-cluster sums of `segment_average`, the gradient VJP); there
+is no hand-written communication. Results do not depend on the device count
+(beyond the order of float sums) because every per-client key is fold_in(key,
+client id), never a split that depends on the layout.
 
 Past one machine the same program runs under `jax.distributed.initialize`
 (JAX's own multi-process runtime): each process builds only its share of the
@@ -52,9 +55,12 @@ def replicated(mesh: Mesh) -> NamedSharding:
 
 def check_divisible(num_clients: int, mesh: Mesh, what: str = "m (clients)") -> None:
     if num_clients % mesh.size:
+        available = jax.device_count()
+        allowed = [c for c in range(1, available + 1) if num_clients % c == 0]
         raise ValueError(
             f"{what}={num_clients} must be divisible by the number of devices ({mesh.size}) "
-            f"to shard it; choose --devices dividing it."
+            f"to shard it; choose --devices dividing it (here: "
+            f"{', '.join(map(str, allowed))})."
         )
 
 
@@ -70,25 +76,53 @@ def _is_clients(node) -> bool:
     return isinstance(node, FederatedData)
 
 
-def input_shardings(inputs, mesh: Mesh):
+def axis_sharding(mesh: Mesh, axis: int) -> NamedSharding:
+    """Axis `axis` of an array over the mesh, every other axis whole."""
+    return NamedSharding(mesh, P(*([None] * axis), AXIS))
+
+
+def num_clients(data: FederatedData, copy_axes: int = 0) -> int:
+    """The clients of `data` whose leaves carry `copy_axes` leading copies axes (seeds)
+    before the client axis: [*copies, m, ...].
+
+    Raises:
+      ValueError: `num_examples` is not [*copies, m] (the declared copies axes do not
+        match the data).
+    """
+    if not isinstance(copy_axes, int) or isinstance(copy_axes, bool) or copy_axes < 0:
+        raise ValueError(f"copy_axes must be an integer >= 0; got {copy_axes!r}.")
+    shape = data.num_examples.shape
+    if len(shape) != copy_axes + 1:
+        raise ValueError(
+            f"the client data's num_examples has shape {tuple(shape)}, but {copy_axes} "
+            f"leading copies axes were declared (expected [*copies, m] with "
+            f"{copy_axes + 1} axes): declare as many copies axes as the data was stacked "
+            "with (a data set per seed: 1; one data set every seed shares: 0).")
+    return int(shape[copy_axes])
+
+
+def input_shardings(inputs, mesh: Mesh, copy_axes: int = 0):
     """Per leaf of an algorithm's inputs: client-sharded inside `FederatedData`, else replicated.
 
-    Decided by type: the client data's leaves have the client axis first;
-    anything else (`ServerData`, plain arrays) is replicated.
+    Decided by type: the client data's leaves have the client axis after
+    `copy_axes` leading copies axes (1 for data stacked per seed, as a
+    comparison's methods get it); anything else (`ServerData`, plain arrays)
+    is replicated.
     """
 
     def place(node):
         if _is_clients(node):
-            check_divisible(node.num_clients, mesh)
-            return jax.tree.map(lambda _: client_sharding(mesh), node)
+            check_divisible(num_clients(node, copy_axes), mesh,
+                            "m (clients)" if copy_axes == 0 else "clients")
+            return jax.tree.map(lambda _: axis_sharding(mesh, copy_axes), node)
         return replicated(mesh)
 
     return jax.tree.map(place, inputs, is_leaf=_is_clients)
 
 
-def place_inputs(inputs, mesh: Mesh):
+def place_inputs(inputs, mesh: Mesh, copy_axes: int = 0):
     """An algorithm's inputs placed by `input_shardings`."""
-    return jax.device_put(inputs, input_shardings(inputs, mesh))
+    return jax.device_put(inputs, input_shardings(inputs, mesh, copy_axes))
 
 
 def client_data(inputs) -> FederatedData:
@@ -103,9 +137,7 @@ def state_shardings(client_axes, mesh: Mesh):
     """NamedShardings from an algorithm's `client_axes(state)` (-1: replicated)."""
 
     def spec(axis):
-        if axis < 0:
-            return replicated(mesh)
-        return NamedSharding(mesh, P(*([None] * axis), AXIS))
+        return replicated(mesh) if axis < 0 else axis_sharding(mesh, axis)
 
     return jax.tree.map(spec, client_axes)
 

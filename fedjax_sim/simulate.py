@@ -414,6 +414,7 @@ def run(
     checkpoint_every: int | None = None,
     resume: bool = False,
     copies_axis: bool | int = False,
+    data_copies_axis: int = 0,
     on_rows: Callable[[list[dict]], None] | None = None,
     timing: dict | None = None,
     round_metrics: bool = False,
@@ -463,6 +464,10 @@ def run(
         none): a diverged copy is a failed copy and the run goes on; the run
         diverges only when every copy has. Evaluation values without those
         axes count for every copy.
+      data_copies_axis: the number of leading copies axes of the client data's
+        (`FederatedData`'s) leaves, before the client axis: 1 for data stacked
+        per seed (`with_seeds`), 0 for data every copy shares. Only placement
+        over a mesh reads it: the client axis is sharded, the copies axes are not.
       on_rows: called first with the history so far (the round-0 row, or a
         resumed run's restored rows), then with each new row as soon as it
         exists (before the chunk's checkpoint is written), e.g. to append
@@ -523,7 +528,7 @@ def run(
         every = (eval_every, checkpoint_every)
         checkpoints = RunCheckpoints(checkpoint_dir)
     if mesh is not None:
-        data = parallel.place_inputs(data, mesh)
+        data = parallel.place_inputs(data, mesh, data_copies_axis)
     evaluate = timer.first_call(evaluate or default_evaluate(algorithm, data))
     key_init, key_rounds = jax.random.split(key)
     on_rows = on_rows or (lambda rows: None)

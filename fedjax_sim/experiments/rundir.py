@@ -55,6 +55,8 @@ def _kept(command: str, out_dir: Path) -> str:
         if command == SWEEP:
             rows = len(read_csv(out_dir / "trials.csv"))
             return f"kept in {out_dir}: {rows} trials.csv rows (--resume continues from them)"
+        if not (out_dir / "config.json").exists():  # stopped while loading the data
+            return f"nothing was written to {out_dir}"
         done = sorted(p.stem for p in (out_dir / "methods").glob("*.json"))
         return (f"kept in {out_dir}: the finished methods {', '.join(done)} (methods/*.json)"
                 if done else f"no method had finished; {out_dir} holds only its config.json")

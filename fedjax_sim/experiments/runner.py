@@ -81,7 +81,7 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN,
     return settings
 
 
-def choose_mesh(devices: int | None, num_clients: int | None = None):
+def choose_mesh(devices: int | None, num_clients: int | None = None, what: str = "m (clients)"):
     """The mesh for a run: `devices` devices, or automatically every device.
 
     Automatic choice (devices None) on one process: the most devices that
@@ -95,7 +95,7 @@ def choose_mesh(devices: int | None, num_clients: int | None = None):
         return parallel.make_mesh(available) if available > 1 else None
     mesh = parallel.make_mesh(devices)
     if num_clients is not None:
-        parallel.check_divisible(num_clients, mesh)
+        parallel.check_divisible(num_clients, mesh, what)
     return mesh if devices > 1 or jax.process_count() > 1 else None
 
 
@@ -297,6 +297,10 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
     evaluated round of every seed), metrics.csv (per method, averaged over the
     seeds that did not diverge), comparison.png and the experiment's plots.
 
+    devices: devices to shard every method's client axis over (None: all that
+    divide the clients); it changes results only in the order of float sums, so
+    it is no setting and a resume may change it (config.json's mesh_devices).
+
     Raises:
       compare.MethodsDiverged: a method diverged in some seed, after every
         output is written (exit code 3).
@@ -307,6 +311,8 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
     if isinstance(overrides, list):
         overrides = parse_assignments(overrides)
     settings = resolve_settings(preset, overrides, COMPARE, base)
+    if devices is not None:
+        parallel.make_mesh(devices)  # a count JAX lacks: refused before anything is written
     out_dir = Path(out_dir) if out_dir else default_out_dir(f"{preset.name}-compare")
     primary = parallel.is_primary()
     methods = tuple(experiment.compared(settings))
@@ -318,13 +324,20 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
         record["resumed"] = [*previous.get("resumed", []), _now()]
     else:
         _prepare_out(out_dir, COMPARE)
+    problem = experiment.problem(settings)
+    builds = {m: functools.partial(experiment.method_run, m, settings, problem) for m in methods}
+    # The mesh shards the client axis of the methods' data (after its seeds axis, where the
+    # data has one): the clients are counted, and --devices checked, before config.json.
+    first = builds[methods[0]]()
+    builds[methods[0]] = lambda: first
+    mesh = choose_mesh(devices, compare.method_clients(first), "clients")
+    record["mesh_devices"] = 1 if mesh is None else mesh.size
     if primary:
         write_json(out_dir / "config.json", record)
-    problem = experiment.problem(settings)
     results = compare.run_methods(
-        {m: functools.partial(experiment.method_run, m, settings, problem) for m in methods},
-        settings["seeds"], out_dir, resume=resume,
-        checkpoint_every=settings.get("checkpoint_every"), progress=progress, primary=primary)
+        builds, settings["seeds"], out_dir, resume=resume,
+        checkpoint_every=settings.get("checkpoint_every"), progress=progress, primary=primary,
+        mesh=mesh)
     if primary:
         _write_comparison(preset, settings, problem, results, out_dir, tensorboard)
     if any(r.diverged_seeds for r in results.values()):

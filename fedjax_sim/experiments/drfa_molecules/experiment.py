@@ -137,7 +137,7 @@ class DRFAExperiment(Experiment):
                          stream_key(s["seed"], ROUNDS), s["rounds"],
                          metrics_fn(algorithm, problem, s["weighting"] if name == "fedavg"
                                      else None if name == "qffl" else "uniform"),
-                         s["eval_every"])
+                         s["eval_every"], data_copies=0 if problem.shared else 1)
 
     def table(self, s: dict) -> list[str]:
         return final_metrics(s)
