@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.data.federated import ClientSource, is_client_source
 
 AXIS = "clients"
 
@@ -66,21 +66,25 @@ def shard_clients(tree, mesh: Mesh):
     return jax.device_put(tree, client_sharding(mesh))
 
 
-def _is_clients(node) -> bool:
-    return isinstance(node, FederatedData)
+_is_clients = is_client_source
 
 
 def input_shardings(inputs, mesh: Mesh):
-    """Per leaf of an algorithm's inputs: client-sharded inside `FederatedData`, else replicated.
+    """Per leaf of an algorithm's inputs: client-sharded inside client data, else replicated.
 
-    Decided by type: the client data's leaves have the client axis first;
-    anything else (`ServerData`, plain arrays) is replicated.
+    Decided by type: a `ClientSource` (FederatedData, ClientViews,
+    GeneratedClients) says which of its leaves are per-client (`placement`:
+    all of FederatedData's; a view's indices, not its shared base); anything
+    else (`ServerData`, plain arrays) is replicated.
     """
 
     def place(node):
         if _is_clients(node):
-            check_divisible(node.num_clients, mesh)
-            return jax.tree.map(lambda _: client_sharding(mesh), node)
+            per_client = node.placement()
+            if any(jax.tree.leaves(per_client)):
+                check_divisible(node.num_clients, mesh)
+            return jax.tree.map(
+                lambda p: client_sharding(mesh) if p else replicated(mesh), per_client)
         return replicated(mesh)
 
     return jax.tree.map(place, inputs, is_leaf=_is_clients)
@@ -91,8 +95,8 @@ def place_inputs(inputs, mesh: Mesh):
     return jax.device_put(inputs, input_shardings(inputs, mesh))
 
 
-def client_data(inputs) -> FederatedData:
-    """The (first) `FederatedData` inside an algorithm's inputs."""
+def client_data(inputs) -> ClientSource:
+    """The (first) client data (a `ClientSource`, e.g. FederatedData) in an algorithm's inputs."""
     found = [n for n in jax.tree.leaves(inputs, is_leaf=_is_clients) if _is_clients(n)]
     if not found:
         raise ValueError("the algorithm's inputs hold no FederatedData.")
