@@ -357,7 +357,15 @@ class ClientViews(ClientSource):
             cols = self.maps[transform]  # [c, F]
             x = flat.at[rows[:, :, None], cols[:, None, :]].get(mode="fill", fill_value=0)
             x = x.reshape(rows.shape + self.base_x.shape[1:])
-        return FederatedData(x=x, y=rows_of(self.base_y), num_examples=count, cluster=cluster)
+        # The rows as a buffer of their own, as a stored copy's chunk is: fused into its
+        # consumers, the gather would let XLA reorder their sums (a loss 1 ulp off).
+        x, y = jax.lax.optimization_barrier((x, rows_of(self.base_y)))
+        return FederatedData(x=x, y=y, num_examples=count, cluster=cluster)
+
+    def materialize(self) -> FederatedData:
+        # The per-client leaves as they are (no gather by 0..m-1): on a mesh the rows
+        # then stay where the indices live, as a stored copy's would.
+        return self.gather(self.client_leaves(), None)
 
     def subset(self, ids) -> ClientViews:
         """The clients `ids` ([s] ints) as views of the same base: nothing is gathered."""
