@@ -20,11 +20,10 @@ setting, so a seed still gives the same numbers run after run.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 
-from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.data.federated import is_client_source
 
 YNN_MIN_FEATURES = 64
 _YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
@@ -59,16 +58,12 @@ def feature_size(data) -> int | None:
     `data` may be a FederatedData or any pytree holding one (an algorithm's
     inputs); None when there is none.
     """
-    def is_clients(node):
-        return isinstance(node, FederatedData)
-
-    found = [n for n in jax.tree.leaves(data, is_leaf=is_clients) if is_clients(n)]
+    found = [n for n in jax.tree.leaves(data, is_leaf=is_client_source) if is_client_source(n)]
     if not found:
         return None
-    # num_examples is [m], or [copies..., m] under with_seeds / with_restarts of the data:
-    # its shape is the prefix before each leaf's example axis.
-    batch = len(found[0].num_examples.shape) + 1
-    return sum(math.prod(a.shape[batch:]) for a in jax.tree.leaves(found[0].x))
+    # Views and generated clients count what their rows will hold, so they get the
+    # copies' compiler options (and the copies' numbers).
+    return found[0].features_per_example()
 
 
 @functools.lru_cache(maxsize=64)

@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.data.federated import ClientSource, is_client_source
 
 AXIS = "clients"
 
@@ -72,8 +72,7 @@ def shard_clients(tree, mesh: Mesh):
     return jax.device_put(tree, client_sharding(mesh))
 
 
-def _is_clients(node) -> bool:
-    return isinstance(node, FederatedData)
+_is_clients = is_client_source
 
 
 def axis_sharding(mesh: Mesh, axis: int) -> NamedSharding:
@@ -81,7 +80,7 @@ def axis_sharding(mesh: Mesh, axis: int) -> NamedSharding:
     return NamedSharding(mesh, P(*([None] * axis), AXIS))
 
 
-def num_clients(data: FederatedData, copy_axes: int = 0) -> int:
+def num_clients(data: ClientSource, copy_axes: int = 0) -> int:
     """The clients of `data` whose leaves carry `copy_axes` leading copies axes (seeds)
     before the client axis: [*copies, m, ...].
 
@@ -102,19 +101,24 @@ def num_clients(data: FederatedData, copy_axes: int = 0) -> int:
 
 
 def input_shardings(inputs, mesh: Mesh, copy_axes: int = 0):
-    """Per leaf of an algorithm's inputs: client-sharded inside `FederatedData`, else replicated.
+    """Per leaf of an algorithm's inputs: client-sharded inside client data, else replicated.
 
-    Decided by type: the client data's leaves have the client axis after
-    `copy_axes` leading copies axes (1 for data stacked per seed, as a
-    comparison's methods get it); anything else (`ServerData`, plain arrays)
-    is replicated.
+    Decided by type: a `ClientSource` (FederatedData, ClientViews,
+    GeneratedClients) says which of its leaves are per-client (`placement`:
+    all of FederatedData's; a view's indices, not its shared base); those
+    have the client axis after `copy_axes` leading copies axes (1 for data
+    stacked per seed, as a comparison's methods get it). Anything else
+    (`ServerData`, plain arrays) is replicated.
     """
 
     def place(node):
         if _is_clients(node):
-            check_divisible(num_clients(node, copy_axes), mesh,
-                            "m (clients)" if copy_axes == 0 else "clients")
-            return jax.tree.map(lambda _: axis_sharding(mesh, copy_axes), node)
+            per_client = node.placement()
+            if any(jax.tree.leaves(per_client)):
+                check_divisible(num_clients(node, copy_axes), mesh,
+                                "m (clients)" if copy_axes == 0 else "clients")
+            return jax.tree.map(
+                lambda p: axis_sharding(mesh, copy_axes) if p else replicated(mesh), per_client)
         return replicated(mesh)
 
     return jax.tree.map(place, inputs, is_leaf=_is_clients)
@@ -125,8 +129,8 @@ def place_inputs(inputs, mesh: Mesh, copy_axes: int = 0):
     return jax.device_put(inputs, input_shardings(inputs, mesh, copy_axes))
 
 
-def client_data(inputs) -> FederatedData:
-    """The (first) `FederatedData` inside an algorithm's inputs."""
+def client_data(inputs) -> ClientSource:
+    """The (first) client data (a `ClientSource`, e.g. FederatedData) in an algorithm's inputs."""
     found = [n for n in jax.tree.leaves(inputs, is_leaf=_is_clients) if _is_clients(n)]
     if not found:
         raise ValueError("the algorithm's inputs hold no FederatedData.")

@@ -7,11 +7,7 @@ import warnings
 import jax
 import numpy as np
 
-from fedjax_sim.data.federated import FederatedData
-
-
-def _is_clients(node) -> bool:
-    return isinstance(node, FederatedData)
+from fedjax_sim.data.federated import is_client_source as _is_clients
 
 
 def check_run_inputs(data) -> None:
@@ -31,6 +27,8 @@ def check_run_inputs(data) -> None:
             f"pytree holding one beside ServerData; got {type(data).__name__}."
         )
     for clients in found:
+        if clients.never_empty:  # generated clients: num_examples would be an [m] broadcast
+            continue
         counts = clients.num_examples
         if isinstance(counts, jax.core.Tracer) or not getattr(counts, "is_fully_addressable",
                                                                True):

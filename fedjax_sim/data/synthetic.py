@@ -4,6 +4,11 @@ Protocol of the official code (jichan3751/ifca, synthetic/), docs/protocols.md#i
 θ*_j = R · Bernoulli(0.5)^d; machine i belongs to cluster i // (m/k) (contiguous,
 equal clusters); X ~ N(0, 1); y = X θ*_c(i) + N(0, σ²). The generator is a pure
 JAX function of a key, so a sweep can build many data seeds inside one `vmap`.
+
+`generated_mixture` gives the same clients as `GeneratedClients`: nothing
+per client is stored; a round draws each cohort chunk's rows from the
+clients' keys when it trains them, so a round over m clients holds O(chunk)
+data (and `take(ids)` equals `linear_mixture(...).train.take(ids)`).
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
-from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.data.federated import ClientSource, FederatedData
 
 
 class LinearMixture(NamedTuple):
@@ -139,6 +145,114 @@ def _linear_mixture(key, *, k, m, n, d, sigma, R, n_test, client_ids):
     train = _clients(keys(k_train), ids, theta_star, m, n, sigma)
     test = _clients(keys(k_test), ids, theta_star, m, max(n_test, 1), sigma)
     return LinearMixture(train, test, theta_star)
+
+
+@struct.dataclass
+class GeneratedClients(ClientSource):
+    """Clients of the linear mixture drawn when a round needs them, never stored.
+
+    Client i's rows come from fold_in(key, i) and its cluster is i // (m/k),
+    as in `linear_mixture`. Per-client arrays (num_examples, cluster, active)
+    are computed broadcasts; the pytree's leaves are the key, θ* and σ, all
+    shared (replicated over devices).
+
+    Attributes:
+      key: the stream key of the split (`linear_mixture`'s k_train or k_test).
+      theta_star: [k, d] the cluster models.
+      sigma: the noise standard deviation (may be traced).
+      m, n: static clients and examples per client.
+    """
+
+    key: jax.Array
+    theta_star: jax.Array
+    sigma: jax.Array
+    m: int = struct.field(pytree_node=False)
+    n: int = struct.field(pytree_node=False)
+
+    never_empty = True
+
+    @property
+    def num_clients(self) -> int:
+        return self.m
+
+    @property
+    def max_examples(self) -> int:
+        return self.n
+
+    @property
+    def num_examples(self) -> jax.Array:
+        """[m] int32, n for every client."""
+        return jnp.full((self.m,), self.n, jnp.int32)
+
+    @property
+    def cluster(self) -> jax.Array:
+        """[m] int32 ground-truth clusters, i // (m/k)."""
+        return _cluster_of(jnp.arange(self.m), self.m, self.theta_star.shape[0])
+
+    @property
+    def x(self) -> jax.Array:
+        """Every client's features ([m, n, d], drawn: O(m) memory)."""
+        return self.materialize().x
+
+    @property
+    def y(self) -> jax.Array:
+        """Every client's targets ([m, n], drawn: O(m) memory)."""
+        return self.materialize().y
+
+    def active(self) -> jax.Array:
+        return jnp.ones((self.m,), bool)
+
+    def mask(self) -> jax.Array:
+        return jnp.ones((self.m, self.n), jnp.float32)
+
+    def client_leaves(self):
+        return ()
+
+    def gather(self, leaves, ids) -> FederatedData:
+        del leaves
+        ids = jnp.asarray(ids)
+        return _draw(self.key, ids, self.theta_star, self.sigma, m=self.m, n=self.n)
+
+    def placement(self) -> GeneratedClients:
+        return self.replace(key=False, theta_star=False, sigma=False)
+
+    def features_per_example(self) -> int:
+        return self.theta_star.shape[-1]
+
+
+@functools.partial(jax.jit, static_argnames=("m", "n"))
+def _draw(key, ids, theta_star, sigma, *, m, n):
+    # Jitted even when called eagerly: `linear_mixture` draws its clients inside
+    # a jit, and XLA's fused einsum rounds y differently from the eager one.
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(ids)
+    return _clients(keys, ids, theta_star, m, n, sigma)
+
+
+def _cluster_of(ids, m, k):
+    return (ids // (m // k)).astype(jnp.int32)
+
+
+def generated_mixture(key, *, k: int, m: int, n: int, d: int, sigma, R, n_test: int = 0):
+    """`linear_mixture`'s problem as generated clients: the same rows, none stored.
+
+    Args and checks as `linear_mixture` (without client_ids).
+
+    Returns:
+      LinearMixture(train, test: GeneratedClients, theta_star [k, d]);
+      `train.take(ids)` equals `linear_mixture(key, ...).train.take(ids)`.
+    """
+    check_mixture_settings(k, m, n, d, 0.0, 0.0, n_test=n_test)
+    _check_traceable(m, sigma, R, None)
+    k_theta, k_train, k_test = jax.random.split(key, 3)
+    theta_star = R * _theta_bits(k_theta, k, d)
+    sigma = jnp.asarray(sigma, jnp.float32)
+    return LinearMixture(GeneratedClients(k_train, theta_star, sigma, m, n),
+                         GeneratedClients(k_test, theta_star, sigma, m, max(n_test, 1)),
+                         theta_star)
+
+
+def _theta_bits(key, k, d):
+    return jax.random.bernoulli(key, 0.5, (k * d,)).astype(jnp.float32).reshape(k, d)
 
 
 def bernoulli_init(key, k: int, d: int) -> jax.Array:

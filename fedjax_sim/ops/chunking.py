@@ -1,9 +1,51 @@
-"""The client axis in chunks: peak memory O(chunk × model size), not O(m × model size)."""
+"""The client axis in chunks: peak memory O(chunk × model size), not O(m × model size).
+
+Client data may be a `ClientSource` that is not stored copies (views into a
+shared dataset, generated clients): a chunk then slices only the source's
+per-client leaves and builds its own rows from them (`ClientSource.gather`),
+so the rows of a round exist for one chunk at a time.
+"""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from fedjax_sim.data.federated import is_client_source
+
+
+def split_sources(clients):
+    """(parts, rebuild, m) for a pytree of per-client values that may hold client sources.
+
+    `parts` is `clients` (as a list of nodes) with each ClientSource replaced
+    by its per-client leaves (all leaves [m, ...]); `rebuild(parts_at_ids,
+    ids)` gives back `clients` with each source's `FederatedData` at `ids`.
+    m is the clients' number (from a source where there is one: a generated
+    source has no per-client leaves).
+    """
+    nodes, treedef = jax.tree.flatten(clients, is_leaf=is_client_source)
+    parts = [n.client_leaves() if is_client_source(n) else n for n in nodes]
+    sources = [n for n in nodes if is_client_source(n)]
+    m = sources[0].num_clients if sources else jax.tree.leaves(parts)[0].shape[0]
+
+    def rebuild(parts_at, ids):
+        return treedef.unflatten([
+            n.gather(p, ids) if is_client_source(n) else p
+            for n, p in zip(nodes, parts_at, strict=True)])
+
+    return parts, rebuild, m
+
+
+def take_clients(clients, ids):
+    """Per-client values (leaves [m, ...], client sources) at `ids` ([s]), sources as rows."""
+    parts, rebuild, _ = split_sources(clients)
+    return rebuild(jax.tree.map(lambda a: a[ids], parts), ids)
+
+
+def materialize(clients):
+    """`clients` with every client source replaced by all its clients' FederatedData."""
+    return jax.tree.map(lambda n: n.materialize() if is_client_source(n) else n, clients,
+                        is_leaf=is_client_source)
 
 
 def check_client_chunk(client_chunk) -> None:
@@ -54,6 +96,9 @@ def scan_client_chunks(fn, carry, clients, client_chunk: int):
     JAX sees one device or several, so chunked runs on 2, 4, ... devices give
     the same numbers, and a 1-device run the same up to float summation order.
 
+    Client sources inside `clients` are chunked by their per-client leaves
+    and reach `fn` as the chunk's FederatedData (`split_sources`).
+
     Args:
       fn: (carry, part, valid) -> (carry, out). `part` is `clients` with
         leaves [c, ...] (c <= min(client_chunk, m), see `_chunk_layout`);
@@ -66,7 +111,7 @@ def scan_client_chunks(fn, carry, clients, client_chunk: int):
     Returns:
       (final carry, outputs with leaves [m, ...]).
     """
-    m = jax.tree.leaves(clients)[0].shape[0]
+    clients, rebuild, m = split_sources(clients)
     chunk, num_chunks = _chunk_layout(m, client_chunk)
     # Strided chunks only pay where a client axis can be sharded. On one
     # device a contiguous chunk gathered by index ran the IFCA round 1.3–2.5×
@@ -94,13 +139,18 @@ def scan_client_chunks(fn, carry, clients, client_chunk: int):
     else:
 
         def take(t):
-            idx = jnp.minimum(clients_of(t), m - 1)
-            return jax.tree.map(lambda a: a[idx], clients)
+            return jax.tree.map(lambda a: a[ids_of(t)], clients)
+
+    def ids_of(t):  # padding positions repeat the last client
+        return jnp.minimum(clients_of(t), m - 1)
+
+    def part_of(t):  # a source's rows are gathered (or drawn) here, one chunk at a time
+        return rebuild(take(t), ids_of(t))
 
     # The outputs go straight to their places in a grid-shaped buffer (a view
     # of [m, ...]): with strided chunks, scan's own [S, c, ...] stacking would
     # need a transposed copy of every output at the end.
-    part_shape = jax.eval_shape(take, 0)
+    part_shape = jax.eval_shape(part_of, 0)
     valid_shape = jax.ShapeDtypeStruct((chunk,), jnp.bool_)
     _, out_shape = jax.eval_shape(fn, carry, part_shape, valid_shape)
 
@@ -112,7 +162,7 @@ def scan_client_chunks(fn, carry, clients, client_chunk: int):
 
     def body(state, t):
         carry, outs = state
-        carry, out = fn(carry, take(t), clients_of(t) < m)
+        carry, out = fn(carry, part_of(t), clients_of(t) < m)
         outs = jax.tree.map(
             lambda buf, o: jax.lax.dynamic_update_index_in_dim(buf, o, t, axis=axis), outs, out
         )
@@ -129,12 +179,13 @@ def map_client_chunks(fn, clients, client_chunk: int | None):
     Args:
       fn: part -> per-client outputs (leaves [c, ...]), for any number c of
         clients; padding clients' outputs are discarded.
-      clients: pytree, leaves [m, ...].
+      clients: pytree, leaves [m, ...] and client sources (which `fn` sees
+        as FederatedData).
 
     Returns:
       fn(clients), computed chunk by chunk when client_chunk is set.
     """
     if client_chunk is None:
-        return fn(clients)
+        return fn(materialize(clients))
     _, outs = scan_client_chunks(lambda c, part, _: (c, fn(part)), (), clients, client_chunk)
     return outs

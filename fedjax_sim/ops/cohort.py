@@ -9,7 +9,8 @@ its paper's pseudocode; the plumbing lives here, once:
   keys, so its two copies train differently, and keys do not depend on how
   clients are laid over devices;
 - gathering the cohort's rows (`take`, and `put` to write per-client state
-  back);
+  back); client data may be any `ClientSource` (stored copies, views into a
+  shared dataset, generated clients), whose rows are built here, per chunk;
 - processing the cohort in chunks under a memory budget (a `lax.scan` over
   chunks, padding the last one, strided chunks on a device mesh, see
   `chunking.scan_client_chunks`), accumulating additive sums so m trained
@@ -25,8 +26,8 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.ops.chunking import scan_client_chunks
+from fedjax_sim.data.federated import ClientSource, FederatedData
+from fedjax_sim.ops.chunking import materialize, scan_client_chunks, take_clients
 from fedjax_sim.ops.local_update import client_keys
 from fedjax_sim.ops.sampling import sample_uniform, sample_weighted
 
@@ -76,10 +77,14 @@ def sample_cohort(key, num_clients: int, size: int, *, weights=None) -> Cohort:
 
 
 def take(cohort: Cohort, per_client):
-    """Per-client values (leaves [m, ...]) of the cohort's slots ([s, ...])."""
+    """Per-client values (leaves [m, ...]) of the cohort's slots ([s, ...]).
+
+    A client source among them (views, generated clients) comes back as the
+    slots' FederatedData.
+    """
     if cohort.everyone:
-        return per_client
-    return jax.tree.map(lambda a: a[cohort.ids], per_client)
+        return materialize(per_client)
+    return take_clients(per_client, cohort.ids)
 
 
 def put(cohort: Cohort, per_client, values):
@@ -117,7 +122,7 @@ class CohortBatch:
     real: jax.Array
 
 
-def cohort_sums(client_step, data: FederatedData, cohort: Cohort, *, inputs=(),
+def cohort_sums(client_step, data: ClientSource, cohort: Cohort, *, inputs=(),
                 client_chunk: int | None = None):
     """Runs `client_step` over the cohort and adds up what it returns.
 
@@ -125,7 +130,9 @@ def cohort_sums(client_step, data: FederatedData, cohort: Cohort, *, inputs=(),
       client_step: CohortBatch -> (sums, outputs): `sums` adds over clients
         (per-cluster totals, weights) and has the same shapes for any number
         of clients; `outputs` is a pytree of per-slot values (leaves [c, ...]).
-      data: all m clients.
+      data: all m clients: FederatedData, or any ClientSource (ClientViews,
+        GeneratedClients), whose rows are then built per chunk, so only a
+        chunk's rows exist at once.
       cohort: from `sample_cohort`.
       inputs: per-slot values for the step (leaves [s, ...]), e.g.
         `take(cohort, state.assignment)`.
