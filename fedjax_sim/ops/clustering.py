@@ -13,8 +13,6 @@ from fedjax_sim.models.core import Model, client_loss, combine, masked_mean
 from fedjax_sim.ops import linear
 from fedjax_sim.ops.chunking import map_client_chunks
 
-ARGMIN_UNROLL_MAX = 32  # `assign_clusters` selects column by column up to this many clusters
-
 
 def _stacked_losses(model: Model, shared):
     """(cluster_params [k, ...], x, y, num_examples) -> [m, k] losses, for m clients."""
@@ -118,19 +116,15 @@ def assign_clusters(losses: jax.Array) -> jax.Array:
     diverged cluster model is never chosen over a finite one.
     """
     safe = jnp.where(jnp.isnan(losses), jnp.inf, losses)
+    # argmin as two plain reductions, the minimum and then the first column holding it:
+    # XLA:CPU emits argmin as a variadic (value, index) reduce, a scalar loop that took
+    # 2/3 of the traced kernel time of a (10³, 10, 10, 4) IFCA round. (A running minimum
+    # over the columns, elementwise, was worse: XLA fused it into every consumer, the
+    # gradient's loop over X among them, and recomputed it per element.)
     k = safe.shape[-1]
-    if k > ARGMIN_UNROLL_MAX:
-        return jnp.argmin(safe, axis=-1).astype(jnp.int32)
-    # A running minimum over the k columns (strict <: ties keep the lower index, as argmin).
-    # XLA:CPU emits argmin as a variadic (value, index) reduce, a scalar loop: 2/3 of the
-    # traced kernel time of a (10³, 10, 10, 4) IFCA round. The k − 1 selects fuse into the
-    # elementwise loops that read the losses.
-    best, choice = safe[..., 0], jnp.zeros(safe.shape[:-1], jnp.int32)
-    for j in range(1, k):
-        better = safe[..., j] < best
-        best = jnp.where(better, safe[..., j], best)
-        choice = jnp.where(better, jnp.int32(j), choice)
-    return choice
+    best = jnp.min(safe, axis=-1, keepdims=True)
+    columns = jnp.arange(k, dtype=jnp.int32)
+    return jnp.min(jnp.where(safe == best, columns, jnp.int32(k)), axis=-1)
 
 
 def cosine_similarity(vectors: jax.Array, eps: float = 1e-12) -> jax.Array:
