@@ -22,7 +22,9 @@ the median and quartiles of the per-block new/old ratios. The sweep cell
 restarts × 300 iterations, one data seed per call) alternates old/new `--cell-seeds`
 times after a warm-up call each (compile_s is that call minus the median). Both
 checkouts' rounds start from the same data and state, and the script checks that they
-give the same assignments and cluster params to 1e-5 before timing.
+give the same assignments and cluster params to 1e-5 before timing. Each row runs a
+stream probe (`harness.stream_bandwidth`) first and states both arms as
+`fraction_of_stream` (`harness.linear_round_bytes` per round over it).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ def chained(compiled, state, data, keys, rounds):
 
 
 def bench_rounds(libs, m, n, d, k, blocks, rounds, log):
+    probe = harness.stream_bandwidth()  # this row's ceiling, measured beside it
     built = {arm: compiled_round(lib, m, n, d, k) for arm, lib in libs.items()}
     (c_old, _, s0, data_old, keys), (c_new, _, s0n, data_new, _) = built["old"], built["new"]
     old1, _ = c_old(s0, data_old, keys[0])
@@ -105,10 +108,15 @@ def bench_rounds(libs, m, n, d, k, blocks, rounds, log):
                                          "block_ratio_q1", "block_ratio_q3")},
         "compile_s": {arm: b_[1] for arm, b_ in built.items()},
         "verified_equal": True, "max_abs_param_diff": diff,
+        "stream_GBps": probe["stream_GBps"],
+        **{f"{arm}_fraction_of_stream": harness.linear_round_bytes(m, n, d) / seconds
+           / (probe["stream_GBps"] * 1e9) for arm, seconds in (("old", old_s), ("new", new_s))},
     }
     log(f"  {(m, n, d, k)}: old {old_s * 1e6:.1f} µs, new {new_s * 1e6:.1f} µs, new/old "
         f"{row['new_over_old']:.3f} (blocks: median {row['block_ratio_median']:.3f}, "
-        f"IQR {row['block_ratio_q1']:.3f}–{row['block_ratio_q3']:.3f})")
+        f"IQR {row['block_ratio_q1']:.3f}–{row['block_ratio_q3']:.3f}); stream "
+        f"{probe['stream_GBps']:.1f} GB/s, fraction old {row['old_fraction_of_stream']:.3f} "
+        f"new {row['new_fraction_of_stream']:.3f}")
     return row
 
 
