@@ -17,7 +17,6 @@ evaluation is printed too (temp bytes: the working memory XLA allocates).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import resource
 import sys
@@ -106,7 +105,6 @@ def main(argv=None):
         with Phase(f"{name}: evaluation at the last round"):
             spec.evaluate(state)
         del state, init, compiled, lowered
-        gc.collect()  # as `simulate.run` does when it closes its checkpoints
     total = {"phase": "total", "wall_s": round(time.perf_counter() - wall0, 2),
              "cpu_s": round(time.process_time() - cpu0, 2), "peak_rss_gb": round(peak_gb(), 2)}
     ROWS.append(total)

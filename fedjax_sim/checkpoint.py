@@ -56,7 +56,6 @@ device, and come back on this process's first device.
 from __future__ import annotations
 
 import errno
-import gc
 import json
 import logging
 import os
@@ -609,11 +608,6 @@ class RunCheckpoints:
         finally:
             self._manager.close()
             self._manager = None
-            # orbax's manager, handlers and futures reference one another, and with them
-            # the host copies of the last save (on a CPU, views of the state's own
-            # buffers): without a collection now they would keep a finished run's state
-            # alive until the cycle collector next runs, beside the next run's.
-            gc.collect()
 
     def __enter__(self):
         return self
