@@ -116,7 +116,7 @@ def _compiled_scan(data, donate_state: bool = False):
 def _fresh_copy(tree):
     """Every leaf copied into new buffers, with its sharding: a chunk may then donate the
     copy while the host still reads the original (a checkpoint being written)."""
-    return jax.tree.map(lambda x: jax.device_put(x, may_alias=False), tree)
+    return jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), tree)
 
 
 @functools.partial(jax.jit, static_argnames=("lead",))
