@@ -93,7 +93,9 @@ def main(argv=None):
         with Phase(f"{name}: evaluation at round 0 (with compile)"):
             spec.evaluate(state)
         with Phase(f"{name}: round compile"):
-            lowered = simulate._compiled_scan(data).lower(alg, state, data, key_rounds, 0, 1)
+            # Donating its input state, as `simulate.run`'s chunks do.
+            lowered = simulate._compiled_scan(data, donate_state=True).lower(
+                alg, state, data, key_rounds, 0, 1)
             compiled = lowered.compile()
         print(f"  round temp {temp_gb(compiled)} GB", flush=True)
         with Phase(f"{name}: {spec.rounds} rounds"):

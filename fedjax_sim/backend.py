@@ -67,11 +67,14 @@ def feature_size(data) -> int | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _jitted(fun, options: tuple, static_argnames: tuple):
-    return jax.jit(fun, static_argnames=static_argnames, compiler_options=dict(options) or None)
+def _jitted(fun, options: tuple, static_argnames: tuple, donate_argnames: tuple = ()):
+    return jax.jit(fun, static_argnames=static_argnames, donate_argnames=donate_argnames,
+                   compiler_options=dict(options) or None)
 
 
-def jit(fun, feature_size: int | None, static_argnames: tuple[str, ...] = ()):
-    """`jax.jit(fun)` with `compiler_options(feature_size)`; cached per options."""
+def jit(fun, feature_size: int | None, static_argnames: tuple[str, ...] = (),
+        donate_argnames: tuple[str, ...] = ()):
+    """`jax.jit(fun)` with `compiler_options(feature_size)`; cached per options (and per
+    the arguments whose buffers the call may reuse, `donate_argnames`)."""
     options = tuple(sorted(compiler_options(feature_size).items()))
-    return _jitted(fun, options, tuple(static_argnames))
+    return _jitted(fun, options, tuple(static_argnames), tuple(donate_argnames))

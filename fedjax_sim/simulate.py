@@ -14,6 +14,12 @@ dispatched before the host appends the rows, draws the progress and starts
 the checkpoint, so the rounds run while it does; checkpoints are written in the
 background (`checkpoint.RunCheckpoints`) and metrics.csv rows are fsynced once
 per checkpoint, before it, not once per row (`io.sync_appended`).
+
+Each chunk donates its input state (`scan_rounds(..., donate_state=True)`): its
+output reuses those buffers, so a run holds one state, not two, while its rounds
+run. What the host still reads of a state once the next chunk is dispatched is
+kept apart: the evaluation row is on the host before, and a state that is being
+checkpointed is saved as it is while the next chunk runs on a copy of it.
 """
 
 from __future__ import annotations
@@ -80,7 +86,8 @@ def _scan_rounds(algorithm: Algorithm, state, data, round_key, start, length: in
     return jax.lax.scan(body, state, start + jnp.arange(length))
 
 
-def scan_rounds(algorithm: Algorithm, state, data, round_key, start, length: int):
+def scan_rounds(algorithm: Algorithm, state, data, round_key, start, length: int, *,
+                donate_state: bool = False):
     """Rounds start, ..., start + length − 1 as one jit-compiled `lax.scan`: the one loop of rounds.
 
     Round t's key is fold_in(round_key, t). `simulate.run`, sweep cells,
@@ -88,17 +95,28 @@ def scan_rounds(algorithm: Algorithm, state, data, round_key, start, length: int
     with `backend.compiler_options` for the data's feature size; inside an
     enclosing jit/vmap (a sweep cell) it is simply traced.
 
+    donate_state: the call may reuse the input state's buffers for its output
+      (`jax.jit(donate_argnames=...)`), so the two never coexist: the caller
+      must not use `state` afterwards (its arrays are deleted).
+
     Returns (state, metrics of every round stacked on a leading [length] axis).
     """
     if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((state, data, round_key))):
         return _scan_rounds(algorithm, state, data, round_key, start, length)
-    return _compiled_scan(data)(algorithm, state, data, round_key, start, length)
+    return _compiled_scan(data, donate_state)(algorithm, state, data, round_key, start, length)
 
 
-def _compiled_scan(data):
+def _compiled_scan(data, donate_state: bool = False):
     return backend.jit(
-        _scan_rounds, backend.feature_size(data), static_argnames=("algorithm", "length")
+        _scan_rounds, backend.feature_size(data), static_argnames=("algorithm", "length"),
+        donate_argnames=("state",) if donate_state else (),
     )
+
+
+def _fresh_copy(tree):
+    """Every leaf copied into new buffers, with its sharding: a chunk may then donate the
+    copy while the host still reads the original (a checkpoint being written)."""
+    return jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), tree)
 
 
 @functools.partial(jax.jit, static_argnames=("lead",))
@@ -299,17 +317,20 @@ class _Timer:
 
     def lower(self, algorithm, state, data, round_key, start, length):
         """The chunk of `length` rounds traced and lowered, once per length (timed as
-        compilation); its `out_info` gives the round metrics' shapes."""
+        compilation); its `out_info` gives the round metrics' shapes. The chunk donates
+        its input state: the state it returns reuses those buffers."""
         lowered = self._lowered.get(length)
         if lowered is None:
             t0 = time.perf_counter()
-            lowered = _compiled_scan(data).lower(algorithm, state, data, round_key, start, length)
+            lowered = _compiled_scan(data, donate_state=True).lower(
+                algorithm, state, data, round_key, start, length)
             self.compile_seconds += time.perf_counter() - t0
             self._lowered[length] = lowered
         return lowered
 
     def scan(self, algorithm, state, data, round_key, start, length):
-        """scan_rounds, compiled ahead of time once per chunk length (compile timed apart)."""
+        """scan_rounds, compiled ahead of time once per chunk length (compile timed apart);
+        `state` is donated (deleted once the chunk has run)."""
         compiled = self._compiled.get(length)
         if compiled is None:
             lowered = self.lower(algorithm, state, data, round_key, start, length)
@@ -391,6 +412,12 @@ class _RoundMetrics:
         return {name: np.concatenate(parts) if parts
                 else np.zeros((0, *shapes.get(name, ())), np.float32)
                 for name, parts in self.parts.items()}
+
+
+def _on_host(values: dict) -> dict:
+    """An evaluation row's jax arrays as host numpy arrays (other values as they are)."""
+    return {name: np.asarray(parallel.to_host(v)) if isinstance(v, jax.Array) else v
+            for name, v in values.items()}
 
 
 def _row_value(value):
@@ -571,7 +598,7 @@ def run(
         # history's columns are fixed from its first row (metrics.csv writes them then).
         unrun = {name: np.full(shape, np.nan) if shape else float("nan")
                  for name, shape in logged.items()}
-        history = [{"round": 0, **unrun, **evaluate(state)}]
+        history = [{"round": 0, **unrun, **_on_host(evaluate(state))}]
     start_round = done
     watch = _Watch(copies, history[0])
     # Only columns the history already has (a run resumed from an older version's
@@ -613,14 +640,20 @@ def run(
                 row = None
                 if evaluated:
                     last = {name: _row_value(value) for name, value in last.items()}
-                    row = {"round": end, **last, **evaluate(state)}
+                    # On the host now: an evaluation may hand back a leaf of the state,
+                    # which the next chunk donates.
+                    row = {"round": end, **last, **_on_host(evaluate(state))}
                 if (found := watch.check(state, metrics, row, done, end, finite)) is not None:
                     raise diverged(found, history)
+                saving = checkpoints is not None and end % checkpoint_every == 0
                 if end < rounds:
                     # The state is healthy: the next chunk runs while the host writes this
-                    # one's rows, progress and checkpoint.
+                    # one's rows, progress and checkpoint. It donates its input, so the
+                    # input and output states never coexist; when this state is still to
+                    # be saved, it gets a copy (the save reads this one).
                     after = _next_boundary(end, rounds, every)
-                    ahead = timer.scan(algorithm, state, data, key_rounds, end, after - end)
+                    ahead = timer.scan(algorithm, _fresh_copy(state) if saving else state,
+                                       data, key_rounds, end, after - end)
                 if kept is not None:
                     kept.add(metrics)
                 if row is not None:
@@ -628,7 +661,7 @@ def run(
                     on_rows([row])
                 bar.advance(end - done, postfix=row)
                 done = end
-                if checkpoints is not None and done % checkpoint_every == 0:
+                if saving:
                     # Saving fsyncs the rows appended so far first, and writes in the
                     # background; the last save is complete once `close` returns.
                     checkpoints.save(done, state, key, history, round_metrics=None
