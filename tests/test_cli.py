@@ -536,3 +536,19 @@ def test_repeated_or_empty_settings_are_refused(tmp_path, capsys, command, sets,
     assert _main(command, preset, *sets, "--out", str(out)) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_used_comparison_directory_is_refused_as_a_comparison(tmp_path, capsys):
+    # A finished comparison holds results.csv and metrics.csv: it is a comparison's
+    # directory (not "a run"), and the refusal offers --resume.
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "results.csv").write_text("method\nifca\n")
+    (out / "metrics.csv").write_text("method,round\nifca,0\n")
+    (out / "config.json").write_text('{"command": "compare", "preset": "ifca-synthetic-tiny"}')
+    before = _snapshot(tmp_path)
+    assert _main("compare", "ifca-synthetic-tiny", "--out", str(out)) == 2
+    err = capsys.readouterr().err
+    assert "holds a run (metrics.csv)" not in err
+    assert "already holds a run (config.json)" in err and "--resume it" in err
+    assert _snapshot(tmp_path) == before

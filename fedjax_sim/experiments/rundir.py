@@ -140,10 +140,13 @@ def _prepare_out(out_dir: Path, command: str) -> None:
     """
     if out_dir.exists() and not out_dir.is_dir():
         raise OutputError(errno.ENOTDIR, f"--out {out_dir} is not a directory")
-    resumable = "" if command == COMPARE else ", or --resume it"  # compare has no --resume
+    resumable = ", or --resume it"
     if out_dir.is_dir():
+        # A comparison writes metrics.csv too: a directory with this command's own marker
+        # is this command's, whatever else it holds.
+        ours = (out_dir / _MARKERS[command]).exists()
         for other, marker in _MARKERS.items():
-            if other != command and (out_dir / marker).exists():
+            if other != command and not ours and (out_dir / marker).exists():
                 raise ValueError(
                     f"--out {out_dir} holds a {other} ({marker}); a {command} there would "
                     f"overwrite its config.json. Choose another --out."
