@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_sim.data.federated import is_client_source
+from fedjax_sim.data.federated import FederatedData, is_client_source
 
 
 def split_sources(clients):
@@ -43,7 +43,11 @@ def take_clients(clients, ids):
 
 
 def materialize(clients):
-    """`clients` with every client source replaced by all its clients' FederatedData."""
+    """`clients` with every client source replaced by all its clients' FederatedData
+    (`clients` itself, untouched, when it holds no source that is not already copies)."""
+    nodes = jax.tree.leaves(clients, is_leaf=is_client_source)
+    if not any(is_client_source(n) and not isinstance(n, FederatedData) for n in nodes):
+        return clients
     return jax.tree.map(lambda n: n.materialize() if is_client_source(n) else n, clients,
                         is_leaf=is_client_source)
 
