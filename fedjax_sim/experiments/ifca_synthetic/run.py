@@ -167,7 +167,9 @@ class SyntheticRun(Experiment):
         else:
             shapes = problem_shapes(s, s.get("n_test", 0))
             data, extra, more = shapes.train, memory.tree_bytes(shapes.test), {}
-            if command == "run":  # the one command that reads setting clients
+            # Suggested where setting clients is read (a run; not ifca_success's cells,
+            # whose run settings carry clients=None).
+            if command == "run" and s.get("clients") == "copies":
                 remedy += ", or set clients=generated (nothing per client stored)"
         return memory.client_chunk_within_machine(
             linear_regression(s["d"]), data, s.get("memory_budget_gb", 0.0) * 2**30,
