@@ -37,7 +37,7 @@ import numpy as np
 
 from fedjax_sim import logs, parallel, simulate, stats
 from fedjax_sim.algorithms.base import Algorithm
-from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.data.federated import is_client_source
 from fedjax_sim.io import read_json, write_json
 
 
@@ -84,22 +84,23 @@ class MethodRun(NamedTuple):
 
 
 def method_clients(spec: MethodRun) -> int:
-    """The number of clients of a method's data (its first `FederatedData`).
+    """The number of clients of a method's data (its first client source).
 
     Raises:
-      ValueError: the data holds no FederatedData, or one whose shape does not
+      ValueError: the data holds no client source, or one whose shape does not
         have `spec.data_copies` copies axes before the client axis.
     """
     found = [node for node in jax.tree.leaves(spec.data, is_leaf=_is_clients)
              if _is_clients(node)]
     if not found:
-        raise ValueError("a method's data holds no FederatedData (the clients).")
+        raise ValueError("a method's data holds no client data (FederatedData, views or "
+                         "generated clients).")
     counts = [parallel.num_clients(node, spec.data_copies) for node in found]
     return counts[0]
 
 
 def _is_clients(node) -> bool:
-    return isinstance(node, FederatedData)
+    return is_client_source(node)  # copies, views or generated clients
 
 
 @dataclass

@@ -44,6 +44,10 @@ _MODEL_COPIES = 5
 # 5 seeds × 320 MLPs peaked at 4.25 GB unchunked).
 PER_CLIENT_MODELS_BYTES = 2**30
 
+# Working memory of a round over generated clients when no budget is set: their rows
+# exist only while a chunk trains, and the whole-cohort path would draw all m at once.
+GENERATED_WORK_BYTES = 2**30
+
 
 def machine_bytes() -> int:
     """This machine's physical memory in bytes (1 TiB where the OS does not say)."""
@@ -202,6 +206,7 @@ def client_chunk_within_machine(
     describe: str = "",
     remedy: str = "",
     budget_name: str = "the memory budget",
+    generated_clients: int | None = None,
 ) -> int | None:
     """client_chunk under budget_bytes (0: no budget, no chunking), after refusing a
     round that would not fit this machine.
@@ -221,18 +226,30 @@ def client_chunk_within_machine(
       machine_fraction: the share of this machine's memory a run may take.
       describe, remedy: the caller's words in the error (the settings behind the
         estimate; what to change).
+      generated_clients: None, or `data` is a sample (e.g. one client,
+        `source.take(jnp.arange(1))`) of this many clients drawn chunk by chunk
+        inside the round: nothing of theirs is resident, and a chunk is chosen
+        whenever they do not all fit the budget (GENERATED_WORK_BYTES without one).
 
     Raises:
       ValueError: the round does not fit (or the budget is below the data).
     """
-    m = data.num_clients
-    resident = tree_bytes(data) + extra_resident_bytes
+    m = data.num_clients if generated_clients is None else generated_clients
+    resident = extra_resident_bytes + (tree_bytes(data) if generated_clients is None else 0)
     if per_client_models:
         resident += 2 * copies * m * tree_bytes(jax.eval_shape(model.init, jax.random.key(0)))
     per_client = copies * estimate_bytes_per_client(
         model, data, local_training=local_training, num_clusters=num_clusters)
     chunk = None
-    if budget_bytes > 0:
+    if generated_clients is not None:
+        work = budget_bytes - resident if budget_bytes > 0 else GENERATED_WORK_BYTES
+        if work <= 0:
+            raise ValueError(
+                f"the memory budget ({budget_bytes / 2**30:.3g} GiB) is below what the run "
+                f"holds regardless of chunking ({resident / 2**30:.3g} GiB); raise "
+                f"{budget_name}.")
+        chunk = client_chunk_for_budget(m, per_client, work)
+    elif budget_bytes > 0:
         chunk = choose_client_chunk(
             model, data, budget_bytes, local_training=local_training,
             num_clusters=num_clusters, copies=copies, per_client_models=per_client_models,

@@ -9,6 +9,7 @@ one client's loss, see the test); generated synthetic clients must equal
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import numpy as np
 import pytest
 from federations import subprocess_env
 
-from fedjax_sim import ALGORITHMS, simulate
+from fedjax_sim import ALGORITHMS, cli, memory, simulate
 from fedjax_sim.data import ClientViews, FederatedData, generated_mixture, linear_mixture
 from fedjax_sim.data.images import (
     digits,
@@ -29,6 +30,7 @@ from fedjax_sim.data.images import (
     rotated_views,
     rotation_maps,
 )
+from fedjax_sim.experiments import ifca_synthetic
 from fedjax_sim.models.core import from_flax, linear_regression
 from fedjax_sim.models.zoo import mlp_classifier
 from fedjax_sim.ops.cohort import cohort_sums, sample_cohort, take
@@ -303,3 +305,68 @@ def test_generated_round_memory_grows_only_by_per_client_state():
     # stability counters (8 B), the cohort's keys and its [m, k] losses.
     assert per_client <= 48, per_client
     assert copies >= data_bytes, copies
+
+
+# ---- the experiments' `clients` setting
+
+
+def _metrics(path):
+    with open(path / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("chunk", ["planned", 7])
+def test_run_with_generated_clients_equals_copies(tmp_path, monkeypatch, chunk):
+    if chunk != "planned":  # force one chunk on both (else copies and generated may differ)
+        monkeypatch.setattr(ifca_synthetic.RUN.__class__, "client_chunk",
+                            lambda self, s, copies, algorithm=None, command="run": chunk)
+    small = ["rounds=6", "restarts=2", "eval_every=3", "checkpoint_every=0"]
+    runs = {}
+    for clients in ("copies", "generated"):
+        out = tmp_path / clients
+        assert cli.main(["run", "ifca-synthetic-tiny", "--set", *small, f"clients={clients}",
+                         "--out", str(out), "--no-progress"]) == 0
+        runs[clients] = _metrics(out)
+    copies, generated = runs["copies"], runs["generated"]
+    assert [r.keys() for r in copies] == [r.keys() for r in generated] and len(copies) == 6
+    for a, b in zip(copies, generated, strict=True):
+        for column in a:
+            # Training and its train-set evaluation are bit-identical; the test set's
+            # losses drawn inside the evaluation may round 1 ulp apart (XLA lays out a
+            # drawn [c, 20, d] block differently from a stored one).
+            if column.startswith("test_loss"):
+                np.testing.assert_allclose(float(b[column]), float(a[column]), rtol=1e-6)
+            else:
+                assert a[column] == b[column], (column, a, b)
+
+
+def test_generated_clients_plan_a_chunk_and_store_nothing():
+    s = {**ifca_synthetic.RUN.defaults(), "m": 10**8, "n": 10, "d": 10, "k": 4,
+         "clients": "generated"}
+    ifca_synthetic.RUN.validate(s, "run")
+    chunk = ifca_synthetic.RUN.client_chunk(s, copies=s["restarts"])
+    # O(chunk) rows: the chunk's working memory within GENERATED_WORK_BYTES
+    per_client = s["restarts"] * memory.estimate_bytes_per_client(
+        linear_regression(10), linear_mixture(jax.random.key(0), m=4, n=10, d=10, k=4,
+                                              sigma=0.1, R=1.0).train, local_training=False,
+        num_clusters=4)
+    assert 1 <= chunk and chunk * per_client <= memory.GENERATED_WORK_BYTES
+    small = {**s, "m": 20}
+    assert ifca_synthetic.RUN.client_chunk(small, copies=2) is None  # all 20 fit at once
+
+
+def test_copies_past_the_machine_suggest_generated_clients():
+    s = {**ifca_synthetic.RUN.defaults(), "m": 10**8, "n": 10, "d": 10, "k": 4}
+    with pytest.raises(ValueError, match="set clients=generated"):
+        ifca_synthetic.RUN.validate(s, "run")
+    s = {**ifca_synthetic.RUN.defaults(), "m": 10**7}
+    with pytest.raises(ValueError, match=r"more than this machine.*or set clients=generated"):
+        ifca_synthetic.RUN.validate(s, "run")
+
+
+def test_clients_setting_is_refused_where_not_read(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["compare", "ifca-synthetic-tiny", "--set", "clients=generated",
+                     "--out", str(out), "--no-progress"]) == 2
+    assert "setting clients is not read by compare" in capsys.readouterr().err
+    assert not out.exists()

@@ -553,3 +553,26 @@ def test_local_steps_train_on_augmented_views_with_a_fresh_key_per_step(ragged):
     plain, _, _ = local_update(base, optax.sgd(lr), params, ragged, keys, num_steps=steps)
     assert not np.allclose(np.asarray(jax.tree.leaves(plain)[0]),
                            np.asarray(jax.tree.leaves(got)[0]))  # the views mattered
+
+
+def test_views_compare_equals_copies():
+    """clients=views (indices + a rotation into the images held once per seed) gives the
+    comparison of clients=copies, number for number."""
+    preset = get_preset("ifca-rotated-digits", "compare")
+    experiment = preset.experiment
+    results = {}
+    for clients in ("copies", "views"):
+        s = resolve(experiment.declared, preset.defaults, {
+            "test_per_class": 30, "n": 100, "hidden": 8, "rounds": 2, "seeds": 2,
+            "local_steps": 2, "local_rounds": 2, "eval_every": 2, "methods": "ifca,fedavg,local",
+            "clients": clients})
+        experiment.validate(s)
+        results[clients] = experiment.compare(s, RunContext(progress=False))
+    copies, views = results["copies"], results["views"]
+    assert set(copies.per_seed) == set(views.per_seed) == {"ifca", "fedavg", "local"}
+    for method in copies.per_seed:
+        assert copies.per_seed[method].keys() == views.per_seed[method].keys()
+        for metric, want in copies.per_seed[method].items():
+            np.testing.assert_array_equal(views.per_seed[method][metric], want,
+                                          err_msg=f"{method} {metric}")
+        assert repr(views.histories[method]) == repr(copies.histories[method])

@@ -367,6 +367,12 @@ class ClientViews(ClientSource):
         # then stay where the indices live, as a stored copy's would.
         return self.gather(self.client_leaves(), None)
 
+    def features_per_example(self) -> int:
+        # base_x leaves are [*copies, N, *features], with the copies (seeds) axes that
+        # num_examples ([*copies, m]) carries: no gather, stacked views included.
+        batch = len(self.num_examples.shape)
+        return sum(math.prod(a.shape[batch:]) for a in jax.tree.leaves(self.base_x))
+
     def subset(self, ids) -> ClientViews:
         """The clients `ids` ([s] ints) as views of the same base: nothing is gathered."""
         rows, transform, count, cluster = (a[ids] for a in self.client_leaves())

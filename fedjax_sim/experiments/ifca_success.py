@@ -61,7 +61,8 @@ class SuccessSweep(Experiment):
         lr = s["lr"][0] if isinstance(s["lr"], list) else s["lr"]
         return {**RUN.defaults(), **{k: s[k] for k in SHAPE_NAMES}, "lr": lr,
                 "rounds": s["rounds"], "restarts": s["restarts"], "seed": s["seed"],
-                "n_test": 0, "eval_every": 10, "memory_budget_gb": 0.0}
+                "n_test": 0, "eval_every": 10, "memory_budget_gb": 0.0,
+                "clients": None}  # stored copies; this protocol has no setting clients
 
     def run(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
         """One cell alone (`fedjax-sim run ifca-success-small --set sigma=0.5 R=0.8`): the

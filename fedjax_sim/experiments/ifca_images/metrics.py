@@ -13,6 +13,7 @@ import numpy as np
 
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.algorithms.ifca import evaluate_clusters
+from fedjax_sim.data import FederatedData
 from fedjax_sim.experiments.base import client_mean
 from fedjax_sim.experiments.ifca_images.methods import CLUSTERING
 from fedjax_sim.metrics import cluster_identity_accuracy
@@ -64,6 +65,8 @@ def local_on_cluster_tests(model, test_of_client, per_test: int, k: int):
         return acc * weight, jnp.broadcast_to(weight, acc.shape)
 
     def official(params, test):
+        if not isinstance(test, FederatedData):  # views: gathered, every test client
+            test = test.materialize()
         grouped = jax.tree.map(lambda a: a.reshape((k, per) + a.shape[1:]), params)
         by_cluster = jax.tree.map(lambda a: a.reshape((k, per_test) + a.shape[1:]), test)
 

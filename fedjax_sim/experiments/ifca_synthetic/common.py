@@ -15,7 +15,7 @@ import numpy as np
 
 from fedjax_sim import backend, parallel
 from fedjax_sim.algorithms import cfl, fedavg, hypcluster, ifca, local_models, one_shot_clustering
-from fedjax_sim.data import linear_mixture
+from fedjax_sim.data import generated_mixture, linear_mixture
 from fedjax_sim.experiments.base import client_mean
 from fedjax_sim.experiments.settings import Setting, count
 from fedjax_sim.metrics import cluster_identity_accuracies, min_dist
@@ -51,10 +51,32 @@ def problem_shapes(s: dict, n_test: int):
     )
 
 
+def generated(s: dict) -> bool:
+    """Whether the clients are drawn inside the round (setting clients=generated)."""
+    return s.get("clients", "copies") == "generated"
+
+
+def client_sample_shapes(s: dict, n_test: int):
+    """(shapes of one training client, of one test client) of generated clients:
+    what memory planning counts per client (nothing is drawn)."""
+    def one(key):
+        p = generated_mixture(key, k=s["k"], m=s["m"], n=s["n"], d=s["d"], sigma=0.0, R=0.0,
+                              n_test=n_test)
+        return p.train.take(jnp.arange(1)), p.test.take(jnp.arange(1))
+
+    return jax.eval_shape(one, jax.random.key(0))
+
+
 def make_problem(s: dict, key, mesh=None):
-    """One data seed; with a mesh under several processes each builds only its own clients."""
+    """One data seed; with a mesh under several processes each builds only its own clients.
+
+    With clients=generated nothing per client is stored: the train and test
+    clients are `GeneratedClients`, drawn chunk by chunk inside the round (the
+    same rows as the copies for the same key)."""
     sizes = dict(k=s["k"], m=s["m"], n=s["n"], d=s["d"], sigma=s["sigma"], R=s["R"],
                  n_test=s["n_test"])
+    if generated(s):
+        return generated_mixture(key, **sizes)
     if mesh is None or jax.process_count() == 1:
         return linear_mixture(key, **sizes)
     ids = parallel.process_client_ids(s["m"], mesh)
@@ -120,7 +142,8 @@ def cluster_models(name: str, state):
 
 def metrics_fn(name: str, algorithm, problem, k: int):
     """state -> {metric: [copies...]} on train and test data, for a (vmapped) algorithm."""
-    evaluate = backend.jit(algorithm.evaluate, problem.train.x.shape[-1])
+    # θ*'s last axis is d: generated clients' x would be drawn (all m) to read its shape
+    evaluate = backend.jit(algorithm.evaluate, problem.theta_star.shape[-1])
     truth = parallel.to_host(problem.train.cluster)
     lead = truth.ndim - 1  # a leading seed axis on the data
 

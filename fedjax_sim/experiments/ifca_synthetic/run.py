@@ -30,6 +30,8 @@ from fedjax_sim.experiments.ifca_synthetic.common import (
     best_restart,
     best_restart_rows,
     build_algorithm,
+    client_sample_shapes,
+    generated,
     least_squares_floor,
     make_problem,
     metrics_fn,
@@ -38,8 +40,12 @@ from fedjax_sim.experiments.ifca_synthetic.common import (
     success_threshold,
     trains_locally,
 )
-from fedjax_sim.experiments.settings import Setting, count, seed_setting
+from fedjax_sim.experiments.settings import MAX_COUNT, Setting, count, seed_setting
 from fedjax_sim.models import linear_regression
+
+# Generated clients store nothing per client, so m may pass the copies' bound (MAX_COUNT);
+# what is left per client (assignments, losses, cluster ids) is a few bytes each.
+MAX_GENERATED_M = 10**9
 
 # Which algorithms read each setting that not every algorithm reads; a value
 # other than the default for an algorithm that would ignore it is refused.
@@ -60,7 +66,13 @@ class SyntheticRun(Experiment):
     settings = (
         Setting("algorithm", str, "ifca", "the algorithm of a run", choices=ALGORITHM_NAMES,
                 commands=("run", "sweep")),
-        *SHAPE,
+        *(count("m", st.default, st.help + f" (up to {MAX_GENERATED_M:.0e} with clients="
+                "generated)", maximum=MAX_GENERATED_M) if st.name == "m" else st
+          for st in SHAPE),
+        Setting("clients", str, "copies", "copies: every client's rows stored for the whole "
+                "run; generated: drawn from the client's key inside the round, chunk by chunk "
+                "(nothing per client stored; the same numbers)", choices=("copies", "generated"),
+                commands=("run",), result=False),
         Setting("lr", float, 0.1, "learning rate γ of IFCA and FedAvg (option I step; local "
                 "SGD otherwise)", minimum=0.0, traced=True),
         Setting("local_lr", float, 0.02, "learning rate of the local-models baseline (one "
@@ -105,11 +117,17 @@ class SyntheticRun(Experiment):
         check_mixture_settings(s["k"], s["m"], s["n"], s["d"], s["sigma"], s["R"], s["n_test"])
         if s["k"] > s["m"]:
             raise ValueError(f"setting k={s['k']} exceeds m={s['m']}.")
+        if s["m"] > MAX_COUNT and not generated(s):
+            raise ValueError(
+                f"setting m={s['m']} exceeds {MAX_COUNT:.0e} with clients=copies (every client "
+                "stored); set clients=generated (run only) to draw the clients inside the "
+                "round.")
         defaults = self.defaults()
         if command == "compare":  # every method runs: each setting is read by one of them
             # (`algorithm`, the method of a run, is the one setting compare does not read.)
             for name in self.methods:
-                self.client_chunk(s, copies=s["restarts"] * s["seeds"], algorithm=name)
+                self.client_chunk(s, copies=s["restarts"] * s["seeds"], algorithm=name,
+                                  command=command)
             return
         for key, readers in _READ_BY.items():
             if s[key] != defaults[key] and s["algorithm"] not in readers:
@@ -125,9 +143,10 @@ class SyntheticRun(Experiment):
                 )
             if s["option"] == "model" and s["divide_by"] != "m":
                 raise ValueError("setting divide_by applies to IFCA option gradient only.")
-        self.client_chunk(s, copies=s["restarts"])
+        self.client_chunk(s, copies=s["restarts"], command=command)
 
-    def client_chunk(self, s: dict, copies: int, algorithm: str | None = None):
+    def client_chunk(self, s: dict, copies: int, algorithm: str | None = None,
+                     command: str = "run"):
         """client_chunk for memory_budget_gb (0: none) of `copies` runs side by side.
 
         Shapes only (nothing is built). Without a budget the whole round must
@@ -138,16 +157,29 @@ class SyntheticRun(Experiment):
           ValueError naming the settings, before anything is written.
         """
         name = algorithm or s["algorithm"]
-        shapes = problem_shapes(s, s.get("n_test", 0))
+        remedy = "lower m, n, n_test, d, restarts or seeds, or set memory_budget_gb to " \
+                 "process the clients in chunks"
+        if generated(s):
+            # One client's rows stand for m drawn per chunk; a chunk is always chosen
+            # when they do not all fit (the whole-cohort path would draw all m at once).
+            train, test = client_sample_shapes(s, s.get("n_test", 0))
+            data, extra, more = train, 0, {"generated_clients": s["m"]}
+        else:
+            shapes = problem_shapes(s, s.get("n_test", 0))
+            data, extra, more = shapes.train, memory.tree_bytes(shapes.test), {}
+            # Suggested where setting clients is read (a run; not ifca_success's cells,
+            # whose run settings carry clients=None).
+            if command == "run" and s.get("clients") == "copies":
+                remedy += ", or set clients=generated (nothing per client stored)"
         return memory.client_chunk_within_machine(
-            linear_regression(s["d"]), shapes.train, s.get("memory_budget_gb", 0.0) * 2**30,
+            linear_regression(s["d"]), data, s.get("memory_budget_gb", 0.0) * 2**30,
             copies=copies, per_client_models=name in PER_CLIENT_MODELS,
             local_training=trains_locally(name, s), num_clusters=s["k"],
-            extra_resident_bytes=memory.tree_bytes(shapes.test),
+            extra_resident_bytes=extra,
             describe=f"m={s['m']}, n={s['n']}, n_test={s.get('n_test', 0)}, d={s['d']}, "
-                     f"{copies} copies: restarts × seeds",
-            remedy="lower m, n, n_test, d, restarts or seeds, or set memory_budget_gb to "
-                   "process the clients in chunks.", budget_name="memory_budget_gb")
+                     f"{copies} copies: restarts × seeds"
+                     + (", generated clients" if generated(s) else ""),
+            remedy=remedy + ".", budget_name="memory_budget_gb", **more)
 
     def run(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
         """Trains the algorithm (with `restarts` random inits in parallel) on one data seed.
@@ -234,7 +266,8 @@ class SyntheticRun(Experiment):
     def method_run(self, name: str, s: dict, problem) -> MethodRun:
         """Every method gets the same data and per-seed keys (`with_seeds`); within a seed
         it keeps its restart of lowest final training loss (as `run` does)."""
-        chunk = self.client_chunk(s, copies=s["restarts"] * s["seeds"], algorithm=name)
+        chunk = self.client_chunk(s, copies=s["restarts"] * s["seeds"], algorithm=name,
+                                  command="compare")
         algorithm = with_seeds(with_restarts(build_algorithm(name, s, chunk), s["restarts"]),
                                s["seeds"])
         return MethodRun(
