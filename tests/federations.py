@@ -35,14 +35,13 @@ def subprocess_env(devices: int) -> dict[str, str]:
     return {**os.environ, "XLA_FLAGS": xla_flags(devices), "PYTHONPATH": path}
 
 
-def eight_clients():
-    """8 ragged clients (1–6 rows, d=5) of two linear clusters; (data, model)."""
+def eight_clients(counts=(1, 6, 4, 6, 2, 5, 6, 3)):
+    """8 ragged clients (rows per client: `counts`, d=5) of two linear clusters; (data, model)."""
     import numpy as np
 
     from fedjax_sim import FederatedData, linear_regression
 
     rng = np.random.default_rng(0)
-    counts = [1, 6, 4, 6, 2, 5, 6, 3]
     truth = [0, 0, 0, 0, 1, 1, 1, 1]
     theta = np.stack([np.ones(5), -np.ones(5)]).astype(np.float32)
     xs = [rng.normal(size=(c, 5)).astype(np.float32) for c in counts]

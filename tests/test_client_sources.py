@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from federations import subprocess_env
+from federations import eight_clients, subprocess_env
 
 from fedjax_sim import ALGORITHMS, cli, memory, simulate
 from fedjax_sim.data import ClientViews, FederatedData, generated_mixture, linear_mixture
@@ -40,14 +40,7 @@ FIELDS = ("x", "y", "num_examples", "cluster")
 
 def ragged_linear():
     """8 linear clients of 1–6 rows and one of 0 (two clusters, d = 5), as stored copies."""
-    rng = np.random.default_rng(0)
-    counts = [1, 6, 0, 6, 2, 5, 6, 3]
-    truth = [0, 0, 0, 0, 1, 1, 1, 1]
-    theta = np.stack([np.ones(5), -np.ones(5)]).astype(np.float32)
-    xs = [rng.normal(size=(c, 5)).astype(np.float32) for c in counts]
-    ys = [(x @ theta[t] + 0.1 * rng.normal(size=len(x))).astype(np.float32)
-          for x, t in zip(xs, truth, strict=True)]
-    return FederatedData.from_clients(xs, ys, cluster=truth)
+    return eight_clients(counts=(1, 6, 0, 6, 2, 5, 6, 3))[0]
 
 
 def views_of(copies: FederatedData, seed: int = 0) -> ClientViews:
