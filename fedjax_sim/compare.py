@@ -90,17 +90,13 @@ def method_clients(spec: MethodRun) -> int:
       ValueError: the data holds no client source, or one whose shape does not
         have `spec.data_copies` copies axes before the client axis.
     """
-    found = [node for node in jax.tree.leaves(spec.data, is_leaf=_is_clients)
-             if _is_clients(node)]
+    found = [node for node in jax.tree.leaves(spec.data, is_leaf=is_client_source)
+             if is_client_source(node)]
     if not found:
         raise ValueError("a method's data holds no client data (FederatedData, views or "
                          "generated clients).")
     counts = [parallel.num_clients(node, spec.data_copies) for node in found]
     return counts[0]
-
-
-def _is_clients(node) -> bool:
-    return is_client_source(node)  # copies, views or generated clients
 
 
 @dataclass
