@@ -72,9 +72,6 @@ def shard_clients(tree, mesh: Mesh):
     return jax.device_put(tree, client_sharding(mesh))
 
 
-_is_clients = is_client_source
-
-
 def axis_sharding(mesh: Mesh, axis: int) -> NamedSharding:
     """Axis `axis` of an array over the mesh, every other axis whole."""
     return NamedSharding(mesh, P(*([None] * axis), AXIS))
@@ -112,7 +109,7 @@ def input_shardings(inputs, mesh: Mesh, copy_axes: int = 0):
     """
 
     def place(node):
-        if _is_clients(node):
+        if is_client_source(node):
             per_client = node.placement()
             if any(jax.tree.leaves(per_client)):
                 check_divisible(num_clients(node, copy_axes), mesh,
@@ -121,7 +118,7 @@ def input_shardings(inputs, mesh: Mesh, copy_axes: int = 0):
                 lambda p: axis_sharding(mesh, copy_axes) if p else replicated(mesh), per_client)
         return replicated(mesh)
 
-    return jax.tree.map(place, inputs, is_leaf=_is_clients)
+    return jax.tree.map(place, inputs, is_leaf=is_client_source)
 
 
 def place_inputs(inputs, mesh: Mesh, copy_axes: int = 0):
@@ -131,7 +128,7 @@ def place_inputs(inputs, mesh: Mesh, copy_axes: int = 0):
 
 def client_data(inputs) -> ClientSource:
     """The (first) client data (a `ClientSource`, e.g. FederatedData) in an algorithm's inputs."""
-    found = [n for n in jax.tree.leaves(inputs, is_leaf=_is_clients) if _is_clients(n)]
+    found = [n for n in jax.tree.leaves(inputs, is_leaf=is_client_source) if is_client_source(n)]
     if not found:
         raise ValueError("the algorithm's inputs hold no FederatedData.")
     return found[0]
