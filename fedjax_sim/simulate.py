@@ -115,8 +115,13 @@ def _compiled_scan(data, donate_state: bool = False):
 
 def _fresh_copy(tree):
     """Every leaf copied into new buffers, with its sharding: a chunk may then donate the
-    copy while the host still reads the original (a checkpoint being written)."""
-    return jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), tree)
+    copy while the host still reads the original (a checkpoint being written).
+
+    `Array.copy` runs a copy on the array's devices, keeping its sharding; not
+    `device_put(..., may_alias=False)`, which under jax 0.5.3 (the declared minimum)
+    returns a new array on the same buffers, so the donation deleted what was saved.
+    """
+    return jax.tree.map(lambda x: x.copy(), tree)
 
 
 @functools.partial(jax.jit, static_argnames=("lead",))
