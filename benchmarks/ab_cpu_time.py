@@ -5,7 +5,8 @@ move by 2-5× from block to block (the process waits for a core), while the CPU 
 spends (`time.process_time`, all its threads) moves much less. For rounds that run
 mostly on one thread (these do: CPU ≈ wall on a quiet machine) the CPU time is the
 steadier A/B. Rows: IFCA option-I synthetic rounds (n = 10, d = 10, k = 4) at the m
-given, 20 chained rounds per sample; `mixed_gt2` (the `ab_algorithms.py` row), 3 calls
+given, 20 chained rounds per sample (`--wide`: also (m, n, d, k) = (100, 100, 1000, 2), the
+fourth `rounds_per_sec.py` row); `mixed_gt2` (the `ab_algorithms.py` row), 3 calls
 per sample. Samples alternate old/new, order reversed every repetition; min and median
 are printed. Before timing, the two checkouts' first rounds are checked to agree.
 
@@ -28,8 +29,7 @@ import ab_algorithms  # noqa: E402
 import harness  # noqa: E402
 
 
-def ifca_arm(lib, m: int):
-    n, d, k = 10, 10, 4
+def ifca_arm(lib, m: int, n: int = 10, d: int = 10, k: int = 4):
     data = lib["data"].linear_mixture(jax.random.key(0), k=k, m=m, n=n, d=d, sigma=0.1,
                                       R=1.0).train
     alg = lib["algorithms"].ifca(lib["models"].linear_regression(d), num_clusters=k,
@@ -80,6 +80,8 @@ def main(argv=None):
     parser.add_argument("--old", required=True)
     parser.add_argument("--new", default=None)
     parser.add_argument("--ifca-m", default="1000,10000", help="comma list of m ('' for none)")
+    parser.add_argument("--wide", action="store_true",
+                        help="also the IFCA round at (m, n, d, k) = (100, 100, 1000, 2)")
     parser.add_argument("--mixed", action="store_true", help="also the 2-GT round")
     parser.add_argument("--reps", type=int, default=16)
     parser.add_argument("--out", default=None)
@@ -93,6 +95,9 @@ def main(argv=None):
     rows = []
     specs = [(f"ifca m={m}", lambda lib, m=int(m): ifca_arm(lib, m))
              for m in args.ifca_m.split(",") if m]
+    if args.wide:
+        specs.append(("ifca m=100 n=100 d=1000 k=2",
+                      lambda lib: ifca_arm(lib, 100, n=100, d=1000, k=2)))
     if args.mixed:
         specs.append(("mixed_gt2", mixed_arm))
     for name, build in specs:

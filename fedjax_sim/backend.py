@@ -11,6 +11,12 @@ one jitted IFCA option-I round, both settings timed in turn in one process):
 without; (100, 100, 1000, 2) took 9.6 ms with and 13.0 ms without. The time
 without/with was 0.42 at d = 10, 0.89 at d = 32, 1.16 at d = 100 and
 1.22–1.36 from d = 100 to 1000 (n = 100), hence `YNN_MIN_FEATURES`.
+Narrow features still send single dots to YNNPACK where this jaxlib can say
+so (the fusion type "individual dot"; the elementwise and reduction fusions
+stay XLA's): the round's forward [m·n, d] × [d, k] product with k = 4 took
+4.7 ms of CPU time in YNNPACK against 7.5 ms in XLA's own dot at m·n = 10⁶
+(d = 10), and the IFCA option-I round at (10⁵, 10, 10, 4) 15.6 against
+20–23 ms (issue 20, benchmarks/README.md).
 
 Only the speed changes: both settings compute the same function (to float
 rounding, from the order of summation), and a given shape always gets the same
@@ -29,14 +35,30 @@ YNN_MIN_FEATURES = 64
 _YNN_OPTION = "xla_cpu_experimental_ynn_fusion_type"
 
 
-@functools.cache
-def _cpu_option_supported() -> bool:
-    """Whether this jaxlib's CPU compiler knows the YNN fusion option."""
+_INDIVIDUAL_DOTS = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
+
+
+def _compiles_with(value: str) -> bool:
     try:
-        jax.jit(lambda x: x + 1).lower(1.0).compile(compiler_options={_YNN_OPTION: ""})
-    except Exception:  # an older or newer XLA without the (experimental) flag
+        jax.jit(lambda x: x + 1).lower(1.0).compile(compiler_options={_YNN_OPTION: value})
+    except Exception:  # an older or newer XLA without the (experimental) flag or value
         return False
     return True
+
+
+@functools.cache
+def _narrow_value() -> str | None:
+    """The YNN fusion types for narrow features: single dots only, or none where this jaxlib
+    lacks that value; None where it lacks the option."""
+    for value in (_INDIVIDUAL_DOTS, ""):
+        if _compiles_with(value):
+            return value
+    return None
+
+
+def _cpu_option_supported() -> bool:
+    """Whether this jaxlib's CPU compiler knows the YNN fusion option."""
+    return _narrow_value() is not None
 
 
 def compiler_options(feature_size: int | None) -> dict[str, str]:
@@ -49,7 +71,7 @@ def compiler_options(feature_size: int | None) -> dict[str, str]:
         return {}
     if jax.default_backend() != "cpu" or not _cpu_option_supported():
         return {}
-    return {_YNN_OPTION: ""}  # an empty list of fusion types: no YNN fusions
+    return {_YNN_OPTION: _narrow_value()}  # no YNN fusions but single dots
 
 
 def feature_size(data) -> int | None:

@@ -158,14 +158,23 @@ def _round_metrics(losses, assignment, active, frozen, state: IFCAState) -> dict
     d = num_params(jax.tree.map(lambda p: p[0], state.cluster_params))
     d += num_params(state.shared_params)
     chosen = jnp.take_along_axis(losses, jnp.maximum(assignment, 0)[:, None], axis=1)[:, 0]
-    # Segment k counts the clients without data, so the clients with data are
-    # s minus it (elementwise on the scatter's output, no extra reduction).
-    counts = jax.ops.segment_sum(jnp.ones_like(chosen), jnp.where(active, assignment, k), k + 1)
-    with_data = s - counts[k]
+    # Every count and total over the cohort as one sum of per-client columns (XLA:CPU
+    # runs each sum over clients as its own chain of reduce-windows, and a segment sum
+    # as a scatter): the clients with data in each cluster, the clients with data, their
+    # chosen losses, the frozen ones among them.
+    columns = jnp.concatenate([
+        active[:, None] & (assignment[:, None] == jnp.arange(k)),
+        active[:, None],
+        jnp.where(active, chosen, 0.0)[:, None],
+        (active & frozen)[:, None],
+    ], axis=1, dtype=jnp.float32)
+    totals = jnp.sum(columns, axis=0)
+    counts, with_data, loss_total = totals[:k], totals[k], totals[k + 1]
+    clients, frozen_clients = with_data.astype(jnp.int32), totals[k + 2].astype(jnp.int32)
     return {
-        "train_loss": jnp.sum(jnp.where(active, chosen, 0.0)) / jnp.maximum(with_data, 1.0),
-        "cluster_sizes": counts[:k],
-        "downlink_floats": jnp.sum(jnp.where(active, jnp.where(frozen, d, k * d), 0)).astype(
+        "train_loss": loss_total / jnp.maximum(with_data, 1.0),
+        "cluster_sizes": counts,
+        "downlink_floats": (clients * (k * d) - frozen_clients * ((k - 1) * d)).astype(
             jnp.float32),
         "frozen_clients": jnp.sum(frozen).astype(jnp.int32),
     }, with_data

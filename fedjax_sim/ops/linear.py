@@ -11,8 +11,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_sim import backend
-
 
 def _residuals(theta, x, y, num_examples):
     """Residuals x·θ_j − y of every client and cluster, [m, n, k], 0 on padding rows.
@@ -49,9 +47,15 @@ def linear_cluster_grad_sums(theta, x, y, num_examples, choose, weights):
     per-client [n] · [n, d] product: one pass over X after the forward one.
     (The generic VJP contracts the one-hot cotangent with X over m and n for
     every cluster: k times the multiply-adds and a transposed read of X.)
-    Picking selects (a gather and `where`s), never multiplies by a 0/1 mask,
-    so a diverged (NaN) model that nobody chose does not spill into the
-    other clusters.
+    The per-client gradients are then added into their clusters by one
+    [k, m] × [m, d] product with the 0/1 assignment. (A select-then-sum over
+    an [m, k, d] array, the earlier form, made XLA:CPU write that array and
+    sum it in a tree of reduce-windows: 4·m·k·d bytes written and read again
+    for m·d of data; a segment sum is a scatter, 3 more thunks.) A NaN
+    cluster model nobody chose still leaves the others finite, as the
+    clients' gradients are all finite; a client whose chosen model gives it
+    a non-finite gradient (all its losses non-finite) makes every sum NaN,
+    as in the generic VJP path.
 
     Args:
       theta: [k, d]; x: [m, n, d]; y: [m, n]; num_examples: [m].
@@ -67,18 +71,14 @@ def linear_cluster_grad_sums(theta, x, y, num_examples, choose, weights):
     losses = _mean_squares(r, inv)
     assignment = choose(losses)
     taking_part = weights != 0
-    picked = (assignment[:, None] == jnp.arange(k)[None, :]) & taking_part[:, None]
     safe = jnp.clip(assignment, 0, k - 1)  # an unassigned (-1) client is not taking part
     r_chosen = jnp.take_along_axis(r, safe[:, None, None], axis=2)[:, :, 0]  # [m, n]
-    r_chosen = jnp.where(taking_part[:, None], r_chosen, 0.0)
-    coef = r_chosen * (2.0 * inv * weights)[:, None]
-    if x.shape[-1] < backend.YNN_MIN_FEATURES:
-        # Narrow features compile without YNN fusions (`fedjax_sim.backend`),
-        # where XLA's loop fusion of this product-sum beats a batched [1, n]·[n, d] dot.
-        client_grads = jnp.sum(coef[:, :, None] * x, axis=1)
-    else:
-        client_grads = jnp.einsum("mn,mnd->md", coef, x)
-    sums = jnp.sum(jnp.where(picked[:, :, None], client_grads[:, None, :], 0.0), axis=0)
+    coef = jnp.where(taking_part[:, None], r_chosen * (2.0 * inv * weights)[:, None], 0.0)
+    # A batched [1, n]·[n, d] product per client: XLA's batched-dot loop reads X once and
+    # beat the multiply-and-reduce loop fusion (d = 10, m = 10⁵: 3.6 against 7.7 ms CPU).
+    client_grads = jnp.einsum("mn,mnd->md", coef, x)
+    picked = (assignment[:, None] == jnp.arange(k)) & taking_part[:, None]
+    sums = jnp.einsum("mk,md->kd", picked.astype(client_grads.dtype), client_grads)
     return losses, assignment, sums
 
 
