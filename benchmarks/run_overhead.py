@@ -16,7 +16,11 @@ For each preset family it measures, in this process:
   first), evaluation, round-metric reads, divergence checks, metrics.csv
   appends and fsyncs, checkpoint saves (and the wait for them at close),
   progress; `other` is the rest of the run's wall time without compilation
-  (host reads of each chunk, building rows, the CSV row writer's Python).
+  (host reads of each chunk, building rows, the CSV row writer's Python);
+* **process CPU**: every thread's CPU time per round of the end-to-end runs
+  (the difference from a run of a tenth of the rounds, which has the same
+  compilation and setup) and of the compiled calls: on a shared, loaded machine
+  wall times swing with the load, CPU times much less.
   Blocking each chunk removes the overlap of the next chunk with the host's
   work on the previous one, so the phases sum to more than an uninstrumented run.
 
@@ -170,18 +174,26 @@ def run_once(preset, overrides, phases: Phases | None):
     if phases is not None:
         patches += instrument(phases)
     with tempfile.TemporaryDirectory() as tmp, patched(patches):
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         run_preset(preset, overrides, out_dir=pathlib.Path(tmp) / "run", progress=True)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     (call,) = calls
     timing = call["timing"]
     return call, {
         "wall_s": wall,
+        "process_cpu_s": cpu,  # every thread's CPU, compilation included
         "rounds_run": timing["rounds_run"],
         "compile_s": timing["compile_seconds"],
         "run_s": timing["run_seconds"],
         "rounds_per_s": timing["rounds_run"] / timing["run_seconds"],
     }
+
+
+def cpu_timed_call(fn, *args) -> tuple[float, float]:
+    """(seconds, process CPU seconds) of one call that ends in `jax.block_until_ready`."""
+    cpu0 = time.process_time()
+    seconds, _ = harness.timed_call(fn, *args)
+    return seconds, time.process_time() - cpu0
 
 
 def compiled_rounds(call) -> dict:
@@ -197,8 +209,8 @@ def compiled_rounds(call) -> dict:
     compiled = simulate._compiled_scan(data).lower(
         algorithm, state, data, key_rounds, 0, rounds).compile()
     compile_s = time.perf_counter() - t0
-    seconds, _ = harness.timed_call(compiled, state, data, key_rounds, 0)
-    return {"rounds": rounds, "compile_s": compile_s, "seconds": seconds,
+    seconds, cpu_s = cpu_timed_call(compiled, state, data, key_rounds, 0)
+    return {"rounds": rounds, "compile_s": compile_s, "seconds": seconds, "cpu_s": cpu_s,
             "rounds_per_s": rounds / seconds}, (compiled, state, data, key_rounds, 0)
 
 
@@ -215,11 +227,17 @@ def measure(label, preset, overrides, rounds: int) -> dict:
     print(f"[{label}] instrumented run ...", file=sys.stderr, flush=True)
     phases = Phases()
     _, instrumented = run_once(preset, overrides, phases)
-    second, _ = harness.timed_call(compiled, *args)
+    second, second_cpu = cpu_timed_call(compiled, *args)
     print(f"[{label}] end-to-end run 2 ...", file=sys.stderr, flush=True)
     _, e2e_2 = run_once(preset, overrides, None)
-    third, _ = harness.timed_call(compiled, *args)
+    third, third_cpu = cpu_timed_call(compiled, *args)
+    # The same run at a tenth of the rounds (same compilation, data and setup): the
+    # process CPU per round of the run loop is the difference over the rounds between.
+    short_rounds = rounds // 10
+    print(f"[{label}] short run ({short_rounds} rounds) ...", file=sys.stderr, flush=True)
+    _, short = run_once(preset, [*overrides[:-1], f"rounds={short_rounds}"], None)
     compiled_times = [first["seconds"], second, third]
+    compiled_cpu = [first["cpu_s"], second_cpu, third_cpu]
     compiled_s = float(np.median(compiled_times))
     rate = rounds / compiled_s
     e2e_rates = [e2e_1["rounds_per_s"], e2e_2["rounds_per_s"]]
@@ -228,19 +246,29 @@ def measure(label, preset, overrides, rounds: int) -> dict:
     accounted = sum(phases.seconds.values())
     shares = {k: v / run_s for k, v in sorted(phases.seconds.items())}
     shares["other"] = max(run_s - accounted, 0.0) / run_s
+    e2e_cpu = float(np.median([e2e_1["process_cpu_s"], e2e_2["process_cpu_s"]]))
+    cpu_per_round = (e2e_cpu - short["process_cpu_s"]) / (rounds - short_rounds)
+    compiled_cpu_per_round = float(np.median(compiled_cpu)) / rounds
     out = {
         "preset": preset,
         "overrides": overrides,
         "end_to_end": {"runs": [e2e_1, e2e_2], "rounds_per_s": e2e_rate},
         "compiled": {"rounds": rounds, "compile_s": first["compile_s"],
                      "seconds_calls": compiled_times, "seconds": compiled_s,
+                     "process_cpu_s_calls": compiled_cpu,
                      "rounds_per_s": rate, "best_rounds_per_s": rounds / min(compiled_times)},
         "ratio_compiled_over_end_to_end": rate / e2e_rate,
+        "short_run": short,
+        "process_cpu": {"end_to_end_per_round_s": cpu_per_round,
+                        "compiled_per_round_s": compiled_cpu_per_round,
+                        "ratio_end_to_end_over_compiled": cpu_per_round / compiled_cpu_per_round},
         "instrumented": {**instrumented, "phase_seconds": phases.seconds,
                          "phase_calls": phases.calls, "phase_shares": shares},
     }
     print(f"[{label}] end-to-end {e2e_rate:.1f} rounds/s, compiled {rate:.1f} "
-          f"rounds/s, ratio {out['ratio_compiled_over_end_to_end']:.2f}; shares "
+          f"rounds/s, ratio {out['ratio_compiled_over_end_to_end']:.2f} (process CPU per round "
+          f"{cpu_per_round * 1e3:.3f} vs {compiled_cpu_per_round * 1e3:.3f} ms, ratio "
+          f"{cpu_per_round / compiled_cpu_per_round:.2f}); shares "
           + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()), file=sys.stderr, flush=True)
     return out
 

@@ -2,8 +2,9 @@
 
 * metrics.csv rows are fsynced once per checkpoint, before it is written, and
   at the end of the run, not once per row;
-* an asynchronous checkpoint save is complete once `close` returns, and the
-  next save (or a listing of the steps) waits for it;
+* an asynchronous checkpoint save runs on a worker thread and is complete
+  once `close` returns; the next save (or a listing of the steps) waits for it,
+  and a save that failed raises at the next save or at `close`;
 * a checkpoint's history is the same when its rows are encoded once each;
 * the batched cluster identity accuracy equals a brute-force per-row loop.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -95,17 +97,22 @@ def test_an_async_checkpoint_is_complete_after_close(tmp_path, monkeypatch):
     directory = tmp_path / "checkpoints"
     waits = []
     wait = RunCheckpoints.wait
-    monkeypatch.setattr(RunCheckpoints, "wait",
-                        lambda self: (waits.append(self._pending), wait(self))[1])
+    monkeypatch.setattr(RunCheckpoints, "wait", lambda self: (
+        waits.append(self._pending and self._pending[0]), wait(self))[1])
+    savers = []
+    orbax_save = checkpoint._orbax().CheckpointManager.save
+    monkeypatch.setattr(checkpoint._orbax().CheckpointManager, "save", lambda *a, **k: (
+        savers.append(threading.current_thread()), orbax_save(*a, **k))[1])
     history = [{"round": 0, "loss": np.float32(2.0)}]
     checkpoints = RunCheckpoints(directory)
     checkpoints.save(1, _state(1), jax.random.key(3), history)
-    assert checkpoints._open()._options.enable_async_checkpointing
     history.append({"round": 2, "loss": np.array([1.0, 0.5], np.float32)})
     checkpoints.save(2, _state(2), jax.random.key(3), history)
     assert 1 in waits  # the second save waited for the first
     checkpoints.close()
     assert waits[-1] == 2  # close waited for the last one
+    # The whole orbax save ran on the worker thread, not in the caller.
+    assert len(savers) == 2 and threading.current_thread() not in savers
     assert sorted(p.name for p in directory.iterdir()) == ["1", "2"]
     with RunCheckpoints(directory) as again:
         assert again.steps() == [1, 2]
@@ -117,6 +124,56 @@ def test_an_async_checkpoint_is_complete_after_close(tmp_path, monkeypatch):
     assert restored.history[0]["loss"] == np.float32(2.0)
     assert restored.history[0]["loss"].dtype == np.float32
     np.testing.assert_array_equal(restored.history[1]["loss"], history[1]["loss"])
+
+
+def _failing_orbax_save(monkeypatch, failing_step: int, error: Exception):
+    """orbax's save raising `error` (in the worker) for `failing_step`."""
+    manager = checkpoint._orbax().CheckpointManager
+    orbax_save = manager.save
+
+    def save(self, step, *args, **kwargs):
+        if step == failing_step:
+            raise error
+        return orbax_save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(manager, "save", save)
+
+
+def test_a_failed_background_save_raises_at_the_next_save(tmp_path, monkeypatch):
+    _failing_orbax_save(monkeypatch, 2, ValueError(
+        "Error writing local file: [RESOURCE_EXHAUSTED: os_error_code=28 ...]"))
+    checkpoints = RunCheckpoints(tmp_path / "c")
+    checkpoints.save(1, _state(1), jax.random.key(3), [])
+    checkpoints.save(2, _state(2), jax.random.key(3), [])  # fails in the worker
+    with pytest.raises(OSError) as error:
+        checkpoints.save(3, _state(3), jax.random.key(3), [])
+    assert error.value.errno == 28 and error.value.filename == str(tmp_path / "c" / "2")
+    checkpoints.close()  # the error was raised once; nothing is pending
+    with RunCheckpoints(tmp_path / "c") as again:
+        assert again.steps() == [1]  # round 3 was refused, round 2 never committed
+
+
+def test_a_failed_last_save_raises_at_close(tmp_path, monkeypatch):
+    _failing_orbax_save(monkeypatch, 2, RuntimeError("disk on fire"))
+    checkpoints = RunCheckpoints(tmp_path / "c")
+    checkpoints.save(1, _state(1), jax.random.key(3), [])
+    checkpoints.save(2, _state(2), jax.random.key(3), [])
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        checkpoints.close()
+    with RunCheckpoints(tmp_path / "c") as again:
+        assert again.steps() == [1]
+
+
+def test_numpy_leaves_are_saved_as_they_were_when_save_was_called(tmp_path):
+    state = {"w": np.arange(6.0, dtype=np.float32), "key": jax.random.key(1)}
+    with RunCheckpoints(tmp_path / "c") as checkpoints:
+        checkpoints.save(1, state, jax.random.key(3), [])
+        state["w"][:] = -1.0  # changed while the worker may still be writing
+    with RunCheckpoints(tmp_path / "c") as again:
+        restored = again.restore(jax.eval_shape(lambda: {"w": jnp.zeros(6, jnp.float32),
+                                                         "key": jax.random.key(0)}),
+                                 jax.eval_shape(lambda: jax.random.key(0)))
+    np.testing.assert_array_equal(restored.state["w"], np.arange(6.0, dtype=np.float32))
 
 
 def test_a_new_history_is_encoded_afresh(tmp_path):
