@@ -115,6 +115,25 @@ def test_scan_client_chunks_visits_every_client_once(chunk):
     np.testing.assert_array_equal(doubled, 2 * values)
 
 
+@pytest.mark.parametrize("m,chunk", [(10, 3), (11, 2), (7, 4), (13, 5), (12, 4)])
+def test_scan_client_chunks_padded_outputs_in_place(m, chunk):
+    # Each output row is its own client's, padded last chunk included (written at m − c
+    # over the rows the chunk before it wrote), and the carry sees each client once.
+    values = {"x": jnp.arange(m, dtype=jnp.float32) + 1,
+              "y": jnp.arange(2 * m, dtype=jnp.int32).reshape(m, 2)}
+    seen = []
+
+    def fn(total, part, valid):
+        return total + jnp.sum(jnp.where(valid, part["x"], 0.0)), {
+            "x": 3 * part["x"], "y": part["y"] - 1, "valid": valid}
+
+    total, out = scan_client_chunks(fn, jnp.float32(0), values, chunk)
+    for i in range(m):
+        seen.append((float(out["x"][i]), out["y"][i].tolist(), bool(out["valid"][i])))
+    assert seen == [(3.0 * (i + 1), [2 * i - 1, 2 * i], True) for i in range(m)]
+    assert float(total) == m * (m + 1) / 2
+
+
 @pytest.mark.parametrize("bad", [0, -2, 2.5, True, "4"])
 def test_check_client_chunk_rejects(bad):
     with pytest.raises(ValueError, match="client_chunk"):

@@ -433,6 +433,28 @@ def test_segment_average_k1_is_weighted_mean():
     np.testing.assert_allclose(seg_w, [weights.sum()], rtol=RTOL)
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 4, 7, 50])
+def test_segment_average_chunked_equals_loop_and_unchunked(chunk):
+    # Chunks scatter into the running totals in client order: the unchunked sums exactly
+    # (many clients per segment, so the order of the float additions shows).
+    m, k = 50, 3
+    rng = np.random.default_rng(2)
+    values = {"a": rng.normal(size=(m, 4, 3)).astype(np.float32),
+              "b": rng.normal(size=(m,)).astype(np.float32)}
+    ids = rng.integers(-1, k + 1, size=m).astype(np.int32)  # -1 and k are dropped
+    weights = rng.uniform(0.0, 3.0, size=m).astype(np.float32)
+    fallback = {"a": np.zeros((k, 4, 3), np.float32), "b": np.zeros((k,), np.float32)}
+    args = (jax.tree.map(jnp.asarray, values), jnp.asarray(ids), k, jnp.asarray(weights))
+    got, seg_w = segment_average(*args, client_chunk=chunk)
+    plain, plain_w = segment_average(*args)
+    chex.assert_trees_all_equal(got, plain)
+    np.testing.assert_array_equal(seg_w, plain_w)
+    want, want_w = _segment_loop(values, ids, k, weights, fallback, "segment")
+    chex.assert_trees_all_close(jax.tree.map(np.asarray, got),
+                                jax.tree.map(lambda a: a.astype(np.float32), want),
+                                rtol=RTOL, atol=ATOL)
+
+
 def test_segment_average_drops_out_of_range_ids():
     values = jnp.asarray([[1.0], [2.0], [100.0], [-100.0]])
     got, seg_w = segment_average(values, jnp.asarray([0, 0, 2, -1]), 2)

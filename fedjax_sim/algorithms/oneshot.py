@@ -49,8 +49,9 @@ def one_shot_clustering(
     """Builds one-shot clustering; its rounds are per-cluster FedAvg with fixed assignments.
 
     client_chunk (None: all clients at once) bounds the memory of the local
-    pre-training, the rounds and evaluation as in `local_models` and `ifca`;
-    k-means itself still sees all m local models (in place, leaf by leaf). Clients without
+    pre-training, the cluster means of the local models, the rounds and evaluation
+    as in `local_models` and `ifca`; k-means itself still sees all m local models
+    (in place, leaf by leaf). Clients without
     data take no part in k-means (assignment -1) nor in any average.
     `sampling` draws the minibatches of both phases ("with_replacement" or
     "epochs", see `ops.client_update`).
@@ -90,7 +91,7 @@ def one_shot_clustering(
         )
         cluster_params, _ = segment_average(
             state.params, labels, num_clusters, weights=data.num_examples.astype(jnp.float32),
-            fallback=fallback,
+            fallback=fallback, client_chunk=client_chunk,
         )
         base = clustered.init(k_init, data)
         return base._replace(cluster_params=cluster_params, assignment=labels)

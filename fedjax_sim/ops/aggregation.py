@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 
-@functools.partial(jax.jit, static_argnames=("num_segments", "normalize"))
+@functools.partial(jax.jit, static_argnames=("num_segments", "normalize", "client_chunk"))
 def segment_average(
     values,
     segment_ids: jax.Array,
@@ -16,6 +16,7 @@ def segment_average(
     weights: jax.Array | None = None,
     fallback=None,
     normalize: str = "segment",
+    client_chunk: int | None = None,
 ):
     """Weighted per-segment average of a client-stacked pytree.
 
@@ -30,6 +31,7 @@ def segment_average(
       normalize: "segment" divides each segment's weighted sum by that
         segment's weight (IFCA option II, FedAvg); "total" divides by the
         total weight of all clients (IFCA option I divides by m).
+      client_chunk: as in `segment_totals`.
 
     Returns:
       (averages, segment_weights): pytree with leaves [k, ...], and [k] weights.
@@ -39,7 +41,8 @@ def segment_average(
     m = segment_ids.shape[0]
     if weights is None:
         weights = jnp.ones((m,), jnp.float32)
-    totals, seg_weight = segment_totals(values, segment_ids, num_segments, weights)
+    totals, seg_weight = segment_totals(values, segment_ids, num_segments, weights,
+                                        client_chunk=client_chunk)
     if normalize == "segment":
         denom = seg_weight
     else:
@@ -51,7 +54,8 @@ def segment_average(
     return divide_segments(totals, seg_weight, fallback, denom), seg_weight
 
 
-def segment_totals(values, segment_ids: jax.Array, num_segments: int, weights: jax.Array):
+def segment_totals(values, segment_ids: jax.Array, num_segments: int, weights: jax.Array,
+                   client_chunk: int | None = None):
     """Per-segment weighted sums Σ_{i: id_i = j} w_i values[i], and Σ w_i.
 
     The additive half of `segment_average`: sums over chunks of clients add
@@ -63,6 +67,10 @@ def segment_totals(values, segment_ids: jax.Array, num_segments: int, weights: j
       segment_ids: [m] ints; ids outside [0, num_segments) are dropped.
       num_segments: k.
       weights: [m] non-negative weights.
+      client_chunk: None weighs all m clients' values at once (the scatter's
+        [m, ...] operand w_i values[i] is a copy of `values`); else this many
+        at a time, each chunk scattered into the running totals: the same sums,
+        added in the same order, with one chunk's weighted copy.
 
     Returns:
       (totals with leaves [k, ...], [k] float32 segment weights).
@@ -73,9 +81,25 @@ def segment_totals(values, segment_ids: jax.Array, num_segments: int, weights: j
 
     def total(leaf):
         w = weights.reshape((m,) + (1,) * (leaf.ndim - 1)).astype(leaf.dtype)
-        return jax.ops.segment_sum(w * leaf, segment_ids, num_segments)
+        if client_chunk is None or client_chunk >= m:
+            return jax.ops.segment_sum(w * leaf, segment_ids, num_segments)
+        out = jnp.zeros((num_segments,) + leaf.shape[1:], leaf.dtype)
+        for start in range(0, m, client_chunk):  # static slices: chunks never padded
+            stop = min(start + client_chunk, m)
+            out = _scatter_add(out, segment_ids[start:stop], w[start:stop] * leaf[start:stop])
+        return out
 
     return jax.tree.map(total, values), seg_weight
+
+
+def _scatter_add(totals, segment_ids, updates):
+    """totals[segment_ids[i]] += updates[i] in order of i, ids outside [0, k) dropped: the
+    scatter `jax.ops.segment_sum` makes (into zeros), here into running totals."""
+    dims = jax.lax.ScatterDimensionNumbers(
+        update_window_dims=tuple(range(1, updates.ndim)), inserted_window_dims=(0,),
+        scatter_dims_to_operand_dims=(0,))
+    return jax.lax.scatter_add(totals, segment_ids[:, None], updates, dims,
+                               mode=jax.lax.GatherScatterMode.FILL_OR_DROP)
 
 
 def divide_segments(totals, seg_weight: jax.Array, fallback, denom: jax.Array | None = None):

@@ -157,10 +157,11 @@ def scan_client_chunks(fn, carry, clients, client_chunk: int):
     part_shape = jax.eval_shape(part_of, 0)
     valid_shape = jax.ShapeDtypeStruct((chunk,), jnp.bool_)
     _, out_shape = jax.eval_shape(fn, carry, part_shape, valid_shape)
+    if not strided:
+        return _scan_contiguous(fn, carry, part_of, clients_of, out_shape, m, chunk, num_chunks)
 
     def buffer(o):
-        shape = (o.shape[0], num_chunks) if strided else (num_chunks, o.shape[0])
-        return jnp.zeros(shape + o.shape[1:], o.dtype)
+        return jnp.zeros((o.shape[0], num_chunks) + o.shape[1:], o.dtype)
 
     outs = jax.tree.map(buffer, out_shape)
 
@@ -174,6 +175,34 @@ def scan_client_chunks(fn, carry, clients, client_chunk: int):
 
     (carry, outs), _ = jax.lax.scan(body, (carry, outs), jnp.arange(num_chunks))
     outs = jax.tree.map(lambda a: a.reshape((chunk * num_chunks,) + a.shape[2:])[:m], outs)
+    return carry, outs
+
+
+def _scan_contiguous(fn, carry, part_of, clients_of, out_shape, m, chunk, num_chunks):
+    """`scan_client_chunks` on one device: chunk t holds clients tc, ..., tc + c − 1.
+
+    The outputs are written into [m, ...] buffers, not [S·c, ...] ones cut to m
+    afterwards (the cut is a copy of every output: 1 GB for one-shot's 5 × 320
+    pre-trained MLPs). The last chunk, padded by p = S·c − m, is written at m − c:
+    its first p rows there keep what chunk S − 2 wrote, the rest are its c − p real
+    clients (p < c: otherwise S − 1 chunks would do).
+    """
+    pad = chunk * num_chunks - m
+
+    def write(buf, o, t):
+        if pad:
+            last = jnp.concatenate([jax.lax.slice_in_dim(buf, m - chunk, m - chunk + pad),
+                                    jax.lax.slice_in_dim(o, 0, chunk - pad)])
+            o = jnp.where(t == num_chunks - 1, last, o)
+        return jax.lax.dynamic_update_slice_in_dim(buf, o, jnp.minimum(t * chunk, m - chunk), 0)
+
+    def body(state, t):
+        carry, outs = state
+        carry, out = fn(carry, part_of(t), clients_of(t) < m)
+        return (carry, jax.tree.map(lambda buf, o: write(buf, o, t), outs, out)), None
+
+    outs = jax.tree.map(lambda o: jnp.zeros((m,) + o.shape[1:], o.dtype), out_shape)
+    (carry, outs), _ = jax.lax.scan(body, (carry, outs), jnp.arange(num_chunks))
     return carry, outs
 
 
