@@ -225,8 +225,9 @@ def test_views_compare_equals_copies(tmp_path, preset, sizes, methods):
     """clients=views (partition indices + a rotation into the images held once; a noisy
     client's relabelled rows appended to them) gives the clients of clients=copies and
     writes their per_seed.csv byte for byte."""
-    import jax
     import jax.numpy as jnp
+
+    from fedjax_sim.data import copy_at
 
     tiny = {"rounds": 2, "eval_every": 1, "seeds": 2, "hidden": 8, "local_steps": 2, **sizes}
     problems, per_seed = {}, {}
@@ -240,9 +241,10 @@ def test_views_compare_equals_copies(tmp_path, preset, sizes, methods):
         per_seed[clients] = (out / "per_seed.csv").read_text()
     assert per_seed["views"] == per_seed["copies"]
     copies, views = problems["copies"], problems["views"]
+    assert views["train"].shared_base and views["train"].base_x.ndim == 3  # one for both seeds
     for part in ("train", "test"):
         for seed in range(2):
-            a, b = (jax.tree.map(lambda z, i=seed: z[i], p[part]) for p in (copies, views))
+            a, b = (copy_at(p[part], seed) for p in (copies, views))
             ids = jnp.array([0, 3, a.num_clients - 1, 3])  # a repeat too
             for got, want in ((b.take(ids), a.take(ids)), (b.materialize(), a)):
                 for field in ("x", "y", "num_examples", "cluster"):

@@ -580,10 +580,11 @@ def test_views_compare_equals_copies():
 
 def test_cifar_views_compare_equals_copies(tmp_path):
     """Rotated CIFAR (k=2, 0°/180°, the preset's CNN and distorted views) over clients=views
-    writes the per_seed.csv of clients=copies byte for byte (FedAvg alone: the CNN compiles
-    slowly on CPU; IFCA's rounds over rotated views are compared in test_client_sources);
-    `take` gives the copies' clients."""
+    (the images held once for both seeds) writes the per_seed.csv of clients=copies byte
+    for byte (FedAvg alone: the CNN compiles slowly on CPU; IFCA's rounds over rotated
+    views are compared in test_client_sources); `take` gives the copies' clients."""
     from fedjax_sim import cli
+    from fedjax_sim.data import copy_at
 
     rng = np.random.default_rng(0)
     (tmp_path / "cifar10").mkdir()
@@ -605,10 +606,10 @@ def test_cifar_views_compare_equals_copies(tmp_path):
         per_seed[clients] = (out / "per_seed.csv").read_text()
     assert per_seed["views"] == per_seed["copies"]
     copies, views = problems["copies"], problems["views"]
-    assert views["train"].base_x.shape == (2, 20, 32, 32, 3)  # each image once per seed
+    assert views["train"].base_x.shape == (20, 32, 32, 3)  # each image once, for every seed
     for part in ("train", "test", "paired"):
         for seed in range(2):
-            a, b = (jax.tree.map(lambda z, i=seed: z[i], p[part]) for p in (copies, views))
+            a, b = (copy_at(p[part], seed) for p in (copies, views))
             ids = jnp.array([0, 3, a.num_clients - 1, 3])
             for got, want in ((b.take(ids), a.take(ids)), (b.materialize(), a)):
                 for field in ("x", "y", "num_examples", "cluster"):

@@ -21,7 +21,7 @@ import numpy as np
 
 from fedjax_sim.data import partition
 from fedjax_sim.data.archives import DataUnavailable
-from fedjax_sim.data.federated import ClientViews, FederatedData
+from fedjax_sim.data.federated import ClientViews, FederatedData, stack_views
 from fedjax_sim.data.images import (
     default_rotations,
     digits,
@@ -151,7 +151,7 @@ def _views(s: dict, per_seed: list[list[tuple]]) -> tuple:
             out.append(ClientViews.from_indices(
                 base_x, base_y, rows, counts, cluster,
                 transform=None if maps is None else cluster, maps=maps))
-        return stack_seeds(out)
+        return stack_views(out)
 
     width = max(max(max(p[2] for p in parts), 1) for parts in per_seed)
     test_width = max(max(max(len(p[1]) - p[2] for p in parts), 1) for parts in per_seed)
