@@ -11,7 +11,8 @@ named below) and each kind of clients, in a fresh subprocess:
     every array leaf of its client data (train, test and, for the rotated
     presets, paired test clients; seeds stacked) are summed: copies hold every
     client's rows, views hold the index arrays and the base images they index
-    (today stacked once per seed). peak_build_mib is the process's VmHWM after
+    (held once for every seed; a buffer two parts share counted once).
+    peak_build_mib is the process's VmHWM after
     building (Python, JAX and the decoded dataset included).
   rss: one small compare (`fedjax-sim compare PRESET --set rounds=1
     methods=<baseline> ...`, written to a temporary directory), the process's
@@ -89,7 +90,8 @@ def point(case: str, kind: str, clients: str, data_dir: str) -> dict:
         module = sys.modules[type(preset.experiment).__module__.rsplit(".", 1)[0]]
         problem = module.build_problem(s)
         parts = [problem[p] for p in ("train", "test", "paired") if p in problem]
-        nbytes = sum(a.nbytes for a in jax.tree.leaves(parts))
+        # Each buffer once: paired test views share the test views' base array.
+        nbytes = sum({id(a): a.nbytes for a in jax.tree.leaves(parts)}.values())
         return {"client_data_bytes": int(nbytes), "peak_build_mib": _vmhwm_mib(),
                 "seeds": s["seeds"]}
     with tempfile.TemporaryDirectory() as out:

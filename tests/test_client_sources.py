@@ -200,7 +200,7 @@ def compare_rounds(devices: int) -> dict[str, float]:
                                           eval_every=2, progress=False, mesh=mesh, **seeded)
             evaluated = algorithm.evaluate(state, clients)
             results.append((jax.tree.leaves(state), jax.tree.leaves(evaluated),
-                            [[row[key] for key in sorted(row)] for row in history]))
+                            [row[key] for row in history for key in sorted(row)]))
         for what, a, b in zip(("state", "evaluation", "history"), *results, strict=True):
             gap = _largest_gap(a, b)
             if gap:

@@ -155,8 +155,9 @@ def _views(s: dict, per_seed: list[list[tuple]]) -> tuple:
 
     width = max(max(max(p[2] for p in parts), 1) for parts in per_seed)
     test_width = max(max(max(len(p[1]) - p[2] for p in parts), 1) for parts in per_seed)
-    return (views(lambda r, cut: r[:cut], width),
-            views(lambda r, cut: r[cut:], test_width))
+    train = views(lambda r, cut: r[:cut], width)
+    test = views(lambda r, cut: r[cut:], test_width)  # the same base: one buffer for both
+    return train, test.replace(base_x=train.base_x, base_y=train.base_y, maps=train.maps)
 
 
 def build_problem(s: dict) -> dict:
