@@ -1,6 +1,7 @@
 """Clients that are not stored copies: views into one shared dataset, and generated clients.
 
-A round over views (index rows + a rotation into images held once) must give
+A round over views (index rows + a rotation into images held once: rotated
+digits, rotated CIFAR-shaped images, hetero's partitioned digits) must give
 exactly the numbers of the same round over stored copies, chunked or not, on
 1 and 4 (forced CPU) devices (on 4, one evaluation row may differ by 1 ulp of
 one client's loss, see the test); generated synthetic clients must equal
@@ -21,7 +22,16 @@ import pytest
 from federations import eight_clients, subprocess_env
 
 from fedjax_sim import ALGORITHMS, cli, memory, simulate
-from fedjax_sim.data import ClientViews, FederatedData, generated_mixture, linear_mixture
+from fedjax_sim.algorithms import with_seeds
+from fedjax_sim.data import (
+    ClientViews,
+    FederatedData,
+    copies_axes,
+    copy_at,
+    generated_mixture,
+    linear_mixture,
+    stack_views,
+)
 from fedjax_sim.data.images import (
     digits,
     fixed_split,
@@ -65,6 +75,42 @@ def rotated_digits(**kw):
     return rotated_clusters(*args, **kw), rotated_views(*args, **kw)
 
 
+def rotated_cifar_shaped():
+    """(copies, views) of k=2 rotated (0°/180°, as IFCA's CIFAR) random 32×32×3 images:
+    2 clients of 5 images per cluster."""
+    rng = np.random.default_rng(2)
+    images = rng.random((15, 32, 32, 3), dtype=np.float32)
+    labels = rng.integers(0, 10, 15).astype(np.int32)
+    kw = {"n": 5, "seed": 1, "k": 2, "clients_per_cluster": 2}
+    args = (images[:10], labels[:10], images[10:], labels[10:])
+    return rotated_clusters(*args, **kw).train, rotated_views(*args, **kw).train
+
+
+def seeded_digits():
+    """(copies, views) of rotated digits for seeds 1 and 2: copies stacked per seed, views
+    stacked on one shared base (`stack_views`)."""
+    from fedjax_sim.experiments.base import stack_seeds
+
+    pairs = [rotated_digits(seed=seed) for seed in (1, 2)]
+    return (stack_seeds([c.train for c, _ in pairs]),
+            stack_views([v.train for _, v in pairs]))
+
+
+def partitioned_digits():
+    """(copies, views) of hetero's clients: Dirichlet(0.1) digits, 2 rotation clusters of 4
+    ragged clients, the last of each with noisy labels (rows appended to the views' base)."""
+    from fedjax_sim.experiments import get_preset, hetero, resolve_settings
+
+    sizes = {"seeds": 1, "partitioner": "dirichlet", "alpha": 0.1, "num_clients": 8,
+             "rotations": 2, "noisy_clients": 1, "test_fraction": 0.9}
+    out = []
+    for clients in ("copies", "views"):
+        s = resolve_settings(get_preset("hetero-digits"), {**sizes, "clients": clients},
+                             "compare")
+        out.append(copy_at(hetero.build_problem(s)["train"], 0))
+    return tuple(out)
+
+
 def tiny_conv():
     """A 3×3 convolution, 4 channels, then a dense layer: [n, 8, 8] digits -> 10 logits."""
     import flax.linen as nn
@@ -94,6 +140,16 @@ ROUND_CASES = [
     ("fedavg", "digits", "conv", {"learning_rate": 0.1, "local_steps": 2, "batch_size": 5}),
     ("ifca", "digits", "conv", {"num_clusters": 2, "learning_rate": 0.1, "option": "model",
                                 "local_steps": 2, "client_chunk": 3}),
+    ("ifca", "cifar", "mlp3", {"num_clusters": 2, "learning_rate": 0.1, "option": "model",
+                               "local_steps": 2, "batch_size": 5}),
+    ("fedavg", "cifar", "mlp3", {"learning_rate": 0.1, "local_steps": 2, "client_chunk": 3}),
+    ("ifca", "partition", "mlp", {"num_clusters": 2, "learning_rate": 0.1, "option": "model",
+                                  "local_steps": 2, "batch_size": 5}),
+    ("fedavg", "partition", "mlp", {"learning_rate": 0.1, "local_steps": 2, "batch_size": 5,
+                                    "client_chunk": 4, "participation": 0.5}),
+    # Two seeds (`with_seeds`): copies stacked per seed vs views of one shared base.
+    ("ifca", "seeds", "mlp", {"num_clusters": 4, "learning_rate": 0.1, "option": "model",
+                              "local_steps": 2, "batch_size": 5, "client_chunk": 4}),
 ]
 
 
@@ -121,9 +177,11 @@ def compare_rounds(devices: int) -> dict[str, float]:
     mesh = None if devices == 1 else make_mesh(devices)
     linear = ragged_linear()
     copies, views = rotated_digits()
-    data = {"linear": (linear, views_of(linear)), "digits": (copies.train, views.train)}
+    data = {"linear": (linear, views_of(linear)), "digits": (copies.train, views.train),
+            "cifar": rotated_cifar_shaped(), "partition": partitioned_digits(),
+            "seeds": seeded_digits()}
     models = {"linear": linear_regression(5), "mlp": mlp_classifier((8, 8), [16], 10),
-              "conv": tiny_conv()}
+              "conv": tiny_conv(), "mlp3": mlp_classifier((32, 32, 3), [8], 10)}
     gaps = {}
     if mesh is not None:  # the shared base replicated, the indices sharded: by type
         shardings = input_shardings(views.train, mesh)
@@ -132,13 +190,17 @@ def compare_rounds(devices: int) -> dict[str, float]:
             gaps["placement"] = 1.0
     for i, (name, kind, model, kwargs) in enumerate(ROUND_CASES):
         algorithm = ALGORITHMS[name](models[model], **kwargs)
+        seeded = {}
+        if kind == "seeds":
+            algorithm = with_seeds(algorithm, 2)
+            seeded = {"copies_axis": True, "data_copies_axis": 1}
         results = []
         for clients in data[kind]:
             state, history = simulate.run(algorithm, clients, jax.random.key(3), rounds=2,
-                                          eval_every=2, progress=False, mesh=mesh)
+                                          eval_every=2, progress=False, mesh=mesh, **seeded)
             evaluated = algorithm.evaluate(state, clients)
             results.append((jax.tree.leaves(state), jax.tree.leaves(evaluated),
-                            [[row[key] for key in sorted(row)] for row in history]))
+                            [row[key] for row in history for key in sorted(row)]))
         for what, a, b in zip(("state", "evaluation", "history"), *results, strict=True):
             gap = _largest_gap(a, b)
             if gap:
@@ -174,6 +236,33 @@ def test_rotation_maps_match_rotate():
     for t in range(4):
         got = image.reshape(2, -1)[:, maps[t]].reshape(image.shape)
         np.testing.assert_array_equal(got, rotate(image, t))
+
+
+def test_cifar_shaped_and_partitioned_views_take_equals_copies():
+    for copies, views in (rotated_cifar_shaped(), partitioned_digits()):
+        assert isinstance(views, ClientViews)
+        ids = jnp.array([0, 3, copies.num_clients - 1, 3])
+        for got, want in ((views.take(ids), copies.take(ids)), (views.materialize(), copies)):
+            for field in FIELDS:
+                np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
+
+
+def test_stacked_views_share_one_base():
+    copies, views = seeded_digits()
+    assert views.shared_base and views.base_x.shape == (1597, 8, 8)  # once, for both seeds
+    assert views.rows.shape[0] == 2 and views.features_per_example() == 64
+    axes = copies_axes({"clients": views})["clients"]
+    assert (axes.rows, axes.base_x, axes.base_y) == (0, None, None)
+    for seed in range(2):
+        for field in FIELDS:
+            np.testing.assert_array_equal(getattr(copy_at(views, seed).materialize(), field),
+                                          getattr(copy_at(copies, seed), field))
+    other = rotated_digits(clients_per_cluster=3)[1].train
+    with pytest.raises(ValueError, match="stacking needs one"):
+        stack_views([views.copy_at(0), other])
+    shifted = other.replace(base_x=other.base_x + 1.0)
+    with pytest.raises(ValueError, match="index different bases"):
+        stack_views([other, shifted])
 
 
 def test_ragged_views_pad_with_zeros_like_copies():

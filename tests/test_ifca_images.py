@@ -576,3 +576,42 @@ def test_views_compare_equals_copies():
             np.testing.assert_array_equal(views.per_seed[method][metric], want,
                                           err_msg=f"{method} {metric}")
         assert repr(views.histories[method]) == repr(copies.histories[method])
+
+
+def test_cifar_views_compare_equals_copies(tmp_path):
+    """Rotated CIFAR (k=2, 0°/180°, the preset's CNN and distorted views) over clients=views
+    (the images held once for both seeds) writes the per_seed.csv of clients=copies byte
+    for byte (FedAvg alone: the CNN compiles slowly on CPU; IFCA's rounds over rotated
+    views are compared in test_client_sources); `take` gives the copies' clients."""
+    from fedjax_sim import cli
+    from fedjax_sim.data import copy_at
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "cifar10").mkdir()
+    for split, size in (("train", 20), ("test", 10)):
+        np.savez(tmp_path / "cifar10" / f"{split}.npz",
+                 x=rng.integers(0, 256, size=(size, 32, 32, 3), dtype=np.uint8),
+                 y=rng.integers(0, 10, size=size))
+    tiny = {"data_dir": str(tmp_path), "n": 5, "batch_size": 5, "local_steps": 1, "rounds": 1,
+            "eval_every": 1, "seeds": 2, "participation": 0.5}
+    preset = get_preset("ifca-rotated-cifar")
+    per_seed, problems = {}, {}
+    for clients in ("copies", "views"):
+        s = resolve(preset.experiment.declared, preset.defaults, {**tiny, "clients": clients})
+        problems[clients] = E.build_problem(s)
+        out = tmp_path / clients
+        assert cli.main(["compare", "ifca-rotated-cifar", "--set",
+                         *(f"{k}={v}" for k, v in tiny.items()), "methods=fedavg",
+                         f"clients={clients}", "--out", str(out), "--no-progress"]) == 0
+        per_seed[clients] = (out / "per_seed.csv").read_text()
+    assert per_seed["views"] == per_seed["copies"]
+    copies, views = problems["copies"], problems["views"]
+    assert views["train"].base_x.shape == (20, 32, 32, 3)  # each image once, for every seed
+    for part in ("train", "test", "paired"):
+        for seed in range(2):
+            a, b = (copy_at(p[part], seed) for p in (copies, views))
+            ids = jnp.array([0, 3, a.num_clients - 1, 3])
+            for got, want in ((b.take(ids), a.take(ids)), (b.materialize(), a)):
+                for field in ("x", "y", "num_examples", "cluster"):
+                    np.testing.assert_array_equal(getattr(got, field), getattr(want, field),
+                                                  err_msg=f"{part} seed {seed} {field}")

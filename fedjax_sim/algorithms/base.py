@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_sim.data.federated import copies_axes
 from fedjax_sim.models.core import Model, check_model_data
 
 State = Any
@@ -128,14 +129,17 @@ def _copies(algorithm: Algorithm, count: int, data_axis) -> Algorithm:
     def fold(key):
         return jax.vmap(lambda r: jax.random.fold_in(key, r))(ids)
 
+    def axes(data):  # a shared base (stacked views) is not mapped
+        return data_axis(data) if callable(data_axis) else data_axis
+
     def init(key, data):
-        return jax.vmap(algorithm.init, in_axes=(0, data_axis))(fold(key), data)
+        return jax.vmap(algorithm.init, in_axes=(0, axes(data)))(fold(key), data)
 
     def round_(state, data, key):
-        return jax.vmap(algorithm.round, in_axes=(0, data_axis, 0))(state, data, fold(key))
+        return jax.vmap(algorithm.round, in_axes=(0, axes(data), 0))(state, data, fold(key))
 
     def evaluate(state, data):
-        return jax.vmap(algorithm.evaluate, in_axes=(0, data_axis))(state, data)
+        return jax.vmap(algorithm.evaluate, in_axes=(0, axes(data)))(state, data)
 
     def client_axes(state):
         inner = algorithm.client_axes(state)  # only the structure is read
@@ -171,4 +175,4 @@ def with_seeds(algorithm: Algorithm, seeds: int, *, shared_data: bool = False) -
     """
     if not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds must be >= 1; got {seeds}.")
-    return _copies(algorithm, seeds, None if shared_data else 0)
+    return _copies(algorithm, seeds, None if shared_data else copies_axes)

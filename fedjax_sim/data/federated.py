@@ -22,7 +22,9 @@ per-client transform such as a rotation), and `data.synthetic.GeneratedClients`
 (`ops.cohort`, `ops.chunking`) splits a source into its per-client leaves,
 which it slices by chunk (and devices shard), and rebuilds the chunk's
 `FederatedData` with `gather`; which leaves are per-client is said by
-`placement`, never guessed from shapes.
+`placement`, never guessed from shapes. Views of several seeds stack on one
+base (`stack_views`): only their index arrays carry the seeds axis, and
+`copies_axes` / `copy_at` say so to `with_seeds` and per-seed code.
 """
 
 from __future__ import annotations
@@ -102,10 +104,31 @@ class ClientSource:
         x = jax.eval_shape(lambda s: s.take(jnp.zeros((1,), jnp.int32)).x, self)
         return sum(math.prod(a.shape[2:]) for a in jax.tree.leaves(x))
 
+    def copies_axes(self):
+        """vmap in_axes of this source stacked per copy (seed): 0, or a prefix per leaf."""
+        return 0
+
+    def copy_at(self, i):
+        """Copy (seed) i of this source stacked per copy."""
+        return jax.tree.map(lambda a: a[i], self)
+
 
 def is_client_source(node) -> bool:
     """Whether a pytree node is client data (copies, views or generated clients)."""
     return isinstance(node, ClientSource)
+
+
+def copies_axes(data):
+    """vmap in_axes of inputs stacked per copy (seed): 0 for every leaf, except the
+    shared base of views stacked with `stack_views` (None: every copy reads it)."""
+    return jax.tree.map(lambda n: n.copies_axes() if is_client_source(n) else 0, data,
+                        is_leaf=is_client_source)
+
+
+def copy_at(data, i):
+    """Copy (seed) i of inputs stacked per copy (a shared base stays whole)."""
+    return jax.tree.map(lambda n: n.copy_at(i) if is_client_source(n) else n[i], data,
+                        is_leaf=is_client_source)
 
 
 @struct.dataclass
@@ -302,6 +325,9 @@ class ClientViews(ClientSource):
       base_y: [N, ...] the shared targets.
       maps: [T, F] int32, F = prod(features): transform t puts flat feature
         maps[t, f] of an example at flat position f; None: no transform.
+      shared_base: the per-client leaves carry leading copies (seeds) axes that
+        base_x, base_y and maps do not: every copy reads the one base
+        (`stack_views`; `copies_axes` gives vmap their in_axes).
     """
 
     rows: jax.Array
@@ -311,6 +337,7 @@ class ClientViews(ClientSource):
     base_x: Any
     base_y: jax.Array
     maps: jax.Array | None = None
+    shared_base: bool = struct.field(pytree_node=False, default=False)
 
     @property
     def num_clients(self) -> int:
@@ -369,9 +396,22 @@ class ClientViews(ClientSource):
 
     def features_per_example(self) -> int:
         # base_x leaves are [*copies, N, *features], with the copies (seeds) axes that
-        # num_examples ([*copies, m]) carries: no gather, stacked views included.
-        batch = len(self.num_examples.shape)
+        # num_examples ([*copies, m]) carries unless the base is shared: no gather.
+        batch = 1 if self.shared_base else len(self.num_examples.shape)
         return sum(math.prod(a.shape[batch:]) for a in jax.tree.leaves(self.base_x))
+
+    def copies_axes(self):
+        if not self.shared_base:
+            return 0
+        return self.replace(rows=0, transform=0, num_examples=0, cluster=0, base_x=None,
+                            base_y=None, maps=None)
+
+    def copy_at(self, i) -> ClientViews:
+        if not self.shared_base:
+            return super().copy_at(i)
+        rows, transform, count, cluster = (a[i] for a in self.client_leaves())
+        return self.replace(rows=rows, transform=transform, num_examples=count,
+                            cluster=cluster)
 
     def subset(self, ids) -> ClientViews:
         """The clients `ids` ([s] ints) as views of the same base: nothing is gathered."""
@@ -462,6 +502,33 @@ class ClientViews(ClientSource):
                    num_examples=jnp.asarray(num_examples, jnp.int32),
                    cluster=jnp.asarray(cluster, jnp.int32), base_x=x_dev,
                    base_y=_to_device(base_y, "base_y", every), maps=maps)
+
+
+def stack_views(views: Sequence[ClientViews]) -> ClientViews:
+    """Views of one base (one per seed), their per-client leaves stacked on a leading
+    [copies] axis and the base held once (`shared_base`).
+
+    Raises:
+      ValueError: the views differ in their base (values or shapes), or in their
+        clients' shapes (pad the index rows to one n_max first).
+    """
+    first = views[0]
+    for i, v in enumerate(views[1:], 1):
+        same = (jax.tree.structure(v.base_x) == jax.tree.structure(first.base_x)
+                and (v.maps is None) == (first.maps is None)
+                and all(a.shape == b.shape and bool(jnp.array_equal(a, b)) for a, b in zip(
+                    jax.tree.leaves((v.base_x, v.base_y, v.maps)),
+                    jax.tree.leaves((first.base_x, first.base_y, first.maps)), strict=True)))
+        if not same:
+            raise ValueError(f"views {i} and 0 index different bases; stack_views shares one.")
+        if v.rows.shape != first.rows.shape:
+            raise ValueError(f"views {i} has rows {v.rows.shape}, views 0 {first.rows.shape}: "
+                             "stacking needs one [m, n_max].")
+    leaves = [jnp.stack(column) for column in zip(*(v.client_leaves() for v in views),
+                                                  strict=True)]
+    rows, transform, count, cluster = leaves
+    return first.replace(rows=rows, transform=transform, num_examples=count, cluster=cluster,
+                         shared_base=True)
 
 
 @struct.dataclass

@@ -9,6 +9,10 @@ noisy client's labels, train and test, become a uniform random class with
 probability `label_noise`: its data is harder, not only mislabelled in
 training. Seed i draws its own partitions and noise (seed sequence [seed, i]);
 every method gets the same data, init keys and round keys per seed.
+
+Clients are stored copies, or (setting clients=views) `ClientViews`: each
+client's partition indices and its cluster's rotation into the images held
+once, gathered per cohort chunk inside the round, with the same numbers.
 """
 
 from __future__ import annotations
@@ -17,8 +21,14 @@ import numpy as np
 
 from fedjax_sim.data import partition
 from fedjax_sim.data.archives import DataUnavailable
-from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.data.images import default_rotations, digits, mnist_5k, rotate
+from fedjax_sim.data.federated import ClientViews, FederatedData, stack_views
+from fedjax_sim.data.images import (
+    default_rotations,
+    digits,
+    mnist_5k,
+    rotate,
+    rotation_maps,
+)
 from fedjax_sim.experiments.base import stack_seeds
 
 DATASETS = ("digits", "mnist")
@@ -68,28 +78,101 @@ def client_indices(labels: np.ndarray, s: dict, seed: int) -> list[np.ndarray]:
                          f"cluster = {m}): {err}") from None
 
 
-def seed_clients(s: dict, i: int) -> list[tuple]:
-    """Seed i's clients: (train x, train y, test x, test y, cluster, noisy) each."""
-    images, labels = load_images(s)
-    turns = default_rotations(s["rotations"])
+def seed_parts(s: dict, i: int) -> list[tuple]:
+    """Seed i's clients as indices: (examples [n_i], labels [n_i], train count, cluster, noisy).
+
+    The labels are the examples' own, but a noisy client's are redrawn with
+    probability label_noise (the same draws, in the same order, whatever the clients'
+    storage).
+    """
+    _, labels = load_images(s)
     per = s["num_clients"] // s["rotations"]
     rng = np.random.default_rng([s["seed"], i])
-    clients = []
-    for c, q in enumerate(turns):
+    parts = []
+    for c in range(s["rotations"]):
         seed = int(np.random.SeedSequence([s["seed"], i, c]).generate_state(1)[0])
         for j, idx in enumerate(client_indices(labels, s, seed)):
-            x, y = rotate(images[idx], q), labels[idx].copy()
+            y = labels[idx].copy()
             noisy = j >= per - s["noisy_clients"]
             if noisy:
                 flip = rng.random(len(y)) < s["label_noise"]
                 y[flip] = rng.integers(0, 10, int(flip.sum()))
-            cut = len(y) - int(s["test_fraction"] * len(y))
-            clients.append((x[:cut], y[:cut], x[cut:], y[cut:], c, noisy))
+            parts.append((idx, y, len(y) - int(s["test_fraction"] * len(y)), c, noisy))
+    return parts
+
+
+def seed_clients(s: dict, i: int) -> list[tuple]:
+    """Seed i's clients: (train x, train y, test x, test y, cluster, noisy) each."""
+    images, _ = load_images(s)
+    turns = default_rotations(s["rotations"])
+    clients = []
+    for idx, y, cut, c, noisy in seed_parts(s, i):
+        x = rotate(images[idx], turns[c])
+        clients.append((x[:cut], y[:cut], x[cut:], y[cut:], c, noisy))
     return clients
 
 
+def _views(s: dict, per_seed: list[list[tuple]]) -> tuple:
+    """Every seed's (train, test) clients as `ClientViews` of the images held once.
+
+    A client's rows are its partition indices and its transform its cluster's
+    rotation. A relabelled example (a noisy client's) cannot be a row of the
+    images' own labels: those rows alone are appended to the base, with their new
+    labels (every seed's, so all seeds share one base).
+    """
+    images, labels = load_images(s)
+    extra_x, extra_y, rows_of = [], [], []
+    total = len(labels)
+    for parts in per_seed:
+        seed_rows = []
+        for idx, y, _, _, _ in parts:
+            changed = y != labels[idx]
+            rows = idx.copy()
+            rows[changed] = total + np.arange(int(changed.sum()))
+            total += int(changed.sum())
+            extra_x.append(images[idx[changed]])
+            extra_y.append(y[changed])
+            seed_rows.append(rows)
+        rows_of.append(seed_rows)
+    base_x = np.concatenate([images, *extra_x])
+    base_y = np.concatenate([labels, *extra_y])
+    turns = default_rotations(s["rotations"])
+    maps = rotation_maps(images.shape[1:], turns) if len(turns) > 1 else None
+
+    def views(cut_rows, width):
+        out = []
+        for parts, seed_rows in zip(per_seed, rows_of, strict=True):
+            rows = np.zeros((len(parts), width), np.int64)
+            counts = np.zeros(len(parts), np.int32)
+            for i, (p, r) in enumerate(zip(parts, seed_rows, strict=True)):
+                mine = cut_rows(r, p[2])
+                rows[i, :len(mine)], counts[i] = mine, len(mine)
+            cluster = np.array([p[3] for p in parts], np.int32)
+            out.append(ClientViews.from_indices(
+                base_x, base_y, rows, counts, cluster,
+                transform=None if maps is None else cluster, maps=maps))
+        return stack_views(out)
+
+    width = max(max(max(p[2] for p in parts), 1) for parts in per_seed)
+    test_width = max(max(max(len(p[1]) - p[2] for p in parts), 1) for parts in per_seed)
+    train = views(lambda r, cut: r[:cut], width)
+    test = views(lambda r, cut: r[cut:], test_width)  # the same base: one buffer for both
+    return train, test.replace(base_x=train.base_x, base_y=train.base_y, maps=train.maps)
+
+
 def build_problem(s: dict) -> dict:
-    """Train and test clients of every seed, stacked on a leading [seeds] axis."""
+    """Train and test clients of every seed, stacked on a leading [seeds] axis.
+
+    clients=views: `ClientViews` (partition indices and a rotation into the images,
+    gathered per cohort chunk inside the round) with the same numbers as the copies.
+    """
+    images, _ = load_images(s)
+    if s.get("clients", "copies") == "views":
+        per_seed = [seed_parts(s, i) for i in range(s["seeds"])]
+        train, test = _views(s, per_seed)
+        first = per_seed[0]
+        return {"train": train, "test": test, "cluster": np.array([p[3] for p in first]),
+                "noisy": np.array([p[4] for p in first]), "input_shape": images.shape[1:]}
     per_seed = [seed_clients(s, i) for i in range(s["seeds"])]
     widths = [max(max(len(c[1]) for c in cl), 1) for cl in per_seed]
     test_widths = [max(max(len(c[3]) for c in cl), 1) for cl in per_seed]

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from fedjax_sim.algorithms.ifca import evaluate_clusters
+from fedjax_sim.data import copies_axes
 from fedjax_sim.experiments.base import client_mean
 
 
@@ -33,7 +34,7 @@ def metrics_fn(algorithm, model, problem: dict, s: dict):
         return ev["client_loss"], ev["client_weight"], out["client_loss"], \
             out["client_accuracy"], out["client_weight"]
 
-    evaluate = jax.jit(jax.vmap(per_seed))
+    evaluate = jax.jit(jax.vmap(per_seed, in_axes=(0, copies_axes(train), copies_axes(test))))
     clusters = np.unique(problem["cluster"])
     noisy = problem["noisy"]
 

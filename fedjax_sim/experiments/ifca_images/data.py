@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from fedjax_sim.data import stack_views
 from fedjax_sim.data.archives import DataUnavailable
 from fedjax_sim.data.images import digits, fixed_split, mnist_5k, rotated_clusters, rotated_views
 from fedjax_sim.experiments.base import stack_seeds
@@ -77,10 +78,9 @@ def build_problem(s: dict):
     """Seed-stacked train / test / paired-test data (leading [seeds] axis) and the pairing.
 
     With clients=views the clients are `ClientViews` (index rows and a rotation into
-    the images, gathered per cohort chunk inside the round) with the same numbers.
-    Every leaf is stacked per seed, the images too: seeds × the images once, where
-    copies hold seeds × k rotated copies (a shared, unstacked base would need
-    `with_seeds` to take a per-leaf data axis).
+    the images, gathered per cohort chunk inside the round) with the same numbers:
+    only the index rows are stacked per seed, the images are held once for all
+    seeds (`stack_views`), where copies hold seeds × k rotated copies.
     """
     tx, ty, vx, vy = load_split_images(s)
     views = s.get("clients", "copies") == "views"
@@ -88,11 +88,12 @@ def build_problem(s: dict):
     per_seed = [build(tx, ty, vx, vy, n=s["n"], k=s["k"], seed=s["seed"] + i, n_test=s["n"])
                 for i in range(s["seeds"])]
     first = per_seed[0]
-    train = stack_seeds([p.train for p in per_seed])
-    test = stack_seeds([p.test for p in per_seed])
+    stack = stack_views if views else stack_seeds
+    train = stack([p.train for p in per_seed])
+    test = stack([p.test for p in per_seed])
     pair = (lambda p: p.test.subset(jnp.asarray(p.test_of_client))) if views else (
         lambda p: p.test.take(jnp.asarray(p.test_of_client)))
-    paired = stack_seeds([pair(p) for p in per_seed])
+    paired = stack([pair(p) for p in per_seed])
     return {"train": train, "test": test, "paired": paired,
             "test_of_client": first.test_of_client, "test_clients": first.test.num_clients,
             "rotations": first.rotations}

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from fedjax_sim import memory, plots
 from fedjax_sim.algorithms import with_seeds
 from fedjax_sim.compare import MethodRun
-from fedjax_sim.data import FederatedData
+from fedjax_sim.data import FederatedData, copy_at
 from fedjax_sim.data.images import default_rotations
 from fedjax_sim.experiments.base import ROUNDS, Comparison, Experiment, methods_setting, stream_key
 from fedjax_sim.experiments.ifca_images.data import (
@@ -99,8 +99,8 @@ class RotatedImages(Experiment):
         Setting("data_dir", str, "", "cifar: directory with CIFAR-10 (tfds array_record or "
                 ".npz)", result=False),
         Setting("clients", str, "copies", "copies: every client's rotated images stored; views:"
-                " index rows + a rotation into the images held once per seed, gathered per "
-                "cohort chunk inside the round (the same numbers)",
+                " index rows + a rotation into the images held once (for every seed), gathered "
+                "per cohort chunk inside the round (the same numbers)",
                 choices=("copies", "views"), result=False),
         Setting("memory_budget_gb", float, 0.0, "GiB for the client axis; 0: no chunking "
                 "(local/oneshot: per-client models in chunks of 1 GiB working memory)",
@@ -142,8 +142,7 @@ class RotatedImages(Experiment):
         memory at a time (`memory.per_client_models_chunk`)."""
         # One seed's clients as stored copies: for views this counts their rows as
         # resident (an overestimate: views hold indices and the images once).
-        shapes = jax.eval_shape(lambda d: _as_copies(jax.tree.map(lambda a: a[0], d)),
-                                problem["train"])
+        shapes = jax.eval_shape(lambda d: _as_copies(copy_at(d, 0)), problem["train"])
         per_client_models = name in PER_CLIENT_MODELS
         if s["memory_budget_gb"]:
             return memory.choose_client_chunk(
@@ -157,8 +156,7 @@ class RotatedImages(Experiment):
     def problem(self, s: dict):
         """Every method's data: the same seeds' permutations and splits (seeds stacked)."""
         problem = build_problem(s)
-        one = jax.eval_shape(lambda d: jax.tree.map(lambda a: a[0], d).take(jnp.arange(1)),
-                             problem["train"])
+        one = jax.eval_shape(lambda d: copy_at(d, 0).take(jnp.arange(1)), problem["train"])
         input_shape = tuple(one.x.shape[2:])
         problem["models"] = {split: build_model(s, input_shape, split) for split in (False, True)}
         return problem

@@ -13,7 +13,7 @@ import numpy as np
 
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.algorithms.ifca import evaluate_clusters
-from fedjax_sim.data import FederatedData
+from fedjax_sim.data import FederatedData, copies_axes
 from fedjax_sim.experiments.base import client_mean
 from fedjax_sim.experiments.ifca_images.methods import CLUSTERING
 from fedjax_sim.metrics import cluster_identity_accuracy
@@ -115,18 +115,22 @@ def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_r
             def pick(st, d, a=None):
                 return evaluate_clusters(model, st.cluster_params, d, assignment=a)
             if s["selection"] == "train_loss":
-                out["test"] = summary(jax.vmap(pick)(state, paired, tr["assignment"]), paired)
+                out["test"] = summary(jax.vmap(pick, in_axes=(0, copies_axes(paired), 0))(
+                    state, paired, tr["assignment"]), paired)
             else:
-                out["test"] = summary(jax.vmap(pick)(state, test), test)
+                out["test"] = summary(jax.vmap(pick, in_axes=(0, copies_axes(test)))(state, test),
+                                      test)
         elif name in CLUSTERING and s["selection"] == "train_loss":
             def by_train(st, d, a):
                 return evaluate_clusters(model, st.cluster_params, d, shared=st.shared_params,
                                          assignment=a)
-            out["test"] = summary(jax.vmap(by_train)(state, paired, tr["assignment"]), paired)
+            out["test"] = summary(jax.vmap(by_train, in_axes=(0, copies_axes(paired), 0))(
+                state, paired, tr["assignment"]), paired)
         else:
             out["test"] = summary(algorithm.evaluate(state, test), test)
         if name == "local":
-            out["official"] = jax.vmap(official)(state.params, test)
+            out["official"] = jax.vmap(official, in_axes=(0, copies_axes(test)))(state.params,
+                                                                                 test)
         return out
 
     def identity(state):
