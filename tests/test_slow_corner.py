@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fedjax_sim.data import copies_axes
 from fedjax_sim.experiments import ifca_images as E
 from fedjax_sim.experiments.ifca_images import DIGITS, PRESETS
 from fedjax_sim.experiments.settings import resolve
@@ -104,7 +105,7 @@ def test_local_official_accuracy_equals_loop_over_test_clients():
         jax.random.split(jax.random.key(0), seeds * m).reshape(seeds, m))
     k, per_test = s["k"], problem["test_clients"] // s["k"]
     official = E.local_on_cluster_tests(model, problem["test_of_client"], per_test, k)
-    correct, weight = jax.jit(jax.vmap(official))(params, test)
+    correct, weight = jax.jit(jax.vmap(official, in_axes=(0, copies_axes(test))))(params, test)
     guesses = np.asarray(jax.jit(jax.vmap(jax.vmap(jax.vmap(
         lambda p, x: model.apply(p, x).argmax(-1), in_axes=(None, 0)), in_axes=(0, None))))(
         params, test.x))  # [seeds, m, test clients, n_max]: every model on every test client

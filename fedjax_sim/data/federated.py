@@ -381,8 +381,8 @@ class ClientViews(ClientSource):
         else:
             # One gather of (example, feature) pairs: the transform costs no extra pass.
             flat = self.base_x.reshape(self.base_x.shape[0], -1)
-            cols = self.maps[transform]  # [c, F]
-            x = flat.at[rows[:, :, None], cols[:, None, :]].get(mode="fill", fill_value=0)
+            cols = self.maps[transform]  # [..., c, F]
+            x = flat.at[rows[..., None], cols[..., None, :]].get(mode="fill", fill_value=0)
             x = x.reshape(rows.shape + self.base_x.shape[1:])
         # The rows as a buffer of their own, as a stored copy's chunk is: fused into its
         # consumers, the gather would let XLA reorder their sums (a loss 1 ulp off).
@@ -391,7 +391,12 @@ class ClientViews(ClientSource):
 
     def materialize(self) -> FederatedData:
         # The per-client leaves as they are (no gather by 0..m-1): on a mesh the rows
-        # then stay where the indices live, as a stored copy's would.
+        # then stay where the indices live, as a stored copy's would. Seed-stacked views
+        # ([*copies, m] counts) gather every copy at once from a shared base, or copy by
+        # copy from their own bases.
+        copies = self.num_examples.ndim - 1
+        if copies and not self.shared_base:
+            return jax.vmap(lambda v: v.materialize())(self)
         return self.gather(self.client_leaves(), None)
 
     def features_per_example(self) -> int:

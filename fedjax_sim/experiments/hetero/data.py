@@ -167,7 +167,7 @@ def build_problem(s: dict) -> dict:
     gathered per cohort chunk inside the round) with the same numbers as the copies.
     """
     images, _ = load_images(s)
-    if s.get("clients", "copies") == "views":
+    if s.get("clients", "views") == "views":
         per_seed = [seed_parts(s, i) for i in range(s["seeds"])]
         train, test = _views(s, per_seed)
         first = per_seed[0]

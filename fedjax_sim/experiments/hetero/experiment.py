@@ -107,7 +107,7 @@ class Hetero(Experiment):
             checkpoint_setting(50),
             Setting("cache_dir", str, "", "mnist: archive cache (default: $FEDJAX_SIM_CACHE or "
                     "~/.cache/fedjax_sim)", result=False),
-            Setting("clients", str, "copies", "copies: every client's (rotated) examples "
+            Setting("clients", str, "views", "copies: every client's (rotated) examples "
                     "stored; views: partition indices + a rotation into the images held once, "
                     "gathered per cohort chunk inside the round (the same numbers)",
                     choices=("copies", "views"), result=False),

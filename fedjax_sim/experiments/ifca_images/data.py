@@ -83,7 +83,7 @@ def build_problem(s: dict):
     seeds (`stack_views`), where copies hold seeds × k rotated copies.
     """
     tx, ty, vx, vy = load_split_images(s)
-    views = s.get("clients", "copies") == "views"
+    views = s.get("clients", "views") == "views"
     build = rotated_views if views else rotated_clusters
     per_seed = [build(tx, ty, vx, vy, n=s["n"], k=s["k"], seed=s["seed"] + i, n_test=s["n"])
                 for i in range(s["seeds"])]

@@ -98,7 +98,7 @@ class RotatedImages(Experiment):
                 "or ~/.cache/fedjax_sim)", result=False),
         Setting("data_dir", str, "", "cifar: directory with CIFAR-10 (tfds array_record or "
                 ".npz)", result=False),
-        Setting("clients", str, "copies", "copies: every client's rotated images stored; views:"
+        Setting("clients", str, "views", "copies: every client's rotated images stored; views:"
                 " index rows + a rotation into the images held once (for every seed), gathered "
                 "per cohort chunk inside the round (the same numbers)",
                 choices=("copies", "views"), result=False),
