@@ -11,9 +11,12 @@ train locally, their own copies of the model, its gradient, update and optimizer
 state. The first part does not depend on the chunk; the second is linear in it.
 `estimate_bytes_per_client` approximates the second per client,
 `client_chunk_for_budget` turns a budget into a chunk size, and
-`choose_client_chunk` does both for a setting. `client_chunk_within_machine`
-adds the check that the round fits this machine, and `per_client_models_chunk`
-bounds per-client models when no budget is set.
+`choose_client_chunk` does both for a setting. The chunk also bounds the
+evaluation of train and test clients, which may need more per client than a
+round (100 test rows against 10 train rows): `working_bytes_per_client` takes
+the larger. `client_chunk_within_machine` adds the check that the run fits this
+machine (building the data, the state of two rounds, a chunk's working memory),
+and `per_client_models_chunk` bounds per-client models when no budget is set.
 
 Vmapped copies of a whole run (sweep cells, data seeds): `run_bytes` (one run
 of a model, every client at once) or `linear_fit_bytes` (a hand count for
@@ -302,7 +305,8 @@ def client_chunk_within_machine(
     if peak > machine_fraction * machine:
         raise ValueError(
             f"this run needs about {peak / 2**30:.3g} GiB ({describe}), more than this "
-            f"machine's {machine / 2**30:.3g} GiB allow; {remedy}"
+            f"machine's {machine / 2**30:.3g} GiB allow (a run may take "
+            f"{machine_fraction:.0%}: {machine_fraction * machine / 2**30:.3g} GiB); {remedy}"
         )
     return chunk
 
