@@ -342,6 +342,12 @@ def test_diverged_run_exits_3_and_keeps_the_last_good_checkpoint(tmp_path, capsy
     with RunCheckpoints(out / "checkpoints") as checkpoints:
         assert checkpoints.latest_step() == checkpoint_round
         restored = checkpoints.restore(jax.eval_shape(algorithm.init, key, problem.train), key)
+        # A state of another shape (IFCA keeping per-client assignments) is refused, named.
+        keeping = with_restarts(ifca(linear_regression(settings["d"]), num_clusters=settings["k"],
+                                     learning_rate=settings["lr"]), settings["restarts"])
+        with pytest.raises(ValueError, match=r"state arrays where this run's state has 4: "
+                           "written by another version or with other settings"):
+            checkpoints.restore(jax.eval_shape(keeping.init, key, problem.train), key)
     for leaf in jax.tree.leaves(restored.state):
         assert np.isfinite(np.asarray(leaf)).all()
     assert restored.history[-1]["round"] == checkpoint_round
