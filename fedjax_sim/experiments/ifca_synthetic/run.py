@@ -58,7 +58,8 @@ def state_bytes(name: str, s: dict, copies: int) -> int:
 
 
 # Generated clients store nothing per client, so m may pass the copies' bound (MAX_COUNT);
-# what is left per client (assignments, losses, cluster ids) is a few bytes each.
+# chunked, the round and the evaluation hold nothing per client either (only a state that
+# remembers clients, e.g. with participation < 1, which the planner counts).
 MAX_GENERATED_M = 10**9
 
 # Which algorithms read each setting that not every algorithm reads; a value
