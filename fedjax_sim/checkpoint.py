@@ -547,6 +547,12 @@ class RunCheckpoints:
                              for name in order}
         impls = progress["state_key_impls"]
         restored_flat = jax.tree_util.tree_leaves(restored[_STATE]["state"])
+        if len(restored_flat) != len(flat):
+            raise ValueError(
+                f"the checkpoint of round {int(step)} in {self.directory} holds "
+                f"{len(restored_flat)} state arrays where this run's state has {len(flat)}: "
+                "written by another version or with other settings; resume with those, or "
+                "start the run again in another directory.")
         leaves = [
             jax.random.wrap_key_data(_localized(x, a), impl=impls[_keystr(p)]) if _is_key(a)
             else _localized(x, a)

@@ -11,9 +11,12 @@ train locally, their own copies of the model, its gradient, update and optimizer
 state. The first part does not depend on the chunk; the second is linear in it.
 `estimate_bytes_per_client` approximates the second per client,
 `client_chunk_for_budget` turns a budget into a chunk size, and
-`choose_client_chunk` does both for a setting. `client_chunk_within_machine`
-adds the check that the round fits this machine, and `per_client_models_chunk`
-bounds per-client models when no budget is set.
+`choose_client_chunk` does both for a setting. The chunk also bounds the
+evaluation of train and test clients, which may need more per client than a
+round (100 test rows against 10 train rows): `working_bytes_per_client` takes
+the larger. `client_chunk_within_machine` adds the check that the run fits this
+machine (building the data, the state of two rounds, a chunk's working memory),
+and `per_client_models_chunk` bounds per-client models when no budget is set.
 
 Vmapped copies of a whole run (sweep cells, data seeds): `run_bytes` (one run
 of a model, every client at once) or `linear_fit_bytes` (a hand count for
@@ -120,6 +123,32 @@ def estimate_bytes_per_client(
     return total + _MODEL_COPIES * tree_bytes(params) + tree_bytes(opt_state) + 2 * act
 
 
+def evaluation_bytes_per_client(model: Model, data: FederatedData, *,
+                                num_clusters: int = 1) -> int:
+    """Working memory of one client while it is evaluated, in bytes: its x and y rows
+    and one forward pass per cluster model (k · activations), no gradient.
+
+    A test set with more rows per client than the training set (the synthetic
+    runs' n_test = 100 against n = 10) needs more per client here than in a round.
+    """
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    x = jax.ShapeDtypeStruct(data.x.shape[1:], data.x.dtype)
+    rows = tree_bytes([x, jax.ShapeDtypeStruct(data.y.shape[1:], data.y.dtype)])
+    return rows + num_clusters * activation_bytes(model, params, x)
+
+
+def working_bytes_per_client(model: Model, data: FederatedData, *, eval_data=None,
+                             **estimate) -> int:
+    """Per client of a chunk, the most a round or an evaluation (of `data`, or of
+    `eval_data`, e.g. the test set, with the same chunk) needs: the largest of
+    `estimate_bytes_per_client(model, data, **estimate)` and the
+    `evaluation_bytes_per_client` of both."""
+    k = estimate.get("num_clusters", 1)
+    sets = [data] if eval_data is None else [data, eval_data]
+    return max(estimate_bytes_per_client(model, data, **estimate),
+               *(evaluation_bytes_per_client(model, d, num_clusters=k) for d in sets))
+
+
 def client_chunk_for_budget(
     num_clients: int, bytes_per_client: int, budget_bytes: float
 ) -> int | None:
@@ -154,6 +183,7 @@ def choose_client_chunk(
     copies: int = 1,
     per_client_models: bool = False,
     budget_name: str = "the memory budget",
+    eval_data: FederatedData | None = None,
 ) -> int | None:
     """client_chunk for a setting under a total memory budget (None: no chunking needed).
 
@@ -170,6 +200,8 @@ def choose_client_chunk(
       budget_name: what the error tells the user to raise (e.g. the setting's name).
       per_client_models: the state holds one model per client (local models,
         one-shot pre-training).
+      eval_data: other clients evaluated with the same chunk (e.g. the test
+        set): `working_bytes_per_client` counts their evaluation too.
 
     Raises:
       ValueError: if the resident part alone exceeds the budget.
@@ -186,9 +218,9 @@ def choose_client_chunk(
             f"regardless of chunking ({resident / 2**30:.3g} GiB: the data of m={m} clients"
             f"{' and their models' if per_client_models else ''}); raise {budget_name}."
         )
-    per_client = copies * estimate_bytes_per_client(
-        model, data, local_training=local_training, num_clusters=num_clusters,
-        optimizer=optimizer)
+    per_client = copies * working_bytes_per_client(
+        model, data, eval_data=eval_data, local_training=local_training,
+        num_clusters=num_clusters, optimizer=optimizer)
     return client_chunk_for_budget(m, per_client, budget_bytes - resident)
 
 
@@ -207,15 +239,21 @@ def client_chunk_within_machine(
     remedy: str = "",
     budget_name: str = "the memory budget",
     generated_clients: int | None = None,
+    eval_data: FederatedData | None = None,
+    state_bytes: int = 0,
+    build_bytes: int = 0,
 ) -> int | None:
     """client_chunk under budget_bytes (0: no budget, no chunking), after refusing a
     round that would not fit this machine.
 
     Without a budget the whole round must fit `machine_fraction` of this
     machine's memory; with one, `choose_client_chunk` chunks the clients and the
-    chunked round must fit. The peak counted is the data, extra_resident_bytes
-    (e.g. test data), the [m, ...] per-client models of this round and the next
-    (2 · copies · m models) and the working memory of one chunk.
+    chunked round must fit. The peak counted is the larger of building the data
+    (build_bytes) and running: the data, extra_resident_bytes (e.g. test data),
+    the state of this round and the next (2 · state_bytes; the [m, ...]
+    per-client models of local models, 2 · copies · m models) and the working
+    memory of one chunk, a round's or an evaluation's
+    (`working_bytes_per_client` × copies).
 
     Args:
       model, data, local_training, num_clusters: as in `estimate_bytes_per_client`
@@ -230,16 +268,24 @@ def client_chunk_within_machine(
         `source.take(jnp.arange(1))`) of this many clients drawn chunk by chunk
         inside the round: nothing of theirs is resident, and a chunk is chosen
         whenever they do not all fit the budget (GENERATED_WORK_BYTES without one).
+      eval_data: as in `choose_client_chunk` (for generated clients, one
+        client's sample too).
+      state_bytes: the algorithm's state, all copies (e.g. the tree_bytes of
+        `jax.eval_shape(algorithm.init, ...)`), held twice (this round's and
+        the next); leave per-client models to `per_client_models`.
+      build_bytes: the peak while the data is built (0: the data itself).
 
     Raises:
       ValueError: the round does not fit (or the budget is below the data).
     """
     m = data.num_clients if generated_clients is None else generated_clients
     resident = extra_resident_bytes + (tree_bytes(data) if generated_clients is None else 0)
+    resident += 2 * state_bytes
     if per_client_models:
         resident += 2 * copies * m * tree_bytes(jax.eval_shape(model.init, jax.random.key(0)))
-    per_client = copies * estimate_bytes_per_client(
-        model, data, local_training=local_training, num_clusters=num_clusters)
+    per_client = copies * working_bytes_per_client(
+        model, data, eval_data=eval_data, local_training=local_training,
+        num_clusters=num_clusters)
     chunk = None
     if generated_clients is not None:
         work = budget_bytes - resident if budget_bytes > 0 else GENERATED_WORK_BYTES
@@ -251,15 +297,16 @@ def client_chunk_within_machine(
         chunk = client_chunk_for_budget(m, per_client, work)
     elif budget_bytes > 0:
         chunk = choose_client_chunk(
-            model, data, budget_bytes, local_training=local_training,
+            model, data, budget_bytes - 2 * state_bytes, local_training=local_training,
             num_clusters=num_clusters, copies=copies, per_client_models=per_client_models,
-            budget_name=budget_name)
-    peak = resident + per_client * (chunk or m)
+            budget_name=budget_name, eval_data=eval_data)
+    peak = max(resident + per_client * (chunk or m), build_bytes)
     machine = machine_bytes()
     if peak > machine_fraction * machine:
         raise ValueError(
             f"this run needs about {peak / 2**30:.3g} GiB ({describe}), more than this "
-            f"machine's {machine / 2**30:.3g} GiB allow; {remedy}"
+            f"machine's {machine / 2**30:.3g} GiB allow (a run may take "
+            f"{machine_fraction:.0%}: {machine_fraction * machine / 2**30:.3g} GiB); {remedy}"
         )
     return chunk
 

@@ -45,27 +45,57 @@ def cluster_identity_accuracies(assignment, truth, num_clusters: int | None = No
       truth: [..., m] true cluster ids (-1 = unknown), the same shape.
       num_clusters: size of the label space (default: inferred).
     """
-    a = np.asarray(assignment).astype(np.int64)
-    t = np.asarray(truth).astype(np.int64)
+    a, t = np.asarray(assignment), np.asarray(truth)
     if a.shape != t.shape or a.ndim < 1:
         raise ValueError(f"assignment {a.shape} and truth {t.shape} must have the same shape "
                          "[..., m].")
-    batch = a.shape[:-1]
-    a, t = a.reshape(-1, a.shape[-1]), t.reshape(-1, t.shape[-1])
     known = t >= 0
     size = max(int(np.max(a, where=known, initial=0)),
                int(np.max(t, where=known, initial=0))) + 1
     if num_clusters is not None:
         size = max(size, num_clusters)
+    return matched_accuracies(confusion_counts(a, t, size), known.sum(axis=-1))
+
+
+def confusion_counts(assignment, truth, size: int) -> np.ndarray:
+    """[..., size, size] int64: clients of each (assigned, true) pair, per row of a batch.
+
+    Counts the clients whose truth is known (>= 0) and who are assigned (>= 0);
+    additive over clients, so chunks of clients can be counted apart and summed
+    (`matched_accuracies` then gives `cluster_identity_accuracies`).
+
+    Args:
+      assignment, truth: [..., m] cluster ids below `size` (-1: unassigned / unknown).
+      size: the label space.
+    """
+    a = np.asarray(assignment).astype(np.int64)
+    t = np.asarray(truth).astype(np.int64)
+    if a.shape != t.shape or a.ndim < 1:
+        raise ValueError(f"assignment {a.shape} and truth {t.shape} must have the same shape "
+                         "[..., m].")
+    if np.any(a >= size) or np.any(t >= size):
+        raise ValueError(f"cluster ids must be below size={size}.")
+    batch = a.shape[:-1]
+    a, t = a.reshape(-1, a.shape[-1]), t.reshape(-1, t.shape[-1])
     rows = np.arange(a.shape[0])[:, None]
-    valid = known & (a >= 0)
+    valid = (t >= 0) & (a >= 0)
     flat = ((rows * size + np.where(valid, a, 0)) * size + np.where(valid, t, 0))[valid]
-    confusion = np.bincount(flat, minlength=a.shape[0] * size * size).reshape(-1, size, size)
-    matched = np.zeros(a.shape[0], np.int64)
-    for i, c in enumerate(confusion):
+    confusion = np.bincount(flat, minlength=a.shape[0] * size * size)
+    return confusion.reshape(batch + (size, size))
+
+
+def matched_accuracies(confusion, known) -> np.ndarray:
+    """Cluster-identity accuracies from `confusion_counts` ([..., size, size]) and the
+    clients of known truth ([...]): the best relabeling's matches (Hungarian method, row
+    by row) over `known`; NaN where known is 0."""
+    confusion = np.asarray(confusion)
+    batch = confusion.shape[:-2]
+    flat = confusion.reshape((-1,) + confusion.shape[-2:])
+    matched = np.zeros(flat.shape[0], np.int64)
+    for i, c in enumerate(flat):
         r, col = linear_sum_assignment(-c)
         matched[i] = c[r, col].sum()
-    count = known.sum(axis=1)
+    count = np.asarray(known).reshape(-1)
     with np.errstate(invalid="ignore", divide="ignore"):
         out = np.where(count > 0, matched / np.maximum(count, 1), np.nan)
     return out.reshape(batch)

@@ -482,10 +482,11 @@ def test_unusable_out_exits_4_naming_it_and_creates_nothing(tmp_path, capsys, co
         ("run", [f"m={10**10}", "d=1000"], f"setting m must be an integer in [1, 1e+09]; got "
                                            f"{10**10}"),
         # past the copies' bound (generated clients may go on to 1e9)
-        ("run", [f"m={10**9}", "d=1000"], f"setting m={10**9} exceeds 1e+07 with "
-                                          "clients=copies (every client stored); set "
-                                          "clients=generated"),
-        ("run", ["m=1000000", "n=100", "d=1000"], "needs about"),  # more than the machine's
+        ("run", [f"m={10**9}", "d=1000", "clients=copies"],
+         f"setting m={10**9} exceeds 1e+07 with clients=copies (every client stored); set "
+         "clients=generated"),
+        ("run", ["m=1000000", "n=100", "d=1000", "clients=copies"], "needs about"),
+        # (clients=auto would take generated clients there: they fit)
         # generated clients still hold one model per client with local models
         ("run", [f"m={10**8}", "d=1000", "clients=generated", "algorithm=local"],
          "generated clients), more than this machine's"),

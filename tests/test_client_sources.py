@@ -22,7 +22,7 @@ import pytest
 from federations import eight_clients, subprocess_env
 
 from fedjax_sim import ALGORITHMS, cli, memory, simulate
-from fedjax_sim.algorithms import with_seeds
+from fedjax_sim.algorithms import with_restarts, with_seeds
 from fedjax_sim.data import (
     ClientViews,
     FederatedData,
@@ -41,6 +41,7 @@ from fedjax_sim.data.images import (
     rotation_maps,
 )
 from fedjax_sim.experiments import ifca_synthetic
+from fedjax_sim.experiments.ifca_synthetic.common import build_algorithm, metrics_fn
 from fedjax_sim.models.core import from_flax, linear_regression
 from fedjax_sim.models.zoo import mlp_classifier
 from fedjax_sim.ops.cohort import cohort_sums, sample_cohort, take
@@ -366,12 +367,14 @@ def test_ifca_round_over_generated_equals_copies(chunk):
     assert json.dumps(hist_a) == json.dumps(hist_b)
 
 
-def _round_bytes(m: int, generated: bool) -> int:
+def _round_bytes(m: int, generated: bool, keep_assignments: bool = True,
+                 restarts: int = 1) -> int:
     """temp + argument bytes of one compiled IFCA round (chunks of 500 clients)."""
     key = jax.random.key(0)
     problem = (generated_mixture if generated else linear_mixture)(key, m=m, **SIZES)
-    algorithm = ALGORITHMS["ifca"](linear_regression(10), num_clusters=4, learning_rate=0.1,
-                                   client_chunk=500)
+    algorithm = with_restarts(ALGORITHMS["ifca"](
+        linear_regression(10), num_clusters=4, learning_rate=0.1, client_chunk=500,
+        keep_assignments=keep_assignments), restarts)
     state = jax.eval_shape(algorithm.init, key, problem.train)
     compiled = jax.jit(algorithm.round).lower(state, problem.train, key).compile()
     analysis = compiled.memory_analysis()
@@ -387,6 +390,58 @@ def test_generated_round_memory_grows_only_by_per_client_state():
     # stability counters (8 B), the cohort's keys and its [m, k] losses.
     assert per_client <= 48, per_client
     assert copies >= data_bytes, copies
+
+
+def test_generated_round_without_assignments_holds_nothing_per_client():
+    # 3 restarts, no per-client state: the round's metrics are summed chunk by chunk, so
+    # neither the [restarts, m, k] losses nor the [restarts, m] assignments exist.
+    small, large = 2000, 8000
+    grown = (_round_bytes(large, True, False, 3) - _round_bytes(small, True, False, 3))
+    assert grown / (large - small) < 1, grown
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_ifca_without_assignments_trains_the_same(chunk):
+    key = jax.random.key(5)
+    data = generated_mixture(key, m=40, **SIZES).train
+    runs = []
+    for keep in (True, False):
+        algorithm = ALGORITHMS["ifca"](linear_regression(10), num_clusters=4,
+                                       learning_rate=0.1, client_chunk=chunk,
+                                       keep_assignments=keep)
+        runs.append(simulate.run(algorithm, data, jax.random.key(1), rounds=3, eval_every=1,
+                                 progress=False, round_metrics=True))
+    (kept, hist_a, metrics_a), (none, hist_b, metrics_b) = runs
+    assert none.assignment is None and none.stable is None and kept.assignment.shape == (40,)
+    np.testing.assert_array_equal(kept.cluster_params, none.cluster_params)
+    assert json.dumps(hist_a) == json.dumps(hist_b)
+    for name in metrics_a:
+        np.testing.assert_array_equal(metrics_a[name], metrics_b[name], err_msg=name)
+    with pytest.raises(ValueError, match="keep_assignments=False needs participation 1"):
+        ALGORITHMS["ifca"](linear_regression(10), num_clusters=4, learning_rate=0.1,
+                           participation=0.5, keep_assignments=False)
+
+
+@pytest.mark.parametrize("name", ["ifca", "hypcluster"])
+def test_chunked_metrics_equal_whole(name):
+    # Evaluated 7 clients at a time and summed on the host (HypCluster's state holds each
+    # client's cluster: its chunk is sliced too) against every client at once.
+    s = {**ifca_synthetic.RUN.defaults(), "m": 40, "n": 10, "d": 10, "k": 4, "n_test": 3,
+         "R": 1.0, "algorithm": name}
+    problem = generated_mixture(jax.random.key(5), k=4, m=40, n=10, d=10, sigma=0.1, R=1.0,
+                                n_test=3)
+    algorithm = with_restarts(build_algorithm(name, s), 3)
+    state, _ = simulate.run(algorithm, problem.train, jax.random.key(1), rounds=2,
+                            progress=False, copies_axis=True)
+    whole = metrics_fn(name, algorithm, problem, 4)(state)
+    chunked = metrics_fn(name, algorithm, problem, 4, client_chunk=7)(state)
+    assert whole.keys() == chunked.keys()
+    for metric, value in whole.items():
+        if metric.endswith("loss"):  # float64 sums in another order
+            np.testing.assert_allclose(chunked[metric], value, rtol=1e-6, err_msg=metric)
+        else:
+            np.testing.assert_allclose(chunked[metric], value, rtol=1e-6, atol=0,
+                                       err_msg=metric)
 
 
 # ---- the experiments' `clients` setting
@@ -438,12 +493,27 @@ def test_generated_clients_plan_a_chunk_and_store_nothing():
 
 
 def test_copies_past_the_machine_suggest_generated_clients():
-    s = {**ifca_synthetic.RUN.defaults(), "m": 10**8, "n": 10, "d": 10, "k": 4}
+    s = {**ifca_synthetic.RUN.defaults(), "m": 10**8, "n": 10, "d": 10, "k": 4,
+         "clients": "copies"}
     with pytest.raises(ValueError, match="set clients=generated"):
         ifca_synthetic.RUN.validate(s, "run")
-    s = {**ifca_synthetic.RUN.defaults(), "m": 10**7}
+    s = {**ifca_synthetic.RUN.defaults(), "m": 10**7, "clients": "copies"}
     with pytest.raises(ValueError, match=r"more than this machine.*or set clients=generated"):
         ifca_synthetic.RUN.validate(s, "run")
+
+
+def test_clients_auto_picks_generated_where_copies_do_not_fit(monkeypatch):
+    monkeypatch.setattr(memory, "machine_bytes", lambda: 24 * 2**30)
+    shape = {"n": 10, "d": 10, "k": 4}
+    for m, want in ((10**8, "generated"), (10**6, "generated"), (10**4, "copies")):
+        s = {**ifca_synthetic.RUN.defaults(), "m": m, **shape}
+        assert s["clients"] == "auto"
+        ifca_synthetic.RUN.validate(s, "run")
+        assert s["clients"] == want, m
+    # compare does not read the setting: it stays auto (copies)
+    s = {**ifca_synthetic.RUN.defaults(), "m": 100, **shape}
+    ifca_synthetic.RUN.validate(s, "compare")
+    assert s["clients"] == "auto"
 
 
 def test_clients_setting_is_refused_where_not_read(tmp_path, capsys):

@@ -29,8 +29,9 @@ def _chunk(m: int, per_client: int, available: float):
     return math.ceil(m / chunks)
 
 
-def _synthetic_per_client(s: dict, local_training: bool) -> int:
-    """One client of the linear mixture: x [n, d], y [n]; a prediction [n] per cluster model."""
+def _synthetic_round_per_client(s: dict, local_training: bool) -> int:
+    """One client of the linear mixture in a round: x [n, d], y [n]; a prediction [n] per
+    cluster model."""
     n, d, k = s["n"], s["d"], s["k"]
     rows, act = 4 * n * d + 4 * n, 4 * n
     if not local_training:  # k forward passes and their VJP
@@ -38,11 +39,36 @@ def _synthetic_per_client(s: dict, local_training: bool) -> int:
     return rows + k * act + 5 * 4 * d + 2 * act  # 5 model copies, one local step
 
 
-def _synthetic_chunk(s: dict, copies: int, per_client_models: bool, local_training: bool):
+def _synthetic_per_client(s: dict, local_training: bool) -> int:
+    """The most one client needs in a round or an evaluation (train rows, or test rows:
+    max(n_test, 1) of them), evaluation being its rows and a prediction per cluster."""
+    d, k = s["d"], s["k"]
+
+    def evaluation(rows):
+        return 4 * rows * d + 4 * rows + k * 4 * rows
+
+    return max(_synthetic_round_per_client(s, local_training), evaluation(s["n"]),
+               evaluation(max(s["n_test"], 1)))
+
+
+def _synthetic_state(s: dict, copies: int, algorithm: str) -> int:
+    """The state of `copies` runs: the cluster models [k, d] (FedAvg: one [d]) and the round
+    counter; HypCluster and CFL also remember every client's cluster ([m] int32; CFL a
+    cluster count too). IFCA with every client in every round keeps nothing per client."""
+    k, d, m = s["k"], s["d"], s["m"]
+    models = 4 * d if algorithm == "fedavg" else 4 * k * d
+    per_client = 4 * m if algorithm in ("hypcluster", "cfl") else 0
+    counters = 8 if algorithm == "cfl" else 4
+    return copies * (models + per_client + counters)
+
+
+def _synthetic_chunk(s: dict, copies: int, per_client_models: bool, local_training: bool,
+                     algorithm: str):
     m = s["m"]
     train = 4 * m * (s["n"] * s["d"] + s["n"] + 2)  # x, y, num_examples, cluster
     resident = train + (2 * copies * m * 4 * s["d"] if per_client_models else 0)
-    budget = s["memory_budget_gb"] * 2**30
+    state = 0 if per_client_models else _synthetic_state(s, copies, algorithm)
+    budget = s["memory_budget_gb"] * 2**30 - 2 * state  # this round's state and the next
     return _chunk(m, copies * _synthetic_per_client(s, local_training), budget - resident)
 
 
@@ -52,7 +78,8 @@ SYNTHETIC = [  # (settings, copies, algorithm, the chunk chosen before the move)
     ({"memory_budget_gb": 0.1}, 5, "oneshot", 25),
     ({"memory_budget_gb": 0.3, "option": "model"}, 10, "ifca", 50),
     ({"memory_budget_gb": 0.05, "m": 400, "d": 100}, 3, "cfl", 200),
-    ({"memory_budget_gb": 0.5, "m": 1000, "n": 50}, 10, "hypcluster", 143),
+    # 143 before the test set's evaluation (n_test = 100 rows per client) was counted
+    ({"memory_budget_gb": 0.5, "m": 1000, "n": 50}, 10, "hypcluster", 77),
     ({"memory_budget_gb": 0.0}, 10, "fedavg", None),
 ]
 
@@ -64,7 +91,8 @@ def test_synthetic_client_chunk(over, copies, algorithm, pinned):
     assert got == pinned
     if s["memory_budget_gb"]:
         local = not (algorithm == "ifca" and s["option"] == "gradient")
-        assert got == _synthetic_chunk(s, copies, algorithm in ("local", "oneshot"), local)
+        assert got == _synthetic_chunk(s, copies, algorithm in ("local", "oneshot"), local,
+                                       algorithm)
 
 
 def test_synthetic_refuses_what_the_machine_cannot_hold():
@@ -74,6 +102,52 @@ def test_synthetic_refuses_what_the_machine_cannot_hold():
         ifca_synthetic.RUN.client_chunk(s, copies=10)
 
 
+ISSUE_SHAPE = {"n": 10, "d": 10, "k": 4}  # issue 20's runs; 10 restarts, n_test = 100
+
+
+def test_generated_plan_counts_restarts_and_the_test_evaluation():
+    s = {**ifca_synthetic.RUN.defaults(), **ISSUE_SHAPE, "m": 10**8, "clients": "generated"}
+    n, d, k, nt, restarts = 10, 10, 4, 100, 10
+    round_ = 4 * n * d + 4 * n + 2 * k * 4 * n  # rows, k predictions and their VJP: 760 B
+    test_eval = 4 * nt * d + 4 * nt + k * 4 * nt  # 100 test rows, k predictions: 6000 B
+    chunk = _chunk(10**8, restarts * max(round_, test_eval), memory.GENERATED_WORK_BYTES)
+    assert ifca_synthetic.RUN.client_chunk(s, copies=restarts) == chunk == 17893
+
+
+def test_generated_plan_counts_per_client_state(monkeypatch):
+    # With partial participation IFCA keeps [restarts, m] int32 assignments and stability
+    # counters, this round's and the next: 2 · 10 · 8 B per client.
+    monkeypatch.setattr(memory, "machine_bytes", lambda: 24 * 2**30)
+    s = {**ifca_synthetic.RUN.defaults(), **ISSUE_SHAPE, "clients": "generated",
+         "participation": 0.5}
+    state = 10 * (4 * 4 * 10 + 4 + 2 * 4 * 2 * 10**8)  # m = 2·10⁸: models, round, [m] × 2
+    peak = 2 * state + 17893 * 10 * 6000  # the chunk as above (m = 2·10⁸ chunks the same)
+    assert peak > 0.8 * 24 * 2**30
+    with pytest.raises(ValueError, match=rf"needs about {peak / 2**30:.3g} GiB \(m=200000000, "
+                       r"n=10, n_test=100, d=10, 10 copies: restarts × seeds, generated "):
+        ifca_synthetic.RUN.client_chunk({**s, "m": 2 * 10**8}, copies=10)
+    assert ifca_synthetic.RUN.client_chunk({**s, "m": 10**8}, copies=10) == 17893
+
+
+def test_copies_plan_counts_building_the_data(monkeypatch):
+    # m = 10⁶ stored copies were approved and then killed at 19.7 GB: evaluating 100 test
+    # rows per client, all clients at once, and one jitted draw of every client (~5x the
+    # data: train x, y, counts, clusters; test likewise) were not counted.
+    monkeypatch.setattr(memory, "machine_bytes", lambda: 24 * 2**30)
+    m = 10**6
+    s = {**ifca_synthetic.RUN.defaults(), **ISSUE_SHAPE, "m": m, "clients": "copies"}
+    data = 4 * m * (10 * 10 + 10 + 2) + 4 * m * (100 * 10 + 100 + 2)
+    state = 10 * (4 * 4 * 10 + 4)  # 10 restarts' [k, d] models and round counters
+    unchunked = data + 2 * state + 10 * 6000 * m  # the test evaluation of every client
+    describe = r"\(m=1000000, n=10, n_test=100, d=10, 10 copies.*or set clients=generated"
+    with pytest.raises(ValueError, match=rf"needs about {unchunked / 2**30:.3g} GiB {describe}"):
+        ifca_synthetic.RUN.validate(s, "run")
+    build = 5 * data  # a 12 GiB budget chunks the clients; building them still won't fit
+    assert build > 0.8 * 24 * 2**30
+    with pytest.raises(ValueError, match=rf"needs about {build / 2**30:.3g} GiB {describe}"):
+        ifca_synthetic.RUN.validate({**s, "memory_budget_gb": 12.0}, "run")
+
+
 @pytest.mark.parametrize("over,pinned", [({}, 482081600), ({"restarts": 3, "m": 40, "n_test": 0},
                                                            64416800)])
 def test_synthetic_sweep_pair_bytes_and_chunk(over, pinned):
@@ -81,7 +155,7 @@ def test_synthetic_sweep_pair_bytes_and_chunk(over, pinned):
     m, n, d = s["m"], s["n"], s["d"]
     nt = max(s["n_test"], 1)  # n_test = 0 still builds one test row per client
     data = 4 * m * (n * d + n + 2) + 4 * m * (nt * d + nt + 2)
-    expected = data + s["restarts"] * m * _synthetic_per_client(s, local_training=False)
+    expected = data + s["restarts"] * m * _synthetic_round_per_client(s, local_training=False)
     assert synthetic_sweep.pair_bytes(s) == expected == pinned
     assert memory.items_per_chunk(7, expected, 3.5 * expected) == 3
     assert memory.items_per_chunk(7, expected, 0.5 * expected) == 1

@@ -334,12 +334,20 @@ def test_diverged_run_exits_3_and_keeps_the_last_good_checkpoint(tmp_path, capsy
     settings = json.loads((out / "config.json").read_text())["settings"]
     problem = ifca_synthetic.make_problem(
         settings, jax.random.fold_in(jax.random.key(settings["seed"]), ifca_synthetic.DATA))
+    # The run's IFCA keeps no per-client state (every client takes part in every round).
     algorithm = with_restarts(ifca(linear_regression(settings["d"]), num_clusters=settings["k"],
-                                   learning_rate=settings["lr"]), settings["restarts"])
+                                   learning_rate=settings["lr"], keep_assignments=False),
+                              settings["restarts"])
     key = jax.random.fold_in(jax.random.key(settings["seed"]), ifca_synthetic.ROUNDS)
     with RunCheckpoints(out / "checkpoints") as checkpoints:
         assert checkpoints.latest_step() == checkpoint_round
         restored = checkpoints.restore(jax.eval_shape(algorithm.init, key, problem.train), key)
+        # A state of another shape (IFCA keeping per-client assignments) is refused, named.
+        keeping = with_restarts(ifca(linear_regression(settings["d"]), num_clusters=settings["k"],
+                                     learning_rate=settings["lr"]), settings["restarts"])
+        with pytest.raises(ValueError, match=r"state arrays where this run's state has 4: "
+                           "written by another version or with other settings"):
+            checkpoints.restore(jax.eval_shape(keeping.init, key, problem.train), key)
     for leaf in jax.tree.leaves(restored.state):
         assert np.isfinite(np.asarray(leaf)).all()
     assert restored.history[-1]["round"] == checkpoint_round

@@ -69,8 +69,8 @@ class IFCAState(NamedTuple):
     assignment: jax.Array  # [m] int32, each client's most recent cluster (set in the rounds it
     #                        takes part with data; a warm start's groups from init); -1 while
     #                        it has none (cluster-identity accuracy under partial participation
-    #                        is taken over the clients >= 0)
-    stable: jax.Array  # [m] int32, consecutive rounds with an unchanged assignment
+    #                        is taken over the clients >= 0); None with keep_assignments=False
+    stable: jax.Array  # [m] int32, consecutive rounds with an unchanged assignment (or None)
     round: jax.Array  # int32, rounds done
 
 
@@ -148,35 +148,44 @@ def evaluate_clusters(
 def _choose(losses, batch):
     """ĵ_i = argmin_j F_i(θ_j); a frozen client keeps its cluster."""
     prev, frozen = batch.inputs
+    if prev is None:  # no client remembers a cluster (keep_assignments=False)
+        return assign_clusters(losses)
     return jnp.where(frozen, prev, assign_clusters(losses))
 
 
-def _round_metrics(losses, assignment, active, frozen, state: IFCAState) -> dict:
+def _metric_sums(losses, assignment, batch) -> dict:
+    """What the round metrics add up over a batch of slots (a chunk, or the whole cohort):
+    the chosen losses and cluster sizes of the slots holding data, and the frozen slots.
+    Counts are int32 (float32 counts are exact only up to 2**24 clients)."""
+    k = losses.shape[1]
+    _, frozen = batch.inputs
+    chosen = jnp.take_along_axis(losses, jnp.maximum(assignment, 0)[:, None], axis=1)[:, 0]
+    # A sum over clients of one-hot columns, not a segment sum (a scatter: a serial loop on
+    # XLA:CPU); slots without data (and chunk padding) count in no cluster.
+    in_cluster = batch.active[:, None] & (assignment[:, None] == jnp.arange(k))
+    frozen = frozen & batch.real
+    return {
+        "loss": jnp.sum(jnp.where(batch.active, chosen, 0.0)),
+        "counts": jnp.sum(in_cluster, axis=0, dtype=jnp.int32),
+        "frozen_with_data": jnp.sum(batch.active & frozen).astype(jnp.int32),
+        "frozen": jnp.sum(frozen).astype(jnp.int32),
+    }
+
+
+def _round_metrics(sums: dict, state: IFCAState) -> dict:
     """Mean chosen loss and cluster sizes over the cohort's clients with data; downlink floats
-    (k·d to each cohort slot holding data, d to a frozen one; a slot without data gets nothing)."""
-    s, k = losses.shape
+    (k·d to each cohort slot holding data, d to a frozen one; a slot without data gets nothing).
+    """
+    k = sums["counts"].shape[0]
     d = num_params(jax.tree.map(lambda p: p[0], state.cluster_params))
     d += num_params(state.shared_params)
-    chosen = jnp.take_along_axis(losses, jnp.maximum(assignment, 0)[:, None], axis=1)[:, 0]
-    # Every count and total over the cohort as one sum of per-client columns (XLA:CPU
-    # runs each sum over clients as its own chain of reduce-windows, and a segment sum
-    # as a scatter): the clients with data in each cluster, the clients with data, their
-    # chosen losses, the frozen ones among them.
-    columns = jnp.concatenate([
-        active[:, None] & (assignment[:, None] == jnp.arange(k)),
-        active[:, None],
-        jnp.where(active, chosen, 0.0)[:, None],
-        (active & frozen)[:, None],
-    ], axis=1, dtype=jnp.float32)
-    totals = jnp.sum(columns, axis=0)
-    counts, with_data, loss_total = totals[:k], totals[k], totals[k + 1]
-    clients, frozen_clients = with_data.astype(jnp.int32), totals[k + 2].astype(jnp.int32)
+    with_data = jnp.sum(sums["counts"]).astype(jnp.float32)
+    frozen = sums["frozen_with_data"].astype(jnp.float32)
     return {
-        "train_loss": loss_total / jnp.maximum(with_data, 1.0),
-        "cluster_sizes": counts,
-        "downlink_floats": (clients * (k * d) - frozen_clients * ((k - 1) * d)).astype(
-            jnp.float32),
-        "frozen_clients": jnp.sum(frozen).astype(jnp.int32),
+        "train_loss": sums["loss"] / jnp.maximum(with_data, 1.0),
+        "cluster_sizes": sums["counts"].astype(jnp.float32),
+        "downlink_floats": frozen * d + (with_data - frozen) * (k * d),
+        "frozen_clients": sums["frozen"],
     }, with_data
 
 
@@ -202,6 +211,7 @@ def ifca(
     sampling: str | None = None,
     server_optimizer=None,
     server_lr=None,
+    keep_assignments: bool = True,
 ) -> Algorithm:
     """Builds IFCA.
 
@@ -260,6 +270,11 @@ def ifca(
         per cluster (algorithms/server.py): each cluster model takes a server
         step on its members' mean delta, with its own optimizer state; a
         cluster nobody picked keeps model and state.
+      keep_assignments: the state remembers each client's cluster and how long
+        it has kept it ([m] assignment and stable). False: nothing per client
+        is kept between rounds (both None), so a round over m clients holds
+        O(client_chunk) of them; only where no round reads them (participation
+        1, no stable_rounds, warm start or fixed assignment).
 
     A client without data (num_examples 0) takes no part: it is not
     assigned, has no weight in any average and is not counted in cluster
@@ -271,6 +286,14 @@ def ifca(
     _check(num_clusters, option, local_steps, batch_size, participation, weighting, divide_by,
            stable_rounds, weight_sharing, model, freeze_shared, warm_start_rounds, sampling)
     check_client_chunk(client_chunk)
+    if not isinstance(keep_assignments, bool):
+        raise ValueError(f"keep_assignments must be True or False; got {keep_assignments!r}.")
+    if not keep_assignments and (participation < 1.0 or stable_rounds is not None
+                                 or fixed_assignment or warm_start_rounds):
+        raise ValueError(
+            "keep_assignments=False needs participation 1 and no stable_rounds, "
+            "fixed_assignment or warm_start_rounds (their rounds read the clients' "
+            "previous clusters).")
     if server_optimizer is not None and (option == "gradient" or weight_sharing):
         raise ValueError("server_optimizer applies to option 'model' without weight_sharing "
                          "(option I's `optimizer` is already the server's).")
@@ -296,7 +319,7 @@ def ifca(
             shared, heads = partition(model, params)
             shared = jax.tree.map(lambda p: p[0], shared)
         m = data.num_clients
-        assignment = jnp.full((m,), -1, jnp.int32)
+        assignment = jnp.full((m,), -1, jnp.int32) if keep_assignments else None
         if warm_start_rounds:  # k random groups of equal size (sizes differ by at most one)
             order = jax.random.permutation(jax.random.fold_in(key, k), m)
             assignment = assignment.at[order].set(jnp.arange(m, dtype=jnp.int32) % k)
@@ -306,7 +329,7 @@ def ifca(
             opt_state=(opt.init(params) if option == "gradient"
                        else () if server is None else jax.vmap(server.init)(heads)),
             assignment=assignment,
-            stable=jnp.zeros((m,), jnp.int32),
+            stable=jnp.zeros((m,), jnp.int32) if keep_assignments else None,
             round=jnp.zeros((), jnp.int32),
         )
 
@@ -369,29 +392,41 @@ def ifca(
         "gradient": (gradient_step, gradient_server), "model": (model_step, model_server),
     }[option]
 
+    def step(state, batch):  # the client step, and what the round metrics add up
+        sums, (losses, assignment) = client_step(state, batch)
+        kept = assignment if keep_assignments else ()  # no [m] outputs when none is kept
+        return (sums, _metric_sums(losses, assignment, batch)), kept
+
     def round_(state: IFCAState, data: FederatedData, key):
         m = data.num_clients
         cohort = sample_cohort(key, m, cohort_size(m, participation))
-        prev, prev_stable = take(cohort, (state.assignment, state.stable))
+        prev = prev_stable = None  # keep_assignments=False: nobody remembers a cluster
+        if keep_assignments:
+            prev, prev_stable = take(cohort, (state.assignment, state.stable))
         frozen = jnp.full((cohort.size,), fixed_assignment)
         if warm_start_rounds:  # a warm-start round trains each group's head
             frozen |= state.round < warm_start_rounds
         if stable_rounds is not None:  # communication reduction
             frozen |= prev_stable >= stable_rounds
-        sums, (losses, assignment) = cohort_sums(
-            lambda batch: client_step(state, batch), data, cohort, inputs=(prev, frozen),
+        (sums, metric_sums), assignment = cohort_sums(
+            lambda batch: step(state, batch), data, cohort, inputs=(prev, frozen),
             client_chunk=client_chunk)
-        active = take(cohort, data.active())
-        assignment = jnp.where(active, assignment, prev)  # a client without data takes no part
-        metrics, with_data = _round_metrics(losses, assignment, active, frozen, state)
+        metrics, with_data = _round_metrics(metric_sums, state)
         params, shared, opt_state = server_update(state, sums, data, cohort, with_data)
-        stable = jnp.where(active, jnp.where(assignment == prev, prev_stable + 1, 0), prev_stable)
+        new_assignment = new_stable = None
+        if keep_assignments:
+            active = take(cohort, data.active())
+            assignment = jnp.where(active, assignment, prev)  # a client without data takes no part
+            stable = jnp.where(active, jnp.where(assignment == prev, prev_stable + 1, 0),
+                               prev_stable)
+            new_assignment = put(cohort, state.assignment, assignment)
+            new_stable = put(cohort, state.stable, stable)
         return IFCAState(
             cluster_params=params,
             shared_params=shared,
             opt_state=opt_state,
-            assignment=put(cohort, state.assignment, assignment),
-            stable=put(cohort, state.stable, stable),
+            assignment=new_assignment,
+            stable=new_stable,
             round=state.round + 1,
         ), metrics
 

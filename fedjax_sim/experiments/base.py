@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim import compare
+from fedjax_sim import backend, compare, parallel
+from fedjax_sim.algorithms.base import NOT_PER_CLIENT, Algorithm
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.experiments.settings import Setting
 
@@ -65,6 +66,56 @@ def client_mean(values, weights) -> np.ndarray:
     v, w = np.asarray(values, np.float64), np.asarray(weights, np.float64)
     total = w.sum(-1)
     return (np.where(w > 0, v, 0.0) * w).sum(-1) / np.where(total > 0, total, np.nan)
+
+
+def evaluate_in_chunks(algorithm: Algorithm, data, client_chunk: int,
+                       feature_size: int | None = None, extra: Callable = lambda rows: ()):
+    """state -> the evaluation of `client_chunk` clients at a time, on the host.
+
+    For metrics that only add up over clients (means, maxima, confusion
+    counts): no [copies..., m] evaluation array exists at once, on the device
+    or the host. Chunk j is clients [j·c, (j+1)·c): their rows (`data.take`,
+    drawn there for generated clients), the state's declared per-client leaves
+    at those clients (`algorithm.client_axes`) and the shared ones, evaluated
+    by `algorithm.evaluate` (which must treat each client on its own). The
+    next chunk is dispatched before the host reads this one.
+
+    Args:
+      algorithm: its evaluate's per-client outputs have the client axis last.
+      data: the clients (any ClientSource with m clients, no leading copies axis).
+      client_chunk: clients per chunk (the last is padded, and cut on the host).
+      feature_size: picks compiler options (`backend.jit`).
+      extra: rows -> per-client values of the chunk's data (e.g. its true
+        clusters), client axis last, also brought to the host.
+
+    Returns:
+      chunks(state): an iterator of (evaluation, extra) per chunk, numpy arrays
+      whose last axis is the chunk's clients.
+    """
+    m = data.num_clients
+    chunk = min(client_chunk, m)
+
+    def part(state, data, start):
+        ids = jnp.minimum(start + jnp.arange(chunk, dtype=jnp.int32), m - 1)
+        state = jax.tree.map(
+            lambda leaf, axis: leaf if axis == NOT_PER_CLIENT else jnp.take(leaf, ids, axis=axis),
+            state, algorithm.client_axes(state))
+        rows = data.take(ids)
+        return algorithm.evaluate(state, rows), extra(rows)
+
+    evaluate = backend.jit(part, feature_size)
+
+    def chunks(state):
+        starts = range(0, m, chunk)
+        ahead = evaluate(state, data, jnp.int32(0))
+        for start in starts:
+            out = ahead
+            if start + chunk < m:
+                ahead = evaluate(state, data, jnp.int32(start + chunk))
+            count = min(chunk, m - start)
+            yield jax.tree.map(lambda a: parallel.to_host(a)[..., :count], out)
+
+    return chunks
 
 
 def stack_seeds(parts: list):

@@ -16,9 +16,14 @@ import numpy as np
 from fedjax_sim import backend, parallel
 from fedjax_sim.algorithms import cfl, fedavg, hypcluster, ifca, local_models, one_shot_clustering
 from fedjax_sim.data import generated_mixture, linear_mixture
-from fedjax_sim.experiments.base import client_mean
+from fedjax_sim.experiments.base import client_mean, evaluate_in_chunks
 from fedjax_sim.experiments.settings import Setting, count
-from fedjax_sim.metrics import cluster_identity_accuracies, min_dist
+from fedjax_sim.metrics import (
+    cluster_identity_accuracies,
+    confusion_counts,
+    matched_accuracies,
+    min_dist,
+)
 from fedjax_sim.models import linear_regression
 
 ALGORITHM_NAMES = ("ifca", "fedavg", "local", "oneshot", "hypcluster", "cfl")
@@ -107,8 +112,11 @@ def build_algorithm(name: str, s: dict, client_chunk=None):
     if name == "ifca":
         local = {"local_steps": s["local_steps"]} if s["option"] == "model" else {
             "divide_by": s["divide_by"]}
+        # With every client in every round no round reads a client's previous cluster (the
+        # metrics take it from the evaluation): the state then holds nothing per client.
         return ifca(model, num_clusters=s["k"], learning_rate=s["lr"], option=s["option"],
-                    participation=s["participation"], client_chunk=client_chunk, **local)
+                    participation=s["participation"], client_chunk=client_chunk,
+                    keep_assignments=s["participation"] < 1.0, **local)
     if name == "fedavg":
         return fedavg(model, learning_rate=s["lr"], local_steps=s["local_steps"],
                       participation=s["participation"], client_chunk=client_chunk)
@@ -140,12 +148,19 @@ def cluster_models(name: str, state):
     return None
 
 
-def metrics_fn(name: str, algorithm, problem, k: int):
-    """state -> {metric: [copies...]} on train and test data, for a (vmapped) algorithm."""
+def metrics_fn(name: str, algorithm, problem, k: int, client_chunk: int | None = None):
+    """state -> {metric: [copies...]} on train and test data, for a (vmapped) algorithm.
+
+    With client_chunk (and more clients than it, data without a seed axis) the
+    clients are evaluated and summed up chunk by chunk (`chunked_metrics_fn`):
+    no per-client value of every client exists at once."""
+    d = problem.theta_star.shape[-1]
+    lead = problem.theta_star.ndim - 2  # a leading seed axis on the data
+    if client_chunk is not None and not lead and problem.train.num_clients > client_chunk:
+        return chunked_metrics_fn(name, algorithm, problem, k, client_chunk)
     # θ*'s last axis is d: generated clients' x would be drawn (all m) to read its shape
-    evaluate = backend.jit(algorithm.evaluate, problem.theta_star.shape[-1])
+    evaluate = backend.jit(algorithm.evaluate, d)
     truth = parallel.to_host(problem.train.cluster)
-    lead = truth.ndim - 1  # a leading seed axis on the data
 
     @jax.jit
     def dist(models, theta_star):
@@ -175,6 +190,64 @@ def metrics_fn(name: str, algorithm, problem, k: int):
         models = cluster_models(name, state)
         if models is not None:
             out["min_dist"] = parallel.to_host(dist(models, problem.theta_star))
+        return out
+
+    return metrics
+
+
+def _cluster_distance(name: str, state, theta_star):
+    models = cluster_models(name, state)
+    if models is None:
+        return None
+    fn = min_dist
+    for _ in range(models.ndim - 2):
+        fn = jax.vmap(fn, in_axes=(0, None))
+    return parallel.to_host(jax.jit(fn)(models, theta_star))
+
+
+def chunked_metrics_fn(name: str, algorithm, problem, k: int, client_chunk: int):
+    """`metrics_fn`'s metrics, the clients evaluated `client_chunk` at a time.
+
+    Each chunk's per-client values are added into the means' numerators and
+    denominators (float64, on the host), the maxima and the confusion counts
+    of cluster identity, then dropped: O(copies × chunk) memory, not
+    O(copies × m). The values equal `metrics_fn`'s up to float64 summation
+    order (cluster identity exactly).
+    """
+    d = problem.theta_star.shape[-1]
+    train_chunks = evaluate_in_chunks(algorithm, problem.train, client_chunk, d,
+                                      extra=lambda rows: rows.cluster)
+    test_chunks = evaluate_in_chunks(algorithm, problem.test, client_chunk, d)
+
+    def summed(chunks, state, clustering: bool):
+        total = weight = known = confusion = 0
+        worst = -np.inf
+        for evaluation, truth in chunks(state):
+            loss = evaluation["client_loss"].astype(np.float64)
+            w = evaluation["client_weight"].astype(np.float64)
+            total = total + (np.where(w > 0, loss, 0.0) * w).sum(-1)
+            weight = weight + w.sum(-1)
+            worst = np.maximum(worst, np.where(w > 0, loss, -np.inf).max(-1))
+            if clustering:
+                assignment = evaluation["assignment"]
+                truths = np.broadcast_to(truth, assignment.shape)
+                confusion = confusion + confusion_counts(assignment, truths, k)
+                known = known + (truths >= 0).sum(-1)
+        mean = total / np.where(weight > 0, weight, np.nan)
+        accuracy = matched_accuracies(confusion, known) if clustering else None
+        return mean, worst, accuracy
+
+    def metrics(state):
+        out = {}
+        clustering = name in CLUSTERING
+        out["train_loss"], out["train_loss_worst"], accuracy = summed(train_chunks, state,
+                                                                      clustering)
+        out["test_loss"], out["test_loss_worst"], _ = summed(test_chunks, state, False)
+        if clustering:
+            out["cluster_accuracy"] = accuracy
+        distance = _cluster_distance(name, state, problem.theta_star)
+        if distance is not None:
+            out["min_dist"] = distance
         return out
 
     return metrics

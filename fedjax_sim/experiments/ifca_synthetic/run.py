@@ -18,7 +18,7 @@ import numpy as np
 from fedjax_sim import logs, memory, plots, simulate
 from fedjax_sim.algorithms import with_restarts, with_seeds
 from fedjax_sim.compare import MethodRun
-from fedjax_sim.data import check_mixture_settings
+from fedjax_sim.data import check_mixture_settings, generated_mixture
 from fedjax_sim.experiments.base import DATA, ROUNDS, Experiment, Preset, RunContext, stream_key
 from fedjax_sim.experiments.ifca_synthetic import sweep
 from fedjax_sim.experiments.ifca_synthetic.common import (
@@ -43,8 +43,23 @@ from fedjax_sim.experiments.ifca_synthetic.common import (
 from fedjax_sim.experiments.settings import MAX_COUNT, Setting, count, seed_setting
 from fedjax_sim.models import linear_regression
 
+# Building stored copies in one jitted draw peaks at about this many times their bytes.
+BUILD_FACTOR = 5
+
+
+def state_bytes(name: str, s: dict, copies: int) -> int:
+    """Bytes of the state of `copies` runs of algorithm `name` (shapes only): e.g. IFCA's
+    [copies, m] assignments where it keeps them (participation < 1)."""
+    data = jax.eval_shape(lambda key: generated_mixture(
+        key, k=s["k"], m=s["m"], n=s["n"], d=s["d"], sigma=0.0, R=0.0).train,
+        jax.random.key(0))
+    algorithm = with_restarts(build_algorithm(name, s), copies)
+    return memory.tree_bytes(jax.eval_shape(algorithm.init, jax.random.key(0), data))
+
+
 # Generated clients store nothing per client, so m may pass the copies' bound (MAX_COUNT);
-# what is left per client (assignments, losses, cluster ids) is a few bytes each.
+# chunked, the round and the evaluation hold nothing per client either (only a state that
+# remembers clients, e.g. with participation < 1, which the planner counts).
 MAX_GENERATED_M = 10**9
 
 # Which algorithms read each setting that not every algorithm reads; a value
@@ -69,10 +84,11 @@ class SyntheticRun(Experiment):
         *(count("m", st.default, st.help + f" (up to {MAX_GENERATED_M:.0e} with clients="
                 "generated)", maximum=MAX_GENERATED_M) if st.name == "m" else st
           for st in SHAPE),
-        Setting("clients", str, "copies", "copies: every client's rows stored for the whole "
+        Setting("clients", str, "auto", "copies: every client's rows stored for the whole "
                 "run; generated: drawn from the client's key inside the round, chunk by chunk "
-                "(nothing per client stored; the same numbers)", choices=("copies", "generated"),
-                commands=("run",), result=False),
+                "(nothing per client stored; the same numbers); auto: copies where they fit "
+                "this machine (and memory_budget_gb), else generated",
+                choices=("auto", "copies", "generated"), commands=("run",), result=False),
         Setting("lr", float, 0.1, "learning rate γ of IFCA and FedAvg (option I step; local "
                 "SGD otherwise)", minimum=0.0, traced=True),
         Setting("local_lr", float, 0.02, "learning rate of the local-models baseline (one "
@@ -114,9 +130,13 @@ class SyntheticRun(Experiment):
     log_metrics = ("train_loss", "test_loss", "min_dist")
 
     def validate(self, s: dict, command: str = "run") -> None:
+        """Raises ValueError naming the setting; a run's clients=auto becomes copies or
+        generated here (what config.json then records)."""
         check_mixture_settings(s["k"], s["m"], s["n"], s["d"], s["sigma"], s["R"], s["n_test"])
         if s["k"] > s["m"]:
             raise ValueError(f"setting k={s['k']} exceeds m={s['m']}.")
+        if command == "run" and s.get("clients") == "auto":
+            s["clients"] = "copies" if self.copies_fit(s) else "generated"
         if s["m"] > MAX_COUNT and not generated(s):
             raise ValueError(
                 f"setting m={s['m']} exceeds {MAX_COUNT:.0e} with clients=copies (every client "
@@ -145,6 +165,16 @@ class SyntheticRun(Experiment):
                 raise ValueError("setting divide_by applies to IFCA option gradient only.")
         self.client_chunk(s, copies=s["restarts"], command=command)
 
+    def copies_fit(self, s: dict) -> bool:
+        """Whether a run over stored copies fits this machine (and memory_budget_gb)."""
+        if s["m"] > MAX_COUNT:
+            return False
+        try:
+            self.client_chunk({**s, "clients": "copies"}, copies=s["restarts"])
+        except ValueError:
+            return False
+        return True
+
     def client_chunk(self, s: dict, copies: int, algorithm: str | None = None,
                      command: str = "run"):
         """client_chunk for memory_budget_gb (0: none) of `copies` runs side by side.
@@ -166,16 +196,23 @@ class SyntheticRun(Experiment):
             data, extra, more = train, 0, {"generated_clients": s["m"]}
         else:
             shapes = problem_shapes(s, s.get("n_test", 0))
-            data, extra, more = shapes.train, memory.tree_bytes(shapes.test), {}
+            data, test = shapes.train, shapes.test
+            extra = memory.tree_bytes(test)
+            # One jitted draw of every client: its threefry bits and the sliced and
+            # reshaped x are live at once (5.0x the data at m = 2·10⁵, n = 10, d = 10,
+            # n_test = 100: benchmarks/MEMORY.md).
+            more = {"build_bytes": BUILD_FACTOR * (memory.tree_bytes(data) + extra)}
             # Suggested where setting clients is read (a run; not ifca_success's cells,
             # whose run settings carry clients=None).
             if command == "run" and s.get("clients") == "copies":
                 remedy += ", or set clients=generated (nothing per client stored)"
+        per_client_models = name in PER_CLIENT_MODELS
         return memory.client_chunk_within_machine(
             linear_regression(s["d"]), data, s.get("memory_budget_gb", 0.0) * 2**30,
-            copies=copies, per_client_models=name in PER_CLIENT_MODELS,
+            copies=copies, per_client_models=per_client_models,
             local_training=trains_locally(name, s), num_clusters=s["k"],
-            extra_resident_bytes=extra,
+            extra_resident_bytes=extra, eval_data=test,
+            state_bytes=0 if per_client_models else state_bytes(name, s, copies),
             describe=f"m={s['m']}, n={s['n']}, n_test={s.get('n_test', 0)}, d={s['d']}, "
                      f"{copies} copies: restarts × seeds"
                      + (", generated clients" if generated(s) else ""),
@@ -199,7 +236,8 @@ class SyntheticRun(Experiment):
         try:
             _, history = simulate.run(
                 algorithm, problem.train, jax.random.fold_in(key, ROUNDS), rounds=s["rounds"],
-                eval_every=s["eval_every"], evaluate=metrics_fn(name, algorithm, problem, s["k"]),
+                eval_every=s["eval_every"],
+                evaluate=metrics_fn(name, algorithm, problem, s["k"], client_chunk),
                 progress=ctx.progress, description=f"{name}-synthetic", mesh=ctx.mesh,
                 checkpoint_dir=ctx.checkpoint_dir if every else None,
                 checkpoint_every=every or None, resume=ctx.resume and bool(every),
