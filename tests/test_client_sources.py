@@ -362,9 +362,24 @@ def test_ifca_round_over_generated_equals_copies(chunk):
     out = [simulate.run(algorithm, data, jax.random.key(1), rounds=3, eval_every=3,
                         progress=False) for data in (stored.train, generated.train)]
     (state_a, hist_a), (state_b, hist_b) = out
+    # Unchunked: bit for bit. Chunked, the rows drawn inside the chunk's program let XLA
+    # lay out and sum the option-I gradient products in another order than over stored
+    # rows: the cluster models may differ by float rounding (seen: 1 ulp), the
+    # assignments, counts and every integer not at all.
+    exact = chunk is None
     for a, b in zip(jax.tree.leaves(state_a), jax.tree.leaves(state_b), strict=True):
-        np.testing.assert_array_equal(a, b)
-    assert json.dumps(hist_a) == json.dumps(hist_b)
+        if exact or not jnp.issubdtype(a.dtype, jnp.floating):
+            np.testing.assert_array_equal(a, b)
+        else:
+            np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7)
+    if exact:
+        assert json.dumps(hist_a) == json.dumps(hist_b)
+    assert [sorted(r) for r in hist_a] == [sorted(r) for r in hist_b]
+    for row_a, row_b in zip(hist_a, hist_b, strict=True):
+        for name, value in row_a.items():
+            np.testing.assert_allclose(np.asarray(row_b[name], float),
+                                       np.asarray(value, float), rtol=1e-6, atol=1e-7,
+                                       err_msg=name)
 
 
 def _round_bytes(m: int, generated: bool, keep_assignments: bool = True,
@@ -468,10 +483,10 @@ def test_run_with_generated_clients_equals_copies(tmp_path, monkeypatch, chunk):
     assert [r.keys() for r in copies] == [r.keys() for r in generated] and len(copies) == 6
     for a, b in zip(copies, generated, strict=True):
         for column in a:
-            # Training and its train-set evaluation are bit-identical; the test set's
-            # losses drawn inside the evaluation may round 1 ulp apart (XLA lays out a
-            # drawn [c, 20, d] block differently from a stored one).
-            if column.startswith("test_loss"):
+            # Losses and models drawn inside a chunk's program may round 1 ulp apart
+            # (XLA lays out a drawn [c, n, d] block differently from a stored one, also
+            # in the option-I gradient products); counts and accuracies are exact.
+            if "loss" in column or column.startswith("distance"):
                 np.testing.assert_allclose(float(b[column]), float(a[column]), rtol=1e-6)
             else:
                 assert a[column] == b[column], (column, a, b)
