@@ -437,13 +437,18 @@ def test_frozen_trunk_method_of_the_weight_sharing_preset(tmp_path):
     assert (tmp_path / "cluster_identity.png").is_file()
 
 
-def test_cifar_protocol_from_local_npz(tmp_path):
+def _fake_cifar(tmp_path, train: int, test: int) -> None:
+    """CIFAR-10-shaped random uint8 images and labels as the local-npz loader reads them."""
     rng = np.random.default_rng(0)
     (tmp_path / "cifar10").mkdir()
-    for split, size in (("train", 40), ("test", 20)):
+    for split, size in (("train", train), ("test", test)):
         np.savez(tmp_path / "cifar10" / f"{split}.npz",
                  x=rng.integers(0, 256, size=(size, 32, 32, 3), dtype=np.uint8),
                  y=rng.integers(0, 10, size=size))
+
+
+def test_cifar_protocol_from_local_npz(tmp_path):
+    _fake_cifar(tmp_path, train=40, test=20)
     preset = get_preset("ifca-rotated-cifar")
     s = resolve(preset.experiment.declared, preset.defaults,
                 {"data_dir": str(tmp_path), "n": 10, "batch_size": 5, "seeds": 2})
@@ -586,12 +591,7 @@ def test_cifar_views_compare_equals_copies(tmp_path):
     from fedjax_sim import cli
     from fedjax_sim.data import copy_at
 
-    rng = np.random.default_rng(0)
-    (tmp_path / "cifar10").mkdir()
-    for split, size in (("train", 20), ("test", 10)):
-        np.savez(tmp_path / "cifar10" / f"{split}.npz",
-                 x=rng.integers(0, 256, size=(size, 32, 32, 3), dtype=np.uint8),
-                 y=rng.integers(0, 10, size=size))
+    _fake_cifar(tmp_path, train=20, test=10)
     tiny = {"data_dir": str(tmp_path), "n": 5, "batch_size": 5, "local_steps": 1, "rounds": 1,
             "eval_every": 1, "seeds": 2, "participation": 0.5}
     preset = get_preset("ifca-rotated-cifar")
