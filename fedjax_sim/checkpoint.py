@@ -23,22 +23,20 @@ previous steps intact and never a half-written latest one. Temporary
 directories left by a killed save are removed when the directory is next
 opened. The newest `max_to_keep` steps are kept.
 
-Saves are asynchronous on one process: `save` encodes the history, hands the
-whole orbax save (its copy of the state to host memory, the files, the commit
-and the deletion of the step past `max_to_keep`) to one worker thread of this
-object and returns; the next `save` first waits for it (and raises its error,
+Saves are asynchronous on one process (orbax's own asynchronous mode): `save`
+copies the state to host memory in the caller and returns while orbax writes
+the files, commits the step and deletes the step past `max_to_keep` in its
+background thread; the next `save` first waits for it (and raises its error,
 if it failed), and `close` waits for the last one, so every checkpoint a run
 asked for is complete on disk when the run returns, and none is ever dropped.
-The caller keeps only the encoding: an orbax save of a state of a few KB costs
-~30-50 ms of CPU, most of it orbax's fixed cost per save (its threads, event
-loops and commit files), a tenth to a third of it in the calling thread when
-orbax's own asynchronous mode is used. The arrays handed to `save` must stay
-alive (not donated or deleted) until that save is complete: `simulate.run`
-hands it the state it keeps, and runs the next chunk on a copy. Under several
-processes saves stay synchronous, in the caller. Before a checkpoint is
-written, `save` fsyncs the rows appended with `io.append_csv(..., sync=False)`
-(metrics.csv): every row of the rounds a checkpoint covers is durable before
-that checkpoint exists.
+No jax array is read off the caller's thread. (A save of a state of a few KB
+costs ~30-50 ms of CPU, most of it orbax's fixed cost per save; running the
+whole orbax save on a thread of our own cut the caller's share from ~6.5 to
+~1 ms, but had the worker read device arrays while the caller ran compiled
+rounds, and was given up.) Under several processes saves stay synchronous.
+Before a checkpoint is written, `save` fsyncs the rows appended with
+`io.append_csv(..., sync=False)` (metrics.csv): every row of the rounds a
+checkpoint covers is durable before that checkpoint exists.
 
 The directory is created on the first save, so a run shorter than its
 checkpoint interval leaves none behind.
@@ -70,7 +68,6 @@ import os
 import re
 import shutil
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -285,8 +282,8 @@ def decode_history(value):
 
 
 class RunCheckpoints:
-    """The checkpoints of one run in `directory` (orbax `CheckpointManager`; on one
-    process saves run on a worker thread, complete at the next `save` or at `close`).
+    """The checkpoints of one run in `directory` (orbax `CheckpointManager`; saves are
+    asynchronous on one process, complete at the next `save` or at `close`).
 
     Under several processes every method is collective: every process calls
     it, in the same order, on the same shared directory.
@@ -298,9 +295,7 @@ class RunCheckpoints:
         self.directory = Path(directory).absolute()
         self.max_to_keep = max_to_keep
         self._manager = None
-        # The step the worker is saving and its future (None: no save pending).
-        self._pending: tuple[int, Future] | None = None
-        self._worker: ThreadPoolExecutor | None = None
+        self._pending: int | None = None  # the step an asynchronous save is writing
         # The history rows saved so far and their JSON texts: a run's history only
         # grows, so each save encodes only the rows added since the previous one.
         self._rows: list = []
@@ -310,12 +305,9 @@ class RunCheckpoints:
         """The orbax CheckpointManager (opening it removes a killed save's temporary directory)."""
         ocp = _orbax()
         if self._manager is None:
-            # Synchronous orbax saves: on one process the whole save runs on this
-            # object's worker thread (`save`), which is cheaper for the caller than
-            # orbax's own asynchronous mode.
             options = ocp.CheckpointManagerOptions(
                 max_to_keep=self.max_to_keep,
-                enable_async_checkpointing=False,
+                enable_async_checkpointing=jax.process_count() == 1,
                 cleanup_tmp_directories=True,
             )
             self._manager = ocp.CheckpointManager(
@@ -405,11 +397,11 @@ class RunCheckpoints:
         Raises:
           OSError: the save failed for an OS reason (e.g. ENOSPC), naming its step.
         """
-        if self._pending is None:
+        if self._manager is None or self._pending is None:
             return
-        (step, future), self._pending = self._pending, None
+        step, self._pending = self._pending, None
         try:
-            future.result()
+            self._manager.wait_until_finished()
         except Exception as error:
             failed = self._translated(error, step)
             if failed is None:
@@ -421,12 +413,10 @@ class RunCheckpoints:
 
         First every row appended with `io.append_csv(..., sync=False)` is fsynced
         (`io.sync_appended`) and the previous save is waited for. On one process
-        the save then runs on this object's worker thread: the checkpoint is
-        complete at the next `save`, `wait` or `close` (which raise its error); a
-        process killed before then keeps the previous checkpoints intact. Until
-        then the state's jax arrays must not be deleted or donated (numpy leaves
-        are copied). Under several processes it returns once the checkpoint is
-        complete.
+        the files are then written in the background: the checkpoint is complete
+        at the next `save`, `wait` or `close` (which raise its error); a process
+        killed before then keeps the previous checkpoints intact. Under several
+        processes it returns once the checkpoint is complete.
 
         round_metrics: optional {name: host array [step, ...]}, every round's metrics
         so far (`simulate.run(round_metrics=True)`), restored with the checkpoint.
@@ -471,21 +461,19 @@ class RunCheckpoints:
         ocp = _orbax()
         manager = self._open()
         if jax.process_count() == 1:
-            # The worker writes later: numpy arrays the caller may change are copied now.
+            # orbax writes later: numpy arrays the caller may change are copied now.
             items = jax.tree.map(
                 lambda x: x.copy() if isinstance(x, np.ndarray) and x.flags.writeable else x,
                 items)
         args = ocp.args.Composite(**{_STATE: ocp.args.StandardSave(items),
                                      _PROGRESS: ocp.args.JsonSave(progress)})
-        if jax.process_count() == 1:
-            if self._worker is None:
-                self._worker = ThreadPoolExecutor(1, thread_name_prefix="fedjax_sim-checkpoint")
-            future = self._worker.submit(manager.save, int(step), args=args, force=True)
-            self._pending = (int(step), future)
-            return
         try:
             manager.save(int(step), args=args, force=True)
+            self._pending = int(step)
+            if jax.process_count() > 1:
+                self.wait()
         except Exception as error:
+            self._pending = None
             failed = self._translated(error, step)
             if failed is None:
                 raise
@@ -628,9 +616,6 @@ class RunCheckpoints:
         try:
             self.wait()
         finally:
-            if self._worker is not None:
-                self._worker.shutdown(wait=True)
-                self._worker = None
             if self._manager is not None:
                 self._manager.close()
                 self._manager = None

@@ -215,14 +215,18 @@ def test_killed_comparison_resumes_to_identical_outputs(tmp_path, preset, sets, 
     assert not (killed / "results.csv").exists()
     # Resume from the directory alone (its config.json), and kill it as a new checkpoint
     # step appears: mid-write.
-    seen = {p.name for p in _steps(killed / "checkpoints" / second)}
+    # Everything the killed process left (complete steps, and the temporary directory of a
+    # save in flight): only a name that was not there is the resumed process's write.
+    def entries():
+        directory = killed / "checkpoints"
+        return {str(p.relative_to(directory)) for p in directory.glob("*/*")} if \
+            directory.is_dir() else set()
+
+    seen = entries()
     proc = _compare_cmd("--resume", "--out", str(killed))
 
     def new_step():
-        directory = killed / "checkpoints"
-        names = {str(p.relative_to(directory)) for p in directory.glob("*/*")} if \
-            directory.is_dir() else set()
-        return bool(names - {f"{second}/{n}" for n in seen})
+        return bool(entries() - seen)
 
     _kill_when(proc, new_step, "a new checkpoint write")
     assert not (killed / "results.csv").exists()

@@ -2,9 +2,9 @@
 
 * metrics.csv rows are fsynced once per checkpoint, before it is written, and
   at the end of the run, not once per row;
-* an asynchronous checkpoint save runs on a worker thread and is complete
-  once `close` returns; the next save (or a listing of the steps) waits for it,
-  and a save that failed raises at the next save or at `close`;
+* an asynchronous checkpoint save (orbax's asynchronous mode) is complete once
+  `close` returns; the next save (or a listing of the steps) waits for it, and
+  a save that failed in the background raises at the next save or at `close`;
 * a checkpoint's history is the same when its rows are encoded once each;
 * the batched cluster identity accuracy equals a brute-force per-row loop.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import threading
 
 import jax
 import jax.numpy as jnp
@@ -97,22 +96,17 @@ def test_an_async_checkpoint_is_complete_after_close(tmp_path, monkeypatch):
     directory = tmp_path / "checkpoints"
     waits = []
     wait = RunCheckpoints.wait
-    monkeypatch.setattr(RunCheckpoints, "wait", lambda self: (
-        waits.append(self._pending and self._pending[0]), wait(self))[1])
-    savers = []
-    orbax_save = checkpoint._orbax().CheckpointManager.save
-    monkeypatch.setattr(checkpoint._orbax().CheckpointManager, "save", lambda *a, **k: (
-        savers.append(threading.current_thread()), orbax_save(*a, **k))[1])
+    monkeypatch.setattr(RunCheckpoints, "wait",
+                        lambda self: (waits.append(self._pending), wait(self))[1])
     history = [{"round": 0, "loss": np.float32(2.0)}]
     checkpoints = RunCheckpoints(directory)
     checkpoints.save(1, _state(1), jax.random.key(3), history)
+    assert checkpoints._open()._options.enable_async_checkpointing
     history.append({"round": 2, "loss": np.array([1.0, 0.5], np.float32)})
     checkpoints.save(2, _state(2), jax.random.key(3), history)
     assert 1 in waits  # the second save waited for the first
     checkpoints.close()
     assert waits[-1] == 2  # close waited for the last one
-    # The whole orbax save ran on the worker thread, not in the caller.
-    assert len(savers) == 2 and threading.current_thread() not in savers
     assert sorted(p.name for p in directory.iterdir()) == ["1", "2"]
     with RunCheckpoints(directory) as again:
         assert again.steps() == [1, 2]
@@ -127,16 +121,26 @@ def test_an_async_checkpoint_is_complete_after_close(tmp_path, monkeypatch):
 
 
 def _failing_orbax_save(monkeypatch, failing_step: int, error: Exception):
-    """orbax's save raising `error` (in the worker) for `failing_step`."""
+    """orbax's asynchronous save of `failing_step` failing in the background: it commits
+    nothing and its error comes out of the next `wait_until_finished`."""
     manager = checkpoint._orbax().CheckpointManager
-    orbax_save = manager.save
+    orbax_save, orbax_wait = manager.save, manager.wait_until_finished
+    failed = []
 
     def save(self, step, *args, **kwargs):
         if step == failing_step:
-            raise error
+            failed.append(step)
+            return True
         return orbax_save(self, step, *args, **kwargs)
 
+    def wait_until_finished(self):
+        orbax_wait(self)
+        if failed:
+            failed.clear()
+            raise error
+
     monkeypatch.setattr(manager, "save", save)
+    monkeypatch.setattr(manager, "wait_until_finished", wait_until_finished)
 
 
 def test_a_failed_background_save_raises_at_the_next_save(tmp_path, monkeypatch):
@@ -144,7 +148,7 @@ def test_a_failed_background_save_raises_at_the_next_save(tmp_path, monkeypatch)
         "Error writing local file: [RESOURCE_EXHAUSTED: os_error_code=28 ...]"))
     checkpoints = RunCheckpoints(tmp_path / "c")
     checkpoints.save(1, _state(1), jax.random.key(3), [])
-    checkpoints.save(2, _state(2), jax.random.key(3), [])  # fails in the worker
+    checkpoints.save(2, _state(2), jax.random.key(3), [])  # fails in the background
     with pytest.raises(OSError) as error:
         checkpoints.save(3, _state(3), jax.random.key(3), [])
     assert error.value.errno == 28 and error.value.filename == str(tmp_path / "c" / "2")
@@ -168,7 +172,7 @@ def test_numpy_leaves_are_saved_as_they_were_when_save_was_called(tmp_path):
     state = {"w": np.arange(6.0, dtype=np.float32), "key": jax.random.key(1)}
     with RunCheckpoints(tmp_path / "c") as checkpoints:
         checkpoints.save(1, state, jax.random.key(3), [])
-        state["w"][:] = -1.0  # changed while the worker may still be writing
+        state["w"][:] = -1.0  # changed while orbax may still be writing
     with RunCheckpoints(tmp_path / "c") as again:
         restored = again.restore(jax.eval_shape(lambda: {"w": jnp.zeros(6, jnp.float32),
                                                          "key": jax.random.key(0)}),
