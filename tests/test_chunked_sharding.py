@@ -24,7 +24,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, re
     import jax, numpy as np
-    from fedjax_sim import parallel, simulate
+    from fedjax_sim import backend, parallel, simulate
     from federations import eight_clients
     from fedjax_sim.algorithms import ifca
     from fedjax_sim.ops import cluster_losses
@@ -54,11 +54,15 @@ SCRIPT = textwrap.dedent(
     for name, kwargs in options.items():
         for devices, chunk in ((1, None), (4, 4), (4, 3)):
             algorithm = ifca(model, client_chunk=chunk, **kwargs)
+            run_mesh = None if devices == 1 else mesh
             state, history = simulate.run(
                 algorithm, data, jax.random.key(7), rounds=5, eval_every=5, progress=False,
-                mesh=None if devices == 1 else mesh,
+                mesh=run_mesh,
             )
-            ev = algorithm.evaluate(state, data)
+            # The evaluation program simulate.run compiled, on the data as it placed it:
+            # sharded on a mesh, and no op-by-op compiles.
+            placed = data if run_mesh is None else parallel.place_inputs(data, run_mesh)
+            ev = backend.jit(algorithm.evaluate, backend.feature_size(placed))(state, placed)
             out["runs"][f"{name}/{devices}/{chunk}"] = {
                 "leaves": [np.asarray(x).tolist() for x in jax.tree.leaves(state)],
                 "assignment": np.asarray(ev["assignment"]).tolist(),
