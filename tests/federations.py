@@ -6,6 +6,7 @@ folder on PYTHONPATH.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -33,6 +34,28 @@ def subprocess_env(devices: int) -> dict[str, str]:
     """os.environ with `devices` forced CPU devices and this folder importable."""
     path = os.pathsep.join(p for p in (TESTS_DIR, os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "XLA_FLAGS": xla_flags(devices), "PYTHONPATH": path}
+
+
+def run_once(tmp_path_factory, name: str, compute):
+    """compute() (JSON-able) once per test session, also when pytest-xdist spreads the tests
+    that need it over several workers: the first worker to need it computes it while holding
+    a file lock, and leaves it in the session's common temporary folder for the others."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, shared by its workers (xdist's own recipe)
+    path = root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        try:
+            import fcntl
+        except ImportError:  # no fcntl (Windows): each worker computes it
+            fcntl = None
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return json.loads(path.read_text())
+        result = compute()
+        path.write_text(json.dumps(result))
+        return result
 
 
 def eight_clients(counts=(1, 6, 4, 6, 2, 5, 6, 3)):

@@ -1,6 +1,6 @@
 """AFL, HypCluster, CFL, Ditto and robust IFCA: each round against a plain numpy loop over
 clients (float64), the reductions to FedAvg / IFCA, behaviour on small problems built
-here, and 4 forced CPU devices against 1.
+here (4 forced CPU devices against 1: in test_sharding.py's run of every algorithm).
 
 The references use full-batch SGD (so no minibatch keys enter) and draw the cohort as the
 cohort path documents it: split(round key) -> (ids key, slot keys), the ids uniform
@@ -10,17 +10,12 @@ without replacement. The ragged fixture has clients of 4, 1, 0, 3 and 2 rows.
 from __future__ import annotations
 
 import itertools
-import json
-import subprocess
-import sys
-import textwrap
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from federations import subprocess_env
 
 from fedjax_sim.algorithms import afl, cfl, ditto, fedavg, hypcluster, ifca, robust_ifca
 from fedjax_sim.data import FederatedData
@@ -454,58 +449,9 @@ def test_cfl_separates_two_clusters_with_opposite_optima(ref):
 # --------------------------------------------------------------------------- multi-device
 
 
-SCRIPT = textwrap.dedent(
-    """
-    import json
-    import jax, numpy as np
-    from fedjax_sim import ALGORITHMS, simulate
-    from fedjax_sim.parallel import make_mesh
-    from federations import eight_clients
-
-    data, model = eight_clients()
-    settings = {
-        "afl": dict(learning_rate=0.1, local_steps=2, batch_size=3, participation=0.5,
-                    lambda_lr=0.1),
-        "hypcluster": dict(num_clusters=2, learning_rate=0.1, local_steps=2, batch_size=3,
-                           participation=0.5, init="kmeans++"),
-        "cfl": dict(learning_rate=0.1, local_steps=2, participation=0.75, max_clusters=3,
-                    eps1=10.0, eps2=0.0),
-        "ditto": dict(learning_rate=0.1, local_steps=2, batch_size=3, participation=0.5,
-                      ditto_lambda=0.5),
-        "robust_ifca": dict(num_clusters=2, learning_rate=0.1, local_steps=2, batch_size=3,
-                            participation=0.5, lambda_lr=0.1),
-    }
-    out = {}
-    for devices in (1, 4):
-        mesh = None if devices == 1 else make_mesh(devices)
-        for name, kwargs in settings.items():
-            alg = ALGORITHMS[name](model, **kwargs)
-            state, _ = simulate.run(alg, data, jax.random.key(7), rounds=4, eval_every=4,
-                                    progress=False, mesh=mesh)
-            ev = alg.evaluate(state, data)
-            out[f"{name}/{devices}"] = {
-                "leaves": [np.asarray(x).tolist() for x in jax.tree.leaves(state)],
-                "loss": np.asarray(ev["client_loss"]).tolist(),
-                "assignment": np.asarray(ev["assignment"]).tolist()}
-    print("RESULT" + json.dumps(out))
-    """
-)
-
-
-@pytest.mark.slow
-def test_sharded_on_four_devices_equals_one():
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                          env=subprocess_env(4), timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
-    results = json.loads(line[len("RESULT"):])
-    for name in ("afl", "hypcluster", "cfl", "ditto", "robust_ifca"):
-        one, four = results[f"{name}/1"], results[f"{name}/4"]
-        assert four["assignment"] == one["assignment"], name
-        np.testing.assert_allclose(four["loss"], one["loss"], rtol=1e-5, atol=1e-6, err_msg=name)
-        for a, b in zip(four["leaves"], one["leaves"], strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=name)
-    assert results["cfl/1"]["leaves"][2] > 1  # the compared CFL runs split a cluster
+# 1 vs 4 devices: test_sharding.py::test_sharded_equals_unsharded runs AFL, HypCluster
+# (k-means++ init), CFL (partial participation, with a split: test_compared_cfl_runs_split_a_
+# cluster), Ditto and Robust IFCA with minibatches in its one subprocess of every algorithm.
 
 
 def test_state_declares_its_client_axes(ragged, linear_model):

@@ -11,6 +11,7 @@ their padding rows hold garbage (not zeros), so a missing mask shows up.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -478,10 +479,11 @@ def split_mlp():
 
 
 def real_rows(data, i):
-    n = int(data.num_examples[i])
-    return np.asarray(data.x[i, :n]), np.asarray(data.y[i, :n])
+    n = int(np.asarray(data.num_examples)[i])
+    return np.asarray(data.x)[i, :n], np.asarray(data.y)[i, :n]  # numpy: no per-row compiles
 
 
+@functools.cache  # one pair of jitted functions per model: compiled once per client size
 def unpadded_loss(model):
     """(loss, its gradient) of one client's rows, no mask: the mean over every row given."""
 
@@ -495,10 +497,12 @@ def loop_weight_sharing_round(model, shared, heads, data, *, lr, steps):
     """IFCA option II with weight sharing, client by client on unpadded rows (uniform weights)."""
 
     loss, grad = unpadded_loss(model)
+    # Host (numpy) arithmetic between the jitted loss and gradient calls.
+    shared, heads = (jax.tree.map(np.asarray, t) for t in (shared, heads))
     k = jax.tree.leaves(heads)[0].shape[0]
     trunks, members = [], [[] for _ in range(k)]
     for i in range(data.num_clients):
-        if int(data.num_examples[i]) == 0:
+        if int(np.asarray(data.num_examples)[i]) == 0:
             continue
         x, y = real_rows(data, i)
         head_of = [jax.tree.map(lambda h, j=j: h[j], heads) for j in range(k)]
@@ -506,7 +510,7 @@ def loop_weight_sharing_round(model, shared, heads, data, *, lr, steps):
         params = combine(model, shared, head_of[j])
         for _ in range(steps):
             grads = grad(params, x, y)
-            params = jax.tree.map(lambda p, g: p - lr * g, params, grads)
+            params = jax.tree.map(lambda p, g: p - lr * np.asarray(g), params, grads)
         trunks.append(params["trunk"])
         members[j].append(params["head"])
     new_shared = jax.tree.map(lambda *t: np.mean(np.stack(t), axis=0), *trunks)
@@ -539,14 +543,14 @@ def test_ifca_weight_sharing_round_equals_loop(split_mlp, classification):
     assert float(np.sum(metrics["cluster_sizes"])) == 4
 
     # Each cluster's full model: the shared trunk with its own head.
-    full = [combine(model, new.shared_params, jax.tree.map(lambda h, j=j: h[j],
-                                                             new.cluster_params))
-            for j in range(2)]
+    shared, heads = (jax.tree.map(np.asarray, t) for t in (new.shared_params,
+                                                            new.cluster_params))
+    full = [combine(model, shared, jax.tree.map(lambda h, j=j: h[j], heads)) for j in range(2)]
     chex.assert_trees_all_equal(full[0]["trunk"], full[1]["trunk"])
-    evaluation = jax.jit(algorithm.evaluate)(new, data)
+    evaluation = jax.tree.map(np.asarray, jax.jit(algorithm.evaluate)(new, data))
     loss, _ = unpadded_loss(model)
     for i in range(data.num_clients):
-        if int(data.num_examples[i]) == 0:
+        if int(np.asarray(data.num_examples)[i]) == 0:
             assert int(evaluation["assignment"][i]) == -1
             continue
         x, y = real_rows(data, i)

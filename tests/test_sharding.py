@@ -16,18 +16,23 @@ import textwrap
 
 import numpy as np
 import pytest
-from federations import subprocess_env, xla_flags
+from federations import run_once, subprocess_env, xla_flags
 
 from fedjax_sim import ALGORITHMS
 
 # Settings of each registered algorithm for the check; a new algorithm must be added here.
+# The personalised/clustered/agnostic baselines (issue 19) and FedProx, SCAFFOLD, q-FFL and
+# FedAvg with a server optimizer (FedOpt) are checked here with the settings their own test
+# files used to run on devices (minibatches, partial participation, client chunks, server
+# optimizers, k-means++ init), in the same one subprocess as every other algorithm.
 ALGORITHM_KWARGS = {
     "ifca": [
         {"num_clusters": 2, "learning_rate": 0.1},
         {"num_clusters": 2, "learning_rate": 0.1, "option": "model", "local_steps": 2,
          "batch_size": 3, "participation": 0.5, "stable_rounds": 2},
     ],
-    "fedavg": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5}],
+    "fedavg": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
+                "server_optimizer": "adam", "server_lr": 0.05}],
     "local": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3}],
     "oneshot": [{"num_clusters": 2, "learning_rate": 0.1, "pretrain_steps": 10}],
     # Mixed FL: the script adds a server-side regularizer as the centralized loss.
@@ -39,25 +44,30 @@ ALGORITHM_KWARGS = {
               "lambda_lr": 0.05}],
     "drflm": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
                "lambda_lr": 0.05}],
-    # Issue 19's personalised/clustered/agnostic baselines (more cases in test_baselines_personal).
-    "afl": [{"learning_rate": 0.1, "local_steps": 1, "participation": 0.5, "lambda_lr": 0.1}],
+    "afl": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
+             "lambda_lr": 0.1}],
     "hypcluster": [{"num_clusters": 2, "learning_rate": 0.1, "local_steps": 2, "batch_size": 3,
-                    "participation": 0.5}],
-    "cfl": [{"learning_rate": 0.1, "local_steps": 2, "max_clusters": 3, "eps1": 10.0,
-             "eps2": 0.0}],
-    "ditto": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5}],
+                    "participation": 0.5, "init": "kmeans++"}],
+    # eps1 = 10 splits a cluster within the rounds run (test_compared_cfl_runs_split_a_cluster).
+    "cfl": [{"learning_rate": 0.1, "local_steps": 2, "participation": 0.75, "max_clusters": 3,
+             "eps1": 10.0, "eps2": 0.0}],
+    "ditto": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
+               "ditto_lambda": 0.5}],
     "robust_ifca": [{"num_clusters": 2, "learning_rate": 0.1, "local_steps": 2, "batch_size": 3,
                      "participation": 0.5, "lambda_lr": 0.1}],
-    "fedprox": [{"learning_rate": 0.1, "local_steps": 2, "participation": 0.5, "mu": 0.1}],
-    "scaffold": [{"learning_rate": 0.1, "local_steps": 2, "participation": 0.5}],
-    "qffl": [{"learning_rate": 0.1, "local_steps": 2, "participation": 0.5, "q": 1.0}],
+    "fedprox": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
+                 "mu": 0.3, "server_optimizer": "sgdm"}],
+    "scaffold": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
+                  "client_chunk": 2, "server_lr": 0.8}],
+    "qffl": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
+              "q": 2.0, "client_chunk": 3}],
 }
 
 SCRIPT = textwrap.dedent(
     """
     import json, sys
     import jax, numpy as np
-    from fedjax_sim import ALGORITHMS, simulate
+    from fedjax_sim import ALGORITHMS, backend, parallel, simulate
     from federations import eight_clients
     from fedjax_sim.parallel import make_mesh
     from fedjax_sim.algorithms.mixed import l2_regularizer
@@ -77,7 +87,10 @@ SCRIPT = textwrap.dedent(
                 algorithm, data, jax.random.key(7), rounds=5, eval_every=5,
                 progress=False, mesh=mesh,
             )
-            ev = algorithm.evaluate(state, data)
+            # The evaluation program simulate.run compiled, on the data as it placed it:
+            # sharded on a mesh, and no op-by-op compiles.
+            placed = data if mesh is None else parallel.place_inputs(data, mesh)
+            ev = backend.jit(algorithm.evaluate, backend.feature_size(placed))(state, placed)
             out[f"{name}/{index}/{devices}"] = {
                 "leaves": [np.asarray(x).tolist() for x in jax.tree.leaves(state)],
                 "assignment": np.asarray(ev["assignment"]).tolist(),
@@ -111,11 +124,21 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def sharded_runs(tmp_path_factory):
+    """Every case on 1 and 4 devices (ifca case 0 also on 2): one subprocess for them all
+    (a launch costs seconds; each case compiles its own programs anyway), run once per
+    session and shared by the xdist workers."""
+    return run_once(tmp_path_factory, "sharded_runs",
+                    lambda: _run([json.dumps([list(case) for case in CASES])]))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "i", "kwargs"), CASES, ids=[f"{n}-{i}" for n, i, _ in CASES])
-def test_sharded_equals_unsharded(name, i, kwargs):
-    results = _run([json.dumps([[name, i, kwargs]])])
+def test_sharded_equals_unsharded(sharded_runs, name, i, kwargs):
+    results = sharded_runs
     base = results[f"{name}/{i}/1"]
+    assert f"{name}/{i}/4" in results
     for devices in (2, 4):
         if f"{name}/{i}/{devices}" not in results:
             continue
@@ -125,16 +148,26 @@ def test_sharded_equals_unsharded(name, i, kwargs):
         np.testing.assert_allclose(
             got["client_loss"], base["client_loss"], rtol=1e-5, atol=1e-6, err_msg=where
         )
-        assert len(got["leaves"]) == len(base["leaves"])
+        assert len(got["leaves"]) == len(base["leaves"]), where
         for a, b in zip(got["leaves"], base["leaves"], strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=where)
+        assert len(got["history"]) == len(base["history"]) == 2, where
         for row_a, row_b in zip(got["history"], base["history"], strict=True):
-            assert row_a.keys() == row_b.keys()
+            assert row_a.keys() == row_b.keys(), where
             for key in row_a:
                 np.testing.assert_allclose(row_a[key], row_b[key], rtol=1e-5, atol=1e-6,
                                            err_msg=f"{where}: {key}")
     if (name, i) == ("ifca", 0):
         assert f"{name}/{i}/2" in results
+
+
+@pytest.mark.slow
+def test_compared_cfl_runs_split_a_cluster(sharded_runs):
+    # CFLState's leaves: cluster_params (one leaf for the linear model), cluster_id,
+    # num_clusters, round. The runs compared above went through a split, so the split
+    # (its bipartition of the clients) is checked on devices too.
+    num_clusters = sharded_runs["cfl/0/1"]["leaves"][2]
+    assert isinstance(num_clusters, int) and num_clusters > 1
 
 
 def _rows(path):
