@@ -76,7 +76,9 @@ def test_run_writes_a_complete_run_directory(tmp_path):
 
 
 def test_run_is_deterministic(tmp_path):
-    args = ["run", "ifca-synthetic-tiny", "--set", "rounds=10", "--no-progress", "--out"]
+    # eval_every=5: the chunk program of the other tiny runs here (compiled once).
+    args = ["run", "ifca-synthetic-tiny", "--set", "rounds=10", "eval_every=5", "--no-progress",
+            "--out"]
     assert cli.main([*args, str(tmp_path / "a")]) == 0
     assert cli.main([*args, str(tmp_path / "b")]) == 0
     assert (tmp_path / "a" / "metrics.csv").read_text() == (
@@ -287,8 +289,30 @@ def test_every_sweep_preset_sweeps_tiny(tmp_path, name):
     _assert_strict_files(out)
 
 
-@pytest.mark.parametrize("name", COMPARE_PRESETS)
+def _compare_groups(names):
+    """Compare presets grouped by what their comparison computes: the experiment and the
+    settings `compare` reads (at the tiny sizes). Presets that differ only in a setting
+    compare does not read (e.g. `algorithm`, the method of a run) train the same comparison,
+    so one of them runs it for all: {first name: [every name]}."""
+    groups: dict[tuple, list[str]] = {}
+    for name in names:
+        preset = experiments.PRESETS[name]
+        declared = preset.experiment.declared
+        settings = experiments.resolve_settings(
+            preset, _set({**_run_tiny(name), "seeds": 2}), "compare")
+        read = tuple(sorted((k, repr(v)) for k, v in settings.items()
+                            if declared[k].commands is None or "compare" in declared[k].commands))
+        groups.setdefault((id(preset.experiment), read), []).append(name)
+    return {group[0]: group for group in groups.values()}
+
+
+COMPARE_GROUPS = _compare_groups(COMPARE_PRESETS)
+
+
+@pytest.mark.parametrize("name", list(COMPARE_GROUPS),
+                         ids=["+".join(g) for g in COMPARE_GROUPS.values()])
 def test_every_compare_preset_compares_tiny(tmp_path, name):
+    """Each group's first preset runs the comparison every preset of the group trains."""
     out = tmp_path / "compare"
     settings = {**_run_tiny(name), "seeds": 2}
     assert _main("compare", name, "--set", *_set(settings), "--out", str(out)) == 0

@@ -62,9 +62,8 @@ def _cli(capsys, *args) -> tuple[int, str]:
 
 
 def _env():
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("XLA_FLAGS", None)
-    return env
+    # The session's XLA flags (conftest.py: optimisation level 0) and compilation cache.
+    return dict(os.environ, PYTHONPATH=str(ROOT))
 
 
 def _subprocess(*args, env=None, cwd=None) -> subprocess.CompletedProcess:
@@ -106,19 +105,29 @@ def test_config_whose_settings_is_a_list_is_refused(tmp_path, capsys):
     assert _snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize(("flags", "env", "named"), [
-    ([], {}, "--coordinator"),
-    (["--process-id", "5", "--num-processes", "2", "--coordinator", "localhost:1"], {},
-     "--process-id"),
-    ([], {"FEDJAX_SIM_NUM_PROCESSES": "two"}, "FEDJAX_SIM_NUM_PROCESSES"),
-])
-def test_bad_distributed_settings_are_one_line(tmp_path, flags, env, named):
+def test_bad_distributed_settings_are_one_line(tmp_path, capfd, monkeypatch):
+    """A missing coordinator is JAX's own refusal, which needs a process whose JAX has not
+    started (a subprocess); settings refused before JAX's runtime starts are checked here."""
     done = _subprocess("run", "ifca-synthetic-tiny", "--set", *TINY_RUN, "--out",
-                       str(tmp_path / "out"), "--no-progress", "--distributed", *flags,
-                       env={**_env(), **env})
+                       str(tmp_path / "out"), "--no-progress", "--distributed")
     assert done.returncode == 2, done.stderr
-    assert named in _one_line(done.stderr)
+    assert "--coordinator" in _one_line(done.stderr)
     assert list(tmp_path.iterdir()) == []
+    for flags, env, named in [
+        (["--process-id", "5", "--num-processes", "2", "--coordinator", "localhost:1"], {},
+         "--process-id"),
+        ([], {"FEDJAX_SIM_NUM_PROCESSES": "two"}, "FEDJAX_SIM_NUM_PROCESSES"),
+    ]:
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            capfd.readouterr()
+            code = cli.main(["run", "ifca-synthetic-tiny", "--set", *TINY_RUN, "--out",
+                             str(tmp_path / "out"), "--no-progress", "--distributed", *flags])
+            err = capfd.readouterr().err
+        assert code == 2, (named, err)
+        assert named in _one_line(err), named
+        assert list(tmp_path.iterdir()) == [], named
 
 
 def _npz_bytes(kind: str) -> bytes:
@@ -277,8 +286,9 @@ def _lines(path: Path) -> int:
     ("run", "ifca-synthetic-tiny", ["rounds=10000000", "m=4", "n=5", "d=3", "restarts=1",
                                     "eval_every=200", "checkpoint_every=0"],
      lambda out: _lines(out / "metrics.csv") >= 3, "metrics.csv up to round"),
-    ("sweep", "ifca-success-small", ["seeds=10000", "rounds=20", "m=8", "n=5", "d=3",
-                                     "R=0.4,0.8"],
+    # memory_budget_gb that small: one seed per chunk, a trials.csv row per seed.
+    ("sweep", "ifca-success-small", ["seeds=10000", "rounds=2", "m=8", "n=5", "d=3",
+                                     "R=0.4,0.8", "memory_budget_gb=0.00001"],
      lambda out: _lines(out / "trials.csv") >= 2, "trials.csv rows"),
     ("compare", "ifca-synthetic-tiny", ["rounds=10000000", "m=4", "n=5", "d=3", "restarts=1",
                                         "seeds=1"],
@@ -308,10 +318,10 @@ def test_ctrl_c_is_exit_130_and_one_line(tmp_path, command, preset, sets, starte
 def checkpointed(tmp_path_factory):
     """A finished run with checkpoints of rounds 3 and 4."""
     out = tmp_path_factory.mktemp("checkpointed") / "run"
-    # In a process of its own, as the resumes that are compared with it byte for byte.
-    done = _subprocess("run", "ifca-synthetic-tiny", "--set", *CHECKPOINTED, "--out", str(out),
-                       "--no-progress")
-    assert done.returncode == 0, done.stderr
+    # In this process, as the resumes that are compared with it byte for byte (the same
+    # XLA flags).
+    assert cli.main(["run", "ifca-synthetic-tiny", "--set", *CHECKPOINTED, "--out", str(out),
+                     "--no-progress"]) == 0
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["3", "4"]
     return out
 
@@ -339,16 +349,20 @@ def _damage(step: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["truncated", "byte-flipped"])
-def test_resuming_past_a_corrupt_newest_step_prints_one_line(tmp_path, checkpointed, how):
+def test_resuming_past_a_corrupt_newest_step_prints_one_line(tmp_path, capfd, checkpointed,
+                                                             how):
     import shutil
 
     out = tmp_path / "run"
     shutil.copytree(checkpointed, out)
     _damage(out / "checkpoints" / "4", how)
-    done = _subprocess("run", "ifca-synthetic-tiny", "--set", *CHECKPOINTED, "--out", str(out),
-                       "--no-progress", "--resume")
-    assert done.returncode == 0, done.stderr
-    assert _one_line(done.stderr).startswith("fedjax-sim: skipped checkpoint of round 4 in ")
+    # capfd: the line is all that reaches file descriptor 2 (no C++ log of the read either).
+    capfd.readouterr()
+    code = cli.main(["run", "ifca-synthetic-tiny", "--set", *CHECKPOINTED, "--out", str(out),
+                     "--no-progress", "--resume"])
+    err = capfd.readouterr().err
+    assert code == 0, err
+    assert _one_line(err).startswith("fedjax-sim: skipped checkpoint of round 4 in ")
     assert (out / "metrics.csv").read_bytes() == (checkpointed / "metrics.csv").read_bytes()
 
 
@@ -382,13 +396,14 @@ def test_a_disk_that_fills_during_a_checkpoint_write_is_exit_4(tmp_path, capsys)
             assert f"the checkpoint of round {steps[-1]}" in err
 
 
-@pytest.mark.parametrize(("command", "preset", "sets", "kept"), [
-    ("sweep", "ifca-success-small", TINY_SWEEP, "trials.csv rows"),
-    ("compare", "ifca-synthetic-tiny", TINY_COMPARE, "methods"),
+# 8k (two pages): config.json and the first method's json fit, the second method's fills it.
+@pytest.mark.parametrize(("command", "preset", "sets", "size", "kept"), [
+    ("sweep", "ifca-success-small", TINY_SWEEP, "16k", "trials.csv rows"),
+    ("compare", "ifca-synthetic-tiny", TINY_COMPARE, "8k", "methods"),
 ])
 def test_a_disk_that_fills_during_a_sweep_or_comparison_names_the_path(
-        tmp_path, capsys, command, preset, sets, kept):
-    with _tmpfs(tmp_path / "disk", "16k") as disk:
+        tmp_path, capsys, command, preset, sets, size, kept):
+    with _tmpfs(tmp_path / "disk", size) as disk:
         out = disk / "out"
         code, err = _cli(capsys, command, preset, "--set", *sets, "--out", str(out))
         assert code == 4, err

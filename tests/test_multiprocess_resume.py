@@ -24,12 +24,12 @@ import numpy as np
 import pytest
 from federations import xla_flags
 
-# The settings of tests/test_sharding.py's two-process test with the preset's 60
-# rounds and a checkpoint every 10: each chunk of 10 rounds is evaluated (gathers
-# across the processes) and checkpointed (orbax syncs the processes), which leaves
-# the kill a window of seconds after the first checkpoint. The test fails, never
+# The settings of tests/test_sharding.py's two-process test with 40 rounds and a
+# checkpoint every 10: each chunk of 10 rounds is evaluated (gathers across the
+# processes) and checkpointed (orbax syncs the processes, ~0.5 s), which leaves the
+# kill a window of over a second after the first checkpoint. The test fails, never
 # passes, if the kill misses it.
-ROUNDS = 60
+ROUNDS = 40
 SETTINGS = ["--set", f"rounds={ROUNDS}", "eval_every=10", "checkpoint_every=10", "restarts=3",
             "--no-progress"]
 # Timing, and rounds_run (the rounds this process ran: fewer after a resume, by design).
