@@ -7,6 +7,7 @@ so every kernel test sees a one-example client and an empty client.
 from __future__ import annotations
 
 import itertools
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -81,3 +82,19 @@ def ref():
     return SimpleNamespace(
         loss=np_client_loss, grad=np_client_grad, perm_accuracy=permutation_accuracy
     )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """After each test module, JAX's in-memory caches of traced and compiled programs are
+    dropped (`jax.clear_caches`): a worker runs hundreds of modules' programs, and kept
+    they grew it to ~5 GB of RSS. A program needed again is read back from the session's
+    persistent compilation cache (conftest.py at the root)."""
+    yield
+    if os.environ.get("FEDJAX_SIM_TEST_KEEP_CACHES") != "1":
+        import gc
+
+        import jax
+
+        jax.clear_caches()
+        gc.collect()
