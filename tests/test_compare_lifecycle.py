@@ -222,9 +222,8 @@ def test_killed_comparison_resumes_to_identical_outputs(tmp_path, preset, sets, 
     assert not (killed / "results.csv").exists()
     if write_kill:
         # Resume from the directory alone (its config.json), and kill it as a new checkpoint
-        # step appears: mid-write.
-        # Everything the killed process left (complete steps, and the temporary directory of
-        # a save in flight): only a name that was not there is the resumed process's write.
+        # step appears: mid-write. A name the killed process did not leave (it may have left
+        # a save's temporary directory) is the resumed process's write.
         def entries():
             directory = killed / "checkpoints"
             return {str(p.relative_to(directory)) for p in directory.glob("*/*")} if \

@@ -97,8 +97,10 @@ def loop_ifca_round(cluster_params, data, round_key, *, lr, steps, batch_size=No
     models = [np_mlp(jax.tree.map(lambda p, j=j: p[j], cluster_params)) for j in range(k)]
     members = [[] for _ in range(k)]
     assignment = []
+    # On the host once: every device slice of another length would compile its own program.
+    sizes, all_x, all_y = (np.asarray(a) for a in (data.num_examples, data.x, data.y))
     for i in range(data.num_clients):
-        n = int(np.asarray(data.num_examples)[i])
+        n = int(sizes[i])
         if n == 0:
             assignment.append(-1)
             continue
@@ -113,7 +115,7 @@ def loop_ifca_round(cluster_params, data, round_key, *, lr, steps, batch_size=No
                 idx, mask = sample_batch(jax.random.split(step_key)[0], n, data.max_examples,
                                          batch_size)
                 idx = np.asarray(idx)[np.asarray(mask)]
-                xb, yb = np.asarray(data.x)[i, idx], np.asarray(data.y)[i, idx]
+                xb, yb = all_x[i, idx], all_y[i, idx]
             _, g = mlp_loss_grad(params, xb, yb)
             params = [p - lr * gg for p, gg in zip(params, g, strict=True)]
         members[j].append(params)
@@ -163,8 +165,9 @@ def loop_frozen_round(shared, heads, data, *, lr, steps):
     k = jax.tree.leaves(heads)[0].shape[0]
     per = [[np.asarray(heads[w][j], np.float64) for w in ("kernel", "bias")] for j in range(k)]
     members = [[] for _ in range(k)]
+    sizes = np.asarray(data.num_examples)
     for i in range(data.num_clients):
-        if int(np.asarray(data.num_examples)[i]) == 0:
+        if int(sizes[i]) == 0:
             continue
         x, y = rows(data, i)
         f = np.maximum(x.reshape(len(x), -1) @ w1 + b1, 0.0)  # features, fixed all round
