@@ -36,6 +36,16 @@ def subprocess_env(devices: int) -> dict[str, str]:
     return {**os.environ, "XLA_FLAGS": xla_flags(devices), "PYTHONPATH": path}
 
 
+def evaluate_as_run(algorithm, state, data, mesh=None):
+    """Every client's evaluation through the program `simulate.run` compiled for it (the
+    same `backend.jit` of `algorithm.evaluate`, on the data as run placed it: sharded on a
+    mesh), so a test's check of a run's final state compiles nothing new."""
+    from fedjax_sim import backend, parallel
+
+    placed = data if mesh is None else parallel.place_inputs(data, mesh)
+    return backend.jit(algorithm.evaluate, backend.feature_size(placed))(state, placed)
+
+
 def run_once(tmp_path_factory, name: str, compute):
     """compute() (JSON-able) once per test session, also when pytest-xdist spreads the tests
     that need it over several workers: the first worker to need it computes it while holding

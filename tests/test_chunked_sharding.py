@@ -24,8 +24,8 @@ SCRIPT = textwrap.dedent(
     """
     import json, re
     import jax, numpy as np
-    from fedjax_sim import backend, parallel, simulate
-    from federations import eight_clients
+    from fedjax_sim import parallel, simulate
+    from federations import eight_clients, evaluate_as_run
     from fedjax_sim.algorithms import ifca
     from fedjax_sim.ops import cluster_losses
 
@@ -59,10 +59,7 @@ SCRIPT = textwrap.dedent(
                 algorithm, data, jax.random.key(7), rounds=5, eval_every=5, progress=False,
                 mesh=run_mesh,
             )
-            # The evaluation program simulate.run compiled, on the data as it placed it:
-            # sharded on a mesh, and no op-by-op compiles.
-            placed = data if run_mesh is None else parallel.place_inputs(data, run_mesh)
-            ev = backend.jit(algorithm.evaluate, backend.feature_size(placed))(state, placed)
+            ev = evaluate_as_run(algorithm, state, data, run_mesh)
             out["runs"][f"{name}/{devices}/{chunk}"] = {
                 "leaves": [np.asarray(x).tolist() for x in jax.tree.leaves(state)],
                 "assignment": np.asarray(ev["assignment"]).tolist(),

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from federations import eight_clients, subprocess_env
+from federations import eight_clients, evaluate_as_run, subprocess_env
 
 from fedjax_sim import ALGORITHMS, cli, memory, simulate
 from fedjax_sim.algorithms import with_restarts, with_seeds
@@ -176,7 +176,6 @@ def compare_rounds(devices: int) -> dict[str, float]:
       history that is not bit-identical (empty when all are), and
       {"placement": 1.0} when the views' base is not replicated by type.
     """
-    from fedjax_sim import backend
     from fedjax_sim.parallel import input_shardings, make_mesh
 
     mesh = None if devices == 1 else make_mesh(devices)
@@ -207,12 +206,10 @@ def compare_rounds(devices: int) -> dict[str, float]:
         for clients in data[kind]:
             state, history = simulate.run(algorithm, clients, jax.random.key(3), rounds=2,
                                           eval_every=2, progress=False, mesh=mesh, **seeded)
-            # Every client's evaluation. On 1 device through the program run's own
-            # evaluation compiled (`default_evaluate`: no new compile); on a mesh op by op,
-            # the state sharded as run left it.
-            evaluate = (algorithm.evaluate if mesh is not None
-                        else backend.jit(algorithm.evaluate, backend.feature_size(clients)))
-            evaluated = evaluate(state, clients)
+            # Every client's evaluation. On 1 device through the program run compiled
+            # (no new compile); on a mesh op by op, the state sharded as run left it.
+            evaluated = (algorithm.evaluate(state, clients) if mesh is not None
+                         else evaluate_as_run(algorithm, state, clients))
             results.append((jax.tree.leaves(state), jax.tree.leaves(evaluated),
                             [row[key] for row in history for key in sorted(row)]))
         for what, a, b in zip(("state", "evaluation", "history"), *results, strict=True):

@@ -67,8 +67,8 @@ SCRIPT = textwrap.dedent(
     """
     import json, sys
     import jax, numpy as np
-    from fedjax_sim import ALGORITHMS, backend, parallel, simulate
-    from federations import eight_clients
+    from fedjax_sim import ALGORITHMS, simulate
+    from federations import eight_clients, evaluate_as_run
     from fedjax_sim.parallel import make_mesh
     from fedjax_sim.algorithms.mixed import l2_regularizer
 
@@ -87,10 +87,7 @@ SCRIPT = textwrap.dedent(
                 algorithm, data, jax.random.key(7), rounds=5, eval_every=5,
                 progress=False, mesh=mesh,
             )
-            # The evaluation program simulate.run compiled, on the data as it placed it:
-            # sharded on a mesh, and no op-by-op compiles.
-            placed = data if mesh is None else parallel.place_inputs(data, mesh)
-            ev = backend.jit(algorithm.evaluate, backend.feature_size(placed))(state, placed)
+            ev = evaluate_as_run(algorithm, state, data, mesh)
             out[f"{name}/{index}/{devices}"] = {
                 "leaves": [np.asarray(x).tolist() for x in jax.tree.leaves(state)],
                 "assignment": np.asarray(ev["assignment"]).tolist(),
