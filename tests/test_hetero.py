@@ -253,3 +253,28 @@ def test_views_compare_equals_copies(tmp_path, preset, sizes, methods):
                 for field in ("x", "y", "num_examples", "cluster"):
                     np.testing.assert_array_equal(getattr(got, field), getattr(want, field),
                                                   err_msg=f"{part} seed {seed} {field}")
+
+
+def test_methods_cannot_be_reassigned_once_settings_are_read():
+    """A notebook set `experiment.methods = ...` after resolving settings, which was silently
+    ignored (the methods setting decides what compare trains); it is now refused."""
+    from fedjax_sim.experiments.base import Experiment
+
+    class Two(Experiment):
+        name = "two"
+        methods = ("fedavg", "ifca", "local")
+        baseline = "fedavg"
+
+        def method_run(self, name, s, problem):
+            raise AssertionError("not trained here")
+
+    experiment = Two()
+    experiment.methods = ("fedavg", "ifca")  # before any setting is read: a declaration
+    assert experiment.defaults()["methods"] == ["fedavg", "ifca"]
+    with pytest.raises(AttributeError, match="two: methods cannot change.*--set methods="):
+        experiment.methods = ("fedavg",)
+    assert experiment.methods == ("fedavg", "ifca")
+    preset = get_preset("ifca-synthetic-tiny")
+    resolve_settings(preset, {}, "compare")
+    with pytest.raises(AttributeError, match="methods cannot change"):
+        preset.experiment.methods = ("ifca",)

@@ -197,11 +197,24 @@ class Experiment:
     @property
     def declared(self) -> dict[str, Setting]:
         self.declare_methods_setting()
+        self.__dict__["_settings_read"] = True
         return {s.name: s for s in self.settings}
 
     def defaults(self) -> dict:
         self.declare_methods_setting()
+        self.__dict__["_settings_read"] = True
         return {s.name: s.default for s in self.settings}
+
+    def __setattr__(self, name: str, value) -> None:
+        # Settings resolved earlier carry the `methods` setting built from the old list,
+        # and `compared` follows the setting: a later assignment would be ignored.
+        if name == "methods" and self.__dict__.get("_settings_read"):
+            raise AttributeError(
+                f"experiment {self.name}: methods cannot change once its settings have been "
+                "read (a comparison trains what the methods setting says); choose them with "
+                "the setting instead, e.g. settings {'methods': 'fedavg,drflm'} or "
+                "--set methods=fedavg,drflm.")
+        super().__setattr__(name, value)
 
     def validate(self, s: dict, command: str = "run") -> None:
         """Checks across settings (each value is already checked against its Setting).
