@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from federations import eight_clients, evaluate_as_run, subprocess_env
 
-from fedjax_sim import ALGORITHMS, cli, memory, simulate
+from fedjax_sim import ALGORITHMS, cli, logs, memory, simulate
 from fedjax_sim.algorithms import with_restarts, with_seeds
 from fedjax_sim.data import (
     ClientViews,
@@ -467,6 +467,33 @@ def test_chunked_metrics_equal_whole(name):
         else:
             np.testing.assert_allclose(chunked[metric], value, rtol=1e-6, atol=0,
                                        err_msg=metric)
+
+
+
+def test_a_long_chunked_evaluation_reports_its_chunks(capsys, monkeypatch):
+    """A pass over the clients that outlasts progress_every reports "evaluating ... clients:
+    i/n chunks" lines (10⁸ generated clients evaluate for many minutes); a quick one, or
+    one without progress, prints nothing."""
+    problem = generated_mixture(jax.random.key(5), k=4, m=40, n=10, d=10, sigma=0.1, R=1.0,
+                                n_test=3)
+    s = {**ifca_synthetic.RUN.defaults(), "m": 40, "n": 10, "d": 10, "k": 4, "n_test": 3}
+    algorithm = with_restarts(build_algorithm("ifca", s), 2)
+    state = jax.jit(algorithm.init)(jax.random.key(1), problem.train)
+    monkeypatch.setattr(logs, "_PROGRESS_EVERY", 0.0)  # every pass counts as long
+    quiet = metrics_fn("ifca", algorithm, problem, 4, client_chunk=7)(state)
+    assert capsys.readouterr().err == ""
+    shown = metrics_fn("ifca", algorithm, problem, 4, client_chunk=7, progress=True,
+                       description="ifca-synthetic")(state)
+    lines = capsys.readouterr().err.splitlines()
+    # 6 chunks a pass: the line starts after the first chunk, then one per chunk.
+    want = [f"ifca-synthetic: evaluating {split} clients: {i}/6 chunks"
+            for split in ("train", "test") for i in range(2, 7)]
+    assert [line.split(" (")[0] for line in lines] == want
+    for metric, value in quiet.items():
+        np.testing.assert_array_equal(shown[metric], value, err_msg=metric)
+    monkeypatch.setattr(logs, "_PROGRESS_EVERY", 3600.0)
+    metrics_fn("ifca", algorithm, problem, 4, client_chunk=7, progress=True)(state)
+    assert capsys.readouterr().err == ""
 
 
 # ---- the experiments' `clients` setting

@@ -8,12 +8,13 @@ min_dist to θ*), the choice of the restart to report, and the shape settings.
 from __future__ import annotations
 
 import math
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim import backend, parallel
+from fedjax_sim import backend, logs, parallel
 from fedjax_sim.algorithms import cfl, fedavg, hypcluster, ifca, local_models, one_shot_clustering
 from fedjax_sim.data import generated_mixture, linear_mixture
 from fedjax_sim.experiments.base import client_mean, evaluate_in_chunks
@@ -148,16 +149,19 @@ def cluster_models(name: str, state):
     return None
 
 
-def metrics_fn(name: str, algorithm, problem, k: int, client_chunk: int | None = None):
+def metrics_fn(name: str, algorithm, problem, k: int, client_chunk: int | None = None, *,
+               progress: bool = False, description: str = "evaluation"):
     """state -> {metric: [copies...]} on train and test data, for a (vmapped) algorithm.
 
     With client_chunk (and more clients than it, data without a seed axis) the
     clients are evaluated and summed up chunk by chunk (`chunked_metrics_fn`):
-    no per-client value of every client exists at once."""
+    no per-client value of every client exists at once; `progress` and
+    `description` are its progress lines'."""
     d = problem.theta_star.shape[-1]
     lead = problem.theta_star.ndim - 2  # a leading seed axis on the data
     if client_chunk is not None and not lead and problem.train.num_clients > client_chunk:
-        return chunked_metrics_fn(name, algorithm, problem, k, client_chunk)
+        return chunked_metrics_fn(name, algorithm, problem, k, client_chunk, progress=progress,
+                                  description=description)
     # θ*'s last axis is d: generated clients' x would be drawn (all m) to read its shape
     evaluate = backend.jit(algorithm.evaluate, d)
     truth = parallel.to_host(problem.train.cluster)
@@ -205,7 +209,8 @@ def _cluster_distance(name: str, state, theta_star):
     return parallel.to_host(jax.jit(fn)(models, theta_star))
 
 
-def chunked_metrics_fn(name: str, algorithm, problem, k: int, client_chunk: int):
+def chunked_metrics_fn(name: str, algorithm, problem, k: int, client_chunk: int, *,
+                       progress: bool = False, description: str = "evaluation"):
     """`metrics_fn`'s metrics, the clients evaluated `client_chunk` at a time.
 
     Each chunk's per-client values are added into the means' numerators and
@@ -213,16 +218,37 @@ def chunked_metrics_fn(name: str, algorithm, problem, k: int, client_chunk: int)
     of cluster identity, then dropped: O(copies × chunk) memory, not
     O(copies × m). The values equal `metrics_fn`'s up to float64 summation
     order (cluster identity exactly).
+
+    A pass over the clients can take many minutes (10⁸ generated clients: each
+    chunk's rows are drawn again); with `progress`, a pass still running after
+    `logs.progress_every()` seconds reports its chunks (`logs.Progress`, unit
+    "chunk"), e.g. "ifca-synthetic: evaluating test clients: 1200/5589 chunks".
     """
     d = problem.theta_star.shape[-1]
     train_chunks = evaluate_in_chunks(algorithm, problem.train, client_chunk, d,
                                       extra=lambda rows: rows.cluster)
     test_chunks = evaluate_in_chunks(algorithm, problem.test, client_chunk, d)
+    passes = -(-problem.train.num_clients // client_chunk)  # chunks per pass
 
-    def summed(chunks, state, clustering: bool):
+    def reported(chunks, split: str):
+        """The chunks of one pass, with progress lines once the pass has run for a while."""
+        started, bar = time.monotonic(), None
+        try:
+            for done, chunk in enumerate(chunks, 1):
+                yield chunk
+                if bar is not None:
+                    bar.advance(1)
+                elif progress and time.monotonic() - started >= logs.progress_every():
+                    bar = logs.Progress(passes, initial=done, unit="chunk",
+                                        description=f"{description}: evaluating {split} clients")
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def summed(chunks, state, clustering: bool, split: str):
         total = weight = known = confusion = 0
         worst = -np.inf
-        for evaluation, truth in chunks(state):
+        for evaluation, truth in reported(chunks(state), split):
             loss = evaluation["client_loss"].astype(np.float64)
             w = evaluation["client_weight"].astype(np.float64)
             total = total + (np.where(w > 0, loss, 0.0) * w).sum(-1)
@@ -241,8 +267,8 @@ def chunked_metrics_fn(name: str, algorithm, problem, k: int, client_chunk: int)
         out = {}
         clustering = name in CLUSTERING
         out["train_loss"], out["train_loss_worst"], accuracy = summed(train_chunks, state,
-                                                                      clustering)
-        out["test_loss"], out["test_loss_worst"], _ = summed(test_chunks, state, False)
+                                                                      clustering, "train")
+        out["test_loss"], out["test_loss_worst"], _ = summed(test_chunks, state, False, "test")
         if clustering:
             out["cluster_accuracy"] = accuracy
         distance = _cluster_distance(name, state, problem.theta_star)
