@@ -7,7 +7,9 @@ mostly on one thread (these do: CPU ≈ wall on a quiet machine) the CPU time is
 steadier A/B. Rows: IFCA option-I synthetic rounds (n = 10, d = 10, k = 4) at the m
 given, 20 chained rounds per sample (`--wide`: also (m, n, d, k) = (100, 100, 1000, 2), the
 fourth `rounds_per_sec.py` row); `mixed_gt2` (the `ab_algorithms.py` row), 3 calls
-per sample. Samples alternate old/new, order reversed every repetition; min and median
+per sample; `--eval-m`: IFCA's evaluation with 10 restarts vmapped (`with_restarts`) on m
+clients of n = 100 rows (the synthetic runs' test sets: n_test = 100), d = 10, k = 4, 3
+calls per sample. Samples alternate old/new, order reversed every repetition; min and median
 are printed. Before timing, the two checkouts' first rounds are checked to agree.
 
     python benchmarks/ab_cpu_time.py --old /tmp/fedjax_old --ifca-m 1000,10000 --reps 16
@@ -47,6 +49,23 @@ def ifca_arm(lib, m: int, n: int = 10, d: int = 10, k: int = 4):
     return run, 20, (first.assignment, first.cluster_params)
 
 
+def eval_arm(lib, m: int, n: int = 100, d: int = 10, k: int = 4, restarts: int = 10):
+    data = lib["data"].linear_mixture(jax.random.key(0), k=k, m=m, n=n, d=d, sigma=0.1,
+                                      R=1.0).train
+    alg = lib["algorithms"].with_restarts(
+        lib["algorithms"].ifca(lib["models"].linear_regression(d), num_clusters=k,
+                               learning_rate=0.1), restarts)
+    state = jax.jit(alg.init)(jax.random.key(1), data)
+    compiled = lib["backend"].jit(alg.evaluate, d).lower(state, data).compile()
+    first = jax.block_until_ready(compiled(state, data))
+
+    def run():
+        for _ in range(3):
+            out = compiled(state, data)
+        return out
+    return run, 3, (first["client_loss"], first["assignment"])
+
+
 def mixed_arm(lib):
     alg, inputs = ab_algorithms.build(lib, "mixed_gt2")
     state = jax.jit(alg.init)(jax.random.key(1), inputs)
@@ -83,6 +102,8 @@ def main(argv=None):
     parser.add_argument("--wide", action="store_true",
                         help="also the IFCA round at (m, n, d, k) = (100, 100, 1000, 2)")
     parser.add_argument("--mixed", action="store_true", help="also the 2-GT round")
+    parser.add_argument("--eval-m", default="", help="comma list of m: IFCA's evaluation "
+                        "with 10 restarts on m clients of 100 rows")
     parser.add_argument("--reps", type=int, default=16)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -100,6 +121,8 @@ def main(argv=None):
                       lambda lib: ifca_arm(lib, 100, n=100, d=1000, k=2)))
     if args.mixed:
         specs.append(("mixed_gt2", mixed_arm))
+    specs += [(f"ifca evaluate, 10 restarts, m={m}, n=100", lambda lib, m=int(m): eval_arm(lib, m))
+              for m in args.eval_m.split(",") if m]
     for name, build in specs:
         arms = {arm: build(lib) for arm, lib in libs.items()}
         for a, b in zip(arms["old"][2], arms["new"][2], strict=True):

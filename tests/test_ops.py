@@ -65,6 +65,42 @@ def test_cluster_losses_equals_per_client_loop(ragged, linear_model, ref, k):
     np.testing.assert_array_equal(np.asarray(got)[n == 0], 0.0)
 
 
+
+def test_cluster_losses_vmapped_over_copies_equals_per_copy_loop(ragged, linear_model, ref):
+    """The linear losses under vmap (its own batching rule): over restarts (models batched,
+    one set of clients), over seeds (models and clients batched) and both nested, each
+    against a loop over copies and clients of the reference loss."""
+    k, d, copies = 3, ragged.x.shape[-1], 4
+    params = jnp.stack([_cluster_params(k, d, seed=s) for s in range(copies)])  # [4, k, d]
+    x, y, n = np.asarray(ragged.x), np.asarray(ragged.y), np.asarray(ragged.num_examples)
+
+    def loop(params_c, xs, ys, ns):
+        return np.array([[ref.loss(params_c[j], xs[i], ys[i], ns[i]) for j in range(k)]
+                         for i in range(len(xs))])
+
+    def losses(p, data):
+        return cluster_losses(linear_model, p, data)
+
+    over_restarts = jax.jit(jax.vmap(losses, in_axes=(0, None)))(params, ragged)
+    chex.assert_shape(over_restarts, (copies, ragged.num_clients, k))
+    for c in range(copies):
+        np.testing.assert_allclose(over_restarts[c], loop(params[c], x, y, n), rtol=RTOL,
+                                   atol=ATOL)
+    # Per-seed clients: the seed c's clients are the ragged ones with rows shifted by c.
+    seeds = jax.tree.map(lambda *a: jnp.stack(a), *[
+        FederatedData.from_arrays(x + c, y - c, n) for c in range(copies)])
+    over_seeds = jax.jit(jax.vmap(losses))(params, seeds)
+    for c in range(copies):
+        np.testing.assert_allclose(over_seeds[c], loop(params[c], x + c, y - c, n), rtol=RTOL,
+                                   atol=ATOL)
+    nested = jax.jit(jax.vmap(jax.vmap(losses, in_axes=(0, None)), in_axes=(None, 0)))(
+        params, seeds)  # [seeds, restarts, m, k]
+    for seed in range(copies):
+        for c in range(copies):
+            np.testing.assert_allclose(nested[seed, c], loop(params[c], x + seed, y - seed, n),
+                                       rtol=RTOL, atol=ATOL)
+
+
 def _np_mlp_losses(params, x, labels):
     """Per-example cross-entropy of the flax MLP (Dense-ReLU-Dense), in numpy float64."""
     h = np.asarray(x, np.float64).reshape(len(x), -1)

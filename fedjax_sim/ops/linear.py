@@ -33,10 +33,35 @@ def _mean_squares(r, inv):
     return jnp.sum(r * r, axis=1) * inv[:, None]
 
 
-def linear_cluster_losses(theta, x, y, num_examples):
-    """[m, k] mean squared residuals (no ½) of k linear models θ [k, d] on m clients."""
+def _cluster_losses(theta, x, y, num_examples):
     r = _residuals(theta, x, y, num_examples)
     return _mean_squares(r, _inverse_counts(num_examples))
+
+
+@jax.custom_batching.custom_vmap
+def linear_cluster_losses(theta, x, y, num_examples):
+    """[m, k] mean squared residuals (no ½) of k linear models θ [k, d] on m clients.
+
+    Vmapped over copies of the models alone (restarts: θ [R, k, d], one set of
+    clients), the R·k models are one [R·k, d] matrix: one product, and the
+    [m, n, R·k] residuals reduced over n where the product leaves them. (The
+    plain vmap computes the same product, then copies the residuals into
+    [R, m, n, k] order before reducing them: a transposing pass over the
+    largest array of the evaluation, 28 % of a chunk of 10⁸ generated clients'
+    test evaluation.)
+    """
+    return _cluster_losses(theta, x, y, num_examples)
+
+
+@linear_cluster_losses.def_vmap
+def _losses_vmapped(axis_size, in_batched, theta, x, y, num_examples):
+    theta_batched, *data_batched = in_batched
+    if theta_batched and not any(data_batched):
+        k, d = theta.shape[1:]
+        flat = linear_cluster_losses(theta.reshape(axis_size * k, d), x, y, num_examples)
+        return jnp.moveaxis(flat.reshape(flat.shape[0], axis_size, k), 1, 0), True
+    in_axes = tuple(0 if b else None for b in in_batched)
+    return jax.vmap(_cluster_losses, in_axes=in_axes)(theta, x, y, num_examples), True
 
 
 def linear_cluster_grad_sums(theta, x, y, num_examples, choose, weights):
