@@ -28,6 +28,7 @@ import io
 import json
 import math
 import os
+import re
 import secrets
 import threading
 from pathlib import Path
@@ -38,6 +39,8 @@ from pathlib import Path
 _CSV_TERMINATOR = "\r\n"
 _EOL = "\n"
 _TEMP_NAME_TRIES = 100
+# The names `_create_temp` gives: ".<target name>.<12 hex digits>.tmp".
+_TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")
 # Files appended with sync=False since their last fsync (see `sync_appended`).
 _UNSYNCED: set[Path] = set()
 _UNSYNCED_LOCK = threading.Lock()
@@ -58,6 +61,23 @@ def _create_temp(path: Path) -> tuple[int, Path]:
         except FileExistsError:
             continue
     raise FileExistsError(f"no unused temporary file name beside {path}")
+
+
+def remove_temporaries(directory) -> list[Path]:
+    """Deletes the temporary files a killed `write_json`/`write_csv` left under `directory`.
+
+    A SIGKILL between creating a temporary file and renaming it over its target
+    leaves ".<name>.<12 hex>.tmp" beside the target (the target itself is
+    intact: the old file or none). A resumed run calls this before it writes,
+    so its directory ends as an uninterrupted run's would. Only names of that
+    exact form are touched. Returns the paths removed.
+    """
+    removed = []
+    for path in sorted(Path(directory).rglob("*.tmp")):
+        if _TEMP_NAME.fullmatch(path.name) and path.is_file() and not path.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def _naming(err: OSError, path: Path) -> OSError:

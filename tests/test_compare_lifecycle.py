@@ -261,6 +261,29 @@ def test_resume_refuses_a_changed_result_setting_and_writes_nothing(tmp_path, ca
                      "--no-progress"]) == 3
 
 
+@pytest.mark.parametrize("command", ["compare", "run"])
+def test_a_resume_removes_the_temporary_files_a_killed_write_left(tmp_path, capsys, toy,
+                                                                   command):
+    """A SIGKILL between an atomic write's temporary file and its rename leaves
+    ".<name>.<12 hex>.tmp" (CI saw one in methods/): a resume deletes such files, once it
+    writes (a refused resume leaves them), and no other file."""
+    out = tmp_path / "out"
+    sets = ["checkpoint_every=2"] + (["method=better"] if command == "run" else [])
+    assert cli.main([command, "toy", "--set", *sets, "--out", str(out), "--no-progress"]) in (0, 3)
+    (out / "methods").mkdir(exist_ok=True)
+    stale = [out / "methods" / ".base.json.0123456789ab.tmp", out / ".config.json.abcdef012345.tmp"]
+    kept = [out / "notes.tmp", out / "methods" / ".base.json.xyz.tmp", out / "a.0123456789ab.tmp"]
+    for path in stale + kept:
+        path.write_text("{")
+    # A changed result setting: refused, nothing touched.
+    assert cli.main([command, "--resume", "--out", str(out), "--set", "rounds=8"]) == 2
+    assert all(p.exists() for p in stale + kept)
+    capsys.readouterr()
+    assert cli.main([command, "--resume", "--out", str(out), "--no-progress"]) in (0, 3)
+    assert [p.name for p in stale if p.exists()] == []
+    assert all(p.read_text() == "{" for p in kept)
+
+
 def test_config_reruns_a_comparison(tmp_path, toy):
     first, again = tmp_path / "first", tmp_path / "again"
     assert cli.main(["compare", "toy", "--set", "rounds=4", "--out", str(first),

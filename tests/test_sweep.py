@@ -131,6 +131,9 @@ def test_resume_loses_and_duplicates_nothing(tmp_path):
         experiments.sweep_preset("ifca-success-small", overrides, out_dir=part, progress=False,
                                  resume=True)
     (part / "config.json").write_bytes((full / "config.json").read_bytes())
+    # ...and a temporary file a write killed before its rename left: the resume deletes it.
+    stale = part / ".summary.csv.0123456789ab.tmp"
+    stale.write_text("R,")
     with pytest.raises(ValueError, match=r"already holds a run \(config.json\)"):
         experiments.sweep_preset("ifca-success-small", overrides, out_dir=part, progress=False)
     experiments.sweep_preset(
@@ -142,6 +145,7 @@ def test_resume_loses_and_duplicates_nothing(tmp_path):
     assert [key(r) for r in resumed] == [key(r) for r in original]
     assert resumed == original
     assert _rows(part / "summary.csv") == _rows(full / "summary.csv")
+    assert not stale.exists()
 
 
 def test_m_n_grid_expands_to_cells_and_plots_a_curve_per_n(tmp_path, monkeypatch):

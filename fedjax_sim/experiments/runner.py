@@ -36,7 +36,14 @@ from fedjax_sim.experiments.rundir import (
     default_out_dir,
 )
 from fedjax_sim.experiments.settings import parse_assignments, resolve
-from fedjax_sim.io import append_csv, read_csv, read_json, write_csv, write_json
+from fedjax_sim.io import (
+    append_csv,
+    read_csv,
+    read_json,
+    remove_temporaries,
+    write_csv,
+    write_json,
+)
 from fedjax_sim.logs import Progress, TensorBoardLog
 
 
@@ -138,8 +145,12 @@ def run_preset(name, overrides=None, out_dir=None, progress: bool = True,
     write_config = (lambda: write_json(out_dir / "config.json", record)) if primary else None
     if write_config and resume:
         # Rewritten only once a checkpoint has restored (the first rows come then), so a
-        # refused resume (no intact checkpoint) leaves config.json as it was.
-        on_rows, write_config = _after_first_rows(on_rows, write_config), None
+        # refused resume (no intact checkpoint) leaves config.json as it was; the temporary
+        # files a killed write left go then too.
+        write_record = write_config
+        on_rows = _after_first_rows(
+            on_rows, lambda: (remove_temporaries(out_dir), write_record()))
+        write_config = None
     if write_config:
         write_config()
     ctx = RunContext(mesh=mesh, progress=progress and primary, checkpoint_dir=checkpoint_dir,
@@ -235,6 +246,7 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
             previous = read_json(out_dir / "config.json")
             record["started"] = previous.get("started", record["started"])
             record["resumed"] = [*previous.get("resumed", []), _now()]
+            remove_temporaries(out_dir)  # a killed write's (the sweep's first write)
         write_json(out_dir / "config.json", record)
     columns = experiment.trial_columns(axes)
     trials_path = out_dir / "trials.csv"
@@ -333,6 +345,8 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
     mesh = choose_mesh(devices, compare.method_clients(first), "clients")
     record["mesh_devices"] = 1 if mesh is None else mesh.size
     if primary:
+        if resume:
+            remove_temporaries(out_dir)  # a killed write's (the comparison's first write)
         write_json(out_dir / "config.json", record)
     results = compare.run_methods(
         builds, settings["seeds"], out_dir, resume=resume,
