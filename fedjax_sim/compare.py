@@ -262,7 +262,8 @@ def train_method(name: str, spec: MethodRun, seeds: int, *, checkpoint_dir=None,
     for value in finals.values():
         value[gone] = math.nan
     return MethodResult(name, finals, rows, diverged, {
-        k: timing.get(k) for k in ("compile_seconds", "run_seconds", "rounds_run")})
+        k: timing.get(k) for k in ("compile_seconds", "run_seconds", "evaluate_seconds",
+                                  "rounds_run")})
 
 
 def divergence_lines(result: MethodResult) -> list[str]:

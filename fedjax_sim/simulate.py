@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -312,11 +313,46 @@ def _resume(checkpoints, resume, rounds, algorithm, key, key_init, data, mesh):
     return restored.state, restored.history, restored.round, restored.round_metrics
 
 
+# JAX's compilation stages, as `jax.monitoring` reports their durations.
+_COMPILE_EVENTS = frozenset({
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+})
+_compile_clock = threading.local()  # .seconds: a list while a thread counts, else absent
+_listening = []
+
+
+def _on_jax_event(event: str, duration: float, **_) -> None:
+    counting = getattr(_compile_clock, "seconds", None)
+    if counting is not None and event in _COMPILE_EVENTS:
+        counting.append(duration)
+
+
+def _compile_seconds_during(fn, *args):
+    """(fn(*args), the seconds JAX spent tracing, lowering and compiling in the call, this
+    thread only): what of an evaluation's first call is compilation, not evaluation."""
+    if not _listening:  # once per process: jax.monitoring has no public way to unregister
+        jax.monitoring.register_event_duration_secs_listener(_on_jax_event)
+        _listening.append(True)
+    outer = getattr(_compile_clock, "seconds", None)
+    _compile_clock.seconds = []
+    try:
+        out = fn(*args)
+        return out, math.fsum(_compile_clock.seconds)
+    finally:
+        if outer is not None:
+            outer.extend(_compile_clock.seconds)
+        _compile_clock.seconds = outer
+
+
 class _Timer:
-    """Seconds spent compiling vs running, for rounds_per_second without compilation."""
+    """Seconds spent compiling, evaluating and running rounds, for rounds_per_second
+    without compilation and for a summary that says where a run's time went."""
 
     def __init__(self):
         self.compile_seconds = 0.0
+        self.evaluate_seconds = 0.0
         self._lowered = {}
         self._compiled = {}
 
@@ -352,17 +388,18 @@ class _Timer:
         self.compile_seconds += time.perf_counter() - t0
         return compiled(*args)
 
-    def first_call(self, fn):
-        """fn, whose first call (tracing and compiling it) counts as compilation."""
-        called = [False]
+    def evaluation(self, fn):
+        """fn timed as evaluation, less the compilation JAX reports inside it (its first
+        call traces and compiles; a chunked evaluation may compile again for a last,
+        smaller chunk), which counts as compilation."""
 
         def wrapped(*args):
-            if called[0]:
-                return fn(*args)
-            called[0] = True
             t0 = time.perf_counter()
-            out = fn(*args)
-            self.compile_seconds += time.perf_counter() - t0
+            out, compiling = _compile_seconds_during(fn, *args)
+            seconds = time.perf_counter() - t0
+            compiling = min(compiling, seconds)
+            self.compile_seconds += compiling
+            self.evaluate_seconds += seconds - compiling
             return out
 
         return wrapped
@@ -508,8 +545,10 @@ def run(
         are per copy (`logs.mean_of_copies`, `logs.best_copy`); None: the mean.
       timing: a dict filled in with `rounds_run` (rounds this call ran, not
         counting those restored from a checkpoint), `start_round`,
-        `compile_seconds` (compiling the round chunks and the first
-        evaluation) and `run_seconds` (the rest of the wall time).
+        `compile_seconds` (tracing and compiling: the round chunks, and what
+        JAX reports compiling inside the evaluations), `run_seconds` (the rest
+        of the wall time) and `evaluate_seconds` (the part of run_seconds spent
+        in `evaluate`).
       round_metrics: also return every round's logged round metrics (those
         history rows carry: one number per round and copy). They are saved
         in the checkpoints, so a resumed run returns the same arrays as an
@@ -561,7 +600,7 @@ def run(
         checkpoints = RunCheckpoints(checkpoint_dir)
     if mesh is not None:
         data = parallel.place_inputs(data, mesh, data_copies_axis)
-    evaluate = timer.first_call(evaluate or default_evaluate(algorithm, data))
+    evaluate = timer.evaluation(evaluate or default_evaluate(algorithm, data))
     key_init, key_rounds = jax.random.split(key)
     on_rows = on_rows or (lambda rows: None)
 
@@ -622,6 +661,7 @@ def run(
                 rounds_run=done - start_round, start_round=start_round,
                 compile_seconds=timer.compile_seconds,
                 run_seconds=max(time.perf_counter() - wall - timer.compile_seconds, 0.0),
+                evaluate_seconds=timer.evaluate_seconds,
             )
 
     try:

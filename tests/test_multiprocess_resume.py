@@ -33,7 +33,8 @@ ROUNDS = 40
 SETTINGS = ["--set", f"rounds={ROUNDS}", "eval_every=10", "checkpoint_every=10", "restarts=3",
             "--no-progress"]
 # Timing, and rounds_run (the rounds this process ran: fewer after a resume, by design).
-TIMING = ("seconds", "rounds_per_second", "compile_seconds", "rounds_run")
+TIMING = ("seconds", "rounds_per_second", "compile_seconds", "evaluate_seconds", "run_seconds",
+          "rounds_run")
 
 
 def _free_port():

@@ -32,7 +32,8 @@ from fedjax_sim.io import write_json
 from fedjax_sim.models import linear_regression
 
 # Timing, and rounds_run (the rounds this process ran: fewer after a resume, by design).
-TIMING = ("seconds", "rounds_per_second", "compile_seconds", "rounds_run")
+TIMING = ("seconds", "rounds_per_second", "compile_seconds", "evaluate_seconds", "run_seconds",
+          "rounds_run")
 
 
 def _summary(out):

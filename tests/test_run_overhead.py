@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time as time_module
 
 import jax
 import jax.numpy as jnp
@@ -243,3 +244,48 @@ def test_round_metrics_restore_bit_for_bit_in_their_order(tmp_path):
         got = restored.round_metrics[name]
         assert got.dtype == want.dtype and got.shape == want.shape, name
         np.testing.assert_array_equal(got, want)
+
+
+def test_timing_counts_an_evaluation_as_evaluation_and_its_compiling_as_compilation(
+        monkeypatch):
+    """The 10^8-client run's summary said compile_seconds = 4 228 s: the whole first
+    evaluation (70 minutes of it) was counted as compilation. Each evaluation's wall time
+    is evaluate_seconds now, less what JAX reports compiling inside it."""
+    import types
+
+    from fedjax_sim import simulate
+    from fedjax_sim.algorithms import ifca
+    from fedjax_sim.data import linear_mixture
+    from fedjax_sim.models import linear_regression
+
+    problem = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0)
+    algorithm = ifca(linear_regression(3), num_clusters=2, learning_rate=0.2)
+    # simulate's clock: the real one, plus what the evaluations "spend" (100 s at round 0,
+    # 1 s each after), so the split is exact whatever the machine's load.
+    spent = [0.0]
+    monkeypatch.setattr(simulate, "time", types.SimpleNamespace(
+        perf_counter=lambda: time_module.perf_counter() + spent[0]))
+    compiles = []
+
+    def evaluate(state):
+        spent[0] += 100.0 if not compiles else 1.0
+        # A function compiled inside the evaluation, on each call (a new closure).
+        scale = float(len(compiles) + 1)
+        compiles.append(scale)
+        return {"norm": jax.jit(lambda s: scale * jnp.sum(s ** 2))(
+            jax.tree.leaves(state.cluster_params)[0])}
+
+    timing = {}
+    simulate.run(algorithm, problem.train, jax.random.key(1), rounds=6, eval_every=2,
+                 evaluate=evaluate, progress=False, timing=timing)
+    assert len(compiles) == 4  # rounds 0, 2, 4, 6
+    assert 103.0 <= timing["evaluate_seconds"] < 103.0 + 30.0
+    assert timing["compile_seconds"] < 30.0  # not the first evaluation's 100 s
+    assert timing["run_seconds"] >= timing["evaluate_seconds"]
+    # What is charged to compilation is what JAX reports compiling in the call, and only
+    # that: a new function compiles, a compiled one does not.
+    f = jax.jit(lambda x: jnp.sin(x) * 3.0)
+    x = jnp.ones(5)
+    _, first = simulate._compile_seconds_during(lambda: f(x).block_until_ready())
+    _, again = simulate._compile_seconds_during(lambda: f(x).block_until_ready())
+    assert first > 0.0 and again == 0.0

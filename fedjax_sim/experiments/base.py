@@ -37,7 +37,8 @@ class RunContext:
       (rows averaged over seeds); the runner writes methods/<name>.json at
       once, so a long comparison that crashes or is stopped keeps the methods
       it finished.
-    timing: filled by `simulate.run` (rounds_run, compile_seconds, run_seconds).
+    timing: filled by `simulate.run` (rounds_run, compile_seconds, run_seconds,
+      evaluate_seconds).
     """
 
     mesh: Any = None

@@ -267,6 +267,7 @@ class SyntheticRun(Experiment):
             "rounds_run": timing.get("rounds_run"),
             "compile_seconds": timing.get("compile_seconds"),
             "seconds": seconds,
+            "evaluate_seconds": timing.get("evaluate_seconds"),
             "rounds_per_second": timing["rounds_run"] / seconds
             if timing.get("rounds_run") and seconds > 0 else None,
         }
