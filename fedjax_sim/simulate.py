@@ -320,7 +320,6 @@ _COMPILE_EVENTS = frozenset({
     "/jax/core/compile/backend_compile_duration",
 })
 _compile_clock = threading.local()  # .seconds: a list while a thread counts, else absent
-_listening = []
 
 
 def _on_jax_event(event: str, duration: float, **_) -> None:
@@ -329,12 +328,15 @@ def _on_jax_event(event: str, duration: float, **_) -> None:
         counting.append(duration)
 
 
+@functools.cache  # once per process: jax.monitoring has no public way to unregister
+def _listen_to_compiles() -> None:
+    jax.monitoring.register_event_duration_secs_listener(_on_jax_event)
+
+
 def _compile_seconds_during(fn, *args):
     """(fn(*args), the seconds JAX spent tracing, lowering and compiling in the call, this
     thread only): what of an evaluation's first call is compilation, not evaluation."""
-    if not _listening:  # once per process: jax.monitoring has no public way to unregister
-        jax.monitoring.register_event_duration_secs_listener(_on_jax_event)
-        _listening.append(True)
+    _listen_to_compiles()
     outer = getattr(_compile_clock, "seconds", None)
     _compile_clock.seconds = []
     try:

@@ -142,16 +142,17 @@ def run_preset(name, overrides=None, out_dir=None, progress: bool = True,
     parallel.sync_processes("fedjax_sim: run directory checked")
     on_rows, close = (_rows_writer(out_dir, tensorboard) if primary
                       else (lambda rows: None, lambda: None))
-    write_config = (lambda: write_json(out_dir / "config.json", record)) if primary else None
-    if write_config and resume:
+
+    def write_config():
+        if resume:  # the temporary files a killed write left go as the resume starts writing
+            remove_temporaries(out_dir)
+        write_json(out_dir / "config.json", record)
+
+    if primary and resume:
         # Rewritten only once a checkpoint has restored (the first rows come then), so a
-        # refused resume (no intact checkpoint) leaves config.json as it was; the temporary
-        # files a killed write left go then too.
-        write_record = write_config
-        on_rows = _after_first_rows(
-            on_rows, lambda: (remove_temporaries(out_dir), write_record()))
-        write_config = None
-    if write_config:
+        # refused resume (no intact checkpoint) leaves the directory as it was.
+        on_rows = _after_first_rows(on_rows, write_config)
+    elif primary:
         write_config()
     ctx = RunContext(mesh=mesh, progress=progress and primary, checkpoint_dir=checkpoint_dir,
                      resume=resume, on_rows=on_rows)
