@@ -31,6 +31,7 @@ from fedjax_sim.data import (
     generated_mixture,
     linear_mixture,
     stack_views,
+    synthetic,
 )
 from fedjax_sim.data.images import (
     digits,
@@ -44,6 +45,7 @@ from fedjax_sim.experiments import ifca_synthetic
 from fedjax_sim.experiments.ifca_synthetic.common import build_algorithm, metrics_fn
 from fedjax_sim.models.core import from_flax, linear_regression
 from fedjax_sim.models.zoo import mlp_classifier
+from fedjax_sim.ops.chunking import mapped_chunk
 from fedjax_sim.ops.cohort import cohort_sums, sample_cohort, take
 
 FIELDS = ("x", "y", "num_examples", "cluster")
@@ -360,6 +362,65 @@ def test_generated_clients_equal_linear_mixture():
     np.testing.assert_array_equal(generated.train.cluster, stored.train.cluster)
     # Only the key, θ* and σ are leaves: nothing per client is stored.
     assert sum(a.size for a in jax.tree.leaves(generated.train)) < 100
+
+
+def test_a_subset_of_generated_clients_is_those_clients_still_generated():
+    key = jax.random.key(5)
+    stored = linear_mixture(key, m=40, n_test=3, **SIZES)
+    generated = generated_mixture(key, m=40, n_test=3, **SIZES)
+    ids = jnp.array([39, 0, 21, 21, 10])
+    for part in ("train", "test"):
+        a, b = getattr(stored, part), getattr(generated, part)
+        sub = b.subset(ids)
+        assert sub.num_clients == 5 and sub.m == 40
+        # Nothing drawn yet: the ids are the subset's only per-client leaf.
+        assert sum(x.size for x in jax.tree.leaves(sub)) < 100 + ids.size
+        np.testing.assert_array_equal(sub.cluster, a.cluster[ids])
+        np.testing.assert_array_equal(sub.num_examples, a.num_examples[ids])
+        np.testing.assert_array_equal(sub.active(), a.active()[ids])
+        inner = jnp.array([4, 1])  # a subset of the subset: clients 10 and 0
+        for got, want in ((sub.materialize(), a.take(ids)), (sub.take(inner), a.take(ids[inner])),
+                          (sub.subset(inner).materialize(), a.take(ids[inner]))):
+            for field in FIELDS:
+                np.testing.assert_array_equal(getattr(got, field), getattr(want, field),
+                                              err_msg=f"{part}.{field}")
+    # Copies answer a subset with copies.
+    assert isinstance(stored.train.subset(ids), FederatedData)
+
+
+def test_mapped_chunk_takes_the_smaller_of_the_callers_and_the_sources():
+    generated = generated_mixture(jax.random.key(5), m=4000, n_test=100, **SIZES)
+    per_block = synthetic.MAP_DRAW_FLOATS // (100 * 11)  # n_test rows of d features + target
+    assert generated.test.map_chunk() == per_block
+    assert mapped_chunk(generated.test, None) == per_block
+    assert mapped_chunk(generated.test, 7) == 7
+    assert mapped_chunk((generated.test, jnp.zeros(4000)), 10**6) == per_block
+    assert mapped_chunk(generated.test.subset(jnp.arange(per_block)), None) is None  # fits
+    stored = linear_mixture(jax.random.key(5), m=40, **SIZES).train
+    assert mapped_chunk(stored, None) is None and mapped_chunk(stored, 7) == 7
+
+
+def test_an_evaluation_draws_generated_clients_block_by_block(monkeypatch):
+    """IFCA's evaluation (each client's argmin-loss cluster, as in the official code) over
+    generated clients mapped 3 at a time equals a per-client loop over the stored rows."""
+    monkeypatch.setattr(synthetic, "MAP_DRAW_FLOATS", 3 * 10 * 11)  # 3 clients of 10 rows
+    key = jax.random.key(5)
+    stored = linear_mixture(key, m=40, **SIZES).train
+    generated = generated_mixture(key, m=40, **SIZES).train
+    assert generated.map_chunk() == 3
+    algorithm = ALGORITHMS["ifca"](linear_regression(10), num_clusters=4, learning_rate=0.1)
+    theta = jax.random.normal(jax.random.key(2), (4, 10))
+    state = algorithm.init(jax.random.key(1), stored)._replace(cluster_params=theta)
+    jaxpr = str(jax.make_jaxpr(algorithm.evaluate)(state, generated))
+    assert "length=14" in jaxpr  # ⌈40 / 3⌉ blocks, each drawn inside the scan
+    for data in (generated, generated.subset(jnp.arange(40))):
+        out = jax.jit(algorithm.evaluate)(state, data)
+        x, y = np.asarray(stored.x, np.float64), np.asarray(stored.y, np.float64)
+        for i in range(40):
+            losses = [np.mean((x[i] @ np.asarray(theta[j], np.float64) - y[i]) ** 2)
+                      for j in range(4)]
+            assert int(out["assignment"][i]) == int(np.argmin(losses)), i
+            np.testing.assert_allclose(float(out["client_loss"][i]), min(losses), rtol=1e-5)
 
 
 @pytest.mark.parametrize("chunk", [None, 10, 7])

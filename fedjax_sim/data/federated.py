@@ -99,6 +99,22 @@ class ClientSource:
         """Every client, as FederatedData (O(m) memory: for paths that read all clients at once)."""
         return self.take(jnp.arange(self.num_clients, dtype=jnp.int32))
 
+    def subset(self, ids) -> ClientSource:
+        """The clients `ids` ([s] ints) as a source of the same kind where it can be (views
+        and generated clients: their rows built only when a chunk needs them), else
+        copies (`take`)."""
+        return self.take(ids)
+
+    def map_chunk(self) -> int | None:
+        """The most clients a per-client map (an evaluation) should build at once; None: any.
+
+        A map's per-client outputs do not depend on how many clients it builds at
+        a time, so a source whose rows are costly to build may ask for small
+        blocks (`ops.chunking.map_client_chunks` takes the smaller of this and
+        the caller's chunk). Stored and gathered rows ask nothing.
+        """
+        return None
+
     def features_per_example(self) -> int:
         """Features of one example, summed over x's leaves (picks compiler options)."""
         x = jax.eval_shape(lambda s: s.take(jnp.zeros((1,), jnp.int32)).x, self)

@@ -34,6 +34,10 @@ class LinearMixture(NamedTuple):
 
 
 MAX_SIZE = 2**31 - 1  # client ids and per-client draws are int32-indexed
+# Generated clients are drawn for a per-client map (an evaluation) this many floats
+# at a time (2 MiB): XLA:CPU's threefry is a loop over the whole drawn array, ~2×
+# faster when that array stays in cache (benchmarks/generated_eval.py).
+MAP_DRAW_FLOATS = 2**19
 
 
 def check_mixture_settings(
@@ -154,13 +158,16 @@ class GeneratedClients(ClientSource):
     Client i's rows come from fold_in(key, i) and its cluster is i // (m/k),
     as in `linear_mixture`. Per-client arrays (num_examples, cluster, active)
     are computed broadcasts; the pytree's leaves are the key, θ* and σ, all
-    shared (replicated over devices).
+    shared (replicated over devices), and for a `subset` the ids of its
+    clients, its one per-client leaf.
 
     Attributes:
       key: the stream key of the split (`linear_mixture`'s k_train or k_test).
       theta_star: [k, d] the cluster models.
       sigma: the noise standard deviation (may be traced).
-      m, n: static clients and examples per client.
+      m, n: static clients of the whole problem and examples per client.
+      ids: None (the clients are all m), or [s] int32: the clients are those
+        of the problem (`subset`).
     """
 
     key: jax.Array
@@ -168,12 +175,17 @@ class GeneratedClients(ClientSource):
     sigma: jax.Array
     m: int = struct.field(pytree_node=False)
     n: int = struct.field(pytree_node=False)
+    ids: jax.Array | None = None
 
     never_empty = True
 
     @property
     def num_clients(self) -> int:
-        return self.m
+        return self.m if self.ids is None else self.ids.shape[0]
+
+    def _ids(self) -> jax.Array:
+        """[num_clients] the problem's ids of these clients."""
+        return jnp.arange(self.m) if self.ids is None else self.ids
 
     @property
     def max_examples(self) -> int:
@@ -181,13 +193,13 @@ class GeneratedClients(ClientSource):
 
     @property
     def num_examples(self) -> jax.Array:
-        """[m] int32, n for every client."""
-        return jnp.full((self.m,), self.n, jnp.int32)
+        """[num_clients] int32, n for every client."""
+        return jnp.full((self.num_clients,), self.n, jnp.int32)
 
     @property
     def cluster(self) -> jax.Array:
-        """[m] int32 ground-truth clusters, i // (m/k)."""
-        return _cluster_of(jnp.arange(self.m), self.m, self.theta_star.shape[0])
+        """[num_clients] int32 ground-truth clusters, i // (m/k)."""
+        return _cluster_of(self._ids(), self.m, self.theta_star.shape[0])
 
     @property
     def x(self) -> jax.Array:
@@ -200,24 +212,34 @@ class GeneratedClients(ClientSource):
         return self.materialize().y
 
     def active(self) -> jax.Array:
-        return jnp.ones((self.m,), bool)
+        return jnp.ones((self.num_clients,), bool)
 
     def mask(self) -> jax.Array:
-        return jnp.ones((self.m, self.n), jnp.float32)
+        return jnp.ones((self.num_clients, self.n), jnp.float32)
 
     def client_leaves(self):
-        return ()
+        return () if self.ids is None else self.ids
 
     def gather(self, leaves, ids) -> FederatedData:
-        del leaves
-        ids = jnp.asarray(ids)
+        # A subset's leaves are its problem ids at `ids`; the whole problem has none.
+        ids = jnp.asarray(ids) if self.ids is None else leaves
         return _draw(self.key, ids, self.theta_star, self.sigma, m=self.m, n=self.n)
 
+    def subset(self, ids) -> GeneratedClients:
+        """The clients `ids` ([s] ints) still generated: their rows are drawn when needed."""
+        ids = jnp.asarray(ids, jnp.int32)
+        return self.replace(ids=ids if self.ids is None else self.ids[ids])
+
     def placement(self) -> GeneratedClients:
-        return self.replace(key=False, theta_star=False, sigma=False)
+        return self.replace(key=False, theta_star=False, sigma=False,
+                            ids=None if self.ids is None else True)
 
     def features_per_example(self) -> int:
         return self.theta_star.shape[-1]
+
+    def map_chunk(self) -> int:
+        """Clients whose n rows of d features and a target are `MAP_DRAW_FLOATS` floats."""
+        return max(1, MAP_DRAW_FLOATS // (self.n * (self.theta_star.shape[-1] + 1)))
 
 
 @functools.partial(jax.jit, static_argnames=("m", "n"))

@@ -75,8 +75,9 @@ def evaluate_in_chunks(algorithm: Algorithm, data, client_chunk: int,
 
     For metrics that only add up over clients (means, maxima, confusion
     counts): no [copies..., m] evaluation array exists at once, on the device
-    or the host. Chunk j is clients [j·c, (j+1)·c): their rows (`data.take`,
-    drawn there for generated clients), the state's declared per-client leaves
+    or the host. Chunk j is clients [j·c, (j+1)·c): their rows (`data.subset`:
+    copies are gathered, generated clients drawn by the evaluation, a block at
+    a time), the state's declared per-client leaves
     at those clients (`algorithm.client_axes`) and the shared ones, evaluated
     by `algorithm.evaluate` (which must treat each client on its own). The
     next chunk is dispatched before the host reads this one.
@@ -101,7 +102,7 @@ def evaluate_in_chunks(algorithm: Algorithm, data, client_chunk: int,
         state = jax.tree.map(
             lambda leaf, axis: leaf if axis == NOT_PER_CLIENT else jnp.take(leaf, ids, axis=axis),
             state, algorithm.client_axes(state))
-        rows = data.take(ids)
+        rows = data.subset(ids)  # generated clients stay generated: drawn block by block
         return algorithm.evaluate(state, rows), extra(rows)
 
     evaluate = backend.jit(part, feature_size)

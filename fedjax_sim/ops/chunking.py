@@ -209,16 +209,38 @@ def _scan_contiguous(fn, carry, part_of, clients_of, out_shape, m, chunk, num_ch
 def map_client_chunks(fn, clients, client_chunk: int | None):
     """fn over the client axis, all at once (None) or `client_chunk` clients at a time.
 
+    A client source may ask for smaller chunks (`ClientSource.map_chunk`:
+    generated clients are drawn a cache-sized block at a time); the smaller
+    of the two is taken. A client's outputs are the same whatever the chunk.
+
     Args:
       fn: part -> per-client outputs (leaves [c, ...]), for any number c of
-        clients; padding clients' outputs are discarded.
+        clients, each client's computed from its own rows only; padding
+        clients' outputs are discarded.
       clients: pytree, leaves [m, ...] and client sources (which `fn` sees
         as FederatedData).
 
     Returns:
-      fn(clients), computed chunk by chunk when client_chunk is set.
+      fn(clients), computed chunk by chunk when a chunk applies.
     """
+    client_chunk = mapped_chunk(clients, client_chunk)
     if client_chunk is None:
         return fn(materialize(clients))
     _, outs = scan_client_chunks(lambda c, part, _: (c, fn(part)), (), clients, client_chunk)
     return outs
+
+
+def mapped_chunk(clients, client_chunk: int | None) -> int | None:
+    """The chunk `map_client_chunks` takes: the smallest of client_chunk and the sources'
+    `map_chunk()`s; None (all clients at once) when neither is set, or when only the
+    sources' is and every client fits in it."""
+    check_client_chunk(client_chunk)
+    sources = [n for n in jax.tree.leaves(clients, is_leaf=is_client_source)
+               if is_client_source(n)]
+    asked = [c for c in (s.map_chunk() for s in sources) if c is not None]
+    if not asked:
+        return client_chunk
+    chunk = min(asked) if client_chunk is None else min(client_chunk, *asked)
+    if client_chunk is None and chunk >= split_sources(clients)[2]:
+        return None
+    return chunk
