@@ -557,6 +557,24 @@ def test_a_long_chunked_evaluation_reports_its_chunks(capsys, monkeypatch):
     assert capsys.readouterr().err == ""
 
 
+def test_a_run_reports_its_long_chunked_evaluations(tmp_path, capsys, monkeypatch):
+    """`fedjax-sim run` passes its progress to the chunked evaluation: a 10⁸-client run
+    otherwise printed nothing for the first hour (its round-0 evaluation)."""
+    monkeypatch.setattr(ifca_synthetic.RUN.__class__, "client_chunk",
+                        lambda self, s, copies, algorithm=None, command="run": 7)
+    monkeypatch.setattr(logs, "_PROGRESS_EVERY", 10.0)  # set back after the CLI sets it
+    small = ["rounds=2", "restarts=2", "eval_every=2", "checkpoint_every=0", "clients=generated"]
+    for shown in (True, False):
+        out = tmp_path / str(shown)
+        assert cli.main(["run", "ifca-synthetic-tiny", "--set", *small, "--out", str(out),
+                         "--progress-every", "0"]  # every pass counts as long
+                        + ([] if shown else ["--no-progress"])) == 0
+        err = capsys.readouterr().err
+        for split in ("train", "test"):
+            assert ("ifca-synthetic: evaluating " + split + " clients: 2/") in err if shown \
+                else "evaluating" not in err, err
+
+
 # ---- the experiments' `clients` setting
 
 

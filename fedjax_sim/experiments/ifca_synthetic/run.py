@@ -237,7 +237,8 @@ class SyntheticRun(Experiment):
             _, history = simulate.run(
                 algorithm, problem.train, jax.random.fold_in(key, ROUNDS), rounds=s["rounds"],
                 eval_every=s["eval_every"],
-                evaluate=metrics_fn(name, algorithm, problem, s["k"], client_chunk),
+                evaluate=metrics_fn(name, algorithm, problem, s["k"], client_chunk,
+                                    progress=ctx.progress, description=f"{name}-synthetic"),
                 progress=ctx.progress, description=f"{name}-synthetic", mesh=ctx.mesh,
                 checkpoint_dir=ctx.checkpoint_dir if every else None,
                 checkpoint_every=every or None, resume=ctx.resume and bool(every),
