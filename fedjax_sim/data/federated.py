@@ -22,7 +22,10 @@ per-client transform such as a rotation), and `data.synthetic.GeneratedClients`
 (`ops.cohort`, `ops.chunking`) splits a source into its per-client leaves,
 which it slices by chunk (and devices shard), and rebuilds the chunk's
 `FederatedData` with `gather`; which leaves are per-client is said by
-`placement`, never guessed from shapes. Views of several seeds stack on one
+`placement`, never guessed from shapes; `subset(ids)` keeps some clients as a
+source of the same kind, and `map_chunk` lets a source ask a per-client map (an
+evaluation) to build few clients at a time (generated clients: a cache-sized
+draw). Views of several seeds stack on one
 base (`stack_views`): only their index arrays carry the seeds axis, and
 `copies_axes` / `copy_at` say so to `with_seeds` and per-seed code.
 """
