@@ -44,13 +44,14 @@ ROWS = ("drfa", "mixed_gt2", "ifca_images")
 
 def row_flops(row: str) -> int | None:
     """The multiply-adds ×2 of one round as its suite counts them (None: no matmul to speak of)."""
-    if row == "mixed_gt2":  # mixed.py: 6·batch·params per step, clients and server
-        params, clients, steps, batch, central = 64 * 32 + 32 + 32 * 10 + 10, 100, 10, 16, 256
-        return 6 * params * (clients * steps * batch + (steps + 1) * central + clients * batch)
+    if row == "mixed_gt2":  # mixed.py: SGD steps of a 64-32-10 MLP, clients and server
+        clients, steps, batch, central = 100, 10, 16, 256
+        return harness.dense_flops((64, 32, 10), steps=clients * steps * batch
+                                   + (steps + 1) * central + clients * batch)
     if row == "ifca_images":
         import images
 
-        return images.round_flops(320, 50, 4, 10, images.mlp_flops())
+        return images.round_flops(320, 50, 4, 10)
     return None
 
 

@@ -595,6 +595,35 @@ def matmul_peak(size: int | None = None, reps: int = 5, *, dtype: str = "float32
             "matmul_dtype": str(jnp.dtype(dtype)), "matmul_precision": precision or "default"}
 
 
+def dense_flops(widths, *, forward: int = 0, steps: int = 0) -> int:
+    """Matmul flops (2 per multiply-add) of a dense network with layer widths `widths`.
+
+    `forward` examples through forward passes alone, and `steps` examples through SGD
+    steps: the forward pass, every layer's weight gradient, and every layer's input
+    gradient but the first's. The first layer's input is data, which a gradient over
+    the parameters does not differentiate, so JAX never computes it; the common
+    "6 × params per example" rule counts it anyway (1.4× too many for a 784-200-10 MLP,
+    whose first layer is 99 % of its multiply-adds). Biases and activations are not
+    counted. `xla_flops` of one compiled step is the cross-check.
+    """
+    layers = [a * b for a, b in zip(widths[:-1], widths[1:])]
+    macs = sum(layers)
+    return 2 * forward * macs + 2 * steps * (3 * macs - layers[0])
+
+
+def xla_flops(fn, *args) -> float:
+    """XLA's own flop count (`cost_analysis()`) of `jax.jit(fn)` compiled for `args`.
+
+    XLA counts every op (activations, softmax) and counts a loop's body once, so give
+    it a loop-free function: one step of one client, say.
+    """
+    import jax
+
+    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float(cost["flops"])
+
+
 def machine_ceilings(quick: bool = False) -> dict:
     """Both probes: full size, or tiny ones (seconds) for smoke runs."""
     if quick:

@@ -12,9 +12,13 @@ Rows (benchmarks/results/images.json):
    - loop: what FedJAX's default backend does, one jitted client update per
      client (its k losses, the argmin and τ local steps), called client by
      client from Python, then the per-cluster means.
-   Achieved GFLOP/s = the round's multiply-add count (k forward passes per
-   client for the losses, 3 forward-equivalents per local step) over the
-   median time, and its fraction of the matmul probe.
+   Achieved GFLOP/s = the round's multiply-adds × 2 (k forward passes per
+   client for the losses; per local step the forward pass, the weight
+   gradients and the input gradients of every layer but the first, which JAX
+   does not compute: `harness.dense_flops`, checked against XLA's cost analysis
+   of one step in `flops_per_step`) over the median time, and its fraction of
+   the matmul probe. (Until session 15 the count took 3 forward passes per
+   step, 1.41× the work done, and so overstated the fraction by 1.41×.)
 3. `comparison`: wall seconds of `fedjax-sim compare ifca-rotated-mnist` at
    n = 50 and of the digits quick start (`compare ifca-rotated-digits`), each
    in a fresh process.
@@ -36,14 +40,16 @@ import numpy as np
 RESULTS = harness.REPO / "benchmarks" / "results" / "images.json"
 
 
-def mlp_flops(hidden: int = 200, inputs: int = 784, classes: int = 10) -> int:
-    """Flops of one forward pass of one example (2 per multiply-add)."""
-    return 2 * (inputs * hidden + hidden * classes)
+MLP_WIDTHS = (784, 200, 10)
 
 
-def round_flops(m: int, n: int, k: int, steps: int, forward: int) -> int:
-    """k forward passes per example for the cluster losses, 3 per example per local step."""
-    return m * n * forward * (k + 3 * steps)
+def round_flops(m: int, n: int, k: int, steps: int, widths=MLP_WIDTHS) -> int:
+    """k forward passes per example for the cluster losses, then `steps` SGD steps.
+
+    Each step is a forward pass, the weight gradients and the input gradients of all
+    layers but the first (`harness.dense_flops`): ~2 forward passes for this MLP, not 3.
+    """
+    return harness.dense_flops(widths, forward=m * n * k, steps=m * n * steps)
 
 
 def bench_round(quick: bool, matmul_gflops: float, log) -> dict:
@@ -106,14 +112,20 @@ def bench_round(quick: bool, matmul_gflops: float, log) -> dict:
             "loop": harness.Arm(loop_round, 1, block_s, 20)}
     times = harness.interleaved_blocks(arms, 2 if quick else 3)
     vec_s, loop_s = (float(np.median(times[a])) for a in ("vectorized", "loop"))
-    flops = round_flops(m, n, k, steps, mlp_flops())
+    flops = round_flops(m, n, k, steps)
     gflops = flops / vec_s / 1e9
+    one = jax.tree.map(lambda p: p[0], state.cluster_params)
+    xla_step = harness.xla_flops(
+        lambda p, xi, yi, ni: jax.grad(lambda q: client_loss(model, q, xi, yi, ni))(p),
+        one, data.x[0], data.y[0], data.num_examples[0])
     row = {
         "kind": "ifca_round", "m": m, "n": n, "k": k, "local_steps": steps,
         "model": "MLP 784-200-10", "vectorized_compile_s": vec_compile_s,
         "loop_client_compile_s": loop_compile_s, "vectorized_s": vec_s, "loop_s": loop_s,
         "speedup_vs_loop": loop_s / vec_s, "round_gflop": flops / 1e9,
         "achieved_GFLOPs": gflops, "fraction_of_matmul_peak": gflops / matmul_gflops,
+        "flops_per_step": {"counted": harness.dense_flops(MLP_WIDTHS, steps=n),
+                           "xla_cost_analysis": xla_step},
         "calls": {a: len(t) for a, t in times.items()},
         "targets": {"speedup_vs_loop": 10.0, "fraction_of_matmul_peak": 0.4},
     }
@@ -146,12 +158,15 @@ def bench_compare(preset: str, overrides: list[str], timeout_s: float, log) -> d
     return row
 
 
-def rows(quick: bool, log=print, mnist_rounds: tuple[int, int] = (2, 6)) -> list[dict]:
+def rows(quick: bool, log=print, mnist_rounds: tuple[int, int] = (2, 6),
+         round_only: bool = False) -> list[dict]:
     harness.use_checkout()
     ceilings = harness.machine_ceilings(quick)
     log(f"matmul peak {ceilings['matmul_peak_GFLOPs']:.0f} GFLOP/s")
     out = [{"kind": "ceilings", **ceilings},
            bench_round(quick, ceilings["matmul_peak_GFLOPs"], log)]
+    if round_only:
+        return out
     if quick:
         out.append(bench_compare("ifca-rotated-digits", ["rounds=2", "seeds=1"], 600, log))
         out.append(bench_compare("ifca-rotated-mnist", [
@@ -197,10 +212,12 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--mnist-rounds", type=int, nargs=2, default=(2, 6), metavar=("R1", "R2"),
                         help="time the n=50 rotated-MNIST comparison at these two lengths and "
                         "extrapolate to 300 rounds (R1 = R2 = 300 times it whole)")
+    parser.add_argument("--round-only", action="store_true",
+                        help="the probes and the IFCA round only (about a minute), no comparisons")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     meta = harness.collect_meta(quick=args.quick)
-    result = rows(args.quick, mnist_rounds=tuple(args.mnist_rounds))
+    result = rows(args.quick, mnist_rounds=tuple(args.mnist_rounds), round_only=args.round_only)
     harness.finish_meta(meta, started)
     out = args.out or (RESULTS if not args.quick else RESULTS.with_name("images_quick.json"))
     harness.write_json(out, {"meta": meta, "rows": result})

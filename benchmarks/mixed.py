@@ -17,8 +17,12 @@ central batch 256 and K central steps. Three arms, timed in interleaved blocks
   w_c g_c + w_f ĝ_f), whose median over the vectorized round's is
   `server_share`.
 
-FLOP rates are 6·batch·params per step (forward + backward) over
-`matmul_peak()`.
+FLOP rates: each gradient's matmul flops (`harness.dense_flops`: the forward
+pass, the weight gradients and the input gradients of all layers but the first;
+`flops_per_central_step` records XLA's own count of one central step beside it)
+over `matmul_peak()`. (Until session 15 the count was 6·params per example, which
+counts the first layer's input gradient that JAX never computes, and the biases:
+1.43× the work of this 64-32-10 MLP.)
 
     python benchmarks/mixed.py                 # writes benchmarks/results/mixed.json
     python benchmarks/mixed.py --quick --out /tmp/mixed.json
@@ -163,7 +167,11 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
     times = harness.interleaved_blocks(arms, blocks)
     profile = harness.thunk_profile(vectorized, state, inputs, key) if profiled else {}
     median = {name: float(np.median(t)) for name, t in times.items()}
-    flops = 6 * d * (clients * steps * batch + (steps + 1) * central_batch + clients * batch)
+    widths = (64, 32, 10)
+    flops = harness.dense_flops(widths, steps=clients * steps * batch
+                                + (steps + 1) * central_batch + clients * batch)
+    xla_step = harness.xla_flops(lambda p, i: central_grad(p, i)[1], params,
+                                 f_c.draw(server.arrays, jax.random.key(0)))
     return {
         "clients": clients, "local_steps": steps, "batch": batch, "central_batch": central_batch,
         "params": d, "n": n, "n_c": n_c,
@@ -174,6 +182,8 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
         "calls": {name: len(t) for name, t in times.items()},
         "compile_s": compile_s,
         "round_gflop": flops / 1e9,
+        "flops_per_central_step": {"counted": harness.dense_flops(widths, steps=central_batch),
+                                   "xla_cost_analysis": xla_step},
         "vectorized_GFLOPs": flops / median["vectorized"] / 1e9,
         **({"profile": profile_summary(profile)} if profiled else {}),
     }

@@ -280,7 +280,11 @@ def bench_config(
 
     x_bytes = int(x_np.nbytes)
     round_bytes = harness.linear_round_bytes(m, n, d)
-    flops = 4 * m * n * d * k
+    # k forward products X·θ_j, then one gradient X^T r for each client's chosen model
+    # (the fused kernel; `xla_cost_flops` is XLA's own count of the compiled round).
+    flops = 2 * m * n * d * (k + 1)
+    xla_cost = compiled.cost_analysis()
+    xla_cost = xla_cost[0] if isinstance(xla_cost, list) else xla_cost
     row = {
         "kind": "config",
         "m": m,
@@ -314,6 +318,9 @@ def bench_config(
         "round_bytes_model": harness.LINEAR_ROUND_BYTES_MODEL,
         "round_GBps": round_bytes / vec_s / 1e9,
         "round_flops": flops,
+        "round_flops_model": "2·m·n·d·(k + 1): k forward products, one gradient per client "
+        "(until session 15: 4·m·n·d·k, which counted a gradient for every cluster model)",
+        "xla_cost_flops": float(xla_cost.get("flops", float("nan"))),
         "round_GFLOPs": flops / vec_s / 1e9,
         "verified_equal": close and same_assignment,
         "max_abs_param_diff": max_abs_diff,
