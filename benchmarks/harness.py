@@ -38,6 +38,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import importlib
+import itertools
 import json
 import math
 import os
@@ -606,7 +607,7 @@ def dense_flops(widths, *, forward: int = 0, steps: int = 0) -> int:
     whose first layer is 99 % of its multiply-adds). Biases and activations are not
     counted. `xla_flops` of one compiled step is the cross-check.
     """
-    layers = [a * b for a, b in zip(widths[:-1], widths[1:])]
+    layers = [a * b for a, b in itertools.pairwise(widths)]
     macs = sum(layers)
     return 2 * forward * macs + 2 * steps * (3 * macs - layers[0])
 

@@ -325,3 +325,29 @@ def test_compare_runs_flags_rows_more_than_5_percent_slower(tmp_path):
     assert "slower" in lines["100"] and "1.100" in lines["100"]
     assert "slower" in lines["seconds per seed"]
     assert compare_runs.main([str(old), str(new), "--fail-on-slower"]) == 1
+
+
+def test_dense_flops_counts_what_xla_computes_for_an_sgd_step():
+    """One SGD step of a 256-64-10 MLP on 32 rows: XLA's own flop count (a written-out
+    flax-free MLP, differentiated by jax.grad over its weights only) is the counted matmul
+    work plus a few percent of biases and activations; the '6 × params' rule is far above."""
+    rng = np.random.default_rng(0)
+    w1, b1 = jnp.asarray(rng.normal(size=(256, 64)), jnp.float32), jnp.zeros(64)
+    w2, b2 = jnp.asarray(rng.normal(size=(64, 10)), jnp.float32), jnp.zeros(10)
+    x = jnp.asarray(rng.normal(size=(32, 256)), jnp.float32)
+    y = jnp.asarray(rng.integers(0, 10, 32))
+
+    def loss(params, x, y):
+        (w1, b1), (w2, b2) = params
+        logits = jax.nn.relu(x @ w1 + b1) @ w2 + b2
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), y[:, None], 1))
+
+    params = ((w1, b1), (w2, b2))
+    xla = harness.xla_flops(jax.grad(loss), params, x, y)
+    counted = harness.dense_flops((256, 64, 10), steps=32)
+    assert counted == 2 * 32 * (256 * 64 + 64 * 10) + 2 * 32 * (256 * 64 + 64 * 10) \
+        + 2 * 32 * (64 * 10)
+    assert counted <= xla <= 1.05 * counted
+    six_params = 6 * 32 * (256 * 64 + 64 + 64 * 10 + 10)
+    assert six_params > 1.4 * xla
+    assert harness.dense_flops((256, 64, 10), forward=32) == 2 * 32 * (256 * 64 + 64 * 10)
