@@ -87,19 +87,32 @@ def test_kmeans_under_vmap_matches_each_seed():
         np.testing.assert_array_equal(np.asarray(batched[s]), np.asarray(alone))
 
 
-def _digits_problem(seeds=2):
+def _digits_problem(seeds=2, n=100):
     preset = next(p for p in PRESETS if p.name == "ifca-rotated-digits")
     s = resolve({st.name: st for st in DIGITS.settings}, preset.defaults,
-                {"seeds": seeds, "n": 100, "hidden": 8, "test_per_class": 30})
+                {"seeds": seeds, "n": n, "hidden": 8, "test_per_class": 30})
     return s, DIGITS.problem(s)
 
 
-def test_local_official_accuracy_equals_loop_over_test_clients():
+@pytest.mark.parametrize("n, rows_per_product, short", [
+    (100, E.metrics.ROWS_PER_PRODUCT, False),  # 3 test clients of 100 rows a cluster: 1 a step
+    (70, E.metrics.ROWS_PER_PRODUCT, True),  # 4 of 70 (2 a step, 140 rows), some rows padding
+    (70, 1000, False),  # all 4 test clients of a cluster in one product
+])
+def test_local_official_accuracy_equals_loop_over_test_clients(monkeypatch, n, rows_per_product,
+                                                               short):
     """The local baseline's test_accuracy: Σ correct / Σ n of each local model over every test
-    client of its cluster, averaged over models; written as a loop over (model, test client)."""
-    s, problem = _digits_problem()
+    client of its cluster, averaged over models; written as a loop over (model, test client),
+    whatever number of test clients one product takes, and with test clients shorter than
+    their padded length."""
+    monkeypatch.setattr(E.metrics, "ROWS_PER_PRODUCT", rows_per_product)
+    s, problem = _digits_problem(n=n)
     model = problem["models"][False]
     train, test = problem["train"], problem["test"]
+    if short:  # every third test client keeps only its first n - 13 - t rows
+        cut = np.asarray(test.num_examples).copy()
+        cut[:, ::3] -= 13 + np.arange(cut[:, ::3].shape[1])
+        test = test.replace(num_examples=jnp.asarray(cut))
     seeds, m = train.num_examples.shape
     params = jax.vmap(jax.vmap(model.init))(
         jax.random.split(jax.random.key(0), seeds * m).reshape(seeds, m))

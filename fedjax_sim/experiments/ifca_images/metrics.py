@@ -40,16 +40,25 @@ def participant_identity_accuracy(assignment, truth, num_clusters: int) -> float
     return cluster_identity_accuracy(a, np.where(a >= 0, np.asarray(truth), -1), num_clusters)
 
 
+ROWS_PER_PRODUCT = 256
+"""Test rows one product of the local baseline's evaluation takes (whole test clients):
+the m/k models of a cluster share them, so each layer is one [rows, features] ×
+[features, m/k · width] GEMM. 50-row test clients alone made small-M products at a third
+of the CPU's matmul rate; 1000 rows (all of a cluster's) cost more in activations than
+they gained (benchmarks/README.md, "Session 15")."""
+
+
 def local_on_cluster_tests(model, test_of_client, per_test: int, k: int):
     """(params [m, ...], test clients) -> (correct [m], weight [m]) of one seed.
 
     Local model i on every test client of its cluster, i.e. on all its cluster's
-    test data: correct_i = Σ_r accuracy_i(r) · n_r over the cluster's test
-    clients r (with data), weight_i = Σ_r n_r. Clients are cluster-major (training
-    client i of cluster j is paired with a test client of cluster j), so the
-    models are grouped [k, m/k] and each test client's images are shared by the
-    m/k models of its cluster (one GEMM per layer, no per-model copy of the test
-    data); a `lax.scan` over the test clients of a cluster holds one at a time.
+    test data: correct_i = the number of its right predictions over the real rows of
+    the cluster's test clients, weight_i = their number of rows. Clients are
+    cluster-major (training client i of cluster j is paired with a test client of
+    cluster j), so the models are grouped [k, m/k] and the test clients of each
+    cluster are taken a few at a time (about `ROWS_PER_PRODUCT` rows), their rows
+    shared by the m/k models of the cluster: one GEMM per layer, no per-model copy of
+    the test data; a `lax.scan` over the groups holds one at a time.
     """
     m = len(test_of_client)
     per = m // k
@@ -59,25 +68,33 @@ def local_on_cluster_tests(model, test_of_client, per_test: int, k: int):
                          f"{per} per cluster (build_problem's layout); got clusters "
                          f"{cluster.tolist()}.")
 
-    def on_cluster(params, x, y, n):  # params [per, ...]; one test client x [n_max, ...]
-        acc = jax.vmap(lambda p: client_accuracy(model, p, x, y, n))(params)
-        weight = (n > 0).astype(jnp.float32) * n
-        return acc * weight, jnp.broadcast_to(weight, acc.shape)
+    def hits(params, x, y, real):  # params [per, ...]; rows x [g·n_max, ...] of g test clients
+        def one(p):
+            right = model.correct(model.apply(p, x), y)
+            return jnp.sum(jnp.where(real, right, 0.0))
+        return jax.vmap(one)(params)
 
     def official(params, test):
         if not isinstance(test, FederatedData):  # views: gathered, every test client
             test = test.materialize()
+        n_max = test.y.shape[1]
+        group = max(g for g in range(1, per_test + 1)
+                    if per_test % g == 0 and (g == 1 or g * n_max <= ROWS_PER_PRODUCT))
+        steps = per_test // group
+
+        def by_group(a):  # [k·per_test, n_max, ...] -> [steps, k, group·n_max, ...]
+            return jnp.swapaxes(a.reshape((k, steps, group * n_max) + a.shape[2:]), 0, 1)
+
+        real = jnp.arange(n_max) < test.num_examples[:, None]  # [k·per_test, n_max]
+        rows = (jax.tree.map(by_group, test.x), by_group(test.y), by_group(real))
         grouped = jax.tree.map(lambda a: a.reshape((k, per) + a.shape[1:]), params)
-        by_cluster = jax.tree.map(lambda a: a.reshape((k, per_test) + a.shape[1:]), test)
 
-        def step(total, r):
-            part = jax.tree.map(lambda a: a[:, r], by_cluster)
-            c, w = jax.vmap(on_cluster)(grouped, part.x, part.y, part.num_examples)
-            return (total[0] + c, total[1] + w), None
+        def step(total, part):
+            return total + jax.vmap(hits)(grouped, *part), None
 
-        zero = jnp.zeros((k, per), jnp.float32)
-        (correct, weight), _ = jax.lax.scan(step, (zero, zero), jnp.arange(per_test))
-        return correct.reshape(m), weight.reshape(m)
+        correct, _ = jax.lax.scan(step, jnp.zeros((k, per), jnp.float32), rows)
+        weight = jnp.sum(test.num_examples.reshape(k, per_test), axis=1).astype(jnp.float32)
+        return correct.reshape(m), jnp.repeat(weight, per)
 
     return official
 
