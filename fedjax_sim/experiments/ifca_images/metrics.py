@@ -17,7 +17,6 @@ from fedjax_sim.data import FederatedData, copies_axes
 from fedjax_sim.experiments.base import client_mean
 from fedjax_sim.experiments.ifca_images.methods import CLUSTERING
 from fedjax_sim.metrics import cluster_identity_accuracy
-from fedjax_sim.models.core import client_accuracy
 
 TABLE = ["test_accuracy", "local_paired_accuracy", "cluster_accuracy", "train_loss",
          "test_loss"]
