@@ -193,6 +193,27 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
+def _finite(value) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _mean_cell(mean, std) -> str:
+    """"mean ± std"; the mean alone with one seed (no std); "—" with no finite value."""
+    if not _finite(mean):
+        return "—"
+    return f"{mean:.4g} ± {std:.4g}" if _finite(std) else f"{mean:.4g}"
+
+
+def _diff_cells(diff, se, significant) -> list[str]:
+    """"+diff ± se (se)" and yes/no; "—" where there is no paired difference (a method or
+    the baseline without the metric) or, for the verdict, too few seeds to test one."""
+    if not _finite(diff):
+        return ["—", "—"]
+    if not _finite(se):
+        return [f"{diff:+.4g}", "—"]
+    return [f"{diff:+.4g} ± {se:.4g} (se)", "yes" if significant else "no"]
+
+
 def results_markdown(
     rows: Sequence[Mapping],
     metrics: Sequence[str],
@@ -206,7 +227,11 @@ def results_markdown(
 
     Per metric there are three columns: "mean ± std" (4 significant digits),
     "Δ vs <baseline>" as "+diff ± se (se)" and "significant at <confidence> %"
-    as yes/no; the baseline's two difference cells are "—".
+    as yes/no; the baseline's two difference cells are "—". Where a number does
+    not exist the cell says "—", never "nan": a metric the method does not report
+    (or whose every seed diverged), a difference from a baseline without the
+    metric, a verdict with fewer than two paired seeds; with one seed the mean and
+    the difference stand alone, without "± nan".
 
     Args:
       rows: the output of `paired_comparison(..., baseline, metrics, confidence)`.
@@ -246,7 +271,9 @@ def results_markdown(
         f"± after a difference is the standard error of the mean paired difference (se); "
         f"significance is a two-sided paired t-test at {level}. ± after a mean is the sample "
         f"standard deviation over seeds. A diverged seed (NaN or inf) is left out of its "
-        f"method's means and differences.",
+        f"method's means and differences. — marks a metric with no finite value for the "
+        f"method, a difference the baseline cannot be paired for, or a verdict that needs "
+        f"two seeds.",
         "",
         "| " + " | ".join(_cell(h) for h in header) + " |",
         "|" + "|".join([" --- "] + [" ---: ", " ---: ", " :---: "] * len(metrics)) + "|",
@@ -260,11 +287,11 @@ def results_markdown(
             if used == 0:  # no seed left: no number, no verdict
                 cells += ["diverged", "—", "—"]
                 continue
-            cells.append(f"{row[f'{m}_mean']:.4g} ± {row[f'{m}_std']:.4g}")
+            cells.append(_mean_cell(row[f"{m}_mean"], row[f"{m}_std"]))
             if row["method"] == baseline:
                 cells += ["—", "—"]
             else:
-                cells.append(f"{row[f'{m}_diff']:+.4g} ± {row[f'{m}_diff_se']:.4g} (se)")
-                cells.append("yes" if row[f"{m}_significant"] else "no")
+                cells += _diff_cells(row[f"{m}_diff"], row[f"{m}_diff_se"],
+                                     row[f"{m}_significant"])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

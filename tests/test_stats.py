@@ -348,6 +348,33 @@ def test_markdown_cells():
     assert cells["mixed"][2] == "no" and cells["mixed"][5] == "no"
 
 
+def test_markdown_says_dash_where_a_number_does_not_exist():
+    """A metric a method does not report (all NaN), a baseline without the metric, one seed:
+    "—" or the number alone, never "nan" and never a "no" verdict without a test."""
+    nan4 = np.full(4, np.nan)
+    per_seed = {"fedavg": {"accuracy": BASE_ACC, "identity": nan4},
+                "ifca": {"accuracy": BASE_ACC + 0.02, "identity": np.ones(4)},
+                "local": {"accuracy": nan4, "identity": nan4}}
+    rows = paired_comparison(per_seed, "fedavg", ["accuracy", "identity"])
+    text = results_markdown(rows, ["accuracy", "identity"], "fedavg", seeds=4)
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+             for line in table_lines(text)[2:]}
+    assert "nan" not in text.replace("NaN", "")
+    assert cells["fedavg"][3:] == ["—", "—", "—"]  # the baseline has no identity
+    assert cells["ifca"][3] == "1 ± 0" and cells["ifca"][4:] == ["—", "—"]  # nothing to pair
+    assert cells["local"] == ["—"] * 6  # reports neither metric
+    assert cells["ifca"][1].endswith("(se)") and cells["ifca"][2] == "yes"
+
+    one = {"fedavg": {"accuracy": BASE_ACC[:1]}, "ifca": {"accuracy": BASE_ACC[:1] + 0.02}}
+    text = results_markdown(paired_comparison(one, "fedavg", ["accuracy"]), ["accuracy"],
+                            "fedavg", seeds=1)
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+             for line in table_lines(text)[2:]}
+    assert cells["fedavg"][0] == f"{BASE_ACC[0]:.4g}"  # one seed: no std
+    assert cells["ifca"] == [f"{BASE_ACC[0] + 0.02:.4g}", "+0.02", "—"]  # no se, no test
+    assert "nan" not in text
+
+
 def test_markdown_other_confidence_and_no_title():
     rows = paired_comparison(TOY, "fedavg", ["loss"], confidence=0.99)
     text = results_markdown(rows, ["loss"], "fedavg", seeds=1, confidence=0.99)
