@@ -6,7 +6,8 @@ summary.json written); 4 an OS error (--out unwritable, read-only, not a
 directory; the disk filled while writing): the message names the path and the
 reason, and says what the output directory keeps; 130 interrupted (Ctrl-C,
 SIGINT): the message says what is kept. Every error is one line on stderr;
-library logs (orbax, absl, JAX) stay off the terminal unless --verbose.
+library logs (orbax, absl, JAX) stay off the terminal unless --verbose. Compiled
+programs are kept on disk between commands (`_use_compilation_cache`).
 """
 
 from __future__ import annotations
@@ -119,6 +120,48 @@ def _route_library_logs(verbose: bool) -> None:
         root.addHandler(logging.NullHandler())
 
 
+XLA_CACHE_ENV = "FEDJAX_SIM_XLA_CACHE"
+XLA_CACHE_MIN_COMPILE_SECONDS = 0.1
+
+
+def _use_compilation_cache() -> str | None:
+    """Keeps compiled programs on disk between commands (JAX's persistent compilation cache).
+
+    A rerun with the same shapes and settings (a resume, a comparison run again, a sweep
+    started anew) loads its programs instead of compiling them: the digits comparison of
+    the quick start takes ~10 s instead of ~22 on 2 cores. The cache is keyed by the
+    program, the compiler options and flags, and the jax/jaxlib versions, so it never
+    changes a number. Where: $FEDJAX_SIM_XLA_CACHE, else `xla/` in the data cache
+    ($FEDJAX_SIM_CACHE or ~/.cache/fedjax_sim); FEDJAX_SIM_XLA_CACHE=off turns it off,
+    and a JAX_COMPILATION_CACHE_DIR of the caller's own is left as it is. Programs that
+    compile in under 0.1 s are not kept (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS, if
+    set, decides). A cache that cannot be written is skipped, never an error.
+
+    Returns the directory in use, or None.
+    """
+    import jax
+
+    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
+        return jax.config.jax_compilation_cache_dir
+    choice = os.environ.get(XLA_CACHE_ENV, "").strip()
+    if choice.lower() in ("0", "off", "false", "no", "none"):
+        return None
+    from fedjax_sim.data.archives import cache_root
+
+    path = cache_root(choice or None) / ("" if choice else "xla")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            return None
+    except OSError:
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                          XLA_CACHE_MIN_COMPILE_SECONDS)
+    return str(path)
+
+
 def _error(message: str) -> None:
     """One line on stderr, whatever the message holds."""
     print("fedjax-sim: " + " ".join(str(message).split()), file=sys.stderr)
@@ -157,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "describe":
             print(experiments.describe_preset(args.preset))
             return 0
+        _use_compilation_cache()
         progress = not args.no_progress
         from fedjax_sim import logs
 
