@@ -17,12 +17,13 @@ from federations import assert_reported_as_finished, recording_context
 from fedjax_sim import simulate
 from fedjax_sim.algorithms import fedavg, ifca
 from fedjax_sim.algorithms.ifca import pretrained_trunk, with_balanced_init
-from fedjax_sim.data import FederatedData
+from fedjax_sim.data import FederatedData, copies_axes
 from fedjax_sim.data.archives import DataUnavailable
 from fedjax_sim.data.images import fixed_split, mnist_5k, rotated_clusters
 from fedjax_sim.experiments import compare_preset
 from fedjax_sim.experiments import ifca_images as E
 from fedjax_sim.experiments.base import RunContext
+from fedjax_sim.experiments.ifca_images.methods import build_method
 from fedjax_sim.experiments.registry import get_preset
 from fedjax_sim.experiments.settings import resolve
 from fedjax_sim.models import combine, mlp_classifier
@@ -427,6 +428,30 @@ def test_digits_quick_start_ifca_beats_global_and_local():
     assert np.all(np.isfinite(local["local_paired_accuracy"]))
     rounds = [row["round"] for row in result.histories["ifca"] if "cluster_accuracy" in row]
     assert rounds == list(range(s["rounds"] + 1))  # identity logged every round
+
+
+def test_cfl_thresholds_are_settings_and_the_digits_preset_splits():
+    """CFL's ε₁, ε₂ reach the algorithm: on the digits preset's problem its ε₂ = 0.5 splits the
+    one starting cluster within two rounds, while the paper's 1.6 (the setting's default)
+    keeps a single cluster; the comparison's notes say which thresholds were used."""
+    preset = get_preset("ifca-rotated-digits", "compare")
+    experiment = preset.experiment
+    assert preset.defaults["cfl_eps2"] == 0.5 and experiment.declared["cfl_eps2"].default == 1.6
+    clusters = {}
+    for eps2 in (0.5, 1.6):
+        s = resolve(experiment.declared, preset.defaults, {"seeds": "1", "cfl_eps2": str(eps2)})
+        problem = experiment.problem(s)
+        algorithm, _ = build_method("cfl", problem["models"][False], s)
+        train, axes = problem["train"], copies_axes(problem["train"])
+        state = jax.vmap(algorithm.init, in_axes=(0, axes))(jax.random.split(jax.random.key(0), 1),
+                                                            train)
+        step = jax.jit(jax.vmap(algorithm.round, in_axes=(0, axes, 0)))
+        for r in range(2):
+            state, _ = step(state, train, jax.random.split(jax.random.key(r + 1), 1))
+        clusters[eps2] = int(state.num_clusters[0])
+    assert clusters[1.6] == 1 and clusters[0.5] > 1, clusters
+    s = resolve(experiment.declared, preset.defaults, {})
+    assert "cfl_eps2 = 0.5" in experiment.notes(s, experiment.problem(s), {})["cfl"]
 
 
 def test_frozen_trunk_method_of_the_weight_sharing_preset(tmp_path):

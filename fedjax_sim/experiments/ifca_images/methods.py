@@ -125,8 +125,8 @@ def build_method(name: str, model, s: dict, client_chunk=None) -> tuple[Algorith
             plain = {k: v for k, v in local.items() if k != "sampling"}
             if name == "hypcluster":
                 return hypcluster(model, opt, num_clusters=k, client_chunk=client_chunk, **plain)
-            # up to k clusters; its paper's ε₁, ε₂ (the factory's defaults)
-            return cfl(model, opt, max_clusters=k, client_chunk=client_chunk, **plain)
+            return cfl(model, opt, max_clusters=k, eps1=s["cfl_eps1"], eps2=s["cfl_eps2"],
+                       client_chunk=client_chunk, **plain)  # up to k clusters
         raise ValueError(f"unknown method {name!r}; known: {', '.join(METHOD_HELP)}.")
 
     algorithm = with_lr_decay(build, s["lr"], s["lr_decay"])
