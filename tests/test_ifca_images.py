@@ -451,7 +451,8 @@ def test_cfl_thresholds_are_settings_and_the_digits_preset_splits():
         clusters[eps2] = int(state.num_clusters[0])
     assert clusters[1.6] == 1 and clusters[0.5] > 1, clusters
     s = resolve(experiment.declared, preset.defaults, {})
-    assert "cfl_eps2 = 0.5" in experiment.notes(s, experiment.problem(s), {})["cfl"]
+    notes = experiment.notes(s, experiment.problem(s), {})
+    assert "cfl_eps2 = 0.5" in notes["cfl"] and "same numbers" in notes["hypcluster"]
 
 
 def test_frozen_trunk_method_of_the_weight_sharing_preset(tmp_path):

@@ -246,6 +246,12 @@ class RotatedImages(Experiment):
             notes[f"{name} identity 1.0"] = (
                 f"{len(reached)}/{len(first)} seeds reached cluster-identity accuracy 1.0; first "
                 f"round per seed: {', '.join('never' if r is None else str(r) for r in first)}")
+        if "hypcluster" in self.methods and "ifca" in self.methods:
+            notes["hypcluster"] = (
+                "HypCluster's round is IFCA option II's but for its weights (rows; IFCA: "
+                "uniform) and a test client's model (the one its training twin chose; IFCA: "
+                "lowest loss on the test data): with clients of equal size that IFCA assigns "
+                "right, both give the same numbers from the same init")
         if "cfl" in self.methods:
             notes["cfl"] = (
                 f"CFL splits a cluster when its mean client update norm is below cfl_eps1 = "
