@@ -248,10 +248,10 @@ class RotatedImages(Experiment):
                 f"round per seed: {', '.join('never' if r is None else str(r) for r in first)}")
         if "hypcluster" in self.methods and "ifca" in self.methods:
             notes["hypcluster"] = (
-                "HypCluster's round is IFCA option II's but for its weights (rows; IFCA: "
-                "uniform) and a test client's model (the one its training twin chose; IFCA: "
-                "lowest loss on the test data): with clients of equal size that IFCA assigns "
-                "right, both give the same numbers from the same init")
+                "HypCluster's round is IFCA option II's but for its client weights (rows; "
+                "IFCA: uniform), and its cluster models are served to test clients as IFCA's "
+                "are (setting selection): with clients of equal size both give the same "
+                "numbers from the same init")
         if "cfl" in self.methods:
             notes["cfl"] = (
                 f"CFL splits a cluster when its mean client update norm is below cfl_eps1 = "
