@@ -605,24 +605,12 @@ def dense_flops(widths, *, forward: int = 0, steps: int = 0) -> int:
     the parameters does not differentiate, so JAX never computes it; the common
     "6 × params per example" rule counts it anyway (1.4× too many for a 784-200-10 MLP,
     whose first layer is 99 % of its multiply-adds). Biases and activations are not
-    counted. `xla_flops` of one compiled step is the cross-check.
+    counted. XLA's count of one compiled step (`fedjax_sim.models.recsys.compiled_flops`)
+    is the cross-check.
     """
     layers = [a * b for a, b in itertools.pairwise(widths)]
     macs = sum(layers)
     return 2 * forward * macs + 2 * steps * (3 * macs - layers[0])
-
-
-def xla_flops(fn, *args) -> float:
-    """XLA's own flop count (`cost_analysis()`) of `jax.jit(fn)` compiled for `args`.
-
-    XLA counts every op (activations, softmax) and counts a loop's body once, so give
-    it a loop-free function: one step of one client, say.
-    """
-    import jax
-
-    cost = jax.jit(fn).lower(*args).compile().cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
-    return float(cost["flops"])
 
 
 def machine_ceilings(quick: bool = False) -> dict:

@@ -60,6 +60,7 @@ def bench_round(quick: bool, matmul_gflops: float, log) -> dict:
     from fedjax_sim.algorithms import ifca
     from fedjax_sim.data import FederatedData
     from fedjax_sim.models import client_loss, mlp_classifier
+    from fedjax_sim.models.recsys import compiled_flops
     from fedjax_sim.ops.local_update import client_update
 
     m, n, k, steps = (16, 50, 4, 2) if quick else (320, 50, 4, 10)
@@ -115,7 +116,7 @@ def bench_round(quick: bool, matmul_gflops: float, log) -> dict:
     flops = round_flops(m, n, k, steps)
     gflops = flops / vec_s / 1e9
     one = jax.tree.map(lambda p: p[0], state.cluster_params)
-    xla_step = harness.xla_flops(
+    xla_step = compiled_flops(
         lambda p, xi, yi, ni: jax.grad(lambda q: client_loss(model, q, xi, yi, ni))(p),
         one, data.x[0], data.y[0], data.num_examples[0])
     row = {

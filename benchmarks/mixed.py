@@ -73,6 +73,7 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
 
     from fedjax_sim.algorithms.mixed import CENTRAL_STREAM, datacenter_loss, descend, mixed_gt2
     from fedjax_sim.data import FederatedData, ServerData
+    from fedjax_sim.models.recsys import compiled_flops
     from fedjax_sim.models.zoo import mlp_classifier
     from fedjax_sim.ops import client_update, sample_cohort
 
@@ -170,8 +171,8 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
     widths = (64, 32, 10)
     flops = harness.dense_flops(widths, steps=clients * steps * batch
                                 + (steps + 1) * central_batch + clients * batch)
-    xla_step = harness.xla_flops(lambda p, i: central_grad(p, i)[1], params,
-                                 f_c.draw(server.arrays, jax.random.key(0)))
+    xla_step = compiled_flops(lambda p, i: central_grad(p, i)[1], params,
+                              f_c.draw(server.arrays, jax.random.key(0)))
     return {
         "clients": clients, "local_steps": steps, "batch": batch, "central_batch": central_batch,
         "params": d, "n": n, "n_c": n_c,
