@@ -146,9 +146,11 @@ def _use_compilation_cache() -> str | None:
     choice = os.environ.get(XLA_CACHE_ENV, "").strip()
     if choice.lower() in ("0", "off", "false", "no", "none"):
         return None
+    from pathlib import Path
+
     from fedjax_sim.data.archives import cache_root
 
-    path = cache_root(choice or None) / ("" if choice else "xla")
+    path = Path(choice).expanduser() if choice else cache_root() / "xla"
     try:
         path.mkdir(parents=True, exist_ok=True)
         if not os.access(path, os.W_OK | os.X_OK):
