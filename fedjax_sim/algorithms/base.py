@@ -13,6 +13,7 @@ import optax
 
 from fedjax_sim.data.federated import copies_axes
 from fedjax_sim.models.core import Model, check_model_data
+from fedjax_sim.ops.local_update import linear_in_gradients
 
 State = Any
 NOT_PER_CLIENT = -1
@@ -57,7 +58,9 @@ def per_client_fields(*names: str) -> Callable[[State], Any]:
 
 
 def client_optimizer(optimizer, learning_rate) -> optax.GradientTransformation:
-    """The given optax optimizer, or plain SGD at learning_rate.
+    """The given optax optimizer, or plain SGD at learning_rate (declared linear in its
+    gradients, `ops.linear_in_gradients`: a model's dense input layer may train in the
+    span of its client's rows).
 
     learning_rate may be a traced value (a sweep vmaps over it), so it is only
     range-checked when it is a concrete number.
@@ -70,7 +73,7 @@ def client_optimizer(optimizer, learning_rate) -> optax.GradientTransformation:
         math.isfinite(float(learning_rate)) and learning_rate >= 0
     ):
         raise ValueError(f"learning_rate must be a finite number >= 0; got {learning_rate!r}.")
-    return optax.sgd(learning_rate)
+    return linear_in_gradients(optax.sgd(learning_rate))
 
 
 def cohort_size(num_clients: int, participation: float) -> int:

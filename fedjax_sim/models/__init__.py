@@ -1,6 +1,7 @@
 """Models: pure init/apply/loss functions; flax modules plug in via `from_flax`."""
 
 from fedjax_sim.models.core import (
+    DenseInput,
     Model,
     check_model_data,
     client_accuracy,
@@ -18,6 +19,7 @@ from fedjax_sim.models.core import (
 from fedjax_sim.models.zoo import MLP, MLPTrunk, mlp_classifier
 
 __all__ = [
+    "DenseInput",
     "MLP",
     "MLPTrunk",
     "Model",

@@ -25,6 +25,34 @@ Params = Any
 TRUNK, HEAD = "trunk", "head"
 
 
+class DenseInput(NamedTuple):
+    """A model whose first layer is dense on the flattened input x [n, d]:
+
+        apply(params, x) == rest(without_kernel(params), x.reshape(n, -1) @ kernel(params))
+
+    path: the keys of the first layer's kernel [d, h] in params.
+    rest: (params with None at `path`, z [n, h]) -> predictions: everything
+      after the product, the first layer's bias included.
+    """
+
+    path: tuple[str, ...]
+    rest: Callable[[Params, jax.Array], jax.Array]
+
+    def kernel(self, params) -> jax.Array:
+        for k in self.path:
+            params = params[k]
+        return params
+
+    def with_kernel(self, params, kernel) -> Params:
+        """params with `kernel` (None to drop it) at `path`; the other leaves shared."""
+        def put(tree, keys):
+            return kernel if not keys else {**tree, keys[0]: put(tree[keys[0]], keys[1:])}
+        return put(params, self.path)
+
+    def without_kernel(self, params) -> Params:
+        return self.with_kernel(params, None)
+
+
 class Model(NamedTuple):
     """Pure functions of one model.
 
@@ -44,6 +72,10 @@ class Model(NamedTuple):
       each minibatch, with a fresh key per step; cluster choice and
       evaluation see x as it is. Not applied where a frozen trunk's features
       are computed once (they are not images any more). None: no augmentation.
+    dense_input: optional `DenseInput`: the first layer is dense on the
+      flattened input, which lets `ops.client_update` train it in the span of
+      the client's rows (far fewer multiply-adds when a client has fewer rows
+      than the input has features). None: no such declaration.
     """
 
     init: Callable[[jax.Array], Params]
@@ -54,6 +86,7 @@ class Model(NamedTuple):
     features: Callable[[Params, Any], jax.Array] | None = None
     head: Callable[[Params, jax.Array], jax.Array] | None = None
     augment: Callable[[jax.Array, Any], Any] | None = None
+    dense_input: DenseInput | None = None
 
     @property
     def is_split(self) -> bool:

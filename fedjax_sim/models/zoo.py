@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim.models.augment import center_crop, standardize_per_image, tutorial_augment
-from fedjax_sim.models.core import Model, from_flax, split_model
+from fedjax_sim.models.core import DenseInput, Model, from_flax, split_model
 
 
 class MLP(nn.Module):
@@ -87,8 +87,31 @@ def mlp_classifier(
     _check_num_classes(num_classes)
     example = jnp.zeros((1, *input_shape), jnp.float32)
     if split:
-        return split_model(MLPTrunk(tuple(hidden)), nn.Dense(num_classes), example)
-    return from_flax(MLP(tuple(hidden), num_classes), example)
+        model = split_model(MLPTrunk(tuple(hidden)), nn.Dense(num_classes), example)
+    else:
+        model = from_flax(MLP(tuple(hidden), num_classes), example)
+    return model._replace(dense_input=_mlp_dense_input(len(hidden), split))
+
+
+def _mlp_dense_input(num_hidden: int, split: bool) -> DenseInput:
+    """`MLP` / `MLPTrunk` + head after their first product x @ W₀ (`DenseInput`)."""
+    if split:  # trunk Dense_0..Dense_{L-1}, then the head's Dense
+        def layers(p):
+            return [p["trunk"][f"Dense_{i}"] for i in range(num_hidden)] + [p["head"]]
+        path = ("trunk", "Dense_0", "kernel") if num_hidden else ("head", "kernel")
+    else:
+        def layers(p):
+            return [p[f"Dense_{i}"] for i in range(num_hidden + 1)]
+        path = ("Dense_0", "kernel")
+
+    def rest(params, z):
+        first, *after = layers(params)
+        h = z + first["bias"]
+        for layer in after:
+            h = nn.relu(h) @ layer["kernel"] + layer["bias"]
+        return h
+
+    return DenseInput(path, rest)
 
 
 # ----------------------------------------------------------------------------- IFCA image models

@@ -13,10 +13,13 @@ from fedjax_sim.ops.cohort import Cohort, CohortBatch, cohort_sums, put, sample_
 from fedjax_sim.ops.kmeans import kmeans
 from fedjax_sim.ops.local_update import (
     SAMPLINGS,
+    LinearInGradients,
     check_sampling,
     client_keys,
     client_update,
     epoch_batches,
+    input_span_pays,
+    linear_in_gradients,
     local_update,
     sample_batch,
     sample_batches,
@@ -28,6 +31,7 @@ from fedjax_sim.ops.simplex import project_simplex
 __all__ = [
     "SAMPLINGS",
     "Cohort",
+    "LinearInGradients",
     "CohortBatch",
     "cohort_sums",
     "put",
@@ -42,7 +46,9 @@ __all__ = [
     "cluster_losses",
     "divide_segments",
     "epoch_batches",
+    "input_span_pays",
     "kmeans",
+    "linear_in_gradients",
     "local_update",
     "mean_or_keep",
     "map_client_chunks",

@@ -1,8 +1,15 @@
-"""τ local optimizer steps on every client at once: `vmap` of a `lax.scan`."""
+"""τ local optimizer steps on every client at once: `vmap` of a `lax.scan`.
+
+A model that declares its first layer dense on the flattened input
+(`Model.dense_input`), trained by an optimizer declared linear in its gradients
+(`linear_in_gradients`, e.g. SGD), trains that layer in the span of the
+client's rows (`client_update`, "The input layer in the span of the rows").
+"""
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -117,6 +124,97 @@ def epoch_batches(key, num_examples, n_max: int, batch_size: int, num_steps: int
     return idx, pos < num_examples
 
 
+class LinearInGradients(optax.GradientTransformation):
+    """An optax transformation declared linear in its gradients (`linear_in_gradients`)."""
+
+    __slots__ = ()
+
+
+def linear_in_gradients(optimizer: optax.GradientTransformation) -> LinearInGradients:
+    """The same optimizer, declared linear: its updates are a fixed linear function of the
+    gradients seen so far, whatever the params (SGD with any learning-rate schedule,
+    momentum, Nesterov; NOT Adam, clipping or weight decay: the caller vouches for it).
+    Lets `client_update` step a dense input layer through the coefficients of its rows.
+    """
+    def init(params):  # own functions: never equal to the undeclared optimizer as a tuple
+        return optimizer.init(params)
+
+    def update(updates, state, params=None, **extra_args):
+        return optimizer.update(updates, state, params, **extra_args)
+
+    return LinearInGradients(init, update)
+
+
+def input_span_pays(n_max: int, batch: int, d: int, h: int, num_steps: int) -> bool:
+    """Whether the span form of a dense input layer [d, h] needs fewer multiply-adds than
+    plain steps, for a client of n_max rows and num_steps steps of `batch` rows.
+
+    Plain: every step multiplies its batch by the kernel and forms the kernel's
+    gradient, 2·b·d·h. Span: once the rows through the starting kernel (n·d·h),
+    their Gram matrix (n²·d) and the final kernel (n·d·h); per step b·n·h.
+    """
+    plain = num_steps * 2 * batch * d * h
+    span = 2 * n_max * d * h + n_max * n_max * d + num_steps * batch * n_max * h
+    return span < plain
+
+
+def _input_span_applies(model, optimizer, params, x, batch_size, num_steps,
+                        plain_step_only: bool) -> bool:
+    """Whether `client_update` takes `_input_span_steps` (see its docstring)."""
+    if (model.dense_input is None or not isinstance(optimizer, LinearInGradients)
+            or model.augment is not None or not plain_step_only or not hasattr(x, "shape")):
+        return False
+    n_max = x.shape[0]
+    batch = n_max if batch_size is None else min(batch_size, n_max)
+    h = model.dense_input.kernel(params).shape[-1]
+    return input_span_pays(n_max, batch, math.prod(x.shape[1:]), h, num_steps)
+
+
+def _input_span_steps(model, optimizer, params, x, y, num_examples, batches, num_steps):
+    """`client_update`'s steps with the dense input layer kept as W₀ + Xᵀ C.
+
+    A step's kernel gradient is X_bᵀ g_z (g_z: the loss's gradient at the
+    layer's output z = X_b W), which lies in the span of the client's rows X:
+    it is Xᵀ G with G the [n, h] matrix holding g_z at the batch's rows. So
+    every kernel the steps reach is W_t = W₀ + Xᵀ C_t, and a step needs only
+    z = X_b W₀ + (X_b Xᵀ) C_t, two products with [n, ·] sides: X W₀ and the
+    Gram matrix X Xᵀ are formed once. An optimizer linear in its gradients
+    (`linear_in_gradients`) stepping C along G moves W exactly as it would
+    step W along X_bᵀ g_z. The same batches and losses as the plain steps;
+    float rounding differs.
+    """
+    spec = model.dense_input
+    n_max = y.shape[0]
+    rows = x.reshape(n_max, -1)  # X [n, d]
+    through = rows @ spec.kernel(params)  # X W₀ [n, h]
+    gram = rows @ rows.T  # X Xᵀ [n, n]
+    rest = spec.without_kernel(params)
+    coef = jnp.zeros_like(through)  # C [n, h]
+
+    def loss_fn(z, r, yb, mb):
+        losses = model.example_loss(spec.rest(r, z), yb)
+        return jnp.sum(mb * losses) / jnp.maximum(jnp.sum(mb), 1.0)
+
+    def step(carry, batch):
+        coef, r, opt_state = carry
+        if batch is None:
+            z = through + gram @ coef
+            yb, mb = y, (jnp.arange(n_max) < num_examples).astype(jnp.float32)
+        else:
+            idx, bmask = batch
+            z = through[idx] + gram[idx] @ coef
+            yb, mb = y[idx], bmask.astype(jnp.float32)
+        loss, (g_z, g_rest) = jax.value_and_grad(loss_fn, argnums=(0, 1))(z, r, yb, mb)
+        g_coef = g_z if batch is None else jnp.zeros_like(coef).at[batch[0]].add(g_z)
+        updates, opt_state = optimizer.update((g_coef, g_rest), opt_state, (coef, r))
+        coef, r = optax.apply_updates((coef, r), updates)
+        return (coef, r, opt_state), loss
+
+    carry = (coef, rest, optimizer.init((coef, rest)))
+    (coef, rest, _), losses = jax.lax.scan(step, carry, batches, length=num_steps)
+    return spec.with_kernel(rest, spec.kernel(params) + rows.T @ coef), None, losses
+
+
 def client_update(
     model: Model,
     optimizer: optax.GradientTransformation,
@@ -160,6 +258,14 @@ def client_update(
         through the rows in epochs, each a fresh permutation (`epoch_batches`,
         the "E local epochs of batch b" of a protocol: ⌈n / b⌉ steps an epoch).
 
+    The input layer in the span of the rows: when the model declares a dense
+    input layer (`Model.dense_input`), the optimizer is declared linear
+    (`linear_in_gradients`), nothing else shapes the step (no batch_loss,
+    direction, snapshot, first gradient or augmentation) and it saves
+    multiply-adds (`input_span_pays`: a client with fewer rows than the input
+    has features, several steps), the steps keep that layer as W₀ + Xᵀ C
+    (`_input_span_steps`): the same maths, a different float rounding.
+
     Returns:
       (final params, snapshot params or None, [num_steps] step losses), and
       with keep_first_grad that gradient as a fourth item.
@@ -185,6 +291,11 @@ def client_update(
                                 batch_size, num_steps)
     else:
         batches = sample_batches(k_batch, num_examples, n_max, batch_size)
+    plain_step_only = (batch_loss is None and direction is None and snapshot_step is None
+                       and not keep_first_grad)
+    if _input_span_applies(model, optimizer, params, x, batch_size, num_steps, plain_step_only):
+        return _input_span_steps(model, optimizer, params, x, y, num_examples, batches,
+                                 num_steps)
 
     def advance(carry, inputs):
         """One step: (carry, (its loss, its gradient before `direction`))."""

@@ -16,6 +16,7 @@ from fedjax_sim.algorithms import cfl, fedavg, hypcluster, ifca, local_models, o
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.algorithms.ifca import pretrained_trunk, with_balanced_init
 from fedjax_sim.models.zoo import cifar_weight_decay_mask
+from fedjax_sim.ops import linear_in_gradients
 
 CLUSTERING = ("ifca", "ifca_ws", "ifca_frozen", "oneshot", "hypcluster", "cfl")
 SHARING = ("ifca_ws", "ifca_frozen")  # methods on the split model (shared trunk)
@@ -37,7 +38,7 @@ def _optimizer(s: dict, lr):
     if s["dataset"] == "cifar" and s["weight_decay"] > 0:  # the tutorial's L2 on fc1/fc2
         return optax.chain(optax.add_decayed_weights(s["weight_decay"], cifar_weight_decay_mask),
                            sgd)
-    return sgd
+    return linear_in_gradients(sgd)  # the MLP's input layer trains in its rows' span
 
 
 def with_lr_decay(build, lr: float, decay: float) -> Algorithm:
