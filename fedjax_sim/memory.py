@@ -16,7 +16,8 @@ evaluation of train and test clients, which may need more per client than a
 round (100 test rows against 10 train rows): `working_bytes_per_client` takes
 the larger. `client_chunk_within_machine` adds the check that the run fits this
 machine (building the data, the state of two rounds, a chunk's working memory),
-and `per_client_models_chunk` bounds per-client models when no budget is set.
+and `per_client_models_chunk` bounds per-client models (and, on a CPU, any round)
+when no budget is set.
 
 Vmapped copies of a whole run (sweep cells, data seeds): `run_bytes` (one run
 of a model, every client at once) or `linear_fit_bytes` (a hand count for
@@ -46,6 +47,12 @@ _MODEL_COPIES = 5
 # updates for all m clients × copies would double the resident models (rotated MNIST's
 # 5 seeds × 320 MLPs peaked at 4.25 GB unchunked).
 PER_CLIENT_MODELS_BYTES = 2**30
+
+# Working memory of a round on a CPU when no budget is set (rotated-image comparisons):
+# a round over every client at once allocates its temporaries fresh each round (2.8 GB at
+# rotated MNIST's 5 seeds × 320 clients) and runs 2.6× slower than in 256 MiB chunks (5.1
+# vs 1.95 s a round, benchmarks/README.md "Session 16"); 64 MiB and 1 GiB were slower.
+CPU_ROUND_WORK_BYTES = 2**28
 
 # Working memory of a round over generated clients when no budget is set: their rows
 # exist only while a chunk trains, and the whole-cohort path would draw all m at once.
@@ -313,14 +320,15 @@ def client_chunk_within_machine(
 
 def per_client_models_chunk(
     model: Model, data: FederatedData, *, copies: int = 1,
-    work_bytes: float = PER_CLIENT_MODELS_BYTES,
+    work_bytes: float = PER_CLIENT_MODELS_BYTES, num_clusters: int = 1,
 ) -> int | None:
-    """client_chunk of per-client models (each client trains its own) without a budget.
+    """client_chunk that trains `work_bytes` of working memory at a time, without a budget
+    (per-client models: 1 GiB by default; any round on a CPU: `CPU_ROUND_WORK_BYTES`).
 
-    They train `work_bytes` of working memory at a time: one model per client
-    (`estimate_bytes_per_client` with local training, one cluster) × copies.
+    A client's working memory: `estimate_bytes_per_client` with local training and
+    num_clusters cluster models, × copies (seeds).
     """
-    per_client = copies * estimate_bytes_per_client(model, data)
+    per_client = copies * estimate_bytes_per_client(model, data, num_clusters=num_clusters)
     return client_chunk_for_budget(data.num_clients, per_client, work_bytes)
 
 
