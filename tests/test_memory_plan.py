@@ -190,25 +190,30 @@ def digits():
     return s, images.DIGITS.problem(s)
 
 
-IMAGES = [  # (method, budget GiB, seeds, the chunk chosen before the move)
-    ("ifca", 0.0, 3, None),
-    ("ifca", 0.005, 3, 4),
-    ("cfl", 0.02, 3, 20),
-    ("ifca_ws", 0.02, 3, 20),
-    ("local", 0.02, 3, 15),
-    ("oneshot", 0.02, 3, 15),
-    ("local", 0.0, 3, None),
-    ("local", 0.0, 2000, 3),
+IMAGES = [  # (method, budget GiB, seeds, the chunk chosen on a CPU, on an accelerator)
+    ("ifca", 0.0, 3, None, None),
+    ("ifca", 0.0, 200, 4, None),  # no budget, on a CPU: 256 MiB of working memory a chunk
+    ("ifca", 0.005, 3, 4, 4),
+    ("cfl", 0.02, 3, 20, 20),
+    ("ifca_ws", 0.02, 3, 20, 20),
+    ("local", 0.02, 3, 15, 15),
+    ("oneshot", 0.02, 3, 15, 15),
+    ("oneshot", 0.0, 200, 7, 29),
+    ("local", 0.0, 3, None, None),
+    ("local", 0.0, 2000, 1, 3),  # per-client models: 1 GiB a chunk on an accelerator
 ]
 
 
-@pytest.mark.parametrize("name,gb,seeds,pinned", IMAGES)
-def test_images_client_chunk(digits, name, gb, seeds, pinned):
+@pytest.mark.parametrize("name,gb,seeds,on_cpu,on_accelerator", IMAGES)
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_images_client_chunk(digits, monkeypatch, name, gb, seeds, on_cpu, on_accelerator,
+                             backend):
     s, problem = digits
     s = {**s, "memory_budget_gb": gb, "seeds": seeds}
     model = problem["models"][name in images.SHARING]
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)  # only the chunk rule reads it
     got = images.DIGITS.client_chunk(s, problem, model, name)
-    assert got == pinned
+    assert got == (on_cpu if backend == "cpu" else on_accelerator)
     # By hand: one seed's clients; the model's own params and activations are measured.
     train = copy_at(problem["train"], 0)
     m, per_client_models = train.num_clients, name in ("local", "oneshot")
@@ -221,8 +226,13 @@ def test_images_client_chunk(digits, name, gb, seeds, pinned):
         resident = memory.tree_bytes(train) + (2 * seeds * m * params if per_client_models
                                                else 0)
         assert got == _chunk(m, per_client, gb * 2**30 - resident)
+    elif backend == "cpu":  # 256 MiB of working memory at a time, k losses unless per client
+        losses = 1 if per_client_models else s["k"]
+        assert got == _chunk(m, seeds * (rows + losses * act + 5 * params + 2 * act), 2**28)
     elif per_client_models:  # 1 GiB of one model per client at a time
         assert got == _chunk(m, seeds * (rows + act + 5 * params + 2 * act), 2**30)
+    else:
+        assert got is None
 
 
 def test_items_per_chunk_refuses_bad_input():
