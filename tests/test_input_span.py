@@ -247,3 +247,22 @@ def test_ifca_round_with_span_steps_equals_per_client_loop():
             for part, value in ((0, gw), (1, gb)):
                 want = np.mean([t[layer][part] for t in members[j]], axis=0)
                 np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6)
+
+
+def test_integer_pixels_train_as_their_float_values():
+    """uint8 images: the Gram matrix of their rows must not sum in uint8 (it would wrap)."""
+    model = mlp_classifier(SHAPE, (9,), CLASSES)
+    rng = np.random.default_rng(4)
+    pixels = rng.integers(0, 256, size=(8, *SHAPE)).astype(np.uint8)
+    y = jnp.asarray(rng.integers(0, CLASSES, size=8).astype(np.int32))
+    p = model.init(jax.random.key(0))
+    opt = linear_in_gradients(optax.sgd(1e-5))
+
+    def train(x):
+        return client_update(model, opt, p, x, y, 8, jax.random.key(1), num_steps=3)
+
+    assert (8, 8) in _gram_products(lambda q: train(jnp.asarray(pixels))[0], p)
+    got, _, got_losses = train(jnp.asarray(pixels))
+    want, _, want_losses = train(jnp.asarray(pixels, jnp.float32))
+    chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-6)
+    chex.assert_trees_all_close(got_losses, want_losses, rtol=1e-6)

@@ -185,8 +185,11 @@ def _input_span_steps(model, optimizer, params, x, y, num_examples, batches, num
     """
     spec = model.dense_input
     n_max = y.shape[0]
-    rows = x.reshape(n_max, -1)  # X [n, d]
-    through = rows @ spec.kernel(params)  # X W₀ [n, h]
+    kernel = spec.kernel(params)
+    # X [n, d] in the dtype the layer's product promotes to (uint8 pixels: float32, as flax's
+    # Dense does), so the Gram matrix never sums in the pixels' integer type.
+    rows = x.reshape(n_max, -1).astype(jnp.result_type(x.dtype, kernel.dtype))
+    through = rows @ kernel  # X W₀ [n, h]
     gram = rows @ rows.T  # X Xᵀ [n, n]
     rest = spec.without_kernel(params)
     coef = jnp.zeros_like(through)  # C [n, h]
@@ -212,7 +215,7 @@ def _input_span_steps(model, optimizer, params, x, y, num_examples, batches, num
 
     carry = (coef, rest, optimizer.init((coef, rest)))
     (coef, rest, _), losses = jax.lax.scan(step, carry, batches, length=num_steps)
-    return spec.with_kernel(rest, spec.kernel(params) + rows.T @ coef), None, losses
+    return spec.with_kernel(rest, kernel + rows.T @ coef), None, losses
 
 
 def client_update(
