@@ -299,7 +299,10 @@ def test_ctrl_c_is_exit_130_and_one_line(tmp_path, command, preset, sets, starte
     proc = subprocess.Popen(
         [sys.executable, "-m", "fedjax_sim.cli", command, preset, "--set", *sets, "--out",
          str(out), "--no-progress"], env=_env(), stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True)
+        stderr=subprocess.PIPE, text=True,
+        # A shell's background job (nohup, `cmd &` without job control) starts with SIGINT
+        # ignored and its children inherit that: Ctrl-C is then not Python's to handle.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         _wait_for(lambda: started(out), proc)
         time.sleep(0.5)
