@@ -16,7 +16,7 @@ evaluation of train and test clients, which may need more per client than a
 round (100 test rows against 10 train rows): `working_bytes_per_client` takes
 the larger. `client_chunk_within_machine` adds the check that the run fits this
 machine (building the data, the state of two rounds, a chunk's working memory),
-and `per_client_models_chunk` bounds per-client models (and, on a CPU, any round)
+and `working_memory_chunk` bounds per-client models (and, on a CPU, any round)
 when no budget is set.
 
 Vmapped copies of a whole run (sweep cells, data seeds): `run_bytes` (one run
@@ -318,7 +318,7 @@ def client_chunk_within_machine(
     return chunk
 
 
-def per_client_models_chunk(
+def working_memory_chunk(
     model: Model, data: FederatedData, *, copies: int = 1,
     work_bytes: float = PER_CLIENT_MODELS_BYTES, num_clusters: int = 1,
 ) -> int | None:

@@ -145,7 +145,7 @@ class RotatedImages(Experiment):
         """The method's client_chunk: from memory_budget_gb; else, on a CPU, the clients of
         `memory.CPU_ROUND_WORK_BYTES` of working memory at a time; elsewhere None, except
         for per-client models (local, oneshot), which train `memory.PER_CLIENT_MODELS_BYTES`
-        at a time (`memory.per_client_models_chunk`). Chunks do not change results."""
+        at a time (`memory.working_memory_chunk`). Chunks do not change results."""
         # One seed's clients as stored copies: for views this counts their rows as
         # resident (an overestimate: views hold indices and the images once).
         shapes = jax.eval_shape(lambda d: _as_copies(copy_at(d, 0)), problem["train"])
@@ -156,11 +156,11 @@ class RotatedImages(Experiment):
                 copies=s["seeds"], per_client_models=per_client_models,
                 budget_name="memory_budget_gb")
         if jax.default_backend() == "cpu":
-            return memory.per_client_models_chunk(
+            return memory.working_memory_chunk(
                 model, shapes, copies=s["seeds"], work_bytes=memory.CPU_ROUND_WORK_BYTES,
                 num_clusters=1 if per_client_models else s["k"])
         if per_client_models:
-            return memory.per_client_models_chunk(model, shapes, copies=s["seeds"])
+            return memory.working_memory_chunk(model, shapes, copies=s["seeds"])
         return None
 
     def problem(self, s: dict):
