@@ -298,7 +298,7 @@ def test_config_reruns_a_comparison(tmp_path, toy):
 
 TINY = {
     "ifca-rotated-digits": ["n=100", "test_per_class=30", "hidden=8", "rounds=2", "seeds=2",
-                            "local_steps=2", "eval_every=1", "local_rounds=1"],
+                            "local_steps=2", "eval_every=1"],
     "drfa-synthetic-noise": ["num_clients=4", "noisy_clients=1", "n=8", "n_test=8",
                              "batch_size=4", "local_steps=2", "rounds=4", "eval_every=2",
                              "seeds=2"],

@@ -93,7 +93,7 @@ def test_fedavg_round_equals_the_weighted_mean_of_a_per_client_loop(weighting, p
 def _molecule_settings(**overrides):
     return resolve_settings(get_preset("drfa-synthetic-noise"),
                             {"num_clients": 6, "n": 10, "batch_size": 4, "local_steps": 2,
-                             **overrides})
+                             **overrides}, "compare")  # settings for every method
 
 
 def test_drfa_presets_weight_fedavg_by_rows_and_fedavg_mixup_honours_official_code():

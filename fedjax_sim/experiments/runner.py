@@ -69,6 +69,16 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN,
             raise ValueError(
                 f"setting {key} is not read by {command} (only by {', '.join(readers)}); "
                 f"leave it at {preset.defaults[key]!r}.")
+        readers = experiment.declared[key].methods
+        if readers and settings[key] != preset.defaults[key]:
+            trained = _trained(experiment, settings, command)
+            if trained is not None and not set(readers) & set(trained):
+                hint = (f" or --set method={readers[0]}" if len(readers) == 1
+                        and command != COMPARE and "method" in experiment.declared else "")
+                raise ValueError(
+                    f"setting {key} is read only by method{'s' if len(readers) > 1 else ''} "
+                    f"{', '.join(readers)}; this {command} trains {', '.join(trained)}: leave "
+                    f"it at {preset.defaults[key]!r}{hint}.")
     if command == SWEEP:
         axes = sweep_axes(preset, settings)
         if "seeds" in axes:
@@ -86,6 +96,16 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN,
                 )
         experiment.validate(settings, command)
     return settings
+
+
+def _trained(experiment, settings: dict, command: str) -> tuple[str, ...] | None:
+    """The methods this command trains (None: the experiment has no choice of method)."""
+    if command == COMPARE:
+        return tuple(experiment.compared(settings)) if experiment.methods else None
+    if "method" not in experiment.declared:
+        return None
+    method = settings["method"]
+    return tuple(method) if isinstance(method, list) else (method,)
 
 
 def choose_mesh(devices: int | None, num_clients: int | None = None, what: str = "m (clients)"):
@@ -375,6 +395,8 @@ def describe_preset(name: str) -> str:
         shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
         flags = [f for f, on in (("traced", s.traced), ("no effect on results", not s.result))
                  if on]
+        if s.methods:
+            flags.append(f"read by {', '.join(s.methods)}")
         lines.append(f"  {s.name:<18} {s.type.__name__:<5} default {shown:<14} "
                      f"range {s.describe_range():<20} {s.help}"
                      + (f" [{', '.join(flags)}]" if flags else ""))

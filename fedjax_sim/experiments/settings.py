@@ -39,6 +39,10 @@ class Setting:
       commands: the commands that read it (None: every command). A value
         other than the preset's default given to a command that would ignore
         it is refused, naming the setting.
+      methods: the compared methods that read it (None: every method). A value
+        other than the preset's default given to a `run` of another method, or
+        to a comparison that trains none of them, is refused, naming the
+        setting, its readers and the methods trained.
     """
 
     name: str
@@ -52,6 +56,7 @@ class Setting:
     result: bool = True
     listable: bool = False
     commands: tuple[str, ...] | None = None
+    methods: tuple[str, ...] | None = None
 
     def describe_range(self) -> str:
         if self.choices is not None:

@@ -34,6 +34,11 @@ from fedjax_sim.extras import require
 
 # The paper's ESOL worst-client test RMSE (arXiv 2204.07742; docs/protocols.md#drflm-experiments).
 PAPER_ESOL_WORST = {"drfa": 1.357, "fedavg": 1.232, "drflm": 1.121}
+# The methods that read a method-scoped setting (`Setting.methods`: another value for a
+# run or comparison of none of them is refused). q-FFL steps plain SGD at qffl_lr.
+_CLIENT_OPTIMIZER = tuple(m for m in METHODS if m != "qffl")
+_DRFA_FORM = ("drfa", "drflm", "fedavg_mixup")  # lambda_floor, official_code
+_MIXUP = ("drflm", "fedavg_mixup")
 
 
 class DRFAExperiment(Experiment):
@@ -54,25 +59,28 @@ class DRFAExperiment(Experiment):
               maximum=10**4),
         count("batch_size", 32, "minibatch size (local steps and the λ probe)"),
         Setting("optimizer", str, "adam", "client optimizer (fresh state every round)",
-                choices=("adam", "sgd")),
-        Setting("lr", float, 0.001, "client learning rate η", minimum=0.0),
-        Setting("lambda_lr", float, 0.002, "λ step size γ of DRFA / DRFLM / AFL", minimum=0.0),
-        Setting("q", float, 1.0, "q-FFL's fairness exponent q (0: FedAvg)", minimum=0.0),
+                choices=("adam", "sgd"), methods=_CLIENT_OPTIMIZER),
+        Setting("lr", float, 0.001, "client learning rate η", minimum=0.0,
+                methods=_CLIENT_OPTIMIZER),
+        Setting("lambda_lr", float, 0.002, "λ step size γ of DRFA / DRFLM / AFL", minimum=0.0,
+                methods=("drfa", "drflm", "afl")),
+        Setting("q", float, 1.0, "q-FFL's fairness exponent q (0: FedAvg)", minimum=0.0,
+                methods=("qffl",)),
         Setting("qffl_lr", float, 0.05, "q-FFL's client SGD step (its Lipschitz estimate is "
-                "1/qffl_lr; it takes no Adam)", minimum=1e-9),
+                "1/qffl_lr; it takes no Adam)", minimum=1e-9, methods=("qffl",)),
         Setting("lambda_floor", float, 0.0, "lower bound on every λ_i (exact floored "
                 "projection; 0: none; official_code: 1e-3 clipped when 0)", minimum=0.0,
-                maximum=0.5),
+                maximum=0.5, methods=_DRFA_FORM),
         Setting("weighting", str, "examples", "FedAvg's (and FedAvg+mixup's) client weights: "
                 "examples (∝ training rows, DRFLM's objective) or uniform",
-                choices=("examples", "uniform")),
+                choices=("examples", "uniform"), methods=("fedavg", "fedavg_mixup")),
         Setting("official_code", bool, False, "reproduce FedTorch's deviations (docs/"
-                "protocols.md#drfa-fedtorch) instead of the paper form"),
+                "protocols.md#drfa-fedtorch) instead of the paper form", methods=_DRFA_FORM),
         Setting("mixup_alpha", float, 1.0, "α of γ ~ Beta(α, β) (DRFLM, FedAvg+mixup)",
-                minimum=1e-6),
-        Setting("mixup_beta", float, 1.0, "β of γ ~ Beta(α, β)", minimum=1e-6),
-        Setting("lambda_loss", str, "mixup", "DRFLM's λ probe loss: mixup (its objective) or "
-                "clean", choices=("mixup", "clean")),
+                minimum=1e-6, methods=_MIXUP),
+        Setting("mixup_beta", float, 1.0, "β of γ ~ Beta(α, β)", minimum=1e-6, methods=_MIXUP),
+        Setting("lambda_loss", str, "mixup", "DRFLM's λ probe loss (FedAvg+mixup logs it): "
+                "mixup (its objective) or clean", choices=("mixup", "clean"), methods=_MIXUP),
         count("seeds", 10, "seeds, one vmapped axis (same federation and init across methods "
               "within a seed)", maximum=10_000),
         seed_setting(),

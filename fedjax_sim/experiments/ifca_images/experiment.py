@@ -77,19 +77,22 @@ class RotatedImages(Experiment):
                 maximum=1.0),
         count("rounds", 300, "communication rounds"),
         count("local_rounds", 10, "local baseline: rounds of τ steps (official: 10 → 100 steps);"
-              " one-shot pretrains as long"),
+              " one-shot pretrains as long", methods=("local", "oneshot")),
         count("pretrain_rounds", 50, "ifca_frozen: FedAvg rounds that pretrain the trunk",
-              minimum=0),
+              minimum=0, methods=("ifca_frozen",)),
         count("warm_start_rounds", 20, "ifca_frozen: rounds training each head on its random "
-              "client group", minimum=0),
+              "client group", minimum=0, methods=("ifca_frozen",)),
         count("init_tries", 1, "IFCA inits tried at once by the find-a-good-initializer rule "
-              "(1: off; cifar 10)", maximum=1000),
+              "(1: off; cifar 10)", maximum=1000, methods=("ifca", "ifca_ws")),
         Setting("init_min_fraction", float, 0.35, "that rule: every cluster must get this "
-                "share of the cohort (k=2: 0.35, k=4: 0.1)", minimum=0.0, maximum=1.0),
+                "share of the cohort (k=2: 0.35, k=4: 0.1)", minimum=1e-9, maximum=1.0,
+                methods=("ifca", "ifca_ws")),
         Setting("cfl_eps1", float, 0.4, "cfl: split a cluster only while its mean client "
-                "update norm is below this (ε₁; paper and official code: 0.4)", minimum=0.0),
+                "update norm is below this (ε₁; paper and official code: 0.4)", minimum=0.0,
+                methods=("cfl",)),
         Setting("cfl_eps2", float, 1.6, "cfl: ... and its largest client update norm is above "
-                "this (ε₂; paper: 1.6; the digits preset: 0.5, see its notes)", minimum=0.0),
+                "this (ε₂; paper: 1.6; the digits preset: 0.5, see its notes)", minimum=0.0,
+                methods=("cfl",)),
         Setting("selection", str, "test_loss", "a test client's cluster: lowest loss on its "
                 "test data (official MNIST/CIFAR) or its training twin's (FEMNIST)",
                 choices=("test_loss", "train_loss")),

@@ -54,6 +54,7 @@ DATA_STREAM, ROUNDS_STREAM = 0, 2
 
 METHODS = ("fedavg", "mixed_parallel", "mixed_gt1", "mixed_gt2", "oracle")
 MIXED = ("mixed_parallel", "mixed_gt1", "mixed_gt2")
+SERVER_STEP = (*MIXED, "oracle")  # the methods with a server step and a datacenter batch
 LABELS = {"fedavg": "FL only", "mixed_parallel": "PT", "mixed_gt1": "1-GT",
           "mixed_gt2": "2-GT", "oracle": "oracle"}
 ROUND_STATS = ("G_tilde", "B_tilde")
@@ -104,18 +105,21 @@ def shared_settings(**defaults) -> tuple[Setting, ...]:
         Setting("w_c", float, d["w_c"], "weight of the centralized loss f_c in f", minimum=0.0),
         Setting("lr", float, d["lr"], "client (and central-step) SGD learning rate η",
                 minimum=0.0),
-        Setting("server_lr", float, 1.0, "server SGD learning rate η_s on −Δ", minimum=0.0),
+        Setting("server_lr", float, 1.0, "server SGD learning rate η_s on −Δ", minimum=0.0,
+                methods=SERVER_STEP),
         count("local_steps", d["local_steps"], "K: client steps (and central steps) per round",
               maximum=10**5),
         count("clients_per_round", d["clients_per_round"], "S, the cohort size; 0: every client",
               minimum=0),
         count("batch_size", d["batch_size"], "client minibatch; 0: full batch", minimum=0),
         count("central_batch_size", d["central_batch_size"],
-              "datacenter minibatch drawn on the server; 0: every row", minimum=0),
+              "datacenter minibatch drawn on the server; 0: every row", minimum=0,
+              methods=SERVER_STEP),
         Setting("combine", str, "half", "2-GT's combination: half (α=½, the text's) or "
-                "mixing (α = w_f/(w_f+w_c))", choices=COMBINES),
+                "mixing (α = w_f/(w_f+w_c))", choices=COMBINES, methods=("mixed_gt2",)),
         Setting("transfer", str, "current", "2-GT's ĝ_f in the central steps: current "
-                "(this round's) or stale (last round's; zeros in round 0)", choices=TRANSFERS),
+                "(this round's) or stale (last round's; zeros in round 0)", choices=TRANSFERS,
+                methods=("mixed_gt2",)),
         count("rounds", d["rounds"], "communication rounds"),
         count("seeds", d["seeds"], "seeds compared side by side (one vmapped axis)",
               maximum=1000),

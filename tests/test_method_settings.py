@@ -1,0 +1,141 @@
+"""Method-scoped settings (`Setting.methods`): a value for a method that ignores it is refused
+before anything is written, and each declaration matches what the methods read.
+
+The declarations are checked against the code by training: every method of the
+experiment gives the same state, round metrics and round count when every scoped
+setting it is not declared to read is changed at once, and one declared reader of
+each setting gives different ones when that setting alone is changed. So a
+setting that a method reads but is not declared for (a refusal of a meaningful
+value) fails the first check, and a declaration no method honours fails the second.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from fedjax_sim import cli, simulate
+from fedjax_sim.experiments import get_preset, resolve_settings
+from fedjax_sim.experiments.settings import resolve
+
+
+def _host(tree):
+    def leaf(x):
+        if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        return np.asarray(x)
+
+    return [leaf(x) for x in jax.tree.leaves(tree)]
+
+
+def _trained(experiment, name: str, s: dict, rounds: int = 2):
+    """(rounds, leaves of the state after `rounds` rounds and of their round metrics)."""
+    run = experiment.method_run(name, s, experiment.problem(s))
+    key_init, key_rounds = jax.random.split(run.key)
+    state = jax.jit(run.algorithm.init)(key_init, run.data)
+    state, metrics = simulate.scan_rounds(run.algorithm, state, run.data, key_rounds, 0,
+                                          min(rounds, run.rounds))
+    return run.rounds, _host((state, metrics))
+
+
+def _same(a, b) -> bool:
+    (rounds_a, leaves_a), (rounds_b, leaves_b) = a, b
+    return rounds_a == rounds_b and len(leaves_a) == len(leaves_b) and all(
+        x.shape == y.shape and np.array_equal(x, y, equal_nan=True)
+        for x, y in zip(leaves_a, leaves_b, strict=True))
+
+
+# preset: (settings for a small, fast run; {scoped setting: (base values that let its
+# reader use it, its changed value)})
+CASES = {
+    "ifca-rotated-digits": (
+        {"seeds": 1, "rounds": 2, "local_rounds": 1, "pretrain_rounds": 1,
+         "warm_start_rounds": 1},
+        {"local_rounds": ({}, 2),
+         "pretrain_rounds": ({}, 2),
+         "warm_start_rounds": ({}, 2),
+         "init_tries": ({}, 3),
+         # k = 4: no init gives every cluster 35 %, so the most balanced of 20 is taken;
+         # at 1 % (a client per cluster) the first that passes is.
+         "init_min_fraction": ({"init_tries": 20}, 0.01),
+         # CFL splits when the mean update norm is below ε₁ and the largest above ε₂:
+         # always at (ε₁, ε₂) = (1e6, 0); never when either is changed to its other end.
+         "cfl_eps1": ({"cfl_eps1": 1e6, "cfl_eps2": 0.0}, 0.0),
+         "cfl_eps2": ({"cfl_eps1": 1e6, "cfl_eps2": 0.0}, 1e6)}),
+    "drfa-synthetic-noise": (
+        {"seeds": 1, "rounds": 2},
+        {"optimizer": ({}, "adam"), "lr": ({}, 0.05), "lambda_lr": ({}, 0.5),
+         "q": ({}, 3.0), "qffl_lr": ({}, 0.2), "lambda_floor": ({}, 0.05),
+         "weighting": ({}, "uniform"), "official_code": ({}, True),
+         "mixup_alpha": ({}, 0.2), "mixup_beta": ({}, 3.0),
+         "lambda_loss": ({}, "clean")}),
+    "mixed-synthetic": (
+        {"seeds": 1, "rounds": 2, "central_batch_size": 20},
+        {"server_lr": ({}, 0.5), "central_batch_size": ({}, 50),
+         "combine": ({"w_f": 0.3}, "mixing"), "transfer": ({}, "stale")}),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(CASES))
+def test_scoped_settings_match_what_methods_read(preset):
+    p = get_preset(preset)
+    experiment = p.experiment
+    small, changes = CASES[preset]
+    scoped = {s.name: s.methods for s in experiment.settings if s.methods}
+    assert set(scoped) == set(changes), "every scoped setting has a change to try here"
+    # The declarations' own checks only: the runner would refuse the small values of
+    # settings that the preset's compared methods do not read.
+    base = resolve(experiment.declared, p.defaults, small)
+    # Every method a run can train, with every setting it does not read changed at once:
+    # the same run.
+    for name in experiment.declared["method"].choices:
+        ignored = {k: v for k, (_, v) in changes.items() if name not in scoped[k]}
+        if not ignored:
+            continue
+        changed = {**base, **ignored}
+        assert _same(_trained(experiment, name, base), _trained(experiment, name, changed)), (
+            f"{preset}: method {name} reads one of {sorted(ignored)}")
+    # One reader of each setting, with that setting alone changed: another run.
+    for key, (extra, value) in changes.items():
+        reader = scoped[key][0]
+        before = {**base, **extra}
+        after = {**before, key: value}
+        assert before[key] != value
+        assert not _same(_trained(experiment, reader, before),
+                         _trained(experiment, reader, after)), (
+            f"{preset}: {key} is declared read by {reader}, which ignores it")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "ifca-rotated-digits", "--set", "cfl_eps1=0.3"],
+     "setting cfl_eps1 is read only by method cfl; this run trains ifca: leave it at 0.4 or "
+     "--set method=cfl."),
+    (["compare", "ifca-rotated-digits", "--set", "init_tries=3", "methods=fedavg,local"],
+     "setting init_tries is read only by methods ifca, ifca_ws; this compare trains fedavg, "
+     "local: leave it at 1."),
+    (["run", "drfa-synthetic-noise", "--set", "method=qffl", "lambda_lr=0.5"],
+     "setting lambda_lr is read only by methods drfa, drflm, afl; this run trains qffl: leave "
+     "it at 0.01."),
+    # The rule needs a share above 0 (it refused 0 only once the run had started).
+    (["run", "ifca-rotated-digits", "--set", "init_tries=3", "init_min_fraction=0"],
+     "setting init_min_fraction must be a finite number in [1e-09, 1]; got 0.0."),
+    (["run", "mixed-synthetic", "--set", "method=mixed_gt1", "transfer=stale"],
+     "setting transfer is read only by method mixed_gt2; this run trains mixed_gt1: leave it "
+     "at 'current' or --set method=mixed_gt2."),
+])
+def test_a_setting_the_trained_methods_ignore_is_refused(argv, message, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main([*argv, "--out", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip().endswith(message)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("overrides, command", [
+    ({"method": "cfl", "cfl_eps1": 0.3}, "run"),  # its reader is trained
+    ({"init_tries": 3}, "compare"),  # ifca is among the compared methods
+    ({"cfl_eps1": 0.4}, "run"),  # the preset's own value, given again
+])
+def test_a_setting_a_trained_method_reads_is_accepted(overrides, command):
+    s = resolve_settings(get_preset("ifca-rotated-digits"), overrides, command)
+    assert all(s[k] == v for k, v in overrides.items())
