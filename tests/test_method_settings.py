@@ -123,8 +123,21 @@ def test_scoped_settings_match_what_methods_read(preset):
     (["run", "mixed-synthetic", "--set", "method=mixed_gt1", "transfer=stale"],
      "setting transfer is read only by method mixed_gt2; this run trains mixed_gt1: leave it "
      "at 'current' or --set method=mixed_gt2."),
+    # Settings of another kind of data (`Setting.when`).
+    (["run", "drfa-synthetic-noise", "--set", "hidden=32"],
+     "setting hidden is read only with dataset=esol or freesolv or lipophilicity; this run has "
+     "dataset=synthetic: leave it at 64."),
+    (["compare", "drfa-synthetic-noise", "--set", "dataset=esol", "clean_noise=0.5"],
+     "setting clean_noise is read only with dataset=synthetic; this compare has dataset=esol: "
+     "leave it at 0.1."),
+    (["run", "drfa-synthetic-noise", "--set", "split_alpha=0.3"],
+     "setting split_alpha is read only with split=dirichlet; this run has split=round_robin: "
+     "leave it at 1.0."),
+    (["run", "ifca-rotated-digits", "--set", "weight_decay=0.01"],
+     "setting weight_decay is read only with dataset=cifar; this run has dataset=digits: leave "
+     "it at 0.004."),
 ])
-def test_a_setting_the_trained_methods_ignore_is_refused(argv, message, tmp_path, capsys):
+def test_a_setting_the_trained_methods_or_data_ignore_is_refused(argv, message, tmp_path, capsys):
     out = tmp_path / "out"
     assert cli.main([*argv, "--out", str(out), "--no-progress"]) == 2
     assert capsys.readouterr().err.strip().endswith(message)
@@ -139,3 +152,39 @@ def test_a_setting_the_trained_methods_ignore_is_refused(argv, message, tmp_path
 def test_a_setting_a_trained_method_reads_is_accepted(overrides, command):
     s = resolve_settings(get_preset("ifca-rotated-digits"), overrides, command)
     assert all(s[k] == v for k, v in overrides.items())
+
+
+# Settings read with one kind of data only (`Setting.when`): (preset, the small run's
+# settings, the method trained, {setting: a changed value}) for data that does not read them.
+UNREAD_WITH_DATA = [
+    ("drfa-synthetic-noise", {"seeds": 1, "rounds": 2}, "drflm",
+     {"split": "dirichlet", "max_atoms": 5, "hidden": 8, "layers": 1, "pooling": "sum"}),
+    ("ifca-rotated-digits", {"seeds": 1, "rounds": 2}, "ifca",
+     {"weight_decay": 0.5, "data_dir": "/nonexistent"}),
+]
+
+
+@pytest.mark.parametrize("preset, small, method, unread", UNREAD_WITH_DATA,
+                         ids=[case[0] for case in UNREAD_WITH_DATA])
+def test_data_scoped_settings_match_what_the_data_reads(preset, small, method, unread):
+    p = get_preset(preset)
+    experiment = p.experiment
+    base = resolve(experiment.declared, p.defaults, small)
+    for key in unread:
+        other, allowed = experiment.declared[key].when
+        assert base[other] not in allowed, (key, base[other])
+    assert _same(_trained(experiment, method, base),
+                 _trained(experiment, method, {**base, **unread}))
+
+
+def test_molecule_data_ignores_the_synthetic_settings():
+    pytest.importorskip("rdkit")
+    p = get_preset("drflm-esol")
+    experiment = p.experiment
+    base = resolve(experiment.declared, p.defaults, {"seeds": 1})
+    unread = {"d": 3, "n": 7, "n_test": 9, "clean_noise": 2.0}
+    assert all(experiment.declared[k].when == ("dataset", ("synthetic",)) for k in unread)
+    a, b = experiment.problem(base), experiment.problem({**base, **unread})
+    leaves_a, leaves_b = _host((a.train, a.test)), _host((b.train, b.test))
+    assert len(leaves_a) == len(leaves_b)
+    assert all(np.array_equal(x, y) for x, y in zip(leaves_a, leaves_b, strict=True))

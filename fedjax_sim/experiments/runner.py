@@ -79,6 +79,15 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN,
                     f"setting {key} is read only by method{'s' if len(readers) > 1 else ''} "
                     f"{', '.join(readers)}; this {command} trains {', '.join(trained)}: leave "
                     f"it at {preset.defaults[key]!r}{hint}.")
+        when = experiment.declared[key].when
+        if when and settings[key] != preset.defaults[key]:
+            other, allowed = when
+            values = settings[other] if isinstance(settings[other], list) else [settings[other]]
+            if not set(values) & set(allowed):
+                raise ValueError(
+                    f"setting {key} is read only with {other}={' or '.join(map(str, allowed))};"
+                    f" this {command} has {other}={','.join(map(str, values))}: leave it at "
+                    f"{preset.defaults[key]!r}.")
     if command == SWEEP:
         axes = sweep_axes(preset, settings)
         if "seeds" in axes:
@@ -397,6 +406,8 @@ def describe_preset(name: str) -> str:
                  if on]
         if s.methods:
             flags.append(f"read by {', '.join(s.methods)}")
+        if s.when:
+            flags.append(f"read with {s.when[0]}={' or '.join(map(str, s.when[1]))}")
         lines.append(f"  {s.name:<18} {s.type.__name__:<5} default {shown:<14} "
                      f"range {s.describe_range():<20} {s.help}"
                      + (f" [{', '.join(flags)}]" if flags else ""))

@@ -43,6 +43,9 @@ class Setting:
         other than the preset's default given to a `run` of another method, or
         to a comparison that trains none of them, is refused, naming the
         setting, its readers and the methods trained.
+      when: (another setting, the values under which this one is read), e.g.
+        ("dataset", ("synthetic",)); a value other than the preset's default
+        given when the other setting has none of them is refused, naming both.
     """
 
     name: str
@@ -57,6 +60,7 @@ class Setting:
     listable: bool = False
     commands: tuple[str, ...] | None = None
     methods: tuple[str, ...] | None = None
+    when: tuple[str, tuple] | None = None
 
     def describe_range(self) -> str:
         if self.choices is not None:

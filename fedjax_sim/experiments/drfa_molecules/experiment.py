@@ -39,6 +39,9 @@ PAPER_ESOL_WORST = {"drfa": 1.357, "fedavg": 1.232, "drflm": 1.121}
 _CLIENT_OPTIMIZER = tuple(m for m in METHODS if m != "qffl")
 _DRFA_FORM = ("drfa", "drflm", "fedavg_mixup")  # lambda_floor, official_code
 _MIXUP = ("drflm", "fedavg_mixup")
+# Settings of one kind of data (`Setting.when`).
+_ON_MOLECULES = ("dataset", MOLECULES)
+_SYNTHETIC = ("dataset", ("synthetic",))
 
 
 class DRFAExperiment(Experiment):
@@ -94,18 +97,20 @@ class DRFAExperiment(Experiment):
         Setting("noise_std", float, 0.0, "std of that noise (molecules: in standard deviations "
                 "of the targets)", minimum=0.0),
         Setting("split", str, "round_robin", "scaffold groups to clients", choices=(
-            "round_robin", "contiguous", "dirichlet")),
-        Setting("split_alpha", float, 1.0, "Dirichlet α of the dirichlet split", minimum=1e-6),
+            "round_robin", "contiguous", "dirichlet"), when=_ON_MOLECULES),
+        Setting("split_alpha", float, 1.0, "Dirichlet α of the dirichlet split", minimum=1e-6,
+                when=("split", ("dirichlet",))),
         count("max_atoms", 0, "pad graphs to this many atoms, skipping larger molecules "
-              "(0: the largest molecule)", minimum=0, maximum=1000),
-        count("hidden", 64, "GIN width"),
-        count("layers", 3, "GIN layers", maximum=32),
-        Setting("pooling", str, "mean", "graph pooling", choices=("mean", "sum")),
-        count("d", 10, "synthetic: dimension", maximum=10**5),
-        count("n", 20, "synthetic: training examples per client"),
-        count("n_test", 100, "synthetic: clean test examples per client"),
+              "(0: the largest molecule)", minimum=0, maximum=1000, when=_ON_MOLECULES),
+        count("hidden", 64, "GIN width", when=_ON_MOLECULES),
+        count("layers", 3, "GIN layers", maximum=32, when=_ON_MOLECULES),
+        Setting("pooling", str, "mean", "graph pooling", choices=("mean", "sum"),
+                when=_ON_MOLECULES),
+        count("d", 10, "synthetic: dimension", maximum=10**5, when=_SYNTHETIC),
+        count("n", 20, "synthetic: training examples per client", when=_SYNTHETIC),
+        count("n_test", 100, "synthetic: clean test examples per client", when=_SYNTHETIC),
         Setting("clean_noise", float, 0.1, "synthetic: label noise std of clean clients",
-                minimum=0.0),
+                minimum=0.0, when=_SYNTHETIC),
         Setting("cache_dir", str, "", "archive / featurisation cache (empty: the default)",
                 result=False),
     )

@@ -39,6 +39,11 @@ def _as_copies(data):
     return data if isinstance(data, FederatedData) else data.materialize()
 
 
+# Settings of one kind of data (`Setting.when`): the MLP's image sets, and CIFAR-10's CNN.
+_MLP_DATA = ("dataset", ("mnist", "digits"))
+_CIFAR = ("dataset", ("cifar",))
+
+
 class RotatedImages(Experiment):
     """IFCA and its baselines on a rotated image set: compare, or run one method."""
 
@@ -58,15 +63,15 @@ class RotatedImages(Experiment):
                 choices=None, minimum=1, maximum=4),
         count("n", 50, "training (and test) images per client; m = k·⌊train images / n⌋"),
         count("test_per_class", 100, "mnist/digits: test images held out per class (fixed "
-              "split; mnist 100 → 4000/1000)", maximum=10**5),
-        count("hidden", 200, "MLP hidden width (mnist/digits)", maximum=10**5),
+              "split; mnist 100 → 4000/1000)", maximum=10**5, when=_MLP_DATA),
+        count("hidden", 200, "MLP hidden width (mnist/digits)", maximum=10**5, when=_MLP_DATA),
         Setting("lr", float, 0.1, "client learning rate", minimum=0.0),
         Setting("lr_decay", float, 1.0, "lr of round t: lr·lr_decay^t (cifar: 0.99)",
                 minimum=0.0, maximum=1.0),
         Setting("augment", bool, False, "cifar: train on the tutorial's distorted views "
                 "(random 24×24 crop, flip, brightness, contrast); the preset sets it"),
         Setting("weight_decay", float, 0.004, "cifar: L2 weight decay on fc1/fc2 (tutorial)",
-                minimum=0.0),
+                minimum=0.0, when=_CIFAR),
         count("local_steps", 10, "local steps τ per round (cifar: 5 epochs × 10 batches = 50)",
               maximum=10**5),
         count("batch_size", 0, "local minibatch size; 0: full batch", minimum=0, maximum=10**6),
@@ -104,7 +109,7 @@ class RotatedImages(Experiment):
         Setting("cache_dir", str, "", "archive/decoded-array cache (default: $FEDJAX_SIM_CACHE "
                 "or ~/.cache/fedjax_sim)", result=False),
         Setting("data_dir", str, "", "cifar: directory with CIFAR-10 (tfds array_record or "
-                ".npz)", result=False),
+                ".npz)", result=False, when=_CIFAR),
         Setting("clients", str, "views", "copies: every client's rotated images stored; views:"
                 " index rows + a rotation into the images held once (for every seed), gathered "
                 "per cohort chunk inside the round (the same numbers)",
