@@ -129,7 +129,8 @@ def test_compare_cli_orders_methods_with_paired_differences(tmp_path):
     (["methods=ifca"], "include the baseline fedavg"),
     (["methods=fedavg,ifca", "prox_mu=0.5"],
      "setting prox_mu is read only by method fedprox; this compare trains fedavg, ifca"),
-    (["partitioner=iid", "alpha=0.1"], "setting alpha is read only by partitioner=dirichlet"),
+    (["partitioner=iid", "alpha=0.1"],
+     "setting alpha is read only with partitioner=dirichlet; this compare has partitioner=iid"),
     (["partitioner=shard", "shards_per_client=2000"], "setting partitioner=shard"),
 ])
 def test_refusals_name_the_setting_and_write_nothing(tmp_path, capsys, overrides, named):

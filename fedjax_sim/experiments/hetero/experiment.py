@@ -122,6 +122,10 @@ class Hetero(Experiment):
         # reads by comparing it with these.
         self.settings = tuple(dataclasses.replace(st, default=defaults[st.name])
                               if st.name in defaults else st for st in settings)
+        # A partitioner's own settings are read only with it (`Setting.when`).
+        self.settings = tuple(
+            dataclasses.replace(st, when=("partitioner", (PARTITIONER_READS[st.name],)))
+            if st.name in PARTITIONER_READS else st for st in self.settings)
 
     def trained(self, s: dict, command: str) -> tuple[str, ...]:
         return self.compared(s) if command == "compare" else (s["method"],)
