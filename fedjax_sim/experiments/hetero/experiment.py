@@ -127,22 +127,12 @@ class Hetero(Experiment):
             dataclasses.replace(st, when=("partitioner", (PARTITIONER_READS[st.name],)))
             if st.name in PARTITIONER_READS else st for st in self.settings)
 
-    def trained(self, s: dict, command: str) -> tuple[str, ...]:
-        return self.compared(s) if command == "compare" else (s["method"],)
-
     def validate(self, s: dict, command: str = "compare") -> None:
-        """Refuses a setting nothing reads (given a non-default value), then builds seed 0's
-        partition so a bad partitioner configuration stops before anything is written."""
-        defaults, trained = self.defaults(), self.trained(s, command)
-        for key, readers in method_readers().items():
-            if s[key] != defaults[key] and not set(readers) & set(trained):
-                raise ValueError(f"setting {key} is read only by {', '.join(readers)}, which "
-                                 f"this {command} does not train ({', '.join(trained)}); leave "
-                                 f"it at {defaults[key]!r}.")
-        for key, reader in PARTITIONER_READS.items():
-            if s[key] != defaults[key] and s["partitioner"] != reader:
-                raise ValueError(f"setting {key} is read only by partitioner={reader}; "
-                                 f"partitioner={s['partitioner']} ignores it.")
+        """Checks what the declarations cannot (a method's or partitioner's own setting given
+        to one that ignores it is refused by the runner: `Setting.methods`, `Setting.when`),
+        then builds seed 0's partition so a bad partitioner configuration stops before
+        anything is written."""
+        defaults = self.defaults()
         if s["label_noise"] != defaults["label_noise"] and not s["noisy_clients"]:
             raise ValueError("setting label_noise is read only with noisy_clients > 0.")
         try:
