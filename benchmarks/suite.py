@@ -23,9 +23,13 @@ Sections, in the order they run (`SECTIONS`):
    accuracies next to the paper's (docs/protocols.md#ifca-rotated-mnist).
 6. `drfa_mixed`: the DRFA, DRFLM and 2-GT rounds beside fair per-client loops
    (`drfa.rows`, `mixed.rows`).
-7. `max_clients`: the largest population whose IFCA round fits in memory
+7. `determinism`: the same `run` (rotated digits, 6 rounds) in two fresh
+   processes with the compilation cache off, metrics.csv compared byte for
+   byte — what `--resume`'s bit-for-bit promise rests on; off the CPU, again
+   with `--xla_gpu_deterministic_ops=true`.
+8. `max_clients`: the largest population whose IFCA round fits in memory
    (`max_clients.py`; on an accelerator its ladders reach device memory).
-8. `sweep_grids`: as many full official grids (presets `ifca-success-*`,
+9. `sweep_grids`: as many full official grids (presets `ifca-success-*`,
    `fedjax-sim sweep`) as the budget still allows. The official sweep cell
    (3) is the grid's unit of work and comes early; whole grids take minutes
    each even on an accelerator, so they fill what is left last.
@@ -333,10 +337,11 @@ def _env(ctx: Context) -> dict[str, str]:
     return {**harness.checkout_env(ctx.root), "XLA_PYTHON_CLIENT_PREALLOCATE": _CHILD_PREALLOCATE}
 
 
-def _cli(ctx: Context, args: list[str], timeout: float, tag: str) -> harness.Finished:
+def _cli(ctx: Context, args: list[str], timeout: float, tag: str,
+         env: dict[str, str] | None = None) -> harness.Finished:
     return harness.run_subprocess(
-        [sys.executable, "-m", "fedjax_sim.cli", *args], cwd=ctx.root, env=_env(ctx),
-        timeout=max(timeout, 1.0), echo=f"[{tag}] ")
+        [sys.executable, "-m", "fedjax_sim.cli", *args], cwd=ctx.root,
+        env={**_env(ctx), **(env or {})}, timeout=max(timeout, 1.0), echo=f"[{tag}] ")
 
 
 def _fresh_dir(path: pathlib.Path) -> pathlib.Path:
@@ -475,6 +480,68 @@ def launch_sweep_grids(ctx: Context) -> dict:
     return {"figures": {}}
 
 
+def csv_differences(a: pathlib.Path, b: pathlib.Path) -> dict:
+    """How two metrics.csv files differ: byte-equal, and if not, in which cells and by how
+    much (the largest absolute difference of the cells both hold as numbers)."""
+    if not (a.is_file() and b.is_file()):
+        return {"identical": False, "missing": [str(p) for p in (a, b) if not p.is_file()]}
+    if a.read_bytes() == b.read_bytes():
+        return {"identical": True, "rows": len(_read_csv(a)), "differing_cells": 0,
+                "max_abs_difference": 0.0}
+    rows_a, rows_b = _read_csv(a), _read_csv(b)
+    differing, largest = 0, 0.0
+    for row_a, row_b in zip(rows_a, rows_b, strict=False):  # unequal lengths: in "rows"
+        for key, text in row_a.items():
+            if row_b.get(key) == text:
+                continue
+            differing += 1
+            x, y = _number(text), _number(row_b.get(key))
+            if x is not None and y is not None:
+                largest = max(largest, abs(x - y))
+    return {"identical": False, "rows": [len(rows_a), len(rows_b)],
+            "differing_cells": differing, "max_abs_difference": largest}
+
+
+def launch_determinism(ctx: Context) -> dict:
+    """The same `run` in two fresh processes, compilation cache off: are the metrics.csv
+    files byte-equal? (What `--resume`'s bit-for-bit promise rests on: a resumed process
+    recompiles, and round t's numbers must not depend on which process computes them.) Off
+    the CPU, the pair again with XLA_FLAGS' `--xla_gpu_deterministic_ops=true`, which
+    makes XLA:GPU pick deterministic kernels (no atomics, fixed autotuning)."""
+    if ctx.dry:
+        preset, overrides = "ifca-synthetic-tiny", ["rounds=4", "eval_every=2"]
+    else:
+        preset, overrides = "ifca-rotated-digits", ["seeds=1", "rounds=6", "eval_every=2"]
+    variants = [("default", {})]
+    if ctx.backend != "cpu":
+        flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_deterministic_ops=true".strip()
+        variants.append(("xla_gpu_deterministic_ops", {"XLA_FLAGS": flags}))
+    least = 1.0 if ctx.dry else 15.0
+    for label, extra in variants:
+        env = {"FEDJAX_SIM_XLA_CACHE": "off", **extra}
+        dirs, walls, failed = [], [], None
+        for i in (1, 2):
+            if ctx.left() < least:
+                failed = _part(label, "skipped", reason=f"{ctx.left():.0f} s left")
+                break
+            out_dir = _fresh_dir(ctx.artifacts / "determinism" / f"{label}_{i}")
+            args = ["run", preset, "--set", *overrides, "--out", str(out_dir), "--no-progress"]
+            done = _cli(ctx, args, ctx.left(), f"determinism {label} {i}", env=env)
+            finished = _finished_part(label, done, ok_codes=(0, 3))
+            if finished["status"] != "ok":
+                failed = finished
+                break
+            dirs.append(out_dir)
+            walls.append(done.wall_s)
+        if failed is not None:
+            ctx.emit(failed)
+            continue
+        ctx.emit(_part(label, command=f"fedjax-sim {' '.join(args[:-3])}", env=env,
+                       wall_s=walls, **csv_differences(*(d / "metrics.csv" for d in dirs))))
+    return {"figures": {"what": "metrics.csv of two processes running the same command "
+                                "(compilation cache off), compared byte for byte"}}
+
+
 def launch_max_clients(ctx: Context) -> dict:
     out_json = ctx.artifacts / "max_clients.json"
     out_json.parent.mkdir(parents=True, exist_ok=True)
@@ -522,6 +589,8 @@ SECTIONS: tuple[Section, ...] = (
             launch_table1, min_s=90, cap_s=3600),
     Section("drfa_mixed", "DRFA, DRFLM and 2-GT rounds vs fair per-client loops", "child",
             section_drfa_mixed, min_s=45, cap_s=150),
+    Section("determinism", "the same run in two processes: byte-equal metrics?", "launcher",
+            launch_determinism, min_s=30, cap_s=120),
     Section("max_clients", "largest population that fits in memory", "launcher",
             launch_max_clients, min_s=60, cap_s=240),
     Section("sweep_grids", "official IFCA success grids (ifca-success-*), while time lasts",
@@ -720,6 +789,10 @@ def headline(entry: dict) -> str:
                     label = row.get("kind", p["part"])
                     out.append(f"{label} {_f(row['speedup'], '.1f')}×")
         return "; ".join(out)
+    if name == "determinism" and ok:
+        return "; ".join(f"{p['part']}: " + ("byte-equal" if p.get("identical") else
+                         f"{p.get('differing_cells')} cells differ, by ≤ "
+                         f"{_f(p.get('max_abs_difference'), '.2g')}") for p in ok)
     if name == "max_clients" and ok:
         return "; ".join(f"{s['task']} {s['mode']}: m={s.get('largest_m_run')}"
                          for s in ok[0].get("summary", []))

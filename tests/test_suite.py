@@ -64,9 +64,26 @@ def test_dry_run_writes_every_section_as_strict_json(tmp_path):
     assert table1["accuracy"]["ifca"]["paper_pct"] == 95.25  # n = 200, the paper's IFCA
     assert by_name["sweep_grids"]["parts"][0]["cells"] == 1
     assert by_name["max_clients"]["parts"][0]["summary"][0]["largest_m_run"] == 1000
+    # Two processes, the compilation cache off: the same bytes on a CPU (test_resume
+    # relies on it too); the device run says whether that holds there.
+    (pair,) = by_name["determinism"]["parts"]
+    assert pair["part"] == "default" and pair["identical"] is True and pair["rows"] > 0
     markdown = out.with_suffix(".md").read_text()
     for name in names:
         assert f"| {name} | ok |" in markdown
+
+
+def test_csv_differences_names_the_cells_and_the_largest_difference(tmp_path):
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("round,loss,acc\n0,1.5,0.25\n1,1.25,0.5\n")
+    b.write_text("round,loss,acc\n0,1.5,0.25\n1,1.2500003,0.5\n")
+    assert suite.csv_differences(a, a) == {"identical": True, "rows": 2, "differing_cells": 0,
+                                           "max_abs_difference": 0.0}
+    found = suite.csv_differences(a, b)
+    assert found["identical"] is False and found["differing_cells"] == 1
+    assert found["max_abs_difference"] == pytest.approx(3e-7, rel=1e-3)
+    assert suite.csv_differences(a, tmp_path / "none.csv")["missing"] == [
+        str(tmp_path / "none.csv")]
 
 
 def _fake(name, least, run=None):
