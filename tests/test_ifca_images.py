@@ -655,3 +655,76 @@ def test_cifar_views_compare_equals_copies(tmp_path):
                 for field in ("x", "y", "num_examples", "cluster"):
                     np.testing.assert_array_equal(getattr(got, field), getattr(want, field),
                                                   err_msg=f"{part} seed {seed} {field}")
+
+
+# ---------------------------------------------------------------- the MLP's initialisation
+
+
+def _dense_layers(params):
+    """(kernel, bias) of every Dense layer of a params tree, in no particular order."""
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "kernel" in node:
+                found.append((np.asarray(node["kernel"]), np.asarray(node["bias"])))
+            else:
+                for child in node.values():
+                    walk(child)
+
+    walk(jax.tree.map(lambda x: x, params))
+    return found
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["mlp", "trunk+head"])
+def test_torch_weight_init_is_torch_linear_default(split):
+    # torch.nn.Linear.reset_parameters: kaiming_uniform_(W, a=√5) draws W from U(±b) with
+    # b = gain·√(3/fan_in), gain = √(2/(1 + a²)) = √(1/3), so b = 1/√fan_in; the bias is
+    # U(±1/√fan_in) too. fan_in: the layer's input width.
+    from fedjax_sim.models import mlp_classifier
+
+    model = mlp_classifier((28, 28), [200], 10, split=split, weight_init="torch")
+    layers = _dense_layers(model.init(jax.random.key(3)))
+    assert sorted(k.shape for k, _ in layers) == [(200, 10), (784, 200)]
+    for kernel, bias in layers:
+        bound = 1.0 / np.sqrt(kernel.shape[0])
+        for w in (kernel, bias):
+            assert np.abs(w).max() <= bound
+        assert np.abs(kernel).max() > 0.99 * bound  # uniform up to the bound, not narrower
+        # U(±b) has variance b²/3; 2000 draws give it within ~2 % (1 sd).
+        np.testing.assert_allclose(kernel.var(), bound**2 / 3, rtol=0.1)
+        assert abs(kernel.mean()) < 0.05 * bound
+        assert np.count_nonzero(bias) == bias.size
+
+
+def test_flax_weight_init_keeps_zero_biases_and_lecun_scale():
+    from fedjax_sim.models import mlp_classifier
+
+    layers = _dense_layers(mlp_classifier((28, 28), [200], 10).init(jax.random.key(3)))
+    for kernel, bias in layers:
+        assert not bias.any()
+        # LeCun normal: variance 1/fan_in, three times torch's b²/3.
+        np.testing.assert_allclose(kernel.var(), 1.0 / kernel.shape[0], rtol=0.1)
+
+
+def test_mlp_classifier_refuses_an_unknown_weight_init():
+    from fedjax_sim.models import mlp_classifier
+
+    with pytest.raises(ValueError, match=r"weight_init must be one of \('flax', 'torch'\); "
+                                         r"got 'kaiming'"):
+        mlp_classifier((8, 8), [4], 10, weight_init="kaiming")
+
+
+def test_weight_init_setting_reaches_the_model():
+    from fedjax_sim.experiments import get_preset
+    from fedjax_sim.experiments.settings import resolve
+
+    p = get_preset("ifca-rotated-digits")
+    assert p.experiment.declared["weight_init"].when == ("dataset", ("mnist", "digits"))
+    base = resolve(p.experiment.declared, p.defaults, {"seeds": 1})
+    for init, zero_biases in (("flax", True), ("torch", False)):
+        s = {**base, "weight_init": init}
+        run = p.experiment.method_run("ifca", s, p.experiment.problem(s))
+        state = jax.jit(run.algorithm.init)(jax.random.key(0), run.data)
+        biases = [b for _, b in _dense_layers(state.cluster_params)]
+        assert biases and all(not b.any() for b in biases) == zero_biases

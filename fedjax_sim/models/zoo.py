@@ -3,14 +3,37 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim.models.augment import center_crop, standardize_per_image, tutorial_augment
 from fedjax_sim.models.core import DenseInput, Model, from_flax, split_model
+
+#: Dense-layer initialisations of the MLPs: "flax" (nn.Dense's: LeCun-normal weights, zero
+#: biases) or "torch" (torch.nn.Linear's: weights and biases uniform on ±1/√fan_in, which
+#: its kaiming_uniform(a=√5) amounts to; the official IFCA MNIST code's).
+WEIGHT_INITS = ("flax", "torch")
+
+
+def _uniform(bound: float):
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+    return init
+
+
+def dense(width: int, fan_in: int, weight_init: str = "flax") -> nn.Dense:
+    """An nn.Dense layer of `width` outputs on `fan_in` inputs, initialised as `weight_init`."""
+    if weight_init == "flax":
+        return nn.Dense(width)
+    if weight_init != "torch":
+        raise ValueError(f"weight_init must be one of {WEIGHT_INITS}; got {weight_init!r}.")
+    bound = 1.0 / math.sqrt(fan_in)
+    return nn.Dense(width, kernel_init=_uniform(bound), bias_init=_uniform(bound))
 
 
 class MLP(nn.Module):
@@ -18,25 +41,27 @@ class MLP(nn.Module):
 
     hidden: Sequence[int]
     outputs: int
+    weight_init: str = "flax"
 
     @nn.compact
     def __call__(self, x):
         x = x.reshape((x.shape[0], -1))
         for width in self.hidden:
-            x = nn.relu(nn.Dense(width)(x))
-        return nn.Dense(self.outputs)(x)
+            x = nn.relu(dense(width, x.shape[-1], self.weight_init)(x))
+        return dense(self.outputs, x.shape[-1], self.weight_init)(x)
 
 
 class MLPTrunk(nn.Module):
     """The hidden layers of `MLP`: flattened input -> last hidden activations."""
 
     hidden: Sequence[int]
+    weight_init: str = "flax"
 
     @nn.compact
     def __call__(self, x):
         x = x.reshape((x.shape[0], -1))
         for width in self.hidden:
-            x = nn.relu(nn.Dense(width)(x))
+            x = nn.relu(dense(width, x.shape[-1], self.weight_init)(x))
         return x
 
 
@@ -63,16 +88,18 @@ def _check_input_shape(input_shape) -> tuple[int, ...]:
 
 
 def mlp_classifier(
-    input_shape: Sequence[int], hidden: Sequence[int], num_classes: int, *, split: bool = False
+    input_shape: Sequence[int], hidden: Sequence[int], num_classes: int, *, split: bool = False,
+    weight_init: str = "flax",
 ) -> Model:
     """An MLP with softmax cross-entropy (e.g. 784-200-10 for rotated MNIST).
 
     split=True makes the hidden layers the trunk and the last Dense layer the
-    head (IFCA weight sharing clusters only the head).
+    head (IFCA weight sharing clusters only the head). weight_init: one of
+    `WEIGHT_INITS`, for every layer.
 
     Raises:
       ValueError: input_shape, a hidden width or num_classes is not a positive
-        integer.
+        integer, or weight_init is not one of WEIGHT_INITS.
     """
     input_shape = _check_input_shape(input_shape)
     try:
@@ -85,11 +112,15 @@ def mlp_classifier(
             f"layer); got {hidden!r}.")
     hidden = tuple(int(w) for w in widths)
     _check_num_classes(num_classes)
+    if weight_init not in WEIGHT_INITS:
+        raise ValueError(f"weight_init must be one of {WEIGHT_INITS}; got {weight_init!r}.")
     example = jnp.zeros((1, *input_shape), jnp.float32)
     if split:
-        model = split_model(MLPTrunk(tuple(hidden)), nn.Dense(num_classes), example)
+        head_in = hidden[-1] if hidden else math.prod(input_shape)
+        model = split_model(MLPTrunk(tuple(hidden), weight_init),
+                            dense(num_classes, head_in, weight_init), example)
     else:
-        model = from_flax(MLP(tuple(hidden), num_classes), example)
+        model = from_flax(MLP(tuple(hidden), num_classes, weight_init), example)
     return model._replace(dense_input=_mlp_dense_input(len(hidden), split))
 
 

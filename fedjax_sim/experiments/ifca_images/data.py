@@ -110,6 +110,7 @@ def build_model(s: dict, input_shape, split: bool = False):
     """
     if s["dataset"] == "cifar":
         return cifar_cnn(10, input_shape, split=split, crop=CROP, augment=s["augment"])
-    return mlp_classifier(input_shape, [s["hidden"]], 10, split=split)
+    return mlp_classifier(input_shape, [s["hidden"]], 10, split=split,
+                          weight_init=s["weight_init"])
 
 

@@ -32,6 +32,7 @@ from fedjax_sim.experiments.settings import (
     method_setting,
     seed_setting,
 )
+from fedjax_sim.models.zoo import WEIGHT_INITS
 
 
 def _as_copies(data):
@@ -65,6 +66,9 @@ class RotatedImages(Experiment):
         count("test_per_class", 100, "mnist/digits: test images held out per class (fixed "
               "split; mnist 100 → 4000/1000)", maximum=10**5, when=_MLP_DATA),
         count("hidden", 200, "MLP hidden width (mnist/digits)", maximum=10**5, when=_MLP_DATA),
+        Setting("weight_init", str, "flax", "MLP initialisation (mnist/digits): flax (nn.Dense: "
+                "LeCun-normal weights, zero biases) or torch (torch.nn.Linear: weights and biases "
+                "U(±1/√fan_in), as the official code)", choices=WEIGHT_INITS, when=_MLP_DATA),
         Setting("lr", float, 0.1, "client learning rate", minimum=0.0),
         Setting("lr_decay", float, 1.0, "lr of round t: lr·lr_decay^t (cifar: 0.99)",
                 minimum=0.0, maximum=1.0),
