@@ -157,6 +157,15 @@ def to_host(x) -> np.ndarray:
     return np.asarray(x)
 
 
+def tree_to_host(tree):
+    """`to_host` of every leaf; leaves held by this process come in one batched transfer
+    (`jax.device_get`), not one blocking copy each."""
+    leaves = jax.tree.leaves(tree)
+    if all(not isinstance(x, jax.Array) or x.is_fully_addressable for x in leaves):
+        return jax.tree.map(np.asarray, jax.device_get(tree))
+    return jax.tree.map(to_host, tree)
+
+
 def initialize_distributed(
     coordinator_address: str | None = None,
     num_processes: int | None = None,

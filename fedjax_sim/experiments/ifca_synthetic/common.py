@@ -162,11 +162,8 @@ def metrics_fn(name: str, algorithm, problem, k: int, client_chunk: int | None =
     if client_chunk is not None and not lead and problem.train.num_clients > client_chunk:
         return chunked_metrics_fn(name, algorithm, problem, k, client_chunk, progress=progress,
                                   description=description)
-    # θ*'s last axis is d: generated clients' x would be drawn (all m) to read its shape
-    evaluate = backend.jit(algorithm.evaluate, d)
     truth = parallel.to_host(problem.train.cluster)
 
-    @jax.jit
     def dist(models, theta_star):
         fn = min_dist
         for _ in range(models.ndim - 2 - lead):
@@ -175,25 +172,39 @@ def metrics_fn(name: str, algorithm, problem, k: int, client_chunk: int | None =
             fn = jax.vmap(fn, in_axes=(0, 0))
         return fn(models, theta_star)
 
-    def averages(evaluation):
-        loss = parallel.to_host(evaluation["client_loss"]).astype(np.float64)
-        weight = parallel.to_host(evaluation["client_weight"]).astype(np.float64)
+    def on_device(state, train_data, test_data, theta_star):
+        """What the metrics need, as one program (one dispatch, one transfer)."""
+        train, test = algorithm.evaluate(state, train_data), algorithm.evaluate(state, test_data)
+        out = {split: (e["client_loss"], e["client_weight"])
+               for split, e in (("train", train), ("test", test))}
+        if name in CLUSTERING:
+            out["assignment"] = train["assignment"]
+        models = cluster_models(name, state)
+        if models is not None:
+            out["min_dist"] = dist(models, theta_star)
+        return out
+
+    # θ*'s last axis is d: generated clients' x would be drawn (all m) to read its shape
+    evaluate = backend.jit(on_device, d)
+
+    def averages(loss, weight):
+        loss, weight = loss.astype(np.float64), weight.astype(np.float64)
         worst = np.where(weight > 0, loss, -np.inf).max(-1)
         return client_mean(loss, weight), worst
 
     def metrics(state):
-        train, test = evaluate(state, problem.train), evaluate(state, problem.test)
+        found = parallel.tree_to_host(
+            evaluate(state, problem.train, problem.test, problem.theta_star))
         out = {}
-        out["train_loss"], out["train_loss_worst"] = averages(train)
-        out["test_loss"], out["test_loss_worst"] = averages(test)
+        out["train_loss"], out["train_loss_worst"] = averages(*found["train"])
+        out["test_loss"], out["test_loss_worst"] = averages(*found["test"])
         if name in CLUSTERING:
-            assignment = parallel.to_host(train["assignment"])
+            assignment = found["assignment"]
             shape = truth.shape[:-1] + (1,) * (assignment.ndim - truth.ndim) + truth.shape[-1:]
             truths = np.broadcast_to(truth.reshape(shape), assignment.shape)
             out["cluster_accuracy"] = cluster_identity_accuracies(assignment, truths, k)
-        models = cluster_models(name, state)
-        if models is not None:
-            out["min_dist"] = parallel.to_host(dist(models, problem.theta_star))
+        if "min_dist" in found:
+            out["min_dist"] = found["min_dist"]
         return out
 
     return metrics
