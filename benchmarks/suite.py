@@ -590,7 +590,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("drfa_mixed", "DRFA, DRFLM and 2-GT rounds vs fair per-client loops", "child",
             section_drfa_mixed, min_s=45, cap_s=150),
     Section("determinism", "the same run in two processes: byte-equal metrics?", "launcher",
-            launch_determinism, min_s=30, cap_s=120),
+            launch_determinism, min_s=45, cap_s=120),
     Section("max_clients", "largest population that fits in memory", "launcher",
             launch_max_clients, min_s=60, cap_s=240),
     Section("sweep_grids", "official IFCA success grids (ifca-success-*), while time lasts",
