@@ -54,7 +54,7 @@ model, versions, git HEAD, the probes), `sections` (one entry per section in ord
 Artifacts of the CLI runs (the comparison and sweep directories, max_clients.json)
 go to `<stem>_artifacts/` beside the JSON.
 
-`--dry-run` runs every section at a tiny size (about 50 CPU-seconds: a minute on 2
+`--dry-run` runs every section at a tiny size (about 75 CPU-seconds: a minute on 2
 quiet CPU cores, two on a loaded one); `tests/test_suite.py` runs it.
 """
 
