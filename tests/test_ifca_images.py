@@ -672,7 +672,7 @@ def _dense_layers(params):
                 for child in node.values():
                     walk(child)
 
-    walk(jax.tree.map(lambda x: x, params))
+    walk(params)
     return found
 
 
