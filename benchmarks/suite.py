@@ -517,6 +517,7 @@ def launch_determinism(ctx: Context) -> dict:
         flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_deterministic_ops=true".strip()
         variants.append(("xla_gpu_deterministic_ops", {"XLA_FLAGS": flags}))
     least = 1.0 if ctx.dry else 15.0
+    command = ["run", preset, "--set", *overrides]
     for label, extra in variants:
         env = {"FEDJAX_SIM_XLA_CACHE": "off", **extra}
         dirs, walls, failed = [], [], None
@@ -525,7 +526,7 @@ def launch_determinism(ctx: Context) -> dict:
                 failed = _part(label, "skipped", reason=f"{ctx.left():.0f} s left")
                 break
             out_dir = _fresh_dir(ctx.artifacts / "determinism" / f"{label}_{i}")
-            args = ["run", preset, "--set", *overrides, "--out", str(out_dir), "--no-progress"]
+            args = [*command, "--out", str(out_dir), "--no-progress"]
             done = _cli(ctx, args, ctx.left(), f"determinism {label} {i}", env=env)
             finished = _finished_part(label, done, ok_codes=(0, 3))
             if finished["status"] != "ok":
@@ -536,7 +537,7 @@ def launch_determinism(ctx: Context) -> dict:
         if failed is not None:
             ctx.emit(failed)
             continue
-        ctx.emit(_part(label, command=f"fedjax-sim {' '.join(args[:-3])}", env=env,
+        ctx.emit(_part(label, command="fedjax-sim " + " ".join(command), env=env,
                        wall_s=walls, **csv_differences(*(d / "metrics.csv" for d in dirs))))
     return {"figures": {"what": "metrics.csv of two processes running the same command "
                                 "(compilation cache off), compared byte for byte"}}
