@@ -23,6 +23,12 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + " --xla_backend_optimization_level=0").strip()
 
+# The kernel forms `fedjax_sim.tuning` would otherwise time per machine: forced to the
+# default, so no test's numbers depend on how loaded the machine was when a form was
+# timed (tests/test_kernel_forms.py times and stores forms on purpose, in a store of its
+# own). Subprocesses inherit it. An explicit FEDJAX_SIM_KERNEL_FORM from the caller is kept.
+os.environ.setdefault("FEDJAX_SIM_KERNEL_FORM", "loop")
+
 # One persistent XLA compilation cache for the whole test session, shared by the
 # xdist workers and every subprocess the tests start (CLI runs, killed-and-resumed
 # runs, notebook kernels), which compile the same programs over and over. It lives

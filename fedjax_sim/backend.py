@@ -2,25 +2,19 @@
 
 On CPU, XLA hands dots, reductions and elementwise fusions to its YNNPACK
 library ("YNN fusions"). For wide features (a linear model with d = 1000, an
-MLP on 784 pixels) that is what makes the GEMMs fast. For narrow ones
-(d = 10, the IFCA synthetic success sweeps) each round is many small
-reductions over [m, n, k] arrays, which YNNPACK runs several times slower
-than XLA's own loop fusions. Measured on the 2-core CPU (jaxlib 0.10.2,
-one jitted IFCA option-I round, both settings timed in turn in one process):
-(m, n, d, k) = (10⁴, 10, 10, 4) took 4.3 ms with YNN fusions and 1.8 ms
-without; (100, 100, 1000, 2) took 9.6 ms with and 13.0 ms without. The time
-without/with was 0.42 at d = 10, 0.89 at d = 32, 1.16 at d = 100 and
-1.22–1.36 from d = 100 to 1000 (n = 100), hence `YNN_MIN_FEATURES`.
-Narrow features still send single dots to YNNPACK where this jaxlib can say
-so (the fusion type "individual dot"; the elementwise and reduction fusions
-stay XLA's): the round's forward [m·n, d] × [d, k] product with k = 4 took
-4.7 ms of CPU time in YNNPACK against 7.5 ms in XLA's own dot at m·n = 10⁶
-(d = 10), and the IFCA option-I round at (10⁵, 10, 10, 4) 15.6 against
-20–23 ms (issue 20, benchmarks/README.md).
+MLP on 784 pixels) that is what makes the GEMMs fast, and every program keeps
+XLA's defaults. For narrow ones (d < `YNN_MIN_FEATURES`, the IFCA synthetic
+success sweeps) a round is many small reductions over [m, n, k] arrays, which
+YNNPACK runs several times slower than XLA's own loop fusions, so narrow
+programs are compiled with YNN fusions off. Whether YNNPACK's single dots
+still pay for narrow features depends on the CPU (faster where the dot gets
+its thread, slower where it waits for it): the IFCA option-I round's
+`ops.linear` form "dot_ynn" turns them on, and `fedjax_sim.tuning` decides per
+machine whether it is taken (benchmarks/README.md, "Kernel forms").
 
-Only the speed changes: both settings compute the same function (to float
-rounding, from the order of summation), and a given shape always gets the same
-setting, so a seed still gives the same numbers run after run.
+Only the speed changes: every setting computes the same function (to float
+rounding, from the order of summation), and a given shape and form always get
+the same setting, so a seed still gives the same numbers run after run.
 """
 
 from __future__ import annotations
@@ -61,17 +55,21 @@ def _cpu_option_supported() -> bool:
     return _narrow_value() is not None
 
 
-def compiler_options(feature_size: int | None) -> dict[str, str]:
+def compiler_options(feature_size: int | None, linear_form: str | None = None
+                     ) -> dict[str, str]:
     """XLA options for a computation whose examples have `feature_size` features.
 
-    Empty (XLA's defaults) off CPU, for wide features, for unknown sizes, or
-    where this jaxlib lacks the option.
+    Narrow features on CPU: no YNN fusions, or (linear_form "dot_ynn", where this
+    jaxlib can say so) none but YNNPACK's single dots. Empty (XLA's defaults) off
+    CPU, for wide features, for unknown sizes, or where this jaxlib lacks the option.
     """
     if feature_size is None or feature_size >= YNN_MIN_FEATURES:
         return {}
     if jax.default_backend() != "cpu" or not _cpu_option_supported():
         return {}
-    return {_YNN_OPTION: _narrow_value()}  # no YNN fusions but single dots
+    if linear_form == "dot_ynn" and _narrow_value() == _INDIVIDUAL_DOTS:
+        return {_YNN_OPTION: _INDIVIDUAL_DOTS}
+    return {_YNN_OPTION: ""}  # an empty list of fusion types: no YNN fusions
 
 
 def feature_size(data) -> int | None:
@@ -95,8 +93,12 @@ def _jitted(fun, options: tuple, static_argnames: tuple, donate_argnames: tuple 
 
 
 def jit(fun, feature_size: int | None, static_argnames: tuple[str, ...] = (),
-        donate_argnames: tuple[str, ...] = ()):
-    """`jax.jit(fun)` with `compiler_options(feature_size)`; cached per options (and per
-    the arguments whose buffers the call may reuse, `donate_argnames`)."""
-    options = tuple(sorted(compiler_options(feature_size).items()))
+        donate_argnames: tuple[str, ...] = (), linear_form: str | None = None):
+    """`jax.jit(fun)` with `compiler_options(feature_size, linear_form)`; cached per options
+    (and per the arguments whose buffers the call may reuse, `donate_argnames`).
+
+    linear_form: the form the program's linear kernel takes (its data's execution plan,
+    `execution.plan_of(data).linear_form`), which picks the options that go with it.
+    """
+    options = tuple(sorted(compiler_options(feature_size, linear_form).items()))
     return _jitted(fun, options, tuple(static_argnames), tuple(donate_argnames))

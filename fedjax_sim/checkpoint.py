@@ -147,6 +147,7 @@ class Restored(NamedTuple):
     key: jax.Array  # the run's base PRNG key
     history: list  # history rows up to `round`
     round_metrics: dict | None = None  # {name: [round, ...]} when saved with them
+    kernel_form: str | None = None  # the kernel form the rounds ran in (None: none recorded)
 
 
 def _is_key(x) -> bool:
@@ -408,7 +409,8 @@ class RunCheckpoints:
                 raise
             raise failed from None
 
-    def save(self, step: int, state, key, history: list, *, round_metrics=None) -> None:
+    def save(self, step: int, state, key, history: list, *, round_metrics=None,
+             kernel_form: str | None = None) -> None:
         """Writes the checkpoint of round `step`.
 
         First every row appended with `io.append_csv(..., sync=False)` is fsynced
@@ -420,6 +422,8 @@ class RunCheckpoints:
 
         round_metrics: optional {name: host array [step, ...]}, every round's metrics
         so far (`simulate.run(round_metrics=True)`), restored with the checkpoint.
+        kernel_form: the kernel form the rounds ran in (`fedjax_sim.tuning`), which a
+        resumed run takes again.
 
         Raises:
           OSError: this save, or the previous one, failed for an OS reason.
@@ -436,6 +440,7 @@ class RunCheckpoints:
             "round": int(step),
             "key_impl": str(jax.random.key_impl(key)) if typed else None,
             "state_key_impls": key_impls,
+            "kernel_form": kernel_form,
         }
         history_json = self._encode_history(history)
         progress["history_json_bytes"] = int(history_json.size)
@@ -555,6 +560,7 @@ class RunCheckpoints:
             key=key,
             history=decode_history(history),
             round_metrics=round_metrics,
+            kernel_form=progress.get("kernel_form"),
         )
 
     def restore_latest_intact(self, abstract_state, abstract_key) -> tuple[

@@ -263,7 +263,7 @@ def train_method(name: str, spec: MethodRun, seeds: int, *, checkpoint_dir=None,
         value[gone] = math.nan
     return MethodResult(name, finals, rows, diverged, {
         k: timing.get(k) for k in ("compile_seconds", "run_seconds", "evaluate_seconds",
-                                  "rounds_run")})
+                                  "rounds_run", "kernel_form")})
 
 
 def divergence_lines(result: MethodResult) -> list[str]:

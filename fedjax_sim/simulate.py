@@ -35,10 +35,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim import backend, parallel
+from fedjax_sim import backend, parallel, tuning
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.checkpoint import RunCheckpoints
 from fedjax_sim.data.checks import check_run_inputs
+from fedjax_sim.execution import plan_of
 from fedjax_sim.io import sync_appended
 from fedjax_sim.logs import Progress
 from fedjax_sim.metrics import summarize_clients
@@ -111,7 +112,16 @@ def _compiled_scan(data, donate_state: bool = False):
     return backend.jit(
         _scan_rounds, backend.feature_size(data), static_argnames=("algorithm", "length"),
         donate_argnames=("state",) if donate_state else (),
+        linear_form=plan_of(data).linear_form,
     )
+
+
+def _sample_scan(algorithm, state, data, round_key, start):
+    """A thunk running `tuning.TUNE_ROUNDS` rounds from `state` (kept: not donated), compiled
+    for `data`'s plan: one timed sample of a form (`tuning.plan_scan`)."""
+    compiled = _compiled_scan(data).lower(algorithm, state, data, round_key, start,
+                                          tuning.TUNE_ROUNDS).compile()
+    return lambda: compiled(state, data, round_key, start)
 
 
 def _fresh_copy(tree):
@@ -310,7 +320,8 @@ def _resume(checkpoints, resume, rounds, algorithm, key, key_init, data, mesh):
             f"cannot resume: the checkpoints in {checkpoints.directory} were written with "
             "another key (seed)."
         )
-    return restored.state, restored.history, restored.round, restored.round_metrics
+    return (restored.state, restored.history, restored.round, restored.round_metrics,
+            restored.kernel_form)
 
 
 # JAX's compilation stages, as `jax.monitoring` reports their durations.
@@ -362,26 +373,37 @@ class _Timer:
         """The chunk of `length` rounds traced and lowered, once per length (timed as
         compilation); its `out_info` gives the round metrics' shapes. The chunk donates
         its input state: the state it returns reuses those buffers."""
-        lowered = self._lowered.get(length)
+        lowered = self._lowered.get((length, plan_of(data)))
         if lowered is None:
             t0 = time.perf_counter()
             lowered = _compiled_scan(data, donate_state=True).lower(
                 algorithm, state, data, round_key, start, length)
             self.compile_seconds += time.perf_counter() - t0
-            self._lowered[length] = lowered
+            self._lowered[length, plan_of(data)] = lowered
         return lowered
 
     def scan(self, algorithm, state, data, round_key, start, length):
         """scan_rounds, compiled ahead of time once per chunk length (compile timed apart);
         `state` is donated (deleted once the chunk has run)."""
-        compiled = self._compiled.get(length)
+        compiled = self._compiled.get((length, plan_of(data)))
         if compiled is None:
             lowered = self.lower(algorithm, state, data, round_key, start, length)
             t0 = time.perf_counter()
             compiled = lowered.compile()
             self.compile_seconds += time.perf_counter() - t0
-            self._compiled[length] = compiled
+            self._compiled[length, plan_of(data)] = compiled
         return compiled(state, data, round_key, start)
+
+    def plan(self, algorithm, state, data, round_key, start, length, forced=None):
+        """(data, tuning.Choice or None): the kernel form of the run's chunks
+        (`tuning.plan_scan`), its lowerings, compiles and timed samples counted as
+        compilation."""
+        before, t0 = self.compile_seconds, time.perf_counter()
+        planned = tuning.plan_scan(
+            lambda d: self.lower(algorithm, state, d, round_key, start, length),
+            lambda d: _sample_scan(algorithm, state, d, round_key, start), data, forced)
+        self.compile_seconds = before + time.perf_counter() - t0
+        return planned
 
     def compiled_call(self, jitted, *args):
         """jitted(*args), compiled ahead of time (timed as compilation)."""
@@ -614,9 +636,9 @@ def run(
         except BaseException:
             checkpoints.close()
             raise
-    saved_metrics = None
+    saved_metrics = saved_form = None
     if restored is not None:
-        state, history, done, saved_metrics = restored
+        state, history, done, saved_metrics, saved_form = restored
         last_saved = done
         if round_metrics and saved_metrics is None:
             checkpoints.close()
@@ -633,9 +655,16 @@ def run(
     # compilation then reuses: the round is traced once).
     copies = _copies_shape(state, copy_axes)
     logged = {}
+    kernel = None
     if done < rounds:
-        first = timer.lower(algorithm, state, data, key_rounds, done,
-                            _next_boundary(done, rounds, every) - done)
+        length = _next_boundary(done, rounds, every) - done
+        # The kernel forms of the chunks: forced, stored or timed now (a resumed run
+        # takes its checkpoint's, so it continues bit for bit).
+        data, kernel = timer.plan(algorithm, state, data, key_rounds, done, length,
+                                  forced=saved_form)
+        if timing is not None:
+            timing["kernel_form"] = None if kernel is None else kernel.record()
+        first = timer.lower(algorithm, state, data, key_rounds, done, length)
         logged = _logged_round_metrics(first.out_info[1], copies)
     elif saved_metrics is not None:
         logged = {name: np.shape(values)[1:] for name, values in saved_metrics.items()}
@@ -711,7 +740,9 @@ def run(
                 if saving:
                     # Saving fsyncs the rows appended so far first, and writes in the
                     # background; the last save is complete once `close` returns.
-                    checkpoints.save(done, state, key, history, round_metrics=None
+                    checkpoints.save(done, state, key, history,
+                                     kernel_form=None if kernel is None else kernel.form,
+                                     round_metrics=None
                                      if kept is None else kept.stacked(logged))
                     last_saved = done
     finally:

@@ -15,14 +15,19 @@ def test_compiler_options_by_feature_size():
     assert backend.compiler_options(None) == {}
     assert backend.compiler_options(backend.YNN_MIN_FEATURES) == {}
     assert backend.compiler_options(1000) == {}
+    assert backend.compiler_options(1000, "dot_ynn") == {}
     narrow = backend.compiler_options(10)
     if jax.default_backend() == "cpu" and backend._cpu_option_supported():
-        # YNNPACK for single dots only where this jaxlib knows that value, else for nothing.
-        assert narrow["xla_cpu_experimental_ynn_fusion_type"] in (
-            "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT", "")
-        assert list(narrow) == ["xla_cpu_experimental_ynn_fusion_type"]
+        # No YNN fusions for narrow features, but for the form that asks for YNNPACK's
+        # single dots (where this jaxlib knows that value).
+        assert narrow == {"xla_cpu_experimental_ynn_fusion_type": ""}
+        assert backend.compiler_options(10, "loop") == narrow
+        assert backend.compiler_options(10, "dot") == narrow
+        assert backend.compiler_options(10, "dot_ynn")[
+            "xla_cpu_experimental_ynn_fusion_type"] in ("LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT", "")
     else:
         assert narrow == {}
+        assert backend.compiler_options(10, "dot_ynn") == {}
 
 
 def test_options_change_only_speed():

@@ -41,6 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from fedjax_sim.execution import DEFAULT_PLAN, Plan
+
 
 def _to_device(a: np.ndarray, name: str, rows: np.ndarray) -> jax.Array:
     """The device array of a, refusing non-numbers and values the device dtype would change.
@@ -76,6 +78,12 @@ class ClientSource:
     """
 
     never_empty = False  # True where no client can hold 0 examples (nothing to warn about)
+
+    # Every subclass has a static field `plan` (`fedjax_sim.execution.Plan`): how the
+    # executor runs the rounds over these clients. It is no data: algorithms never read it.
+    def with_plan(self, plan: Plan) -> ClientSource:
+        """These clients with the executor's `plan` (static: part of jit's cache key)."""
+        return self.replace(plan=plan)
 
     def client_leaves(self):
         """The per-client part: a pytree of [m, ...] arrays (sliced by chunks, sharded)."""
@@ -168,6 +176,7 @@ class FederatedData(ClientSource):
     y: jax.Array
     num_examples: jax.Array
     cluster: jax.Array
+    plan: Plan = struct.field(pytree_node=False, default=DEFAULT_PLAN)
 
     @property
     def num_clients(self) -> int:
@@ -357,6 +366,7 @@ class ClientViews(ClientSource):
     base_y: jax.Array
     maps: jax.Array | None = None
     shared_base: bool = struct.field(pytree_node=False, default=False)
+    plan: Plan = struct.field(pytree_node=False, default=DEFAULT_PLAN)
 
     @property
     def num_clients(self) -> int:
@@ -406,7 +416,7 @@ class ClientViews(ClientSource):
         # The rows as a buffer of their own, as a stored copy's chunk is: fused into its
         # consumers, the gather would let XLA reorder their sums (a loss 1 ulp off).
         x, y = jax.lax.optimization_barrier((x, rows_of(self.base_y)))
-        return FederatedData(x=x, y=y, num_examples=count, cluster=cluster)
+        return FederatedData(x=x, y=y, num_examples=count, cluster=cluster, plan=self.plan)
 
     def materialize(self) -> FederatedData:
         # The per-client leaves as they are (no gather by 0..m-1): on a mesh the rows

@@ -23,6 +23,7 @@ import numpy as np
 from flax import struct
 
 from fedjax_sim.data.federated import ClientSource, FederatedData
+from fedjax_sim.execution import DEFAULT_PLAN, Plan
 
 
 class LinearMixture(NamedTuple):
@@ -176,6 +177,7 @@ class GeneratedClients(ClientSource):
     m: int = struct.field(pytree_node=False)
     n: int = struct.field(pytree_node=False)
     ids: jax.Array | None = None
+    plan: Plan = struct.field(pytree_node=False, default=DEFAULT_PLAN)
 
     never_empty = True
 
@@ -223,7 +225,8 @@ class GeneratedClients(ClientSource):
     def gather(self, leaves, ids) -> FederatedData:
         # A subset's leaves are its problem ids at `ids`; the whole problem has none.
         ids = jnp.asarray(ids) if self.ids is None else leaves
-        return _draw(self.key, ids, self.theta_star, self.sigma, m=self.m, n=self.n)
+        return _draw(self.key, ids, self.theta_star, self.sigma, m=self.m,
+                     n=self.n).with_plan(self.plan)
 
     def subset(self, ids) -> GeneratedClients:
         """The clients `ids` ([s] ints) still generated: their rows are drawn when needed."""

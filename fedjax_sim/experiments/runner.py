@@ -189,6 +189,9 @@ def run_preset(name, overrides=None, out_dir=None, progress: bool = True,
         rows, summary = preset.experiment.run(settings, ctx)
     finally:
         close()
+        if primary and ctx.timing.get("kernel_form") is not None:
+            record["kernel_form"] = ctx.timing["kernel_form"]  # the form the rounds ran in
+            write_json(out_dir / "config.json", record)
     if primary:
         write_json(out_dir / "summary.json", summary)
         preset.experiment.plot_run(rows, summary, out_dir)
@@ -382,6 +385,11 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
         builds, settings["seeds"], out_dir, resume=resume,
         checkpoint_every=settings.get("checkpoint_every"), progress=progress, primary=primary,
         mesh=mesh)
+    forms = {name: r.timing["kernel_form"] for name, r in results.items()
+             if r.timing.get("kernel_form") is not None}
+    if primary and forms:  # the kernel form each method's rounds ran in (`tuning`)
+        record["kernel_forms"] = forms
+        write_json(out_dir / "config.json", record)
     if primary:
         _write_comparison(preset, settings, problem, results, out_dir, tensorboard)
     if any(r.diverged_seeds for r in results.values()):

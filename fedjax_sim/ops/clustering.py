@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.execution import plan_of
 from fedjax_sim.models.core import Model, client_loss, combine, masked_mean
 from fedjax_sim.ops import linear
 from fedjax_sim.ops.chunking import map_client_chunks
@@ -88,7 +89,8 @@ def cluster_gradient_sums(
     Returns:
       (losses [m, k], assignment [m], sums) with sums (leaves [k, ...]) equal
       to Σ_{i: assignment_i = j} weights_i ∇F_i(θ_j). Uses the fused linear
-      kernel (`ops/linear.py`) for a model of structure "linear"; otherwise
+      kernel (`ops/linear.py`, in the form of the data's execution plan) for a
+      model of structure "linear"; otherwise
       the VJP of `cluster_losses` with the weighted one-hot assignment as
       cotangent.
     """
@@ -98,8 +100,8 @@ def cluster_gradient_sums(
         weights = jnp.ones((data.num_clients,), jnp.float32)
     if linear.supports(model, {}):
         return linear.linear_cluster_grad_sums(
-            cluster_params, data.x, data.y, data.num_examples, choose, weights
-        )
+            cluster_params, data.x, data.y, data.num_examples, choose, weights,
+            form=plan_of(data).linear_form)
     losses, vjp = jax.vjp(lambda p: cluster_losses(model, p, data), cluster_params)
     assignment = choose(losses)
     k = losses.shape[1]

@@ -8,6 +8,8 @@ rounding (tests check both against a per-client loop).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -64,7 +66,33 @@ def _losses_vmapped(axis_size, in_batched, theta, x, y, num_examples):
     return jax.vmap(_cluster_losses, in_axes=in_axes)(theta, x, y, num_examples), True
 
 
-def linear_cluster_grad_sums(theta, x, y, num_examples, choose, weights):
+# The forms of the option-I gradient sums (`linear_cluster_grad_sums`): the same sums,
+# computed by different programs, whose speed depends on the CPU, the sizes and whether
+# rounds are called one by one or scanned. `fedjax_sim.tuning` picks one per machine and
+# round shape; the compiler options that go with each are `backend.compiler_options`'s.
+#   "loop"     the per-client gradient as a multiply-and-reduce loop fusion (at d < 64;
+#              a batched dot from 64) and the per-cluster sums selected out of an
+#              [m, k, d] array; narrow features without YNNPACK. The default.
+#   "dot"      the per-client gradient as a batched [1, n]·[n, d] dot and the per-cluster
+#              sums as one [k, m] × [m, d] product with the 0/1 assignment; narrow
+#              features without YNNPACK.
+#   "dot_ynn"  "dot", with YNNPACK running the single dots of narrow features.
+LINEAR_FORMS = ("loop", "dot", "dot_ynn")
+DEFAULT_LINEAR_FORM = "loop"
+LOOP_MAX_FEATURES = 64  # "loop" reduces per-client gradients in a loop fusion below this d
+
+
+def check_linear_form(form) -> str:
+    """`form`, or DEFAULT_LINEAR_FORM for None; ValueError naming the forms otherwise."""
+    if form is None:
+        return DEFAULT_LINEAR_FORM
+    if form not in LINEAR_FORMS:
+        raise ValueError(f"the linear kernel's form must be one of {', '.join(LINEAR_FORMS)}; "
+                         f"got {form!r}.")
+    return form
+
+
+def linear_cluster_grad_sums(theta, x, y, num_examples, choose, weights, form=None):
     """IFCA option I's losses, assignment and Σ_{i: ĵ_i = j} w_i ∇F_i(θ_j), fused.
 
     ∇F_i(θ_j) = (2/n_i) Σ_rows r_ij x. Each client contributes to one cluster
@@ -72,39 +100,53 @@ def linear_cluster_grad_sums(theta, x, y, num_examples, choose, weights):
     per-client [n] · [n, d] product: one pass over X after the forward one.
     (The generic VJP contracts the one-hot cotangent with X over m and n for
     every cluster: k times the multiply-adds and a transposed read of X.)
-    The per-client gradients are then added into their clusters by one
-    [k, m] × [m, d] product with the 0/1 assignment. (A select-then-sum over
-    an [m, k, d] array, the earlier form, made XLA:CPU write that array and
-    sum it in a tree of reduce-windows: 4·m·k·d bytes written and read again
-    for m·d of data; a segment sum is a scatter, 3 more thunks.) A NaN
-    cluster model nobody chose still leaves the others finite, as the
-    clients' gradients are all finite; a client whose chosen model gives it
-    a non-finite gradient (all its losses non-finite) makes every sum NaN,
-    as in the generic VJP path.
+    How the per-client gradients are formed and added into their clusters is
+    the `form` (`LINEAR_FORMS`): every form gives the same sums up to float
+    rounding. A NaN cluster model nobody chose leaves the others finite in
+    every form; a client whose chosen model gives it a non-finite gradient
+    (all its losses non-finite) makes every sum NaN in the "dot" forms (its
+    row enters every cluster's product) and its own cluster's in "loop", as
+    in the generic VJP path.
 
     Args:
       theta: [k, d]; x: [m, n, d]; y: [m, n]; num_examples: [m].
       choose: [m, k] losses -> [m] assignment.
       weights: [m]; 0 leaves a client out.
+      form: one of LINEAR_FORMS (static); None: DEFAULT_LINEAR_FORM.
 
     Returns:
       (losses [m, k], assignment [m], sums [k, d]).
     """
-    k = theta.shape[0]
+    form = check_linear_form(form)
     r = _residuals(theta, x, y, num_examples)
     inv = _inverse_counts(num_examples)
     losses = _mean_squares(r, inv)
     assignment = choose(losses)
+    sums = _grad_sums(r, assignment, inv, weights, x, form=form)
+    return losses, assignment, sums
+
+
+@functools.partial(jax.jit, static_argnames=("form",))
+def _grad_sums(r, assignment, inv, weights, x, *, form: str):
+    """[k, d] per-cluster gradient sums from the [m, n, k] residuals, in `form`.
+
+    Its own (inlined) jitted function: the lowered program names it, which is how
+    `fedjax_sim.tuning` knows that a round has a form to choose (`tuning.MARKER`).
+    """
+    k = r.shape[2]
     taking_part = weights != 0
     safe = jnp.clip(assignment, 0, k - 1)  # an unassigned (-1) client is not taking part
     r_chosen = jnp.take_along_axis(r, safe[:, None, None], axis=2)[:, :, 0]  # [m, n]
     coef = jnp.where(taking_part[:, None], r_chosen * (2.0 * inv * weights)[:, None], 0.0)
-    # A batched [1, n]·[n, d] product per client: XLA's batched-dot loop reads X once and
-    # beat the multiply-and-reduce loop fusion (d = 10, m = 10⁵: 3.6 against 7.7 ms CPU).
-    client_grads = jnp.einsum("mn,mnd->md", coef, x)
     picked = (assignment[:, None] == jnp.arange(k)) & taking_part[:, None]
-    sums = jnp.einsum("mk,md->kd", picked.astype(client_grads.dtype), client_grads)
-    return losses, assignment, sums
+    if form == "loop":
+        if x.shape[-1] < LOOP_MAX_FEATURES:
+            client_grads = jnp.sum(coef[:, :, None] * x, axis=1)
+        else:
+            client_grads = jnp.einsum("mn,mnd->md", coef, x)
+        return jnp.sum(jnp.where(picked[:, :, None], client_grads[:, None, :], 0.0), axis=0)
+    client_grads = jnp.einsum("mn,mnd->md", coef, x)
+    return jnp.einsum("mk,md->kd", picked.astype(client_grads.dtype), client_grads)
 
 
 def supports(model, shared) -> bool:

@@ -269,6 +269,7 @@ class SyntheticRun(Experiment):
             "compile_seconds": timing.get("compile_seconds"),
             "seconds": seconds,
             "evaluate_seconds": timing.get("evaluate_seconds"),
+            "kernel_form": timing.get("kernel_form"),
             "rounds_per_second": timing["rounds_run"] / seconds
             if timing.get("rounds_run") and seconds > 0 else None,
         }
