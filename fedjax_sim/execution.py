@@ -10,6 +10,13 @@ key (two plans compile two programs), it survives `take`, chunking and
 
 A `Plan` holds:
 
+- `client_chunk`: how many clients a round (and an evaluation) processes at
+  once; None: all of them. The cohort path (`ops.cohort_sums`,
+  `ops.map_client_chunks`, `ops.local_update`) scans over chunks of this many,
+  so peak memory is O(chunk × model); `fedjax_sim.memory` picks it.
+- `keep_client_state`: False lets an algorithm drop per-client state that no
+  round reads back (IFCA's assignments under full participation), for runs over
+  more clients than memory holds.
 - `linear_form`: the form of IFCA option I's fused linear kernel
   (`ops.linear.LINEAR_FORMS`); None: the default form. `fedjax_sim.tuning`
   times the forms once per machine and round shape and remembers the choice.
@@ -30,11 +37,25 @@ class Plan:
     """The executor's choices for one round's programs (hashable: a jit cache key).
 
     Attributes:
+      client_chunk: clients processed at once (None: all).
+      keep_client_state: False: per-client state no round reads back may be dropped.
       linear_form: the linear kernel's form (`ops.linear.LINEAR_FORMS`), or None
         for the default.
     """
 
+    client_chunk: int | None = None
+    keep_client_state: bool = True
     linear_form: str | None = None
+
+    def __post_init__(self):
+        chunk = self.client_chunk
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int)
+                                  or chunk < 1):
+            raise ValueError("a plan's client_chunk must be None (all clients at once) or an "
+                             f"integer >= 1; got {chunk!r}.")
+        if not isinstance(self.keep_client_state, bool):
+            raise ValueError("a plan's keep_client_state must be True or False; got "
+                             f"{self.keep_client_state!r}.")
 
     def replace(self, **changes) -> Plan:
         return replace(self, **changes)
@@ -55,6 +76,11 @@ def plan_of(data) -> Plan:
         if _is_carrier(node):
             return node.plan
     return DEFAULT_PLAN
+
+
+def planned(data, **changes):
+    """`data` with its plan's fields `changes` set (e.g. `planned(data, client_chunk=64)`)."""
+    return with_plan(data, plan_of(data).replace(**changes))
 
 
 def with_plan(data, plan: Plan):

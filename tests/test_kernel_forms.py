@@ -15,7 +15,7 @@ import pytest
 from fedjax_sim import backend, simulate, tuning
 from fedjax_sim.algorithms import fedavg, ifca, with_restarts
 from fedjax_sim.data import FederatedData, linear_mixture
-from fedjax_sim.execution import plan_of
+from fedjax_sim.execution import plan_of, planned
 from fedjax_sim.models import linear_regression
 from fedjax_sim.ops import sample_cohort
 from fedjax_sim.ops.linear import DEFAULT_LINEAR_FORM, LINEAR_FORMS
@@ -62,17 +62,17 @@ def test_every_form_equals_the_per_client_loop(form, d, participation):
     theta0 = np.random.default_rng(1).normal(size=(k, d)).astype(np.float32)
     alg = ifca(linear_regression(d), num_clusters=k, learning_rate=lr,
                participation=participation, init_params=lambda key: jnp.asarray(theta0))
-    planned = tuning.planned(data, form)
-    assert plan_of(planned).linear_form == form
+    placed = planned(data, linear_form=form)
+    assert plan_of(placed).linear_form == form
     round_ = backend.jit(alg.round, d, linear_form=form)
-    state = alg.init(jax.random.key(0), planned)
+    state = alg.init(jax.random.key(0), placed)
     counts = np.asarray(data.num_examples)
     xs = [np.asarray(data.x[i, :c], np.float64) for i, c in enumerate(counts)]
     ys = [np.asarray(data.y[i, :c], np.float64) for i, c in enumerate(counts)]
     m, holding = data.num_clients, int(np.sum(counts > 0))
     theta = theta0.astype(np.float64)
     for key in jax.random.split(jax.random.key(2), 2):
-        state, _ = round_(state, planned, key)
+        state, _ = round_(state, placed, key)
         s = max(1, int(round(participation * m)))
         cohort = np.asarray(sample_cohort(key, m, s).ids)
         sums = np.zeros_like(theta)
@@ -216,12 +216,12 @@ def test_compile_round_times_calls_one_by_one(store, monkeypatch):
     alg = ifca(linear_regression(10), num_clusters=4, learning_rate=0.1)
     state = alg.init(jax.random.key(0), data)
     key = jax.random.key(1)
-    round_fn, planned, choice = tuning.compile_round(alg, state, data, key)
+    round_fn, placed, choice = tuning.compile_round(alg, state, data, key)
     assert choice.source == "timed" and len(calls) == 1
     if "dot_ynn" in calls[0]:  # narrow features on a CPU whose jaxlib has YNNPACK dots
         assert choice.form == "dot_ynn"
-    assert plan_of(planned).linear_form == choice.form
-    new, _ = round_fn(state, planned, key)
+    assert plan_of(placed).linear_form == choice.form
+    new, _ = round_fn(state, placed, key)
     want, _ = jax.jit(alg.round)(state, data, key)
     np.testing.assert_array_equal(new.assignment, want.assignment)
     np.testing.assert_allclose(new.cluster_params, want.cluster_params, rtol=1e-6, atol=1e-6)

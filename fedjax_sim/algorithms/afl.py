@@ -41,33 +41,21 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 
 from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
-    check_fraction,
     check_inputs,
-    check_steps,
-    client_optimizer,
-    cohort_size,
+    check_participation,
+    draw_cohort,
     mean_over,
     per_client_fields,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
+from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model
-from fedjax_sim.ops import (
-    check_client_chunk,
-    cohort_sums,
-    local_update,
-    mean_or_keep,
-    put,
-    sample_cohort,
-    take,
-    weighted_sum,
-)
+from fedjax_sim.ops import cohort_sums, mean_or_keep, put, take, weighted_sum
 from fedjax_sim.ops.simplex import project_segments
 
 
@@ -83,45 +71,33 @@ def project_active(v, active):
     return project_segments(v, jnp.where(active, 0, -1), 1)
 
 
-def afl(
-    model: Model,
-    optimizer: optax.GradientTransformation | None = None,
-    *,
-    learning_rate=None,
-    local_steps: int = 1,
-    batch_size: int | None = None,
-    participation: float = 1.0,
-    lambda_lr=0.01,
-    client_chunk: int | None = None,
-) -> Algorithm:
+def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
+        lambda_lr=0.01) -> Algorithm:
     """Builds AFL (Mohri et al. 2019): projected ascent on the client mixture λ.
 
     Args:
       model: the shared model.
-      optimizer: client optimizer (default SGD at learning_rate; a fresh
-        state each round).
-      learning_rate: η when optimizer is None; may be traced.
-      local_steps: τ; 1 (default) is the paper's one gradient step per round.
-      batch_size: None for full-batch steps (then F_i(w) is the client's
-        whole loss), else the minibatch size (F_i(w) is then the first
-        step's minibatch loss: the paper's stochastic estimate).
+      training: how each client trains; `sgd(η)` with one full-batch step is the
+        paper's one gradient step per round (then F_i(w) is the client's whole
+        loss; with minibatches it is the first step's minibatch loss, the
+        paper's stochastic estimate).
       participation: s/m, clients per round, uniform without replacement.
       lambda_lr: γ, the λ step size (may be traced); γ = 0 keeps λ uniform.
-      client_chunk: None trains the whole cohort at once; else this many
-        clients at a time.
 
     Returns:
       Algorithm with state AFLState; evaluate adds `client_lambda` [m].
+
+    Examples:
+      >>> from fedjax_sim.algorithms import afl, sgd
+      >>> from fedjax_sim.models import linear_regression
+      >>> alg = afl(linear_regression(3), sgd(0.1), lambda_lr=0.01)
+
+    References:
+      Mohri, Sivek, Suresh, "Agnostic Federated Learning", ICML 2019,
+      arXiv:1902.00146.
     """
-    check_steps("local_steps", local_steps)
-    if batch_size is not None:
-        check_steps("batch_size", batch_size)
-    check_fraction("participation", participation)
-    check_client_chunk(client_chunk)
-    if isinstance(lambda_lr, (int, float, np.number)) and not (
-            np.isfinite(lambda_lr) and lambda_lr >= 0):
-        raise ValueError(f"lambda_lr must be a finite number >= 0; got {lambda_lr!r}.")
-    opt = client_optimizer(optimizer, learning_rate)
+    check_participation(participation)
+    check_learning_rate("lambda_lr", lambda_lr)
 
     def init(key, data: FederatedData) -> AFLState:
         params = model.init(key)
@@ -132,19 +108,18 @@ def afl(
 
     def round_(state: AFLState, data: FederatedData, key):
         m = data.num_clients
-        s = cohort_size(m, participation)
-        cohort = sample_cohort(key, m, s)
+        cohort = draw_cohort(key, data, participation)
+        s = cohort.size
 
         def client_step(batch):  # τ steps from w; F_i(w) is the first step's loss
             start = broadcast_to_clients(state.params, batch.keys.shape[0])
-            trained, _, losses = local_update(model, opt, start, batch.data, batch.keys,
-                                              num_steps=local_steps, batch_size=batch_size)
+            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys)
             weights = jnp.where(batch.active, batch.inputs, 0.0)
             return (weighted_sum(trained, weights), jnp.sum(weights)), (losses[:, 0],
                                                                        batch.active)
 
         (total, weight), (losses, active) = cohort_sums(
-            client_step, data, cohort, inputs=take(cohort, state.lam), client_chunk=client_chunk)
+            client_step, data, cohort, inputs=take(cohort, state.lam))
         params = mean_or_keep(total, weight, state.params)
         v = put(cohort, jnp.zeros((m,), jnp.float32), jnp.where(active, (m / s) * losses, 0.0))
         lam = project_active(state.lam + lambda_lr * v, data.active())
@@ -157,7 +132,7 @@ def afl(
         return AFLState(params, lam, lam_avg, state.round + 1), metrics
 
     def evaluate(state: AFLState, data: FederatedData) -> dict:
-        out = evaluate_shared(model, state.params, data, client_chunk)
+        out = evaluate_shared(model, state.params, data)
         out["client_lambda"] = state.lam
         return out
 

@@ -1,19 +1,28 @@
-"""An algorithm is a NamedTuple of pure functions, like optax's GradientTransformation."""
+"""An algorithm is a NamedTuple of pure functions, like optax's GradientTransformation.
+
+This module also holds what every factory shares, so that a factory is its own
+maths: the checks of the settings every algorithm takes (`participation`,
+`weighting`), the round's cohort draw (`draw_cohort`), the weighted means over a
+cohort, and the combinators that wrap a whole algorithm (`with_restarts`,
+`with_seeds`, `with_server_optimizer`). How a client trains is
+`training.ClientTraining`; how a round is executed (chunks, kernel forms) is the
+executor's (`fedjax_sim.execution`) and appears in no factory.
+"""
 
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
+from fedjax_sim.algorithms.server import apply_server_update, make_server_optimizer
 from fedjax_sim.data.federated import copies_axes
 from fedjax_sim.models.core import Model, check_model_data
-from fedjax_sim.ops.local_update import linear_in_gradients
+from fedjax_sim.ops import sample_cohort
 
 State = Any
 NOT_PER_CLIENT = -1
@@ -57,25 +66,6 @@ def per_client_fields(*names: str) -> Callable[[State], Any]:
     return client_axes
 
 
-def client_optimizer(optimizer, learning_rate) -> optax.GradientTransformation:
-    """The given optax optimizer, or plain SGD at learning_rate (declared linear in its
-    gradients, `ops.linear_in_gradients`: a model's dense input layer may train in the
-    span of its client's rows).
-
-    learning_rate may be a traced value (a sweep vmaps over it), so it is only
-    range-checked when it is a concrete number.
-    """
-    if optimizer is not None:
-        return optimizer
-    if learning_rate is None:
-        raise ValueError("give either an optax optimizer or a learning_rate.")
-    if isinstance(learning_rate, (int, float, np.number)) and not (
-        math.isfinite(float(learning_rate)) and learning_rate >= 0
-    ):
-        raise ValueError(f"learning_rate must be a finite number >= 0; got {learning_rate!r}.")
-    return linear_in_gradients(optax.sgd(learning_rate))
-
-
 def cohort_size(num_clients: int, participation: float) -> int:
     """Clients per round for a participation fraction (at least 1)."""
     return max(1, int(round(participation * num_clients)))
@@ -94,6 +84,27 @@ def check_steps(name: str, value) -> None:
 def check_choice(name: str, value, choices) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {tuple(choices)}; got {value!r}.")
+
+
+WEIGHTINGS = ("uniform", "examples")
+
+
+def check_participation(participation) -> None:
+    """ValueError unless participation, the fraction of clients in a round, is in (0, 1]."""
+    check_fraction("participation", participation)
+
+
+def check_weighting(weighting) -> None:
+    """ValueError unless weighting is "uniform" (every client alike) or "examples" (∝ rows)."""
+    check_choice("weighting", weighting, WEIGHTINGS)
+
+
+def draw_cohort(key, data, participation: float, *, weights=None):
+    """The round's cohort: `cohort_size(m, participation)` of the m clients, drawn uniformly
+    without replacement (every client, in order, at participation 1), or i.i.d. with
+    replacement ∝ `weights` ([m]); a key per slot (`ops.sample_cohort`)."""
+    m = data.num_clients
+    return sample_cohort(key, m, cohort_size(m, participation), weights=weights)
 
 
 def check_inputs(model: Model, params, data) -> None:
@@ -179,3 +190,78 @@ def with_seeds(algorithm: Algorithm, seeds: int, *, shared_data: bool = False) -
     if not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds must be >= 1; got {seeds}.")
     return _copies(algorithm, seeds, None if shared_data else copies_axes)
+
+
+SERVER_MODEL_FIELDS = ("params", "cluster_params")
+
+
+def _server_field(state) -> str:
+    for name in SERVER_MODEL_FIELDS:
+        if name in getattr(state, "_fields", ()):
+            if "server_state" not in state._fields:
+                break
+            return name
+    raise ValueError(
+        "with_server_optimizer needs a state with a server model (a field `params`, or "
+        "`cluster_params` with one model per cluster) and a `server_state` field; "
+        f"{type(state).__name__} has {getattr(state, '_fields', ())}.")
+
+
+def _moved(delta) -> jax.Array:
+    """Whether a server model changed in the round (some client holding data trained)."""
+    return jnp.any(jnp.stack([jnp.any(d != 0) for d in jax.tree.leaves(delta)]))
+
+
+def with_server_optimizer(algorithm: Algorithm, optimizer, server_lr=None) -> Algorithm:
+    """FedOpt around an algorithm: the server steps on the round's change of its model.
+
+    Reddi et al., "Adaptive Federated Optimization", ICLR 2021 (algorithms/server.py):
+    the round's new server model is read as x + Δ (Δ the clients' mean change), and
+    the server takes x_{t+1} = ServerOpt(x_t, −Δ_t) instead. A round in which the model
+    did not change (no client holding data took part) changes neither the model nor
+    the optimizer state. With one model per cluster (`cluster_params`, leaves
+    [k, ...]) every cluster has its own optimizer state and a cluster nobody picked
+    keeps both.
+
+    Args:
+      algorithm: its state must have a server model field (`params`, or
+        `cluster_params`) and a `server_state` field (fedavg, fedprox, ifca, drfa, …).
+      optimizer: "sgd", "sgdm" (FedAvgM), "adam", "yogi", "adagrad" (the paper's
+        Algorithm 2) or an optax transformation.
+      server_lr: η of a named optimizer (None: its default); may be traced.
+
+    Examples:
+      >>> from fedjax_sim.algorithms import fedavg, sgd, with_server_optimizer
+      >>> from fedjax_sim.models import linear_regression
+      >>> fedadam = with_server_optimizer(fedavg(linear_regression(3), sgd(0.1)), "adam",
+      ...                                 server_lr=0.01)
+    """
+    server = make_server_optimizer(optimizer, server_lr)
+    if server is None:
+        raise ValueError("with_server_optimizer needs an optimizer (a name or an optax "
+                         "transformation).")
+
+    def init(key, data):
+        state = algorithm.init(key, data)
+        field = _server_field(state)
+        if field == "cluster_params" and jax.tree.leaves(getattr(state, "shared_params", {})):
+            raise ValueError("with_server_optimizer steps each cluster's own model; the trunk "
+                             "every cluster shares (weight sharing) has no server step.")
+        params = getattr(state, field)
+        init_one = server.init if field == "params" else jax.vmap(server.init)
+        return state._replace(server_state=init_one(params))
+
+    def round_(state, data, key):
+        new, metrics = algorithm.round(state, data, key)
+        field = _server_field(state)
+        old = getattr(state, field)
+        delta = optax.tree.sub(getattr(new, field), old)
+        step = functools.partial(apply_server_update, server)
+        if field == "params":
+            params, server_state = step(old, state.server_state, delta, _moved(delta))
+        else:
+            params, server_state = jax.vmap(step)(old, state.server_state, delta,
+                                                  jax.vmap(_moved)(delta))
+        return new._replace(**{field: params, "server_state": server_state}), metrics
+
+    return algorithm._replace(init=init, round=round_)
