@@ -9,6 +9,7 @@ run directories, sweeps and comparisons; nothing else needs editing to add one.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import sys
@@ -21,8 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim import backend, compare, parallel
+from fedjax_sim.algorithms import ClientTraining, sgd
 from fedjax_sim.algorithms.base import NOT_PER_CLIENT, Algorithm
 from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.experiments import methods as method_table
 from fedjax_sim.experiments.settings import Setting
 
 
@@ -195,6 +198,11 @@ class Experiment:
     log_metrics: tuple[str, ...] = ()
     #: method -> label in plot legends (default: the method's name).
     labels: dict | None = None
+    #: the methods it can train: `methods.METHODS`, with its own entries where its
+    #: protocol trains a method its own way.
+    method_table = method_table.METHODS
+    #: what its data provide to the methods (`methods.SERVER_DATA`, `methods.SPLIT_MODEL`).
+    provides: frozenset = frozenset()
 
     @property
     def declared(self) -> dict[str, Setting]:
@@ -243,6 +251,49 @@ class Experiment:
         """Method `name` over s["seeds"] vmapped seeds, ready to train."""
         raise NotImplementedError(f"{self.name} declares no comparison.")
 
+    def available(self) -> tuple[str, ...]:
+        """The methods of its table that fit its data: its declared ones first."""
+        fitting = [n for n, m in self.method_table.items()
+                   if method_table.fits(m, self.provides) is None]
+        return tuple(dict.fromkeys([*(n for n in self.methods if n in fitting), *fitting]))
+
+    def check_method(self, name: str) -> None:
+        """ValueError in one line when method `name` cannot be trained here, saying why."""
+        if name not in self.method_table:
+            raise ValueError(f"unknown method {name!r}; {self.name} can train "
+                             f"{', '.join(self.available())}.")
+        why = method_table.fits(self.method_table[name], self.provides)
+        if why is not None:
+            raise ValueError(f"method {name} needs {why}, which {self.name} does not have; "
+                             f"it can train {', '.join(self.available())}.")
+
+    def client_training(self, s: dict, learning_rate) -> ClientTraining:
+        """How its clients train at `learning_rate`: plain SGD (declared linear in its
+        gradients) with its local_steps, batch_size (0: full batch) and sampling."""
+        return sgd(learning_rate, steps=s["local_steps"], batch_size=s.get("batch_size") or None,
+                   sampling=s.get("sampling", "with_replacement"))
+
+    def training_of(self, name: str, s: dict, learning_rate=None) -> ClientTraining:
+        """Method `name`'s client training: at its own learning rate (or `learning_rate`);
+        plain SGD at it for a method whose maths assume it."""
+        method = self.method_table[name]
+        if learning_rate is None:
+            learning_rate = s[method_table.setting_of(method, "lr", s)]
+        training = self.client_training(s, learning_rate)
+        if method.sgd:
+            training = sgd(learning_rate, steps=training.steps, batch_size=training.batch_size,
+                           sampling=training.sampling)
+        return training
+
+    def build_method(self, name: str, s: dict, model, learning_rate=None, **extra) -> Algorithm:
+        """Method `name` (unvmapped) with these settings, through the one method table."""
+        self.check_method(name)
+        return method_table.build(name, self.method_table, model,
+                                  self.training_of(name, s, learning_rate), s, **extra)
+
+    def method_rounds(self, name: str, s: dict) -> int:
+        return s[method_table.setting_of(self.method_table[name], "rounds", s)]
+
     def compared(self, s: dict) -> tuple[str, ...]:
         """The methods a comparison trains, the baseline among them: the `methods` setting
         (a narrowed or reordered list, `methods_setting`) where the experiment takes one,
@@ -256,6 +307,8 @@ class Experiment:
         if chosen is None:
             return tuple(self.methods)
         names = (chosen,) if isinstance(chosen, str) else tuple(chosen)
+        for name in names:
+            self.check_method(name)
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(f"setting methods names {', '.join(repeated)} twice; give each "
@@ -266,13 +319,37 @@ class Experiment:
                 f"differences are taken to it); got {','.join(names)}.")
         return names
 
+    #: per-experiment defaults of the method settings it gains (`methods.METHOD_SETTINGS`)
+    method_defaults: dict = {}
+
     def declare_methods_setting(self) -> None:
-        """Adds the `methods` setting (`methods_setting`) to an experiment that compares
-        methods through `method_run` and does not declare one itself (a `Preset` calls
-        this), so `--set methods=a,b` narrows and orders every comparison."""
-        if (self.methods and all(st.name != "methods" for st in self.settings)
-                and type(self).method_run is not Experiment.method_run):
-            self.settings = (*self.settings, methods_setting(tuple(self.methods)))
+        """Completes the settings of an experiment that compares methods through
+        `method_run` (a `Preset` calls this): the `methods` setting (any method of its
+        table may be named; one that does not fit is refused saying why), the settings of
+        every method it can train that it does not declare itself
+        (`methods.METHOD_SETTINGS`), and the methods that read each method setting
+        (`Setting.methods`), so `describe` marks them and the runner refuses them where
+        no trained method reads them."""
+        if (not self.methods or type(self).method_run is Experiment.method_run
+                or self.__dict__.get("_methods_declared")):
+            return
+        self.__dict__["_methods_declared"] = True
+        available = self.available()
+        names = {st.name for st in self.settings}
+        readers = method_table.readers({n: self.method_table[n] for n in available})
+        added = [dataclasses.replace(st, default=self.method_defaults.get(st.name, st.default))
+                 for name, st in method_table.METHOD_SETTINGS.items()
+                 if name in readers and name not in names]
+
+        def scoped(st: Setting) -> Setting:
+            if st.name in readers and st.methods is None:
+                return dataclasses.replace(st, methods=readers[st.name])
+            return st
+
+        settings = [scoped(st) for st in (*self.settings, *added)]
+        if "methods" not in names:
+            settings.append(methods_setting(tuple(self.method_table), tuple(self.methods)))
+        self.settings = tuple(settings)
 
     def table(self, s: dict) -> list[str]:
         """The metrics of results.csv, in order."""
