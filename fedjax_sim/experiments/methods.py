@@ -40,7 +40,7 @@ from fedjax_sim.experiments.settings import Setting
 from fedjax_sim.models.core import TRUNK, Model
 
 KINDS = ("global", "clustered", "personal", "fixed")
-SERVER_DATA, SPLIT_MODEL = "server_data", "split_model"
+SERVER_DATA, SPLIT_MODEL, FLOAT_TARGETS = "server_data", "split_model", "float_targets"
 
 
 class Build(NamedTuple):
@@ -67,7 +67,8 @@ class Method:
         models and each client's assignment), "personal" (a model per client)
         or "fixed" (clusters fixed at init: one-shot).
       needs: what it needs of an experiment: SERVER_DATA (a datacenter set beside
-        the clients), SPLIT_MODEL (a model split into trunk and head).
+        the clients), SPLIT_MODEL (a model split into trunk and head),
+        FLOAT_TARGETS (targets it can mix: regression, or one-hot labels).
       lr: the setting of its client learning rate, where the experiment declares
         it ("lr" otherwise).
       rounds: the setting of its number of rounds, where declared ("rounds" otherwise).
@@ -77,6 +78,8 @@ class Method:
         from the experiment's (IFCA option I takes one full-batch gradient).
       wrap: optional (Algorithm, Build) -> Algorithm: its combinators.
       personal: kind "personal": the state field holding the per-client models.
+      adaptive_weights: its clients' weights change every round without a λ in its
+        state (q-FFL): an experiment reporting client weights has none to report.
     """
 
     algorithm: str
@@ -91,6 +94,7 @@ class Method:
     training: Callable | None = None
     wrap: Callable | None = None
     personal: str | None = None
+    adaptive_weights: bool = False
 
     def replace(self, **changes) -> Method:
         return dataclasses.replace(self, **changes)
@@ -189,7 +193,8 @@ METHODS: dict[str, Method] = {
     "fedadagrad": Method("fedadagrad", "FedAdagrad (FedOpt)", reads=_FEDOPT),
     "fedprox": Method("fedprox", "FedProx", reads={"prox_mu": "mu"}),
     "scaffold": Method("scaffold", "SCAFFOLD (option II variates)", sgd=True),
-    "qffl": Method("qffl", "q-FFL (q-FedAvg)", reads={"q": "q"}, lr="qffl_lr", sgd=True),
+    "qffl": Method("qffl", "q-FFL (q-FedAvg)", reads={"q": "q"}, lr="qffl_lr", sgd=True,
+                   adaptive_weights=True),
     "afl": Method("afl", "Agnostic FL", reads=_LAMBDA),
     "ditto": Method("ditto", "Ditto (personal models)", reads={"ditto_lambda": "ditto_lambda"},
                     kind="personal", personal="personal"),
@@ -214,13 +219,15 @@ METHODS: dict[str, Method] = {
                           reads={**_K, **_LAMBDA}, kind="clustered"),
     "drfa": Method("drfa", "DRFA", reads=_ROBUST),
     "drflm": Method("drflm", "DRFLM (DRFA with local mixup)",
-                    reads={**_ROBUST, "mixup_alpha": _mixup, "lambda_loss": "lambda_loss"}),
+                    reads={**_ROBUST, "mixup_alpha": _mixup, "lambda_loss": "lambda_loss"},
+                    needs=frozenset({FLOAT_TARGETS})),
     "fedavg_mixup": Method("drflm", "FedAvg + mixup (DRFLM with λ fixed at FedAvg's weights)",
                            options={"lambda_lr": 0.0},
                            reads={"lambda_floor": _none_if_zero("lambda_floor"),
                                   "official_code": "official_code", "mixup_alpha": _mixup,
                                   "lambda_loss": "lambda_loss",
-                                  "weighting": fedavg_mixup_init}),
+                                  "weighting": fedavg_mixup_init},
+                           needs=frozenset({FLOAT_TARGETS})),
     "mixed_parallel": Method("mixed_parallel", "Mixed FL, parallel training (PT)",
                              reads=_MIXED, needs=frozenset({SERVER_DATA})),
     "mixed_gt1": Method("mixed_gt1", "Mixed FL, one-way gradient transfer (1-GT)",
@@ -257,7 +264,8 @@ def fits(method: Method, provides: frozenset) -> str | None:
     if not missing:
         return None
     what = {SERVER_DATA: "server data (a datacenter dataset beside the clients)",
-            SPLIT_MODEL: "a model split into a trunk and a head"}
+            SPLIT_MODEL: "a model split into a trunk and a head",
+            FLOAT_TARGETS: "float targets to mix (regression targets or one-hot labels)"}
     return " and ".join(what[m] for m in missing)
 
 
