@@ -25,7 +25,7 @@ from fedjax_sim import backend, compare, parallel
 from fedjax_sim.algorithms import ClientTraining, sgd
 from fedjax_sim.algorithms.base import NOT_PER_CLIENT, Algorithm
 from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.experiments import methods as method_table
+from fedjax_sim.experiments import methods as catalog
 from fedjax_sim.experiments.settings import Setting
 
 
@@ -200,9 +200,11 @@ class Experiment:
     labels: dict | None = None
     #: the methods it can train: `methods.METHODS`, with its own entries where its
     #: protocol trains a method its own way.
-    method_table = method_table.METHODS
+    method_table = catalog.METHODS
     #: what its data provide to the methods (`methods.SERVER_DATA`, `methods.SPLIT_MODEL`).
     provides: frozenset = frozenset()
+    #: the kinds of method its metrics evaluate (`methods.KINDS`).
+    kinds: tuple[str, ...] = catalog.KINDS
 
     @property
     def declared(self) -> dict[str, Setting]:
@@ -254,7 +256,7 @@ class Experiment:
     def available(self) -> tuple[str, ...]:
         """The methods of its table that fit its data: its declared ones first."""
         fitting = [n for n, m in self.method_table.items()
-                   if method_table.fits(m, self.provides) is None]
+                   if catalog.fits(m, self.provides) is None and m.kind in self.kinds]
         return tuple(dict.fromkeys([*(n for n in self.methods if n in fitting), *fitting]))
 
     def check_method(self, name: str) -> None:
@@ -262,7 +264,11 @@ class Experiment:
         if name not in self.method_table:
             raise ValueError(f"unknown method {name!r}; {self.name} can train "
                              f"{', '.join(self.available())}.")
-        why = method_table.fits(self.method_table[name], self.provides)
+        method = self.method_table[name]
+        why = catalog.fits(method, self.provides)
+        if why is None and method.kind not in self.kinds:
+            why = (f"its {method.kind} models evaluated, but this experiment's metrics read "
+                   f"{' or '.join(self.kinds)} models only")
         if why is not None:
             raise ValueError(f"method {name} needs {why}, which {self.name} does not have; "
                              f"it can train {', '.join(self.available())}.")
@@ -278,7 +284,7 @@ class Experiment:
         plain SGD at it for a method whose maths assume it."""
         method = self.method_table[name]
         if learning_rate is None:
-            learning_rate = s[method_table.setting_of(method, "lr", s)]
+            learning_rate = s[catalog.setting_of(method, "lr", s)]
         training = self.client_training(s, learning_rate)
         if method.sgd:
             training = sgd(learning_rate, steps=training.steps, batch_size=training.batch_size,
@@ -288,11 +294,11 @@ class Experiment:
     def build_method(self, name: str, s: dict, model, learning_rate=None, **extra) -> Algorithm:
         """Method `name` (unvmapped) with these settings, through the one method table."""
         self.check_method(name)
-        return method_table.build(name, self.method_table, model,
+        return catalog.build(name, self.method_table, model,
                                   self.training_of(name, s, learning_rate), s, **extra)
 
     def method_rounds(self, name: str, s: dict) -> int:
-        return s[method_table.setting_of(self.method_table[name], "rounds", s)]
+        return s[catalog.setting_of(self.method_table[name], "rounds", s)]
 
     def compared(self, s: dict) -> tuple[str, ...]:
         """The methods a comparison trains, the baseline among them: the `methods` setting
@@ -336,9 +342,9 @@ class Experiment:
         self.__dict__["_methods_declared"] = True
         available = self.available()
         names = {st.name for st in self.settings}
-        readers = method_table.readers({n: self.method_table[n] for n in available})
+        readers = catalog.readers({n: self.method_table[n] for n in available})
         added = [dataclasses.replace(st, default=self.method_defaults.get(st.name, st.default))
-                 for name, st in method_table.METHOD_SETTINGS.items()
+                 for name, st in catalog.METHOD_SETTINGS.items()
                  if name in readers and name not in names]
 
         def scoped(st: Setting) -> Setting:

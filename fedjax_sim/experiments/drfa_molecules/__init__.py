@@ -30,4 +30,5 @@ from fedjax_sim.experiments.drfa_molecules.metrics import (
 )
 
 __all__ = ["DATASET_NAMES", "EXPERIMENT", "FINAL_METRICS", "METHODS", "MOLECULES",
-           "PAPER_ESOL_WORST", "PRESETS", "DRFAExperiment", "Problem", "build_problem", "final_metrics", "metrics_fn"]
+           "PAPER_ESOL_WORST", "PRESETS", "DRFAExperiment", "Problem", "build_problem",
+           "final_metrics", "metrics_fn"]

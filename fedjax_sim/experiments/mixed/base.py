@@ -28,19 +28,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim import compare, plots
-from fedjax_sim.algorithms import fedavg, with_seeds
+from fedjax_sim.algorithms import with_seeds
 from fedjax_sim.algorithms.base import Algorithm
-from fedjax_sim.algorithms.mixed import (
-    COMBINES,
-    TRANSFERS,
-    mixed_centralized,
-    mixed_gt1,
-    mixed_gt2,
-    mixed_parallel,
-    on_federated_data,
-)
+from fedjax_sim.algorithms.mixed import COMBINES, TRANSFERS, on_federated_data
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.experiments.base import Comparison, Experiment
+from fedjax_sim.experiments.methods import METHODS as TABLE
+from fedjax_sim.experiments.methods import SERVER_DATA
 from fedjax_sim.experiments.settings import (
     Setting,
     checkpoint_setting,
@@ -126,33 +120,8 @@ def shared_settings(**defaults) -> tuple[Setting, ...]:
         seed_setting(),
         count("eval_every", d["eval_every"], "evaluate every this many rounds"),
         checkpoint_setting(d.get("checkpoint_every", 50)),
-        method_setting(METHODS, "mixed_gt2"),
+        method_setting(tuple(TABLE), "mixed_gt2"),
     )
-
-
-def none_if_zero(value: int):
-    return None if value == 0 else value
-
-
-def build_method(name: str, s: dict, model, central_loss=None) -> Algorithm:
-    """The method `name` of a mixed-FL comparison with the experiment's settings."""
-    common = dict(learning_rate=s["lr"], local_steps=s["local_steps"],
-                  batch_size=none_if_zero(s["batch_size"]))
-    mixed = dict(common, server_learning_rate=s["server_lr"], w_f=s["w_f"], w_c=s["w_c"],
-                 central_batch_size=none_if_zero(s["central_batch_size"]),
-                 clients_per_round=none_if_zero(s["clients_per_round"]),
-                 central_loss=central_loss)
-    if name == "fedavg":
-        return on_federated_data(fedavg(model, **common, participation=s["participation"]))
-    if name == "mixed_parallel":
-        return mixed_parallel(model, **mixed)
-    if name == "mixed_gt1":
-        return mixed_gt1(model, **mixed)
-    if name == "mixed_gt2":
-        return mixed_gt2(model, **mixed, combine=s["combine"], transfer=s["transfer"])
-    if name == "oracle":
-        return mixed_centralized(model, **mixed)
-    raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}.")
 
 
 def split_extra(algorithm: Algorithm) -> Algorithm:
@@ -200,6 +169,8 @@ class MixedTask(Experiment):
 
     supports_sweep = False
     methods = METHODS
+    provides = frozenset({SERVER_DATA})
+    kinds = ("global",)  # the objective and the metrics read one global model
     baseline = "fedavg"
     headline = "mixed_gt2"
     labels = LABELS
@@ -258,8 +229,11 @@ class MixedTask(Experiment):
     def method_run(self, name: str, s: dict, problem: MixedProblem) -> MethodRun:
         """Method `name` over the problem's seeds: the same data and keys as the others."""
         s = {**s, "participation": self.participation(s)}
+        built = self.build_method(name, s, problem.model, central_loss=problem.central_loss)
+        if SERVER_DATA not in self.method_table[name].needs:  # FL only: the clients alone
+            built = on_federated_data(built)
         # The inputs are (clients, server, metric-only extras): the method sees the pair.
-        method = split_extra(build_method(name, s, problem.model, problem.central_loss))
+        method = split_extra(built)
         algorithm = with_seeds(with_objective(method, problem.objective), problem.seeds)
 
         def evaluate(state):
