@@ -371,6 +371,9 @@ def test_binary_auc_and_rounds_to_target_equal_loops():
     values = np.array([[3.0, 5.0], [0.5, 4.0], [0.2, 3.0]])  # [rounds, seeds]
     got = rounds_to_target(values, 1.0)
     assert got[0] == 2 and np.isnan(got[1])
+    # No round kept (every seed diverged in the first chunk): NaN per seed, not an error.
+    got = rounds_to_target(np.zeros((0, 3)), 1.0)
+    assert got.shape == (3,) and np.all(np.isnan(got))
 
 
 def test_movielens_client_update_touches_only_its_own_rows():

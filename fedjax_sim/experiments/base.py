@@ -370,7 +370,12 @@ class Experiment:
 
     def compare(self, s: dict, ctx: RunContext | None = None) -> Comparison:
         """Every compared method over s["seeds"] seeds, in memory (no files): the Python
-        API of `fedjax-sim compare` (which also checkpoints and writes its directory)."""
+        API of `fedjax-sim compare` (which also checkpoints and writes its directory).
+
+        Diverged seeds are reported as the command reports them: one line on stderr
+        for the whole comparison (`compare.divergence_summary`); each seed's round and
+        metric are in the returned `results[method].diverged`.
+        """
         ctx = ctx or RunContext(progress=False)
         problem = self.problem(s)
         table = self.table(s)
@@ -380,6 +385,11 @@ class Experiment:
             on_method=lambda r: ctx.on_method(
                 r.name, compare.table_per_seed({r.name: r}, table)[r.name],
                 r.seed_mean_rows()))
+        summary = compare.divergence_summary(results)
+        if summary is not None:
+            print(f"fedjax-sim: comparison finished with diverged seeds: {summary}; they are "
+                  "left out of means and differences (results[method].diverged gives each "
+                  "seed's round and metric)", file=sys.stderr)
         return Comparison(compare.table_per_seed(results, table),
                           {n: r.seed_mean_rows() for n, r in results.items()}, table,
                           self.baseline, self.notes(s, problem, results), results)
@@ -389,7 +399,10 @@ class Experiment:
 
         metrics.csv gets one row per (round, seed); summary.json each final
         metric per seed and its mean over the seeds that did not diverge. The
-        run has diverged (exit 3) when every seed has.
+        run has diverged (exit 3) when every seed has: the runner's
+        `simulate.Diverged` is then its one line. When only some seeds have, one
+        line on stderr says how many and where the first went (summary.json's
+        "diverged" holds each seed's round and metric), never one per seed.
         """
         name = s["method"]
         spec = self.method_run(name, s, self.problem(s))
@@ -412,8 +425,13 @@ class Experiment:
                 for r in result.long_rows()]
         if spec.seed_rows is not None:
             ctx.on_rows(rows)
-        for line in compare.divergence_lines(result):
-            print(line, file=sys.stderr)
+        if 0 < result.diverged_seeds < seeds:
+            _, seed, first = compare.first_divergence({name: result})
+            print(f"fedjax-sim: method {name} diverged in {result.diverged_seeds} of {seeds} "
+                  f"seeds, the first at round {first['round']} (seed {seed}: "
+                  f"{first['metric']} is {first['value']}); they are left out of "
+                  "summary.json's final_mean (its \"diverged\" gives each seed's round and "
+                  "metric)", file=sys.stderr)
         seconds = result.timing.get("run_seconds") or 0.0
         summary = {
             "method": name,

@@ -229,11 +229,13 @@ def _check_resumable(out_dir: Path, settings: dict, declared, command: str) -> d
     return config
 
 
-def load_config(path, command: str | None = None) -> tuple[str, dict]:
+def load_config(path, command: str | None = None, resume: bool = False) -> tuple[str, dict]:
     """(preset name, settings) of an output directory's config.json, for `--config`.
 
     command: the command that will use it; a config.json of a sweep holds lists
-    that only a sweep reads, so only a sweep may take one.
+    that only a sweep reads, so only a sweep may take one (the refusal names the
+    preset and the sweep command to use). resume: it is the --out of a
+    `--resume` (the refusal says so).
     """
     path = Path(path)
     if path.is_dir():
@@ -250,8 +252,13 @@ def load_config(path, command: str | None = None) -> tuple[str, dict]:
                          f"{type(config['settings']).__name__} and "
                          f"{type(config['preset']).__name__}.")
     if command is not None and config.get("command") == SWEEP and command != SWEEP:
-        raise ValueError(f"--config {path} records a sweep (settings with lists); use it with "
-                         "`fedjax-sim sweep --config`.")
+        if resume:
+            raise ValueError(
+                f"--out {path.parent} holds a sweep of preset {config['preset']}, not a "
+                f"{command}; continue it with `fedjax-sim sweep --resume --out {path.parent}`.")
+        raise ValueError(
+            f"--config {path} records a sweep of preset {config['preset']} (settings with "
+            f"lists), not a {command}; rerun it with `fedjax-sim sweep --config {path}`.")
     return config["preset"], config["settings"]
 
 
@@ -270,7 +277,7 @@ def _base_settings(command: str, name, config, out_dir, resume: bool) -> tuple[s
             raise ValueError(
                 f"cannot resume: {out_dir} holds no config.json (no {command} was started "
                 "there).")
-        saved_name, base = load_config(path, command)
+        saved_name, base = load_config(path, command, resume=True)
         if name is not None and name != saved_name:
             raise ValueError(f"cannot resume {out_dir}: it holds preset {saved_name}, not {name}.")
         return saved_name, base

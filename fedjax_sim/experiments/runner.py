@@ -97,14 +97,42 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN,
             if len(set(map(str, settings[axis]))) != len(settings[axis]):
                 raise ValueError(f"setting {axis} repeats a value: {settings[axis]!r}.")
     else:
-        for key, value in settings.items():
-            if isinstance(value, list) and not experiment.declared[key].listable:
-                raise ValueError(
-                    f"setting {key} takes one value here (a list makes a sweep axis: use "
-                    f"`fedjax-sim sweep`); got {value!r}."
-                )
+        _refuse_axes(preset, settings, overrides or {}, base or {}, command)
         experiment.validate(settings, command)
     return settings
+
+
+def _refuse_axes(preset: Preset, settings: dict, overrides: dict, base: dict,
+                 command: str) -> None:
+    """Refuses a list for a setting that takes one value outside a sweep, saying where the
+    list came from: the user's own (--set, the Python API), the recorded settings of
+    --config or --resume (a sweep's), or the preset's defaults (a sweep-only preset,
+    whose grid axes are lists: it names the preset and `fedjax-sim sweep PRESET`)."""
+    lists = [k for k, v in settings.items()
+             if isinstance(v, list) and not preset.experiment.declared[k].listable]
+    for key in lists:
+        if key in overrides:
+            raise ValueError(
+                f"setting {key} takes one value here (a list makes a sweep axis: use "
+                f"`fedjax-sim sweep`); got {settings[key]!r}.")
+    recorded = [k for k in lists if k in base]
+    if recorded:
+        raise ValueError(
+            f"the recorded settings give {_names(recorded)} several values, as a sweep's "
+            f"config.json does; a {command} takes one value each: use `fedjax-sim sweep "
+            f"--config DIR/config.json` (preset {preset.name}), or --set "
+            + " ".join(f"{k}={settings[k][0]}" for k in recorded) + ".")
+    if lists:
+        one = " ".join(f"{k}={settings[k][0]}" for k in lists)
+        raise ValueError(
+            f"preset {preset.name} is a sweep preset: its defaults give {_names(lists)} "
+            f"several values (the axes of its grid); use `fedjax-sim sweep {preset.name}`, "
+            f"or give each one value to {command} one cell (e.g. --set {one}).")
+
+
+def _names(keys: list[str]) -> str:
+    """Setting names as a phrase: "R", "R and sigma", "R, sigma and lr"."""
+    return keys[0] if len(keys) == 1 else f"{', '.join(keys[:-1])} and {keys[-1]}"
 
 
 def _trained(experiment, settings: dict, command: str) -> tuple[str, ...] | None:
@@ -348,7 +376,8 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
 
     Raises:
       compare.MethodsDiverged: a method diverged in some seed, after every
-        output is written (exit code 3).
+        output is written (exit code 3); its message is the one line that says
+        what diverged (nothing is printed per seed).
     """
     name, base = _base_settings(COMPARE, name, config, out_dir, resume)
     preset = get_preset(name, COMPARE)
@@ -393,7 +422,7 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
     if primary:
         _write_comparison(preset, settings, problem, results, out_dir, tensorboard)
     if any(r.diverged_seeds for r in results.values()):
-        raise compare.MethodsDiverged(results)
+        raise compare.MethodsDiverged(results, out_dir)
     return out_dir
 
 

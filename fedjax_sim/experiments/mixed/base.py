@@ -72,8 +72,11 @@ def with_objective(algorithm: Algorithm, objective) -> Algorithm:
 
 def rounds_to_target(values: np.ndarray, target: float) -> np.ndarray:
     """[rounds, seeds] values of the model after rounds 1, 2, ... -> per seed the first round
-    with value <= target (NaN when never)."""
-    hit = values <= target
+    with value <= target (NaN when never, and for every seed when no round is kept: a
+    comparison whose every seed diverged in its first chunk of rounds)."""
+    hit = np.asarray(values) <= target
+    if hit.shape[0] == 0:
+        return np.full(hit.shape[1:], np.nan)
     first = np.argmax(hit, axis=0).astype(np.float64) + 1
     return np.where(hit.any(axis=0), first, np.nan)
 
