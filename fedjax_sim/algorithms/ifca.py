@@ -429,10 +429,7 @@ def with_warm_start(algorithm: Algorithm, rounds: int) -> Algorithm:
         raise ValueError(f"warm start rounds must be an integer >= 0; got {rounds!r}.")
 
     def init(key, data):
-        state = algorithm.init(key, data)
-        if state.assignment is None:
-            raise ValueError("a warm start needs the clients' assignments (an execution plan "
-                             "that keeps per-client state).")
+        state = _remembering(algorithm.init(key, data), data)
         m = data.num_clients
         k = jax.tree.leaves(state.cluster_params)[0].shape[0]
         order = jax.random.permutation(jax.random.fold_in(key, k), m)
@@ -448,10 +445,7 @@ def with_fixed_assignment(algorithm: Algorithm, model: Model) -> Algorithm:
     (one-shot clustering's k-means clusters), in every round and in evaluation."""
 
     def init(key, data):
-        state = algorithm.init(key, data)
-        if state.assignment is None:
-            raise ValueError("a fixed assignment needs the clients' assignments (an execution "
-                             "plan that keeps per-client state).")
+        state = _remembering(algorithm.init(key, data), data)
         return state._replace(pinned_until=jnp.asarray(ALWAYS, jnp.int32))
 
     def evaluate(state: IFCAState, data: FederatedData) -> dict:
@@ -459,6 +453,16 @@ def with_fixed_assignment(algorithm: Algorithm, model: Model) -> Algorithm:
                                  shared=_trunk(state), assignment=state.assignment)
 
     return algorithm._replace(init=init, evaluate=evaluate)
+
+
+def _remembering(state: IFCAState, data) -> IFCAState:
+    """The state with each client's assignment kept, whatever the execution plan allows: a
+    pinned client's round reads its cluster back."""
+    if state.assignment is not None:
+        return state
+    m = data.num_clients
+    return state._replace(assignment=jnp.full((m,), -1, jnp.int32),
+                          stable=jnp.zeros((m,), jnp.int32))
 
 
 def _check_split(model: Model, what: str) -> None:

@@ -166,6 +166,11 @@ def _pretraining(value, b: Build) -> dict:
     return {"pretraining": sgd(b.s.get("oneshot_lr", b.s["lr"]), steps=value)}
 
 
+def _read_by_another(value, b: Build) -> dict:
+    """A setting another of the method's reads takes in (declared here as read by it)."""
+    return {}
+
+
 def _mixup(value, b: Build) -> dict:
     return {"mixup": (b.s["mixup_alpha"], b.s["mixup_beta"])}
 
@@ -214,7 +219,8 @@ METHODS: dict[str, Method] = {
                           "clustered (FEMNIST)", options={"option": "model"}, reads=_K,
                           kind="clustered", needs=frozenset({SPLIT_MODEL}), wrap=frozen_trunk),
     "oneshot": Method("oneshot", "one-shot clustering (k-means of local models, then fixed "
-                      "clusters)", reads={**_K, "pretrain_steps": _pretraining}, kind="fixed"),
+                      "clusters)", reads={**_K, "pretrain_steps": _pretraining,
+                                          "oneshot_lr": _read_by_another}, kind="fixed"),
     "robust_ifca": Method("robust_ifca", "IFCA with DRFA's per-cluster λ",
                           reads={**_K, **_LAMBDA}, kind="clustered"),
     "drfa": Method("drfa", "DRFA", reads=_ROBUST),

@@ -9,6 +9,7 @@ over `seeds` seeds; `sweep` takes any setting as an axis (`sweep.group_trials`).
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import jax
@@ -16,30 +17,33 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim import logs, memory, plots, simulate
-from fedjax_sim.algorithms import with_restarts, with_seeds
+from fedjax_sim.algorithms import ALGORITHMS, with_restarts, with_seeds
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.data import check_mixture_settings, generated_mixture
 from fedjax_sim.experiments.base import DATA, ROUNDS, Experiment, Preset, RunContext, stream_key
 from fedjax_sim.experiments.ifca_synthetic import sweep
 from fedjax_sim.experiments.ifca_synthetic.common import (
     ALGORITHM_NAMES,
-    CLUSTERING,
     COMPARE_METRICS,
-    PER_CLIENT_MODELS,
     SHAPE,
+    TABLE,
     best_restart,
     best_restart_rows,
     build_algorithm,
     client_sample_shapes,
     generated,
+    kind_of,
     least_squares_floor,
     make_problem,
     metrics_fn,
+    per_client_models,
     per_restart_rows,
+    planned_problem,
     problem_shapes,
     success_threshold,
     trains_locally,
 )
+from fedjax_sim.experiments.methods import readers
 from fedjax_sim.experiments.settings import MAX_COUNT, Setting, count, seed_setting
 from fedjax_sim.models import linear_regression
 
@@ -62,16 +66,15 @@ def state_bytes(name: str, s: dict, copies: int) -> int:
 # remembers clients, e.g. with participation < 1, which the planner counts).
 MAX_GENERATED_M = 10**9
 
-# Which algorithms read each setting that not every algorithm reads; a value
-# other than the default for an algorithm that would ignore it is refused.
+# Which methods read each setting that not every method reads (from the method table); a
+# value other than the default for a method that would ignore it is refused.
+_OWN = ("local_lr", "oneshot_lr", "option", "divide_by", "pretrain_steps")
 _READ_BY = {
-    "lr": ("ifca", "fedavg", "oneshot", "hypcluster", "cfl"),
-    "local_lr": ("local",),
-    "oneshot_lr": ("oneshot",),
-    "option": ("ifca",),
-    "divide_by": ("ifca",),
-    "pretrain_steps": ("oneshot",),
-    "participation": ("ifca", "fedavg", "oneshot", "hypcluster", "cfl"),
+    **{k: v for k, v in readers(TABLE).items() if k in _OWN},
+    "lr": tuple(n for n, m in TABLE.items() if m.lr not in _OWN),
+    "participation": tuple(n for n, m in TABLE.items()
+                           if "participation" in inspect.signature(
+                               ALGORITHMS[m.algorithm]).parameters),
 }
 
 
@@ -79,8 +82,8 @@ class SyntheticRun(Experiment):
     name = "ifca_synthetic"
     description = "IFCA and its baselines on the synthetic mixture of linear regressions."
     settings = (
-        Setting("algorithm", str, "ifca", "the algorithm of a run", choices=ALGORITHM_NAMES,
-                commands=("run", "sweep")),
+        Setting("algorithm", str, "ifca", "the method of a run (any of the method table)",
+                choices=tuple(TABLE), commands=("run", "sweep")),
         *(count("m", st.default, st.help + f" (up to {MAX_GENERATED_M:.0e} with clients="
                 "generated)", maximum=MAX_GENERATED_M) if st.name == "m" else st
           for st in SHAPE),
@@ -120,6 +123,7 @@ class SyntheticRun(Experiment):
                 "machine's memory)", minimum=0.0, result=False),
     )
     methods = ALGORITHM_NAMES
+    method_table = TABLE
     baseline = "fedavg"
     panels = (
         ("train_loss", "train loss (avg client)"),
@@ -145,15 +149,15 @@ class SyntheticRun(Experiment):
         defaults = self.defaults()
         if command == "compare":  # every method runs: each setting is read by one of them
             # (`algorithm`, the method of a run, is the one setting compare does not read.)
-            for name in self.methods:
+            for name in self.compared(s):
                 self.client_chunk(s, copies=s["restarts"] * s["seeds"], algorithm=name,
                                   command=command)
             return
-        for key, readers in _READ_BY.items():
-            if s[key] != defaults[key] and s["algorithm"] not in readers:
+        for key, reading in _READ_BY.items():
+            if s[key] != defaults[key] and s["algorithm"] not in reading:
                 raise ValueError(
                     f"setting {key} is not read by algorithm {s['algorithm']} (only by "
-                    f"{', '.join(readers)}); leave it at {defaults[key]!r}."
+                    f"{', '.join(reading)}); leave it at {defaults[key]!r}."
                 )
         if s["algorithm"] == "ifca":
             if s["option"] == "gradient" and s["local_steps"] != 1:
@@ -206,13 +210,13 @@ class SyntheticRun(Experiment):
             # whose run settings carry clients=None).
             if command == "run" and s.get("clients") == "copies":
                 remedy += ", or set clients=generated (nothing per client stored)"
-        per_client_models = name in PER_CLIENT_MODELS
+        per_client = per_client_models(name)
         return memory.client_chunk_within_machine(
             linear_regression(s["d"]), data, s.get("memory_budget_gb", 0.0) * 2**30,
-            copies=copies, per_client_models=per_client_models,
+            copies=copies, per_client_models=per_client,
             local_training=trains_locally(name, s), num_clusters=s["k"],
             extra_resident_bytes=extra, eval_data=test,
-            state_bytes=0 if per_client_models else state_bytes(name, s, copies),
+            state_bytes=0 if per_client else state_bytes(name, s, copies),
             describe=f"m={s['m']}, n={s['n']}, n_test={s.get('n_test', 0)}, d={s['d']}, "
                      f"{copies} copies: restarts × seeds"
                      + (", generated clients" if generated(s) else ""),
@@ -230,7 +234,8 @@ class SyntheticRun(Experiment):
         problem = make_problem(s, jax.random.fold_in(key, DATA), ctx.mesh)
         name = s["algorithm"]
         client_chunk = self.client_chunk(s, copies=s["restarts"])
-        algorithm = with_restarts(build_algorithm(name, s, client_chunk), s["restarts"])
+        problem = planned_problem(problem, s, client_chunk)
+        algorithm = with_restarts(build_algorithm(name, s), s["restarts"])
         every = s["checkpoint_every"]
         diverged = None
         try:
@@ -258,7 +263,7 @@ class SyntheticRun(Experiment):
             "best_restart": best,
             "client_chunk": client_chunk,
             "final": rows[-1] if best is not None else None,
-            "success": bool(best is not None and name in CLUSTERING + ("fedavg",)
+            "success": bool(best is not None and kind_of(name) != "personal"
                             and rows[-1].get("min_dist", math.inf) < threshold),
             "success_threshold": threshold,
             "diverged": bool(diverged is not None or best is None),
@@ -309,7 +314,8 @@ class SyntheticRun(Experiment):
         it keeps its restart of lowest final training loss (as `run` does)."""
         chunk = self.client_chunk(s, copies=s["restarts"] * s["seeds"], algorithm=name,
                                   command="compare")
-        algorithm = with_seeds(with_restarts(build_algorithm(name, s, chunk), s["restarts"]),
+        problem = planned_problem(problem, s, chunk)
+        algorithm = with_seeds(with_restarts(build_algorithm(name, s), s["restarts"]),
                                s["seeds"])
         return MethodRun(
             algorithm, problem.train, stream_key(s["seed"], ROUNDS),

@@ -21,11 +21,11 @@ from fedjax_sim.algorithms import ifca, with_restarts
 from fedjax_sim.data import linear_mixture
 from fedjax_sim.experiments.base import DATA, INIT, ROUNDS, client_mean
 from fedjax_sim.experiments.ifca_synthetic.common import (
-    CLUSTERING,
     TRIAL_METRICS,
     best_restart,
     build_algorithm,
     cluster_models,
+    clustering,
     make_problem,
     problem_shapes,
     trains_locally,
@@ -148,7 +148,7 @@ def _trial_row(name: str, k: int, out: dict) -> dict:
     final = {"train_loss": client_mean(*out["train"]), "test_loss": client_mean(*out["test"])}
     if "min_dist" in out:
         final["min_dist"] = out["min_dist"].astype(np.float64)
-    if name in CLUSTERING:
+    if clustering(name):
         final["cluster_accuracy"] = np.array([
             cluster_identity_accuracy(a, out["truth"], k) for a in out["assignment"]])
     best, _ = best_restart(final)
