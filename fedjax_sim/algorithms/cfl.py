@@ -84,7 +84,7 @@ from fedjax_sim.ops.clustering import cosine_similarity, optimal_bipartition
 
 class CFLState(NamedTuple):
     cluster_params: object  # pytree, leaves [max_clusters, ...]
-    cluster_id: jax.Array  # [m] int32, each client's cluster slot
+    assignment: jax.Array  # [m] int32, each client's cluster slot
     num_clusters: jax.Array  # int32, slots in use (clusters 0 .. num_clusters − 1)
     round: jax.Array  # int32
 
@@ -149,7 +149,7 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
 
     def round_(state: CFLState, data: FederatedData, key):
         cohort = draw_cohort(key, data, participation)
-        ids = take(cohort, state.cluster_id)
+        ids = take(cohort, state.assignment)
 
         def client_step(batch):  # Δθ_i = LocalUpdate(θ_c(i)) − θ_c(i)
             start = jax.tree.map(lambda p: p[batch.inputs], state.cluster_params)
@@ -200,11 +200,11 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
             "mean_update_norm": mean_norm,
             "max_update_norm": max_norm,
         }
-        return CFLState(params, put(cohort, state.cluster_id, ids), used,
+        return CFLState(params, put(cohort, state.assignment, ids), used,
                         state.round + 1), metrics
 
     def evaluate(state: CFLState, data: FederatedData) -> dict:
         return evaluate_clusters(model, state.cluster_params, data,
-                                 assignment=state.cluster_id)
+                                 assignment=state.assignment)
 
-    return Algorithm(init, round_, evaluate, per_client_fields("cluster_id"))
+    return Algorithm(init, round_, evaluate, per_client_fields("assignment"))

@@ -10,21 +10,18 @@ from fedjax_sim.algorithms import with_seeds
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.data import FederatedData, copy_at
 from fedjax_sim.data.images import default_rotations
-from fedjax_sim.experiments.base import ROUNDS, Comparison, Experiment, methods_setting, stream_key
+from fedjax_sim.execution import planned
+from fedjax_sim.experiments.base import ROUNDS, Comparison, Experiment, stream_key
 from fedjax_sim.experiments.ifca_images.data import (
     DATASETS,
     build_model,
     build_problem,
     load_split_images,
 )
-from fedjax_sim.experiments.ifca_images.methods import (
-    CLUSTERING,
-    METHOD_HELP,
-    PER_CLIENT_MODELS,
-    SHARING,
-    build_method,
-)
-from fedjax_sim.experiments.ifca_images.metrics import TABLE, first_round_at_one, metrics_fn
+from fedjax_sim.experiments.ifca_images.methods import CLUSTERING, TABLE, client_training
+from fedjax_sim.experiments.ifca_images.metrics import TABLE as RESULTS
+from fedjax_sim.experiments.ifca_images.metrics import first_round_at_one, metrics_fn
+from fedjax_sim.experiments.methods import SPLIT_MODEL, with_lr_decay
 from fedjax_sim.experiments.settings import (
     Setting,
     checkpoint_setting,
@@ -49,6 +46,8 @@ class RotatedImages(Experiment):
     """IFCA and its baselines on a rotated image set: compare, or run one method."""
 
     supports_sweep = False
+    method_table = TABLE
+    provides = frozenset({SPLIT_MODEL})
     baseline = "fedavg"
     headline = "ifca"
     panels = (
@@ -129,8 +128,7 @@ class RotatedImages(Experiment):
         self.description = description
         self.methods = methods
         headline = "ifca" if "ifca" in methods else methods[0]
-        self.settings = (*self.settings, method_setting(tuple(METHOD_HELP), headline),
-                         methods_setting(tuple(METHOD_HELP), methods))
+        self.settings = (*self.settings, method_setting(tuple(TABLE), headline))
 
     def validate(self, s: dict, command: str = "compare") -> None:
         """Settings and data, before anything is written (the runner calls this first)."""
@@ -161,7 +159,7 @@ class RotatedImages(Experiment):
         # One seed's clients as stored copies: for views this counts their rows as
         # resident (an overestimate: views hold indices and the images once).
         shapes = jax.eval_shape(lambda d: _as_copies(copy_at(d, 0)), problem["train"])
-        per_client_models = name in PER_CLIENT_MODELS
+        per_client_models = TABLE[name].kind in ("personal", "fixed")
         if s["memory_budget_gb"]:
             return memory.choose_client_chunk(
                 model, shapes, s["memory_budget_gb"] * 2**30, num_clusters=s["k"],
@@ -190,16 +188,25 @@ class RotatedImages(Experiment):
         eval_every rounds (cluster identity every round). On CPU a scan of several
         rounds ran ~3× slower per round than single rounds here (digits MLP, 2 cores).
         """
-        model = problem["models"][name in SHARING]
-        algorithm, rounds = build_method(name, model, s,
-                                         self.client_chunk(s, problem, model, name))
+        self.check_method(name)
+        model = problem["models"][SPLIT_MODEL in TABLE[name].needs]
+        chunk = self.client_chunk(s, problem, model, name)
+        problem = {**problem, **{split: planned(problem[split], client_chunk=chunk)
+                                 for split in ("train", "test", "paired")}}
+        algorithm = with_lr_decay(lambda lr: self.build_method(name, s, model, lr), s["lr"],
+                                  s["lr_decay"])
         algorithm = with_seeds(algorithm, s["seeds"])
+        rounds = self.method_rounds(name, s)
         key = stream_key(s["seed"], ROUNDS)
         return MethodRun(algorithm, problem["train"], key, rounds,
-                         metrics_fn(name, algorithm, model, problem, s, rounds), eval_every=1)
+                         metrics_fn(TABLE[name], algorithm, model, problem, s, rounds),
+                         eval_every=1)
+
+    def client_training(self, s: dict, learning_rate):
+        return client_training(s, learning_rate)
 
     def table(self, s: dict) -> list[str]:
-        return list(TABLE)
+        return list(RESULTS)
 
     def notes(self, s: dict, problem, results: dict) -> dict:
         identity_rounds = {name: first_round_at_one(r.rows, s["seeds"])
