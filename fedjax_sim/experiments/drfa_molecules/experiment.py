@@ -27,10 +27,17 @@ from fedjax_sim.experiments.methods import FLOAT_TARGETS
 from fedjax_sim.experiments.methods import METHODS as TABLE
 from fedjax_sim.experiments.settings import (
     Setting,
+    batch_size_setting,
     checkpoint_setting,
     count,
+    eval_every_setting,
+    local_steps_setting,
+    lr_setting,
     method_setting,
+    participation_setting,
+    rounds_setting,
     seed_setting,
+    seeds_setting,
 )
 from fedjax_sim.extras import require
 
@@ -59,16 +66,15 @@ class DRFAExperiment(Experiment):
         Setting("dataset", str, "esol", "molecules (scaffold clients, a GIN) or synthetic "
                 "(noisy linear clients)", choices=DATASET_NAMES),
         count("num_clients", 8, "N, the number of clients", minimum=2, maximum=100_000),
-        Setting("participation", float, 0.5, "m / N: the size of C_s and of U_s (and FedAvg's "
-                "cohort)", minimum=1e-6, maximum=1.0),
-        count("rounds", 100, "communication rounds S", maximum=10**6),
-        count("local_steps", 10, "τ local minibatch SGD steps per sampled client",
-              maximum=10**4),
-        count("batch_size", 32, "minibatch size (local steps and the λ probe)"),
+        participation_setting(0.5, "m / N: the size of C_s and of U_s (and FedAvg's cohort)",
+                              minimum=1e-6),
+        rounds_setting(100, "communication rounds S", maximum=10**6),
+        local_steps_setting(10, "τ local minibatch SGD steps per sampled client",
+                            maximum=10**4),
+        batch_size_setting(32, "minibatch size (local steps and the λ probe)", minimum=1),
         Setting("optimizer", str, "adam", "client optimizer (fresh state every round)",
                 choices=("adam", "sgd"), methods=_CLIENT_OPTIMIZER),
-        Setting("lr", float, 0.001, "client learning rate η", minimum=0.0,
-                methods=_CLIENT_OPTIMIZER),
+        lr_setting(0.001, "client learning rate η", methods=_CLIENT_OPTIMIZER),
         Setting("lambda_lr", float, 0.002, "λ step size γ of DRFA / DRFLM / AFL", minimum=0.0),
         Setting("q", float, 1.0, "q-FFL's fairness exponent q (0: FedAvg)", minimum=0.0),
         Setting("qffl_lr", float, 0.05, "q-FFL's client SGD step (its Lipschitz estimate is "
@@ -86,10 +92,10 @@ class DRFAExperiment(Experiment):
         Setting("mixup_beta", float, 1.0, "β of γ ~ Beta(α, β)", minimum=1e-6, methods=_MIXUP),
         Setting("lambda_loss", str, "mixup", "DRFLM's λ probe loss (FedAvg+mixup logs it): "
                 "mixup (its objective) or clean", choices=("mixup", "clean")),
-        count("seeds", 10, "seeds, one vmapped axis (same federation and init across methods "
-              "within a seed)", maximum=10_000),
+        seeds_setting(10, "seeds, one vmapped axis (same federation and init across methods "
+                      "within a seed)"),
         seed_setting(),
-        count("eval_every", 10, "evaluate (and log λ) every this many rounds"),
+        eval_every_setting(10, "evaluate (and log λ) every this many rounds"),
         checkpoint_setting(50),
         method_setting(tuple(TABLE), "drflm"),
         Setting("resplit_per_seed", bool, True, "a new federation (80/20 split, noise; the "

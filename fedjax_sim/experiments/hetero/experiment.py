@@ -25,10 +25,17 @@ from fedjax_sim.experiments.hetero.metrics import metrics_fn
 from fedjax_sim.experiments.methods import METHODS
 from fedjax_sim.experiments.settings import (
     Setting,
+    batch_size_setting,
     checkpoint_setting,
     count,
+    eval_every_setting,
+    local_steps_setting,
+    lr_setting,
     method_setting,
+    participation_setting,
+    rounds_setting,
     seed_setting,
+    seeds_setting,
 )
 from fedjax_sim.models import mlp_classifier
 
@@ -86,16 +93,15 @@ class Hetero(Experiment):
             Setting("label_noise", float, 0.5, "a noisy client's label is a uniform random "
                     "class with this probability", minimum=0.0, maximum=1.0),
             count("hidden", 32, "MLP hidden width", maximum=100_000),
-            Setting("lr", float, 0.1, "client learning rate (SGD)", minimum=0.0),
-            count("local_steps", 5, "local steps τ per round", maximum=100_000),
-            count("batch_size", 0, "local minibatch size; 0: full batch", minimum=0),
-            Setting("participation", float, 1.0, "fraction of clients per round",
-                    minimum=1e-9, maximum=1.0),
-            count("rounds", 50, "communication rounds"),
+            lr_setting(0.1, "client learning rate (SGD)"),
+            local_steps_setting(5),
+            batch_size_setting(),
+            participation_setting(),
+            rounds_setting(50),
             count("k", 2, "ifca, hypcluster, robust_ifca: cluster models", maximum=1000),
-            count("seeds", 3, "seeds (partition, noise, init), one vmapped axis", maximum=1000),
+            seeds_setting(3, "seeds (partition, noise, init), one vmapped axis", maximum=1000),
             seed_setting(),
-            count("eval_every", 10, "evaluate every this many rounds"),
+            eval_every_setting(10),
             checkpoint_setting(50),
             Setting("cache_dir", str, "", "mnist: archive cache (default: $FEDJAX_SIM_CACHE or "
                     "~/.cache/fedjax_sim)", result=False),

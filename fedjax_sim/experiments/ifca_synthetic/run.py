@@ -44,7 +44,18 @@ from fedjax_sim.experiments.ifca_synthetic.common import (
     trains_locally,
 )
 from fedjax_sim.experiments.methods import readers
-from fedjax_sim.experiments.settings import MAX_COUNT, Setting, count, seed_setting
+from fedjax_sim.experiments.settings import (
+    MAX_COUNT,
+    Setting,
+    count,
+    eval_every_setting,
+    local_steps_setting,
+    lr_setting,
+    participation_setting,
+    rounds_setting,
+    seed_setting,
+    seeds_setting,
+)
 from fedjax_sim.models import linear_regression
 
 # Building stored copies in one jitted draw peaks at about this many times their bytes.
@@ -92,31 +103,29 @@ class SyntheticRun(Experiment):
                 "(nothing per client stored; the same numbers); auto: copies where they fit "
                 "this machine (and memory_budget_gb), else generated",
                 choices=("auto", "copies", "generated"), commands=("run",), result=False),
-        Setting("lr", float, 0.1, "learning rate γ of IFCA and FedAvg (option I step; local "
-                "SGD otherwise)", minimum=0.0, traced=True),
+        lr_setting(0.1, "learning rate γ of IFCA and FedAvg (option I step; local SGD "
+                   "otherwise)", traced=True),
         Setting("local_lr", float, 0.02, "learning rate of the local-models baseline (one "
                 "client's n rows alone need a smaller step than cluster-pooled data)",
                 minimum=0.0, traced=True),
         Setting("oneshot_lr", float, 0.02, "learning rate of one-shot clustering's local "
                 "pretraining (it fits one client's rows alone; its clustered rounds use lr)",
                 minimum=0.0, traced=True),
-        count("rounds", 300, "communication rounds (option I: iterations)"),
+        rounds_setting(300, "communication rounds (option I: iterations)"),
         count("restarts", 10, "random initialisations trained at once; the lowest final "
               "training loss is reported", maximum=10_000),
-        count("seeds", 5, "seeds of a comparison or sweep (seed, seed+1, ... as folded keys)",
-              maximum=10_000, commands=("compare", "sweep")),
+        seeds_setting(5, "seeds of a comparison or sweep (seed, seed+1, ... as folded keys)",
+                      commands=("compare", "sweep")),
         seed_setting(),
-        count("eval_every", 10, "evaluate every this many rounds"),
+        eval_every_setting(10),
         count("n_test", 100, "test examples per client (its test twin)"),
         Setting("option", str, "gradient", "IFCA option: gradient (I) or model (II) averaging",
                 choices=("gradient", "model")),
         Setting("divide_by", str, "m", "IFCA option I divisor: the paper's m or the cohort size",
                 choices=("m", "cohort")),
-        count("local_steps", 1, "local steps τ per round (option II, FedAvg, local, one-shot)",
-              maximum=10**5),
+        local_steps_setting(1, "local steps τ per round (option II, FedAvg, local, one-shot)"),
         count("pretrain_steps", 100, "one-shot: local steps before k-means", maximum=10**6),
-        Setting("participation", float, 1.0, "fraction of clients per round", minimum=1e-9,
-                maximum=1.0),
+        participation_setting(),
         count("checkpoint_every", 50, "rounds between checkpoints; 0: none", minimum=0,
               result=False),
         Setting("memory_budget_gb", float, 0.0, "GiB for the client axis; 0: no limit (the "

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim import backend, memory, simulate
-from fedjax_sim.algorithms import ifca, with_restarts
+from fedjax_sim.algorithms import ifca, sgd, with_restarts
 from fedjax_sim.data import linear_mixture
 from fedjax_sim.experiments.base import DATA, INIT, ROUNDS, client_mean
 from fedjax_sim.experiments.ifca_synthetic.common import (
@@ -198,7 +198,7 @@ def _cell_min_dist(seed_key, seed_ids, sigma, R, lrs, *, k, m, n, d, rounds, res
         )
 
         def one_run(lr, restart):
-            algorithm = ifca(model, num_clusters=k, learning_rate=lr)
+            algorithm = ifca(model, sgd(lr), num_clusters=k)
             state = algorithm.init(jax.random.fold_in(init_key, restart), problem.train)
             state, _ = simulate.scan_rounds(algorithm, state, problem.train, round_key, 0, rounds)
             return min_dist(state.cluster_params, problem.theta_star)

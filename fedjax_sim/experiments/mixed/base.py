@@ -37,10 +37,16 @@ from fedjax_sim.experiments.methods import METHODS as TABLE
 from fedjax_sim.experiments.methods import SERVER_DATA
 from fedjax_sim.experiments.settings import (
     Setting,
+    batch_size_setting,
     checkpoint_setting,
     count,
+    eval_every_setting,
+    local_steps_setting,
+    lr_setting,
     method_setting,
+    rounds_setting,
     seed_setting,
+    seeds_setting,
 )
 
 # Stream ids folded into the user's seed, so data and rounds never share keys.
@@ -100,15 +106,13 @@ def shared_settings(**defaults) -> tuple[Setting, ...]:
     return (
         Setting("w_f", float, d["w_f"], "weight of the federated loss f_f in f", minimum=0.0),
         Setting("w_c", float, d["w_c"], "weight of the centralized loss f_c in f", minimum=0.0),
-        Setting("lr", float, d["lr"], "client (and central-step) SGD learning rate η",
-                minimum=0.0),
+        lr_setting(d["lr"], "client (and central-step) SGD learning rate η"),
         Setting("server_lr", float, 1.0, "server SGD learning rate η_s on −Δ", minimum=0.0,
                 methods=SERVER_STEP),
-        count("local_steps", d["local_steps"], "K: client steps (and central steps) per round",
-              maximum=10**5),
+        local_steps_setting(d["local_steps"], "K: client steps (and central steps) per round"),
         count("clients_per_round", d["clients_per_round"], "S, the cohort size; 0: every client",
               minimum=0),
-        count("batch_size", d["batch_size"], "client minibatch; 0: full batch", minimum=0),
+        batch_size_setting(d["batch_size"], "client minibatch; 0: full batch"),
         count("central_batch_size", d["central_batch_size"],
               "datacenter minibatch drawn on the server; 0: every row", minimum=0,
               methods=SERVER_STEP),
@@ -117,11 +121,10 @@ def shared_settings(**defaults) -> tuple[Setting, ...]:
         Setting("transfer", str, "current", "2-GT's ĝ_f in the central steps: current "
                 "(this round's) or stale (last round's; zeros in round 0)", choices=TRANSFERS,
                 methods=("mixed_gt2",)),
-        count("rounds", d["rounds"], "communication rounds"),
-        count("seeds", d["seeds"], "seeds compared side by side (one vmapped axis)",
-              maximum=1000),
+        rounds_setting(d["rounds"]),
+        seeds_setting(d["seeds"], maximum=1000),
         seed_setting(),
-        count("eval_every", d["eval_every"], "evaluate every this many rounds"),
+        eval_every_setting(d["eval_every"]),
         checkpoint_setting(d.get("checkpoint_every", 50)),
         method_setting(tuple(TABLE), "mixed_gt2"),
     )
