@@ -250,6 +250,7 @@ METHODS: dict[str, Method] = {
 # that can train a method declares its settings (with the experiment's default where it
 # has one), scoped to the methods that read them (`Setting.methods`).
 METHOD_SETTINGS = {st.name: st for st in (
+    Setting("k", int, 2, "clustered methods: cluster models", minimum=1, maximum=1000),
     Setting("prox_mu", float, 0.01, "fedprox: proximal μ", minimum=0.0),
     Setting("q", float, 1.0, "qffl: fairness exponent q (0: FedAvg)", minimum=0.0),
     Setting("ditto_lambda", float, 0.1, "ditto: λ pulling personal models to the global one",

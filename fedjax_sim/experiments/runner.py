@@ -98,6 +98,10 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN,
                 raise ValueError(f"setting {axis} repeats a value: {settings[axis]!r}.")
     else:
         _refuse_axes(preset, settings, overrides or {}, base or {}, command)
+        if command == COMPARE and experiment.methods:
+            experiment.compared(settings)  # each named method fits (or is refused, saying why)
+        elif "method" in experiment.declared and experiment.methods:
+            experiment.check_method(settings["method"])
         experiment.validate(settings, command)
     return settings
 

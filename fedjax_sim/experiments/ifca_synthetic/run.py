@@ -25,6 +25,7 @@ from fedjax_sim.experiments.ifca_synthetic import sweep
 from fedjax_sim.experiments.ifca_synthetic.common import (
     ALGORITHM_NAMES,
     COMPARE_METRICS,
+    PROVIDES,
     SHAPE,
     TABLE,
     best_restart,
@@ -43,7 +44,7 @@ from fedjax_sim.experiments.ifca_synthetic.common import (
     success_threshold,
     trains_locally,
 )
-from fedjax_sim.experiments.methods import readers
+from fedjax_sim.experiments.methods import METHODS, readers
 from fedjax_sim.experiments.settings import (
     MAX_COUNT,
     Setting,
@@ -93,8 +94,8 @@ class SyntheticRun(Experiment):
     name = "ifca_synthetic"
     description = "IFCA and its baselines on the synthetic mixture of linear regressions."
     settings = (
-        Setting("algorithm", str, "ifca", "the method of a run (any of the method table)",
-                choices=tuple(TABLE), commands=("run", "sweep")),
+        Setting("algorithm", str, "ifca", "the method of a run (any of the method table that "
+                "fits)", choices=tuple(METHODS), commands=("run", "sweep")),
         *(count("m", st.default, st.help + f" (up to {MAX_GENERATED_M:.0e} with clients="
                 "generated)", maximum=MAX_GENERATED_M) if st.name == "m" else st
           for st in SHAPE),
@@ -132,7 +133,7 @@ class SyntheticRun(Experiment):
                 "machine's memory)", minimum=0.0, result=False),
     )
     methods = ALGORITHM_NAMES
-    method_table = TABLE
+    provides = PROVIDES
     baseline = "fedavg"
     panels = (
         ("train_loss", "train loss (avg client)"),
@@ -156,6 +157,8 @@ class SyntheticRun(Experiment):
                 "stored); set clients=generated (run only) to draw the clients inside the "
                 "round.")
         defaults = self.defaults()
+        if command != "compare":
+            self.check_method(s["algorithm"])
         if command == "compare":  # every method runs: each setting is read by one of them
             # (`algorithm`, the method of a run, is the one setting compare does not read.)
             for name in self.compared(s):
