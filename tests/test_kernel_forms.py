@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fedjax_sim import backend, simulate, tuning
-from fedjax_sim.algorithms import fedavg, ifca, with_restarts
+from fedjax_sim.algorithms import fedavg, ifca, sgd, with_initial_params, with_restarts
 from fedjax_sim.data import FederatedData, linear_mixture
 from fedjax_sim.execution import plan_of, planned
 from fedjax_sim.models import linear_regression
@@ -60,8 +60,9 @@ def test_every_form_equals_the_per_client_loop(form, d, participation):
     data = _ragged(d, seed=d)
     k, lr = 3, 0.05
     theta0 = np.random.default_rng(1).normal(size=(k, d)).astype(np.float32)
-    alg = ifca(linear_regression(d), num_clusters=k, learning_rate=lr,
-               participation=participation, init_params=lambda key: jnp.asarray(theta0))
+    alg = with_initial_params(
+        ifca(linear_regression(d), sgd(lr), num_clusters=k, participation=participation),
+        lambda key: jnp.asarray(theta0))
     placed = planned(data, linear_form=form)
     assert plan_of(placed).linear_form == form
     round_ = backend.jit(alg.round, d, linear_form=form)
@@ -91,7 +92,7 @@ def _problem(m=300, d=10):
 
 
 def _ifca(d=10):
-    return with_restarts(ifca(linear_regression(d), num_clusters=4, learning_rate=0.1), 2)
+    return with_restarts(ifca(linear_regression(d), sgd(0.1), num_clusters=4), 2)
 
 
 @pytest.mark.parametrize("d", [10, 100])
@@ -177,7 +178,7 @@ def test_a_program_without_the_kernel_has_no_form(store, monkeypatch):
     calls = []
     monkeypatch.setattr(tuning, "time_forms", _fake_times("dot", calls))
     timing = {}
-    alg = fedavg(linear_regression(10), learning_rate=0.1, local_steps=2)
+    alg = fedavg(linear_regression(10), sgd(0.1, steps=2))
     _run(_problem(), timing, alg)
     assert timing["kernel_form"] is None and not calls and not store.exists()
 
@@ -213,7 +214,7 @@ def test_compile_round_times_calls_one_by_one(store, monkeypatch):
     calls = []
     monkeypatch.setattr(tuning, "time_forms", _fake_times("dot_ynn", calls))
     data = _problem()
-    alg = ifca(linear_regression(10), num_clusters=4, learning_rate=0.1)
+    alg = ifca(linear_regression(10), sgd(0.1), num_clusters=4)
     state = alg.init(jax.random.key(0), data)
     key = jax.random.key(1)
     round_fn, placed, choice = tuning.compile_round(alg, state, data, key)

@@ -146,20 +146,29 @@ def evaluate_clusters(model: Model, cluster_params, data: FederatedData, shared=
     return map_client_chunks(evaluate_part, (data, assignment))
 
 
-def _choose(losses, batch):
+def _pinned(state: IFCAState, batch):
+    """[c] whether each slot keeps its cluster: every slot while the state pins them all
+    (`pinned_until`: a warm start, a fixed assignment), a stable one (`stable_rounds`)."""
+    _, stable = batch.inputs
+    # Broadcast here, per batch: a [cohort] array of the state's scalar would be per-client
+    # memory (and [copies, cohort] under `with_restarts`) even where no client state is kept.
+    pinned = jnp.broadcast_to(state.round < state.pinned_until, batch.real.shape)
+    return pinned if stable is None else pinned | stable
+
+
+def _choose(losses, batch, pinned):
     """ĵ_i = argmin_j F_i(θ_j); a pinned client keeps its cluster."""
-    prev, pinned = batch.inputs
+    prev, _ = batch.inputs
     if prev is None:  # no client remembers a cluster (the plan keeps no client state)
         return assign_clusters(losses)
     return jnp.where(pinned, prev, assign_clusters(losses))
 
 
-def _metric_sums(losses, assignment, batch) -> dict:
+def _metric_sums(losses, assignment, batch, pinned) -> dict:
     """What the round metrics add up over a batch of slots (a chunk, or the whole cohort):
     the chosen losses and cluster sizes of the slots holding data, and the pinned slots.
     Counts are int32 (float32 counts are exact only up to 2**24 clients)."""
     k = losses.shape[1]
-    _, pinned = batch.inputs
     chosen = jnp.take_along_axis(losses, jnp.maximum(assignment, 0)[:, None], axis=1)[:, 0]
     # A sum over clients of one-hot columns, not a segment sum (a scatter: a serial loop on
     # XLA:CPU); slots without data (and chunk padding) count in no cluster.
@@ -288,8 +297,9 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
                              "'gradient' averages whole models' gradients).")
         # A client without data has a zero gradient and no cluster: only chunk
         # padding needs weight 0 (without chunks the weights fold to a constant).
+        pinned = _pinned(state, batch)
         losses, assignment, grad_sum = cluster_gradient_sums(
-            whole, state.cluster_params, batch.data, lambda losses: _choose(losses, batch),
+            whole, state.cluster_params, batch.data, lambda losses: _choose(losses, batch, pinned),
             batch.real.astype(jnp.float32))
         return grad_sum, (losses, assignment)
 
@@ -307,7 +317,7 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
         net, heads, shared, frozen = (_net(model, state), state.cluster_params,
                                       state.shared_params, state.frozen_params)
         losses = cluster_losses(net, heads, batch.data, shared=_trunk(state))
-        assignment = _choose(losses, batch)
+        assignment = _choose(losses, batch, _pinned(state, batch))
         start = jax.tree.map(lambda p: p[jnp.maximum(assignment, 0)], heads)
         if jax.tree.leaves(frozen):  # the trunk's features once, then τ steps on the head alone
             features = jax.vmap(lambda x: net.features(frozen, x))(batch.data.x)
@@ -340,18 +350,18 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
     def step(state, batch):  # the client step, and what the round metrics add up
         sums, (losses, assignment) = client_step(state, batch)
         kept = assignment if state.assignment is not None else ()  # no [m] outputs when none
-        return (sums, _metric_sums(losses, assignment, batch)), kept
+        return (sums, _metric_sums(losses, assignment, batch, _pinned(state, batch))), kept
 
     def round_(state: IFCAState, data: FederatedData, key):
         cohort = draw_cohort(key, data, participation)
         prev = prev_stable = None  # no per-client state: nobody remembers a cluster
         if state.assignment is not None:
             prev, prev_stable = take(cohort, (state.assignment, state.stable))
-        pinned = jnp.full((cohort.size,), state.round < state.pinned_until)
-        if stable_rounds is not None:  # communication reduction
-            pinned |= prev_stable >= stable_rounds
+        stable = None  # the slots pinned by the communication reduction ([s]; None: none)
+        if stable_rounds is not None:
+            stable = prev_stable >= stable_rounds
         (sums, metric_sums), assignment = cohort_sums(
-            lambda batch: step(state, batch), data, cohort, inputs=(prev, pinned))
+            lambda batch: step(state, batch), data, cohort, inputs=(prev, stable))
         metrics, with_data = _round_metrics(metric_sums, state)
         params, shared, opt_state = server_update(state, sums, data, cohort, with_data)
         new_assignment, new_stable = state.assignment, state.stable
