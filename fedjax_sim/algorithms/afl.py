@@ -52,7 +52,7 @@ from fedjax_sim.algorithms.base import (
     per_client_fields,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
-from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate
+from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model
 from fedjax_sim.ops import cohort_sums, mean_or_keep, put, take, weighted_sum
@@ -96,6 +96,7 @@ def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
       Mohri, Sivek, Suresh, "Agnostic Federated Learning", ICML 2019,
       arXiv:1902.00146.
     """
+    check_training("afl", training)
     check_participation(participation)
     check_learning_rate("lambda_lr", lambda_lr)
 

@@ -75,7 +75,7 @@ from fedjax_sim.algorithms.base import (
     per_client_fields,
 )
 from fedjax_sim.algorithms.ifca import evaluate_clusters
-from fedjax_sim.algorithms.training import ClientTraining
+from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model
 from fedjax_sim.ops import cohort_sums, divide_segments, put, segment_totals, take
@@ -127,6 +127,7 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
       Sattler, Müller, Samek, "Clustered Federated Learning", IEEE TNNLS 2021,
       arXiv:1910.01991.
     """
+    check_training("cfl", training)
     if not isinstance(max_clusters, int) or isinstance(max_clusters, bool) or max_clusters < 1:
         raise ValueError(f"max_clusters must be an integer >= 1; got {max_clusters!r}.")
     check_participation(participation)

@@ -41,7 +41,7 @@ from fedjax_sim.algorithms.base import (
     mean_over,
     per_client_fields,
 )
-from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate
+from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
 from fedjax_sim.ops import cohort_sums, map_client_chunks, mean_or_keep, put, take, weighted_sum
@@ -83,6 +83,9 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
       Li, Hu, Beirami, Smith, "Ditto: Fair and Robust Federated Learning Through
       Personalization", ICML 2021, arXiv:2012.04221.
     """
+    check_training("ditto", training)
+    if personal is not None:
+        check_training("ditto", personal, "personal")
     personal_training = training if personal is None else personal
     check_participation(participation)
     check_weighting(weighting)

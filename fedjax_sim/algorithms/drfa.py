@@ -51,7 +51,7 @@ from fedjax_sim.algorithms.base import (
     per_client_fields,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
-from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate
+from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import HEAD, TRUNK, Model
 from fedjax_sim.ops import (
@@ -181,6 +181,7 @@ def drflm(model: Model, training: ClientTraining, *, participation: float = 1.0,
 def _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
           official_code, mixup, lambda_loss) -> Algorithm:
     """DRFA's round, with DRFLM's mixup step when `mixup` is (α, β)."""
+    check_training("drfa", training)
     local_steps, batch_size = training.steps, training.batch_size
     check_participation(participation)
     check_choice("lambda_loss", lambda_loss, LAMBDA_LOSSES)

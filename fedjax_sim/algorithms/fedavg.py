@@ -31,7 +31,7 @@ from fedjax_sim.algorithms.base import (
     draw_cohort,
     mean_over,
 )
-from fedjax_sim.algorithms.training import ClientTraining
+from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
 from fedjax_sim.ops import cohort_sums, map_client_chunks, mean_or_keep, weighted_sum
@@ -95,6 +95,7 @@ def fedavg(model: Model, training: ClientTraining, *, participation: float = 1.0
     References:
       McMahan et al., AISTATS 2017, arXiv:1602.05629.
     """
+    check_training("fedavg", training)
     check_participation(participation)
     check_weighting(weighting)
 

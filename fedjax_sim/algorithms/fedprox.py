@@ -35,7 +35,7 @@ import optax
 
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.algorithms.fedavg import fedavg
-from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate
+from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
 from fedjax_sim.models.core import Model
 
 DEFAULT_MU = 0.01  # from the paper's grid {0.001, 0.01, 0.1, 1}; tune it
@@ -89,6 +89,7 @@ def fedprox(model: Model, training: ClientTraining, *, mu=DEFAULT_MU,
       Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020,
       arXiv:1812.06127.
     """
+    check_training("fedprox", training)
     check_learning_rate("mu", mu)
     proximal = training.replace(optimizer=optax.chain(proximal_term(mu), training.optimizer))
     return fedavg(model, proximal, participation=participation, weighting=weighting)

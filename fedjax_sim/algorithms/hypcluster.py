@@ -57,7 +57,7 @@ from fedjax_sim.algorithms.base import (
     mean_over,
     per_client_fields,
 )
-from fedjax_sim.algorithms.training import ClientTraining
+from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
 from fedjax_sim.ops import (
@@ -130,6 +130,7 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
       Mansour, Mohri, Ro, Suresh, "Three Approaches for Personalization with
       Applications to Federated Learning", arXiv:2002.10619.
     """
+    check_training("hypcluster", training)
     if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:
         raise ValueError(f"num_clusters (k) must be an integer >= 1; got {num_clusters!r}.")
     check_participation(participation)

@@ -61,7 +61,7 @@ from fedjax_sim.algorithms.base import (
     num_params,
     per_client_fields,
 )
-from fedjax_sim.algorithms.training import ClientTraining
+from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.execution import plan_of
 from fedjax_sim.models.core import Model, client_accuracy, combine, partition
@@ -200,8 +200,7 @@ def _round_metrics(sums: dict, state: IFCAState) -> dict:
 
 
 def _check(training, num_clusters, option, participation, weighting, divide_by, stable_rounds):
-    if not isinstance(training, ClientTraining):
-        raise ValueError(f"ifca takes a ClientTraining (e.g. sgd(0.1)); got {training!r}.")
+    check_training("ifca", training)
     if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:
         raise ValueError(f"num_clusters (k) must be an integer >= 1; got {num_clusters!r}.")
     check_choice("option", option, OPTIONS)

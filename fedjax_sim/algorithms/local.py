@@ -15,7 +15,7 @@ from fedjax_sim.algorithms.base import (
     mean_over,
     per_client_fields,
 )
-from fedjax_sim.algorithms.training import ClientTraining
+from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
 from fedjax_sim.ops import client_keys, map_client_chunks
@@ -71,9 +71,7 @@ def local_models(model: Model, training: ClientTraining, *, shared_init: bool = 
     A client without data keeps its initial model and has weight 0 in every
     average.
     """
-    if not isinstance(training, ClientTraining):
-        raise ValueError(f"local_models takes a ClientTraining (e.g. sgd(0.1)); got "
-                         f"{training!r}.")
+    check_training("local_models", training)
 
     def init(key, data: FederatedData) -> LocalState:
         m = data.num_clients

@@ -9,7 +9,8 @@ The mixed objective is f(x) = w_f f_f(x) + w_c f_c(x): f_f the federated loss
 a datacenter dataset (minibatches drawn on the server, `ServerData` arrays
 {"x": [n_c, ...], "y": [n_c, ...]}) or an extra loss term such as a
 regularizer (`central_loss(params, server_arrays, key) -> scalar`). Three
-ways to train it (docs/protocols.md#mixed-fl-algorithms, reconstructed; K = local_steps):
+ways to train it (docs/protocols.md#mixed-fl-algorithms, reconstructed; K = the clients'
+training steps):
 
 `mixed(model, ..., variant=...)` builds every variant from one body (the
 registry's `mixed_parallel`, `mixed_gt1`, `mixed_gt2` fix the variant); the
@@ -33,8 +34,8 @@ notes):
 * `transfer` (2-GT's ĝ_f): "current" (the central steps run after the
   clients report and use this round's ĝ_f) or "stale" (they use last round's
   ĝ_f, zeros in round 0, so the two branches can run concurrently).
-* The central steps use the client optimizer unless `central_optimizer` is
-  given (the paper: the same η).
+* The central steps use the client optimizer unless `central` gives another
+  training (the paper: the same η).
 
 Every round logs, at the round-start model x^(t), the sampled dissimilarity
 estimates (docs/protocols.md) from ∇̃f_f = the cohort's mean first-step gradient and
@@ -67,7 +68,7 @@ from fedjax_sim.algorithms.base import (
     num_params,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
-from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate
+from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
 from fedjax_sim.data.federated import FederatedData, ServerData
 from fedjax_sim.models.core import Model
 from fedjax_sim.ops import (
@@ -105,9 +106,9 @@ class DrawnLoss(NamedTuple):
 
 class MixedState(NamedTuple):
     params: object  # pytree, one model x^(t)
-    server_opt_state: object  # the server optimizer's state (pytree)
     grad_f: object  # pytree like params: last round's ĝ_f (2-GT "stale" reads it)
     round: jax.Array  # int32
+    server_state: object = ()  # `with_server_optimizer`'s state; () without one
 
 
 def split_inputs(inputs) -> tuple[FederatedData, ServerData | None]:
@@ -276,7 +277,7 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
           central: ClientTraining | None = None, w_f=0.5, w_c=0.5,
           participation: float = 1.0, weighting: str = "uniform",
           central_loss: CentralLoss | None = None, combine: str = "half",
-          transfer: str = "current", server_optimizer=None, server_lr=1.0) -> Algorithm:
+          transfer: str = "current", server_lr=None) -> Algorithm:
     """Mixed FL, one body for every variant: "parallel" (PT), "gt1" (1-GT), "gt2" (2-GT) or
     "centralized" (the oracle); `mixed_parallel`, `mixed_gt1`, `mixed_gt2` and
     `mixed_centralized` are this with the variant fixed.
@@ -294,9 +295,9 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
     if unread:
         raise ValueError(f"mixed variant {variant!r} does not read {', '.join(unread)}; "
                          "leave them unset.")
-    if not isinstance(training, ClientTraining):
-        raise ValueError(f"mixed takes a ClientTraining (e.g. sgd(0.1)); got {training!r}.")
-    central = training.replace(batch_size=None) if central is None else central
+    check_training(f"mixed_{variant}", training)
+    central = (training.replace(batch_size=None) if central is None
+               else check_training(f"mixed_{variant}", central, "central"))
     if central.sampling != "with_replacement":
         raise ValueError("the central steps draw each datacenter batch afresh: central "
                          f"sampling must be with_replacement; got {central.sampling!r}.")
@@ -315,10 +316,7 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
             "central_loss must be None (a datacenter dataset in ServerData) or a callable "
             f"(params, server_arrays, key) -> scalar; got {central_loss!r}."
         )
-    if server_optimizer is not None and not (isinstance(server_lr, (int, float))
-                                             and server_lr == 1.0):
-        raise ValueError("server_lr is the default server SGD's; an optax server_optimizer "
-                         "carries its own learning rate.")
+    server_lr = 1.0 if server_lr is None else server_lr
     check_learning_rate("server_lr", server_lr)
     opt = training.optimizer
     # 1-GT's server takes one gradient and the oracle steps with the clients' optimizer:
@@ -326,7 +324,8 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
     central_opt = opt if variant in ("gt1", "centralized") else central.optimizer
     if variant in ("gt1", "centralized"):
         central_steps = local_steps
-    server_opt = server_optimizer if server_optimizer is not None else optax.sgd(server_lr)
+    # ServerOpt on −Δ: SGD at η_s (another: `with_server_optimizer` around server_lr = 1).
+    server_opt = optax.sgd(server_lr)
     f_c = central_loss if central_loss is not None else datacenter_loss(model, central_batch_size)
     # A plain central loss draws nothing apart: its step input is the step's key.
     drawn = f_c if isinstance(f_c, DrawnLoss) else DrawnLoss(lambda arrays, key: key, f_c)
@@ -348,7 +347,7 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
         server_arrays(server)
         params = model.init(key)
         check_inputs(model, params, data)
-        return MixedState(params, server_opt.init(params), optax.tree.zeros_like(params),
+        return MixedState(params, optax.tree.zeros_like(params),
                           jnp.zeros((), jnp.int32))
 
     def central_input(arrays, key):
@@ -420,8 +419,8 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
             delta = optax.tree.add(optax.tree.scale(alpha, delta_f),
                                    optax.tree.scale(1.0 - alpha, optax.tree.sub(y_c, x_t)))
 
-        updates, server_state = server_opt.update(optax.tree.scale(-1.0, delta),
-                                                  state.server_opt_state, x_t)
+        updates, _ = server_opt.update(optax.tree.scale(-1.0, delta), server_opt.init(x_t),
+                                       x_t)
         params = optax.apply_updates(x_t, updates)
         g_tilde, b_tilde = dissimilarity(hat_g_f, hat_g_c, w_f, w_c)
         train_loss = mean_over(losses0, active)
@@ -437,7 +436,7 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
             "floats_down": jnp.float32(down),
             "floats_up": jnp.float32(up),
         }
-        return MixedState(params, server_state, hat_g_f, state.round + 1), metrics
+        return state._replace(params=params, grad_f=hat_g_f, round=state.round + 1), metrics
 
     def _centralized_round(state, data, g_c, central_input_of, cohort, central_keys):
         """The oracle: K steps of minibatch SGD on the mixed loss with all data on the server.
@@ -468,8 +467,7 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
 
         end, _, (loss_f, loss_c, grad_f, grad_c) = descend(mixed_grad, central_opt, x_t,
                                                             central_keys)
-        updates, server_state = server_opt.update(optax.tree.sub(x_t, end),
-                                                  state.server_opt_state, x_t)
+        updates, _ = server_opt.update(optax.tree.sub(x_t, end), server_opt.init(x_t), x_t)
         params = optax.apply_updates(x_t, updates)
         g_tilde, b_tilde = dissimilarity(grad_f, grad_c, w_f, w_c)
         metrics = {
@@ -481,7 +479,7 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
             "floats_down": jnp.float32(0.0),
             "floats_up": jnp.float32(0.0),
         }
-        return MixedState(params, server_state, grad_f, state.round + 1), metrics
+        return state._replace(params=params, grad_f=grad_f, round=state.round + 1), metrics
 
     def evaluate(state: MixedState, inputs) -> dict:
         data, _ = split_inputs(inputs)
@@ -508,39 +506,38 @@ _DOC_ARGS = """
       central_loss: None: a datacenter dataset in ServerData arrays
         {"x", "y"}; else (params, server_arrays, key) -> scalar computed on
         the server (a regularizer; the inputs may then be FederatedData alone).
-      server_optimizer: ServerOpt applied to −Δ (default SGD at server_lr).
-      server_lr: η_s of the default server SGD.
+      server_lr: η_s of the server's SGD on −Δ (None: 1, x + Δ); another server
+        optimizer is `with_server_optimizer` around the algorithm at server_lr = 1.
 """
 
 
 def mixed_parallel(model: Model, training: ClientTraining, *,
                    central: ClientTraining | None = None, w_f=0.5, w_c=0.5,
                    participation: float = 1.0, weighting: str = "uniform",
-                   central_loss: CentralLoss | None = None, server_optimizer=None,
-                   server_lr=1.0) -> Algorithm:
+                   central_loss: CentralLoss | None = None,
+                   server_lr=None) -> Algorithm:
     """Mixed FL by parallel training (PT): client and server steps from x^(t), deltas mixed."""
     return mixed(model, training, variant="parallel", central=central, w_f=w_f, w_c=w_c,
                  participation=participation, weighting=weighting, central_loss=central_loss,
-                 server_optimizer=server_optimizer, server_lr=server_lr)
+                 server_lr=server_lr)
 
 
 def mixed_gt1(model: Model, training: ClientTraining, *,
               central: ClientTraining | None = None, w_f=0.5, w_c=0.5,
               participation: float = 1.0, weighting: str = "uniform",
-              central_loss: CentralLoss | None = None, server_optimizer=None,
-              server_lr=1.0) -> Algorithm:
+              central_loss: CentralLoss | None = None,
+              server_lr=None) -> Algorithm:
     """Mixed FL by one-way gradient transfer (1-GT): clients step on w_f g_i + w_c ĝ_c."""
     return mixed(model, training, variant="gt1", central=central, w_f=w_f, w_c=w_c,
                  participation=participation, weighting=weighting, central_loss=central_loss,
-                 server_optimizer=server_optimizer, server_lr=server_lr)
+                 server_lr=server_lr)
 
 
 def mixed_gt2(model: Model, training: ClientTraining, *,
               central: ClientTraining | None = None, w_f=0.5, w_c=0.5,
               participation: float = 1.0, weighting: str = "uniform",
               central_loss: CentralLoss | None = None, combine: str = "half",
-              transfer: str = "current", server_optimizer=None,
-              server_lr=1.0) -> Algorithm:
+              transfer: str = "current", server_lr=None) -> Algorithm:
     """Mixed FL by two-way gradient transfer (2-GT): both sides step on the mixed gradient.
 
     Examples:
@@ -555,20 +552,19 @@ def mixed_gt2(model: Model, training: ClientTraining, *,
     """
     return mixed(model, training, variant="gt2", central=central, w_f=w_f, w_c=w_c,
                  participation=participation, weighting=weighting, central_loss=central_loss,
-                 combine=combine, transfer=transfer, server_optimizer=server_optimizer,
-                 server_lr=server_lr)
+                 combine=combine, transfer=transfer, server_lr=server_lr)
 
 
 def mixed_centralized(model: Model, training: ClientTraining, *,
                       central: ClientTraining | None = None, w_f=0.5, w_c=0.5,
                       participation: float = 1.0, weighting: str = "uniform",
-                      central_loss: CentralLoss | None = None, server_optimizer=None,
-                      server_lr=1.0) -> Algorithm:
+                      central_loss: CentralLoss | None = None,
+                      server_lr=None) -> Algorithm:
     """The centrally trained oracle: K minibatch-SGD steps per round on the mixed loss, all
     data pooled on the server (each step a fresh cohort's batches and a central batch)."""
     return mixed(model, training, variant="centralized", central=central, w_f=w_f, w_c=w_c,
                  participation=participation, weighting=weighting, central_loss=central_loss,
-                 server_optimizer=server_optimizer, server_lr=server_lr)
+                 server_lr=server_lr)
 
 
 for _factory in (mixed, mixed_parallel, mixed_gt1, mixed_gt2, mixed_centralized):

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.algorithms.ifca import IFCAState, ifca, with_fixed_assignment
 from fedjax_sim.algorithms.local import local_models
-from fedjax_sim.algorithms.training import ClientTraining
+from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.execution import plan_of
 from fedjax_sim.models.core import Model
@@ -53,6 +53,9 @@ def one_shot_clustering(model: Model, training: ClientTraining, *, num_clusters:
     sees all m local models (in place, leaf by leaf). Clients without data take
     no part in k-means (assignment -1) nor in any average.
     """
+    check_training("one_shot_clustering", training)
+    if pretraining is not None:
+        check_training("one_shot_clustering", pretraining, "pretraining")
     if pretraining is None:
         pretraining = training.replace(steps=PRETRAIN_STEPS)
     local = local_models(model, pretraining)

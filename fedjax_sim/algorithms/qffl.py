@@ -46,7 +46,12 @@ from fedjax_sim.algorithms.base import (
     mean_over,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
-from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, sgd_rate
+from fedjax_sim.algorithms.training import (
+    ClientTraining,
+    check_learning_rate,
+    check_training,
+    sgd_rate,
+)
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_loss
 from fedjax_sim.ops import cohort_sums, weighted_sum
@@ -85,6 +90,7 @@ def qffl(model: Model, training: ClientTraining, *, q=DEFAULT_Q,
       Li, Sanjabi, Beirami, Smith, "Fair Resource Allocation in Federated
       Learning", ICLR 2020, arXiv:1905.10497.
     """
+    check_training("qffl", training)
     check_learning_rate("q", q)
     lipschitz = 1.0 / sgd_rate(training, "qffl", "its Lipschitz estimate is L = 1/η")
     check_participation(participation)

@@ -63,7 +63,7 @@ from fedjax_sim.algorithms.base import (
     per_client_fields,
 )
 from fedjax_sim.algorithms.ifca import evaluate_clusters
-from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate
+from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model
 from fedjax_sim.ops import (
@@ -106,6 +106,7 @@ def robust_ifca(model: Model, training: ClientTraining, *, num_clusters: int,
       >>> from fedjax_sim.models import linear_regression
       >>> alg = robust_ifca(linear_regression(3), sgd(0.1, steps=5), num_clusters=2)
     """
+    check_training("robust_ifca", training)
     if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:
         raise ValueError(f"num_clusters (k) must be an integer >= 1; got {num_clusters!r}.")
     check_participation(participation)

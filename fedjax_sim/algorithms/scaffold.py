@@ -51,7 +51,7 @@ from fedjax_sim.algorithms.base import (
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
 from fedjax_sim.algorithms.server import apply_server_update, make_server_optimizer
-from fedjax_sim.algorithms.training import ClientTraining, sgd_rate
+from fedjax_sim.algorithms.training import ClientTraining, check_training, sgd_rate
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model
 from fedjax_sim.ops import cohort_sums, mean_or_keep, put, take, weighted_sum
@@ -78,7 +78,7 @@ def add_correction(correction) -> optax.GradientTransformation:
 
 
 def scaffold(model: Model, training: ClientTraining, *, participation: float = 1.0,
-             weighting: str = "uniform", server_lr=1.0) -> Algorithm:
+             weighting: str = "uniform", server_lr=None) -> Algorithm:
     """Builds SCAFFOLD (option II).
 
     Args:
@@ -87,8 +87,8 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
         option II's (x − y_i)/(K η_l) is the mean corrected gradient only for SGD.
       participation: |S| / N, the cohort drawn uniformly without replacement.
       weighting: "uniform" (the paper) or "examples" (see the module notes).
-      server_lr: η_g, the server step x + η_g Δx (may be traced). Another server
-        optimizer on Δx: `with_server_optimizer(scaffold(..., server_lr=1.0), ...)`.
+      server_lr: η_g, the server step x + η_g Δx (None: 1; may be traced). Another
+        server optimizer on Δx: `with_server_optimizer(scaffold(...), ...)` at η_g = 1.
 
     Returns:
       Algorithm(init, round, evaluate, client_axes) with state ScaffoldState;
@@ -103,6 +103,7 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
       Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated
       Learning", ICML 2020, arXiv:1910.06378.
     """
+    check_training("scaffold", training)
     learning_rate = sgd_rate(training, "scaffold",
                              "option II's control variates are the mean corrected gradient")
     check_participation(participation)

@@ -111,6 +111,17 @@ class ClientTraining:
                                                                  max_examples)
 
 
+def check_training(algorithm: str, training, name: str = "training") -> ClientTraining:
+    """`training`, or ValueError naming the algorithm when it is no ClientTraining (an
+    optax optimizer where the training belongs, say)."""
+    if not isinstance(training, ClientTraining):
+        hint = (" (an optax optimizer goes inside: ClientTraining(optimizer, steps=...))"
+                if hasattr(training, "update") else "")
+        raise ValueError(f"{algorithm}'s {name} must be a ClientTraining, e.g. sgd(0.1, "
+                         f"steps=5); got {training!r}{hint}.")
+    return training
+
+
 def check_learning_rate(name: str, value, positive: bool = False) -> None:
     """ValueError unless a concrete `value` is a finite number >= 0 (> 0 with `positive`);
     a traced value (a sweep vmaps over it) passes."""
