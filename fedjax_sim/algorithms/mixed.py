@@ -296,7 +296,9 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
                          "leave them unset.")
     if not isinstance(training, ClientTraining):
         raise ValueError(f"mixed takes a ClientTraining (e.g. sgd(0.1)); got {training!r}.")
-    central = training.replace(batch_size=None) if central is None else central
+    if central is None:  # the clients' optimizer and K on every row; the clients' sampling
+        # mode is theirs alone (the datacenter's batches are drawn afresh)
+        central = training.replace(batch_size=None, sampling="with_replacement")
     if central.sampling != "with_replacement":
         raise ValueError("the central steps draw each datacenter batch afresh: central "
                          f"sampling must be with_replacement; got {central.sampling!r}.")
