@@ -296,8 +296,10 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
         raise ValueError(f"mixed variant {variant!r} does not read {', '.join(unread)}; "
                          "leave them unset.")
     check_training(f"mixed_{variant}", training)
-    central = (training.replace(batch_size=None) if central is None
-               else check_training(f"mixed_{variant}", central, "central"))
+    if central is None:  # the clients' optimizer and K on every row; the clients' sampling
+        # mode is theirs alone (the datacenter's batches are drawn afresh)
+        central = training.replace(batch_size=None, sampling="with_replacement")
+    check_training(f"mixed_{variant}", central, "central")
     if central.sampling != "with_replacement":
         raise ValueError("the central steps draw each datacenter batch afresh: central "
                          f"sampling must be with_replacement; got {central.sampling!r}.")
