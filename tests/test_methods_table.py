@@ -4,10 +4,10 @@ fit is refused in one line saying why."""
 
 from __future__ import annotations
 
+import golden
 import jax
 import pytest
 
-import golden
 from fedjax_sim import experiments
 from fedjax_sim.algorithms import ALGORITHMS
 from fedjax_sim.experiments.methods import METHODS
