@@ -123,14 +123,13 @@ def _cpu() -> dict:
 
 def machine() -> dict:
     """What a stored choice is valid for: the device, the CPU and the software."""
-    import jaxlib
-
     from fedjax_sim import __version__
+    from fedjax_sim.provenance import package_versions
 
     device = jax.devices()[0]
     return {"backend": jax.default_backend(), "device_kind": device.device_kind,
             "devices": jax.device_count(), "cpu": _cpu(), "jax": jax.__version__,
-            "jaxlib": jaxlib.__version__, "fedjax_sim": __version__,
+            "jaxlib": package_versions(("jaxlib",))["jaxlib"], "fedjax_sim": __version__,
             "store_version": STORE_VERSION}
 
 
