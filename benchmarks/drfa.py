@@ -1,7 +1,7 @@
 """DRFA / DRFLM speed: the vectorized round vs a per-client loop, the GNN round, the λ projection.
 
 Usage:
-  python benchmarks/drfa.py                 # writes benchmarks/results/drfa.json
+  python benchmarks/drfa.py                 # writes results/drfa.json beside this script (or --out)
   python benchmarks/drfa.py --quick --out /tmp/drfa.json   # smoke run at a tiny size
 
 In one run (the issue's Performance section):

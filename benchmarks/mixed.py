@@ -20,11 +20,11 @@ central batch 256 and K central steps. Three arms, timed in interleaved blocks
 FLOP rates: each gradient's matmul flops (`harness.dense_flops`: the forward
 pass, the weight gradients and the input gradients of all layers but the first;
 `flops_per_central_step` records XLA's own count of one central step beside it)
-over `matmul_peak()`. (Until session 15 the count was 6·params per example, which
-counts the first layer's input gradient that JAX never computes, and the biases:
-1.43× the work of this 64-32-10 MLP.)
+over `matmul_peak()`. (The 6·params-per-example rule would count the first layer's
+input gradient, which JAX never computes, and the biases: 1.43× the work of this
+64-32-10 MLP.)
 
-    python benchmarks/mixed.py                 # writes benchmarks/results/mixed.json
+    python benchmarks/mixed.py   # writes results/mixed.json beside this script (or --out)
     python benchmarks/mixed.py --quick --out /tmp/mixed.json
 """
 

@@ -3,11 +3,11 @@
 Usage:
   python benchmarks/rounds_per_sec.py --out rounds_per_sec.json
   python benchmarks/rounds_per_sec.py --quick --no-compare --out /tmp/quick.json  # smoke run
-  # an old commit and this one, side by side, with this script:
-  git worktree add /tmp/fedjax_old b9b1bc9
-  python benchmarks/rounds_per_sec.py --checkout /tmp/fedjax_old --out old.json
-  python benchmarks/rounds_per_sec.py --out new.json
-  python benchmarks/rounds_per_sec.py --pair old.json new.json   # Markdown table
+  # another checkout and this one, side by side, with this script:
+  git worktree add /tmp/fedjax_base main
+  python benchmarks/rounds_per_sec.py --checkout /tmp/fedjax_base --out base.json
+  python benchmarks/rounds_per_sec.py --out mine.json
+  python benchmarks/rounds_per_sec.py --pair base.json mine.json   # Markdown table
 
 In one run this measures, on whatever JAX backend is the default:
 
@@ -42,8 +42,8 @@ In one run this measures, on whatever JAX backend is the default:
    when that checkout's CLI has no `compare` command; a failure is recorded
    as an error string.
 
-Only APIs present both in b9b1bc9 and after the refactor are imported, so the
-same script measures either (`--checkout DIR`).
+It imports only long-standing APIs, so the same script measures another checkout
+(`--checkout DIR`).
 
 The JSON written to --out is a list: one object per (m, n, d, k) (`"kind":
 "config"`; the one whose shape matches the sweep cell also carries a
@@ -319,7 +319,7 @@ def bench_config(
         "round_GBps": round_bytes / vec_s / 1e9,
         "round_flops": flops,
         "round_flops_model": "2·m·n·d·(k + 1): k forward products, one gradient per client "
-        "(until session 15: 4·m·n·d·k, which counted a gradient for every cluster model)",
+        "(4·m·n·d·k would count a gradient for every cluster model)",
         "xla_cost_flops": float(xla_cost.get("flops", float("nan"))),
         "round_GFLOPs": flops / vec_s / 1e9,
         "verified_equal": close and same_assignment,
