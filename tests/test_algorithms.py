@@ -128,7 +128,7 @@ def test_ifca_gradient_rounds_equal_loop(ragged, linear_model, ref):
         np.testing.assert_array_equal(
             metrics["cluster_sizes"], np.bincount(assign[real], minlength=3))
         np.testing.assert_allclose(
-            metrics["train_loss"], np.mean(losses[real, assign[real]]), rtol=1e-4
+            metrics["cohort_loss"], np.mean(losses[real, assign[real]]), rtol=1e-4
         )
     np.testing.assert_array_equal(state.cluster_params[2], theta0[2])  # the empty cluster
 
@@ -177,7 +177,7 @@ def test_ifca_model_round_equals_per_client_loop(ragged, linear_model, ref, weig
     real = n > 0
     np.testing.assert_array_equal(
         metrics["cluster_sizes"], np.bincount(np.asarray(assign)[real], minlength=k))
-    np.testing.assert_allclose(metrics["train_loss"], np.mean(np.asarray(chosen_loss)[real]),
+    np.testing.assert_allclose(metrics["cohort_loss"], np.mean(np.asarray(chosen_loss)[real]),
                                rtol=1e-4)
     np.testing.assert_array_equal(new.stable, 0)  # the first assignment is a change
     assert int(new.round) == 1
@@ -207,7 +207,7 @@ def test_ifca_recovers_clusters_on_linear_mixture(ref):
     test_assign = alg.evaluate(state, prob.test)["assignment"]
     assert ref.perm_accuracy(test_assign, prob.test.cluster, k) == 1.0
     assert min_dist(state.cluster_params) < 0.6 * sigma
-    assert metrics["train_loss"][-1] < 2 * sigma**2  # the noise level, σ² = 0.01
+    assert metrics["cohort_loss"][-1] < 2 * sigma**2  # the noise level, σ² = 0.01
 
     x = np.asarray(prob.train.x, np.float64).reshape(m * n, d)
     pooled = np.linalg.lstsq(x, np.asarray(prob.train.y, np.float64).ravel(), rcond=None)[0]

@@ -315,7 +315,7 @@ def test_fedopt_sgd_at_server_lr_1_equals_fedavg_to_rounding(ragged, linear_mode
         sa, ma = jax.jit(a.round)(sa, ragged, key)
         sb, mb = jax.jit(b.round)(sb, ragged, key)
         np.testing.assert_allclose(sa.params, sb.params, rtol=1e-5, atol=1e-6)
-        np.testing.assert_array_equal(ma["train_loss"], mb["train_loss"])
+        np.testing.assert_array_equal(ma["cohort_loss"], mb["cohort_loss"])
 
 
 def test_ifca_fedopt_per_cluster_equals_loop(ragged, linear_model, ref):

@@ -616,7 +616,7 @@ def loop_seed(algorithm, round_, data, key_init, round_key, s, *, seed_last=True
         else:
             key_t = jax.random.fold_in(jax.random.fold_in(round_key, s), t)
         state, metrics = round_(state, data, key_t)
-        losses.append(float(metrics["train_loss"]))
+        losses.append(float(metrics["cohort_loss"]))
     return state, np.array(losses)
 
 
@@ -628,14 +628,14 @@ def test_with_seeds_equals_seed_by_seed_runs(seeded_setup, shared_data):
     inputs = federations[0] if shared_data else stacked
     state = seeded.init(key_init, inputs)
     state, metrics = simulate.scan_rounds(seeded, state, inputs, round_key, 0, ROUNDS)
-    chex.assert_shape(metrics["train_loss"], (ROUNDS, SEEDS))
+    chex.assert_shape(metrics["cohort_loss"], (ROUNDS, SEEDS))
     finals = []
     for s in range(SEEDS):
         data_s = federations[0] if shared_data else federations[s]
         want, want_losses = loop_seed(algorithm, round_, data_s, key_init, round_key, s)
         chex.assert_trees_all_close(jax.tree.map(lambda a, s=s: a[s], state), want,
                                     rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(np.asarray(metrics["train_loss"][:, s]), want_losses,
+        np.testing.assert_allclose(np.asarray(metrics["cohort_loss"][:, s]), want_losses,
                                    rtol=1e-6, atol=1e-6)
         finals.append(np.asarray(want.params))
     assert not np.allclose(finals[0], finals[1])  # the seeds really differ
@@ -726,7 +726,7 @@ def test_ifca_model_averaging_leaves_the_empty_client_out(garbage_ragged, ref, f
     else:
         assert (want_sizes > 0).all()
     np.testing.assert_allclose(np.asarray(new.cluster_params), want, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(float(metrics["train_loss"]), want_loss, rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["cohort_loss"]), want_loss, rtol=1e-5)
 
     evaluation = algorithm.evaluate(new, data)
     np.testing.assert_array_equal(np.asarray(evaluation["client_weight"]), [1, 1, 0, 1, 1])

@@ -107,7 +107,7 @@ def loop_round(variant, params, grad_f_last, data, server, ids, *, lr, server_lr
     mixed = w_f * hat_g_f + w_c * hat_g_c
     metrics = {"G_tilde": np.sqrt(max(spread - mixed @ mixed, 0.0)),
                "B_tilde": np.sqrt(spread / (mixed @ mixed)),
-               "train_loss": np.mean(losses), "central_loss": loss_c}
+               "cohort_loss": np.mean(losses), "central_loss": loss_c}
     return x_t + server_lr * delta, hat_g_f, metrics
 
 

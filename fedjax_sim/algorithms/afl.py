@@ -126,7 +126,7 @@ def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
         lam = project_active(state.lam + lambda_lr * v, data.active())
         lam_avg = state.lam_avg + (lam - state.lam_avg) / (state.round + 2).astype(jnp.float32)
         metrics = {
-            "train_loss": mean_over(losses, active),
+            "cohort_loss": mean_over(losses, active),
             "worst_client_loss": jnp.max(jnp.where(active, losses, 0.0)),
             "lambda_max": jnp.max(lam),
         }

@@ -37,7 +37,10 @@ class Algorithm(NamedTuple):
     """init(key, data) -> state; round(state, data, key) -> (state, metrics);
     evaluate(state, data) -> per-client metrics.
 
-    `round` is one communication round: pure and jit-able. `evaluate` returns a
+    `round` is one communication round: pure and jit-able. Its metrics describe
+    the round itself and never share a name with an evaluation's: every training
+    algorithm reports `cohort_loss`, the mean loss of the round's cohort at the
+    models it received (before local training). `evaluate` returns a
     dict with `client_loss` [m], `assignment` [m] (the cluster model each
     client uses, -1 where the notion does not apply), `client_weight` [m]
     (its weight in averages over clients: 0 for a client without data), and

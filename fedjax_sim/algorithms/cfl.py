@@ -195,7 +195,7 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
         _, unravel = jax.flatten_util.ravel_pytree(jax.tree.map(lambda p: p[0], params))
         params = optax.tree.add(params, jax.vmap(unravel)(step))
         metrics = {
-            "train_loss": mean_over(losses, active),
+            "cohort_loss": mean_over(losses, active),
             "num_clusters": used,
             "splits": used - state.num_clusters,
             "mean_update_norm": mean_norm,

@@ -125,7 +125,7 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
         (total, weight), (personal, losses, active) = cohort_sums(
             client_step, data, cohort, inputs=take(cohort, state.personal))
         params = mean_or_keep(total, weight, w)
-        metrics = {"train_loss": mean_over(losses, active)}
+        metrics = {"cohort_loss": mean_over(losses, active)}
         return DittoState(params, put(cohort, state.personal, personal), state.round + 1), metrics
 
     def evaluate(state: DittoState, data: FederatedData) -> dict:

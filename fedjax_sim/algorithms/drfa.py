@@ -312,7 +312,7 @@ def _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
         sampled = state.sampled + jax.ops.segment_sum(
             jnp.ones((m,), jnp.int32), cohort.ids, num_segments=n)
         metrics = {
-            "train_loss": mean_over(first_losses, active),
+            "cohort_loss": mean_over(first_losses, active),
             "lambda_max": jnp.max(lam),
             "lambda_entropy": -jnp.sum(jnp.where(lam > 0, lam * jnp.log(lam), 0.0)),
             "probe_loss_worst": jnp.max(probe_losses),

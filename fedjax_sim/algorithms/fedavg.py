@@ -90,7 +90,7 @@ def fedavg(model: Model, training: ClientTraining, *, participation: float = 1.0
       >>> state = alg.init(jax.random.key(1), data)
       >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
       >>> sorted(metrics)
-      ['train_loss']
+      ['cohort_loss']
 
     References:
       McMahan et al., AISTATS 2017, arXiv:1602.05629.
@@ -116,7 +116,7 @@ def fedavg(model: Model, training: ClientTraining, *, participation: float = 1.0
 
         (total, weight), (first_losses, active) = cohort_sums(client_step, data, cohort)
         params = mean_or_keep(total, weight, state.params)
-        metrics = {"train_loss": mean_over(first_losses, active)}
+        metrics = {"cohort_loss": mean_over(first_losses, active)}
         return state._replace(params=params, round=state.round + 1), metrics
 
     def evaluate(state: FedAvgState, data: FederatedData) -> dict:

@@ -189,7 +189,7 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
         assignment = jnp.where(active, chosen, take(cohort, state.assignment))
         chosen_loss = jnp.take_along_axis(losses, chosen[:, None], axis=1)[:, 0]
         counts = jax.ops.segment_sum(active.astype(jnp.int32), chosen, k)
-        metrics = {"train_loss": mean_over(chosen_loss, active), "cluster_sizes": counts}
+        metrics = {"cohort_loss": mean_over(chosen_loss, active), "cluster_sizes": counts}
         return HypClusterState(params, put(cohort, state.assignment, assignment),
                                state.round + 1), metrics
 

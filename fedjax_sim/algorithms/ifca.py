@@ -192,7 +192,7 @@ def _round_metrics(sums: dict, state: IFCAState) -> dict:
     with_data = jnp.sum(sums["counts"]).astype(jnp.float32)
     pinned = sums["frozen_with_data"].astype(jnp.float32)
     return {
-        "train_loss": sums["loss"] / jnp.maximum(with_data, 1.0),
+        "cohort_loss": sums["loss"] / jnp.maximum(with_data, 1.0),
         "cluster_sizes": sums["counts"].astype(jnp.float32),
         "downlink_floats": pinned * d + (with_data - pinned) * (k * d),
         "frozen_clients": sums["frozen"],

@@ -88,7 +88,7 @@ def local_models(model: Model, training: ClientTraining, *, shared_init: bool = 
         params, _, losses = training.update_clients(model, state.params, data,
                                                     client_keys(key, ids))
         return LocalState(params, state.round + 1), {
-            "train_loss": mean_over(losses[:, 0], data.active())}
+            "cohort_loss": mean_over(losses[:, 0], data.active())}
 
     def evaluate(state: LocalState, data: FederatedData) -> dict:
         def evaluate_part(part) -> dict:

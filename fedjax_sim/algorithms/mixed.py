@@ -425,14 +425,14 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
                                        x_t)
         params = optax.apply_updates(x_t, updates)
         g_tilde, b_tilde = dissimilarity(hat_g_f, hat_g_c, w_f, w_c)
-        train_loss = mean_over(losses0, active)
+        cohort_loss = mean_over(losses0, active)
         d = float(num_params(x_t))
         down = 2 * d if variant in ("gt1", "gt2") else d
         up = 2 * d if variant == "gt2" else d
         metrics = {
-            "train_loss": train_loss,
+            "cohort_loss": cohort_loss,
             "central_loss": loss_c,
-            "mixed_loss": w_f * train_loss + w_c * loss_c,
+            "mixed_loss": w_f * cohort_loss + w_c * loss_c,
             "G_tilde": g_tilde,
             "B_tilde": b_tilde,
             "floats_down": jnp.float32(down),
@@ -473,7 +473,7 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
         params = optax.apply_updates(x_t, updates)
         g_tilde, b_tilde = dissimilarity(grad_f, grad_c, w_f, w_c)
         metrics = {
-            "train_loss": loss_f,
+            "cohort_loss": loss_f,
             "central_loss": loss_c,
             "mixed_loss": w_f * loss_f + w_c * loss_c,
             "G_tilde": g_tilde,

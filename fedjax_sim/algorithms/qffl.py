@@ -78,7 +78,7 @@ def qffl(model: Model, training: ClientTraining, *, q=DEFAULT_Q,
 
     Returns:
       Algorithm(init, round, evaluate) with state QFFLState. Round metrics:
-      train_loss (the cohort's mean F_k(w_t)) and fair_weight_max (the largest
+      cohort_loss (the cohort's mean F_k(w_t)) and fair_weight_max (the largest
       share F_k^q / Σ_S F^q of a cohort client).
 
     Examples:
@@ -126,7 +126,7 @@ def qffl(model: Model, training: ClientTraining, *, q=DEFAULT_Q,
             lambda w, d: jnp.where(h_total > 0, w - d / jnp.maximum(h_total, 1e-30), w),
             state.params, delta_total)
         metrics = {
-            "train_loss": mean_over(losses, active),
+            "cohort_loss": mean_over(losses, active),
             "fair_weight_max": jnp.max(jnp.where(active, fq, 0.0))
             / jnp.maximum(fq_total, 1e-30),
         }

@@ -162,7 +162,7 @@ def robust_ifca(model: Model, training: ClientTraining, *, num_clusters: int,
         lam = project_segments(lam + lambda_lr * training.steps * v,
                                jnp.where(assignment >= 0, assignment, -1), k)
         metrics = {
-            "train_loss": mean_over(chosen_loss, active),
+            "cohort_loss": mean_over(chosen_loss, active),
             "worst_client_loss": jnp.max(jnp.where(active, chosen_loss, 0.0)),
             "cluster_sizes": in_cohort.astype(jnp.int32),
             "lambda_max": jnp.max(lam),

@@ -152,7 +152,7 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
         all_weight = jnp.sum(client_weights(data.active(), data.num_examples, weighting))
         control = jax.tree.map(lambda c, d: c + d / jnp.maximum(all_weight, 1e-30),
                                state.control, dc_total)
-        metrics = {"train_loss": mean_over(first_losses, active)}
+        metrics = {"cohort_loss": mean_over(first_losses, active)}
         return ScaffoldState(params, control, put(cohort, state.client_controls, client_controls),
                              state.round + 1), metrics
 
