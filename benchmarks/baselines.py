@@ -158,19 +158,19 @@ def problem_rows(kind: str, cfg: dict, ceilings: dict) -> list[dict]:
     import jax
     import numpy as np
 
-    from fedjax_sim.algorithms import fedavg, fedprox, qffl, scaffold
+    from fedjax_sim.algorithms import fedadam, fedavg, fedprox, qffl, scaffold, sgd
     from fedjax_sim.algorithms.base import cohort_size, num_params
     from fedjax_sim.simulate import scan_rounds
 
     data, model, batch = _problem(kind, cfg)
     tau, part = cfg["tau"], cfg["participation"]
-    common = dict(learning_rate=LR, local_steps=tau, batch_size=batch, participation=part)
+    training = sgd(LR, steps=tau, batch_size=batch)
     algorithms = {
-        "fedavg": fedavg(model, **common),
-        "fedopt_adam": fedavg(model, server_optimizer="adam", **common),
-        "fedprox": fedprox(model, mu=MU, **common),
-        "scaffold": scaffold(model, **common),
-        "qffl": qffl(model, q=Q, **common),
+        "fedavg": fedavg(model, training, participation=part),
+        "fedopt_adam": fedadam(model, training, participation=part),
+        "fedprox": fedprox(model, training, mu=MU, participation=part),
+        "scaffold": scaffold(model, training, participation=part),
+        "qffl": qffl(model, training, q=Q, participation=part),
     }
     key = jax.random.key(1)
     states, rounds, compile_s = {}, {}, {}

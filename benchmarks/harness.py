@@ -108,6 +108,29 @@ def use_checkout(path: str | os.PathLike | None = None):
     return module
 
 
+def import_fresh(path: str | os.PathLike, modules: Sequence[str]) -> dict:
+    """`fedjax_sim.<name>` for each name, imported afresh from the checkout at `path`.
+
+    Every fedjax_sim module already imported is dropped first, so two checkouts can be
+    imported one after the other into one process (for old-vs-new A/B timing: a compiled
+    executable does not need its modules afterwards).
+
+    Raises:
+      CheckoutError: the package came from somewhere other than `path`.
+    """
+    root = resolve_checkout(path)
+    for name in [n for n in sys.modules if n == PACKAGE or n.startswith(PACKAGE + ".")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(root))
+    try:
+        package = importlib.import_module(PACKAGE)
+        if not pathlib.Path(package.__file__).resolve().is_relative_to(root):
+            raise CheckoutError(f"imported {package.__file__}, not a file under {root}")
+        return {name: importlib.import_module(f"{PACKAGE}.{name}") for name in modules}
+    finally:
+        sys.path.remove(str(root))
+
+
 def add_checkout_arg(parser) -> None:
     """Adds `--checkout DIR` to an argparse parser."""
     parser.add_argument(
@@ -471,6 +494,30 @@ def interleaved_blocks(arms: dict[str, Arm], blocks: int) -> dict[str, list[floa
                 times[name].append(timed_call(arm.step)[0])
                 count += 1
     return times
+
+
+def old_new_blocks(arms: dict[str, Arm], blocks: int) -> dict[str, list[list[float]]]:
+    """Old-vs-new A/B timing: `blocks` blocks, "old" first in even blocks and "new" first
+    in odd ones, so neither always runs first. Returns each arm's call times per block."""
+    times: dict[str, list[list[float]]] = {name: [] for name in arms}
+    for b in range(blocks):
+        order = ("old", "new") if b % 2 == 0 else ("new", "old")
+        for name, seconds in interleaved_blocks({a: arms[a] for a in order}, 1).items():
+            times[name].append(seconds)
+    return times
+
+
+def new_over_old(old: Sequence[float], new: Sequence[float]) -> dict:
+    """Per-block seconds of two arms -> their medians, new/old of the medians, and the
+    median and quartiles of the per-block new/old ratios."""
+    import statistics
+
+    ratios = sorted(n / o for o, n in zip(old, new, strict=True))
+    old_s, new_s = statistics.median(old), statistics.median(new)
+    return {"old_s": old_s, "new_s": new_s, "new_over_old": new_s / old_s,
+            "block_ratio_median": statistics.median(ratios),
+            "block_ratio_q1": ratios[len(ratios) // 4],
+            "block_ratio_q3": ratios[3 * len(ratios) // 4]}
 
 
 # --------------------------------------------------------------------------- machine ceilings

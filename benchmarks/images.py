@@ -78,7 +78,7 @@ def bench_round(quick: bool, matmul_gflops: float, log) -> dict:
     import jax.numpy as jnp
     import optax
 
-    from fedjax_sim.algorithms import ifca
+    from fedjax_sim.algorithms import ClientTraining, ifca, sgd
     from fedjax_sim.data import FederatedData
     from fedjax_sim.models import client_loss, mlp_classifier
     from fedjax_sim.models.recsys import compiled_flops
@@ -93,13 +93,13 @@ def bench_round(quick: bool, matmul_gflops: float, log) -> dict:
     y = rng.integers(0, 10, size=(m, n)).astype(np.int32)
     data = FederatedData.from_arrays(x, y, cluster=np.repeat(np.arange(k), m // k))
     model = mlp_classifier((28, 28), [200], 10)
-    algorithm = ifca(model, num_clusters=k, option="model", local_steps=steps, learning_rate=0.1)
+    algorithm = ifca(model, sgd(0.1, steps=steps), num_clusters=k, option="model")
     state = jax.jit(algorithm.init)(jax.random.key(0), data)
     key = jax.random.key(1)
 
     vec, vec_compile_s = harness.compile_ahead(jax.jit(algorithm.round), state, data, key)
     opt = optax.sgd(0.1)  # undeclared: plain steps
-    plain = ifca(model, opt, num_clusters=k, option="model", local_steps=steps)
+    plain = ifca(model, ClientTraining(opt, steps), num_clusters=k, option="model")
     vec_plain, plain_compile_s = harness.compile_ahead(jax.jit(plain.round), state, data, key)
 
     @jax.jit

@@ -72,6 +72,7 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
     import optax
 
     from fedjax_sim.algorithms.mixed import CENTRAL_STREAM, datacenter_loss, descend, mixed_gt2
+    from fedjax_sim.algorithms.training import sgd
     from fedjax_sim.data import FederatedData, ServerData
     from fedjax_sim.models.recsys import compiled_flops
     from fedjax_sim.models.zoo import mlp_classifier
@@ -85,8 +86,9 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
                          "y": jnp.asarray(rng.integers(0, 10, n_c).astype(np.int32))})
     model = mlp_classifier((64,), (32,), 10)
     lr, w_f, w_c = 0.05, 0.5, 0.5
-    algorithm = mixed_gt2(model, learning_rate=lr, local_steps=steps, batch_size=batch,
-                          central_batch_size=central_batch, w_f=w_f, w_c=w_c)
+    algorithm = mixed_gt2(model, sgd(lr, steps=steps, batch_size=batch),
+                          central=sgd(lr, steps=steps, batch_size=central_batch), w_f=w_f,
+                          w_c=w_c)
     inputs = (data, server)
     state = jax.jit(algorithm.init)(jax.random.key(1), inputs)
     params = state.params

@@ -102,6 +102,8 @@ class Library(NamedTuple):
     cell_min_dist: Callable
     scan_rounds: Callable  # simulate.scan_rounds, or run_rounds before the rename
     scan_rounds_name: str
+    sgd: Callable | None  # algorithms.sgd where the factories take a ClientTraining
+    planned: Callable | None  # execution.planned where the executor plans client chunks
 
 
 def load_library(checkout) -> Library:
@@ -123,7 +125,23 @@ def load_library(checkout) -> Library:
         ).cell_min_dist,
         scan_rounds=getattr(simulate, name),
         scan_rounds_name=f"fedjax_sim.simulate.{name}",
+        sgd=getattr(importlib.import_module("fedjax_sim.algorithms"), "sgd", None),
+        planned=_optional("fedjax_sim.execution", "planned"),
     )
+
+
+def _optional(module: str, name: str):
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+
+
+def build_ifca(lib: Library, d: int, k: int):
+    """IFCA option I at ROUND_LR through whichever surface the checkout has."""
+    if lib.sgd is not None:
+        return lib.ifca(lib.linear_regression(d), lib.sgd(ROUND_LR), num_clusters=k)
+    return lib.ifca(lib.linear_regression(d), num_clusters=k, learning_rate=ROUND_LR)
 
 
 # --------------------------------------------------------------------------- the loop
@@ -175,7 +193,7 @@ def bench_config(
     """Times one (m, n, d, k); see the module docstring."""
     mixture = jax.jit(lib.linear_mixture, static_argnames=("k", "m", "n", "d", "n_test"))
     data = mixture(jax.random.key(0), k=k, m=m, n=n, d=d, sigma=DATA_SIGMA, R=DATA_R).train
-    alg = lib.ifca(lib.linear_regression(d), num_clusters=k, learning_rate=ROUND_LR)
+    alg = build_ifca(lib, d, k)
     state0 = alg.init(jax.random.key(1), data)
     key_list = list(jax.random.split(jax.random.key(2), 512))  # no indexing op in the timed loop
     jax.block_until_ready((data, state0, key_list))
@@ -195,22 +213,17 @@ def bench_config(
 
     scan_first_s, _ = harness.timed_call(scanned)  # traces and compiles
 
-    # The same round processing `client_chunk` clients at a time (ifca's
-    # client_chunk option, where this fedjax_sim has it): a chunk's X is
-    # reused from cache between the forward pass and the VJP. An extra.
+    # The same round processing `client_chunk` clients at a time (the executor's
+    # memory plan, where this fedjax_sim has one): a chunk's X is reused from cache
+    # between the forward pass and the VJP. An extra.
     chunk = _cache_chunk(m, n, d)
-    try:
-        alg_c = lib.ifca(
-            lib.linear_regression(d), num_clusters=k, learning_rate=ROUND_LR, client_chunk=chunk
-        )
-    except TypeError:  # a fedjax_sim without client_chunk
-        alg_c = None
     chunked = state1_c = None
-    if alg_c is not None:
+    if lib.planned is not None:
+        data_c = lib.planned(data, client_chunk=chunk)
         chunked, _ = harness.compile_ahead(
-            lib.backend.jit(alg_c.round, d), state0, data, key_list[0]
+            lib.backend.jit(alg.round, d), state0, data_c, key_list[0]
         )
-        _, (state1_c, _) = harness.timed_call(chunked, state0, data, key_list[0])
+        _, (state1_c, _) = harness.timed_call(chunked, state0, data_c, key_list[0])
 
     # The per-client loop, on the same float32 data, from the same state; its
     # first round is checked against the vectorized first round.
@@ -256,7 +269,7 @@ def bench_config(
         return box["vec"]
 
     def chunk_step():
-        box["chunk"], _ = chunked(box["chunk"], data, next_key())
+        box["chunk"], _ = chunked(box["chunk"], data_c, next_key())
         return box["chunk"]
 
     def loop_step():
