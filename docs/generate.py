@@ -56,9 +56,8 @@ ALGORITHM_INFO = {
     "ifca": AlgorithmInfo("IFCA, Iterative Federated Clustering",
                           "Ghosh, Chung, Yin, Ramchandran, NeurIPS", "2020",
                           "https://arxiv.org/abs/2006.04088"),
-    "fedavg": AlgorithmInfo("FedAvg; FedOpt's server optimizers (FedAvgM, FedAdam, FedYogi, "
-                            "FedAdagrad) through `server_optimizer`",
-                            "McMahan et al., AISTATS 2017; Reddi et al., ICLR 2021", "2017",
+    "fedavg": AlgorithmInfo("FedAvg, Federated Averaging (any server optimizer: "
+                            "`with_server_optimizer`)", "McMahan et al., AISTATS", "2017",
                             "https://arxiv.org/abs/1602.05629"),
     "local": AlgorithmInfo("Local models: each client trains alone",
                            "baseline of the IFCA experiments", "2020"),
@@ -74,6 +73,10 @@ ALGORITHM_INFO = {
     "mixed_gt2": AlgorithmInfo("Mixed FL, two-way gradient transfer (2-GT)",
                                "Augenstein et al., arXiv", "2022",
                                "https://arxiv.org/abs/2205.13655"),
+    "mixed_centralized": AlgorithmInfo("Mixed FL's centrally trained oracle: every client's "
+                                       "data and the datacenter's pooled on the server",
+                                       "Augenstein et al., arXiv", "2022",
+                                       "https://arxiv.org/abs/2205.13655"),
     "drfa": AlgorithmInfo("DRFA, Distributionally Robust Federated Averaging",
                           "Deng, Kamani, Mahdavi, NeurIPS", "2020",
                           "https://arxiv.org/abs/2102.12660"),
@@ -95,6 +98,15 @@ ALGORITHM_INFO = {
                               "https://arxiv.org/abs/1910.06378"),
     "qffl": AlgorithmInfo("q-FFL (q-FedAvg)", "Li, Sanjabi, Beirami, Smith, ICLR", "2020",
                           "https://arxiv.org/abs/1905.10497"),
+    "fedavgm": AlgorithmInfo("FedAvgM: FedAvg with server momentum", "Hsu, Qi, Brown, arXiv",
+                             "2019", "https://arxiv.org/abs/1909.06335"),
+    "fedadam": AlgorithmInfo("FedAdam (FedOpt): Adam on the server", "Reddi et al., ICLR",
+                             "2021", "https://arxiv.org/abs/2003.00295"),
+    "fedyogi": AlgorithmInfo("FedYogi (FedOpt): Yogi on the server", "Reddi et al., ICLR",
+                             "2021", "https://arxiv.org/abs/2003.00295"),
+    "fedadagrad": AlgorithmInfo("FedAdagrad (FedOpt): Adagrad on the server",
+                                "Reddi et al., ICLR", "2021",
+                                "https://arxiv.org/abs/2003.00295"),
 }
 
 
@@ -463,6 +475,11 @@ def performance_table() -> str:
 # --------------------------------------------------------------------------- API reference
 
 
+IFCA_COMBINATORS = ("with_weight_sharing", "with_frozen_trunk", "with_warm_start",
+                    "with_fixed_assignment", "with_balanced_init", "with_initial_params",
+                    "pretrained_trunk")
+
+
 def api_algorithms_page() -> str:
     out = [GENERATED_PAGE, "", "# `fedjax_sim.algorithms`", "",
            "::: fedjax_sim.algorithms", "    options:", "      members: false", "",
@@ -471,9 +488,18 @@ def api_algorithms_page() -> str:
            algorithms_table(api_links=True), "",
            "::: fedjax_sim.algorithms.get_algorithm", "    options:", "      heading_level: 3",
            "", "## The algorithm type and its wrappers", ""]
-    for name in ("Algorithm", "with_restarts", "with_seeds"):
+    quiet = ["      docstring_options:", "        warnings: false"]
+    for name in ("Algorithm", "with_restarts", "with_seeds", "with_server_optimizer"):
         out += [f"::: fedjax_sim.algorithms.base.{name}", "    options:",
-                "      heading_level: 3", ""]
+                "      heading_level: 3", *quiet, ""]
+    out += ["## How clients train", ""]
+    for name in ("ClientTraining", "sgd"):
+        out += [f"::: fedjax_sim.algorithms.training.{name}", "    options:",
+                "      heading_level: 3", *quiet, ""]
+    out += ["## IFCA's combinators", ""]
+    for name in IFCA_COMBINATORS:
+        out += [f"::: fedjax_sim.algorithms.ifca.{name}", "    options:",
+                "      heading_level: 3", *quiet, ""]
     out += ["## Factories", ""]
     # The factories' docstrings list several keywords on one line ("a, b, c: ..."), which
     # griffe's Google parser would warn about; they render as written.

@@ -88,13 +88,22 @@ def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
       Algorithm with state AFLState; evaluate adds `client_lambda` [m].
 
     Examples:
+      >>> import jax
       >>> from fedjax_sim.algorithms import afl, sgd
+      >>> from fedjax_sim.data import linear_mixture
       >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
       >>> alg = afl(linear_regression(3), sgd(0.1), lambda_lr=0.01)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.lam.shape, round(float(state.lam.sum()), 4)  # λ on the simplex, [m]
+      ((8,), 1.0)
+      >>> jax.jit(alg.evaluate)(state, data)["client_lambda"].shape
+      (8,)
 
     References:
-      Mohri, Sivek, Suresh, "Agnostic Federated Learning", ICML 2019,
-      arXiv:1902.00146.
+      Mehryar Mohri, Gary Sivek, Ananda Theertha Suresh, "Agnostic Federated
+      Learning", ICML 2019, https://arxiv.org/abs/1902.00146.
     """
     check_training("afl", training)
     check_participation(participation)

@@ -170,6 +170,20 @@ def with_restarts(algorithm: Algorithm, restarts: int) -> Algorithm:
 
     Every copy shares the data; copy r's keys are fold_in(key, r). The state,
     round metrics and evaluation outputs gain a leading [restarts] axis.
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import ifca, sgd, with_restarts
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = with_restarts(ifca(linear_regression(3), sgd(0.1), num_clusters=2), 4)
+      >>> state = jax.jit(alg.init)(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.cluster_params.shape  # [restarts, k, d]
+      (4, 2, 3)
+      >>> jax.jit(alg.evaluate)(state, data)["client_loss"].shape  # [restarts, m]
+      (4, 8)
     """
     if not isinstance(restarts, int) or restarts < 1:
         raise ValueError(f"restarts must be >= 1; got {restarts}.")
@@ -189,6 +203,27 @@ def with_seeds(algorithm: Algorithm, seeds: int, *, shared_data: bool = False) -
     shared_data=True. Several algorithms run with the same key and data get
     the same data and the same initialisation keys seed by seed, which is what
     a paired comparison needs.
+
+    Examples:
+      >>> import jax
+      >>> import jax.numpy as jnp
+      >>> from fedjax_sim.algorithms import fedavg, sgd, with_seeds
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> def one_seed(seed):  # one data seed of the mixture
+      ...     key = jax.random.key(seed)
+      ...     return linear_mixture(key, k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> data = jax.tree.map(lambda *a: jnp.stack(a), *map(one_seed, range(3)))
+      >>> data.x.shape  # [seeds, m, n, d]
+      (3, 8, 10, 3)
+      >>> alg = with_seeds(fedavg(linear_regression(3), sgd(0.1, steps=5)), 3)
+      >>> state = jax.jit(alg.init)(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.params.shape, alg.evaluate(state, data)["client_loss"].shape
+      ((3, 3), (3, 8))
+      >>> shared = with_seeds(fedavg(linear_regression(3), sgd(0.1)), 3, shared_data=True)
+      >>> shared.init(jax.random.key(1), one_seed(0)).params.shape
+      (3, 3)
     """
     if not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds must be >= 1; got {seeds}.")
@@ -234,10 +269,33 @@ def with_server_optimizer(algorithm: Algorithm, optimizer, server_lr=None) -> Al
       server_lr: η of a named optimizer (None: its default); may be traced.
 
     Examples:
-      >>> from fedjax_sim.algorithms import fedavg, sgd, with_server_optimizer
+      >>> import jax
+      >>> import optax
+      >>> from fedjax_sim.algorithms import fedavg, ifca, sgd, with_server_optimizer
+      >>> from fedjax_sim.data import linear_mixture
       >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
       >>> fedadam = with_server_optimizer(fedavg(linear_regression(3), sgd(0.1)), "adam",
       ...                                 server_lr=0.01)
+      >>> state = fedadam.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(fedadam.round)(state, data, jax.random.key(2))
+      >>> state.params.shape, int(state.round)
+      ((3,), 1)
+
+      An optax transformation works as well, and a clustered algorithm gets one
+      optimizer state per cluster:
+
+      >>> clustered = with_server_optimizer(
+      ...     ifca(linear_regression(3), sgd(0.1), num_clusters=2), optax.sgd(1.0, momentum=0.9))
+      >>> state = clustered.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(clustered.round)(state, data, jax.random.key(2))
+      >>> state.cluster_params.shape
+      (2, 3)
+
+    References:
+      Sashank J. Reddi, Zachary Charles, Manzil Zaheer, Zachary Garrett, Keith Rush,
+      Jakub Konečný, Sanjiv Kumar, H. Brendan McMahan, "Adaptive Federated
+      Optimization", ICLR 2021, https://arxiv.org/abs/2003.00295.
     """
     server = make_server_optimizer(optimizer, server_lr)
     if server is None:

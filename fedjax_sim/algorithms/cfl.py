@@ -119,13 +119,24 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
       Algorithm with state CFLState.
 
     Examples:
+      >>> import jax
       >>> from fedjax_sim.algorithms import cfl, sgd
+      >>> from fedjax_sim.data import linear_mixture
       >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
       >>> alg = cfl(linear_regression(3), sgd(0.1, steps=5), max_clusters=4)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.cluster_params.shape  # [max_clusters, d]: every slot, used or not
+      (4, 3)
+      >>> state.assignment.shape, int(state.num_clusters) >= 1
+      ((8,), True)
 
     References:
-      Sattler, Müller, Samek, "Clustered Federated Learning", IEEE TNNLS 2021,
-      arXiv:1910.01991.
+      Felix Sattler, Klaus-Robert Müller, Wojciech Samek, "Clustered Federated
+      Learning: Model-Agnostic Distributed Multitask Optimization Under Privacy
+      Constraints", IEEE Transactions on Neural Networks and Learning Systems
+      (TNNLS) 2021, https://arxiv.org/abs/1910.01991.
     """
     check_training("cfl", training)
     if not isinstance(max_clusters, int) or isinstance(max_clusters, bool) or max_clusters < 1:

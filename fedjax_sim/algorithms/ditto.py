@@ -75,13 +75,23 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
       Algorithm with state DittoState (`personal` on the client axis).
 
     Examples:
+      >>> import jax
       >>> from fedjax_sim.algorithms import ditto, sgd
+      >>> from fedjax_sim.data import linear_mixture
       >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
       >>> alg = ditto(linear_regression(3), sgd(0.1, steps=5), ditto_lambda=0.1)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.params.shape, state.personal.shape  # the global model; one per client
+      ((3,), (8, 3))
+      >>> jax.jit(alg.evaluate)(state, data)["assignment"].tolist()  # personal models: no cluster
+      [-1, -1, -1, -1, -1, -1, -1, -1]
 
     References:
-      Li, Hu, Beirami, Smith, "Ditto: Fair and Robust Federated Learning Through
-      Personalization", ICML 2021, arXiv:2012.04221.
+      Tian Li, Shengyuan Hu, Ahmad Beirami, Virginia Smith, "Ditto: Fair and Robust
+      Federated Learning Through Personalization", ICML 2021,
+      https://arxiv.org/abs/2012.04221.
     """
     check_training("ditto", training)
     if personal is not None:

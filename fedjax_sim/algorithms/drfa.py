@@ -3,8 +3,9 @@
 Yuyang Deng, Mohammad Mahdi Kamani, Mehrdad Mahdavi. "Distributionally Robust
 Federated Averaging". NeurIPS 2020, arXiv:2102.12660.
 
-Jie Wu et al. "Distributionally Robust Federated Learning with Local Mixup"
-(DRFLM), arXiv:2204.07742.
+Bingzhe Wu, Zhipeng Liang, Yuxuan Han, Yatao Bian, Peilin Zhao, Junzhou Huang.
+"DRFLM: Distributionally Robust Federated Learning with Inter-client Noise via
+Local Mixup". arXiv:2204.07742, 2022.
 
 Both solve min_w max_{λ ∈ Δ} Σ_i λ_i f_i(w) (docs/protocols.md#drfa-algorithm, #drflm). One round:
 
@@ -134,14 +135,22 @@ def drfa(model: Model, training: ClientTraining, *, participation: float = 1.0,
     unchanged) is `with_server_optimizer(drfa(...), ...)`.
 
     Examples:
+      >>> import jax
       >>> from fedjax_sim.algorithms import drfa, sgd
+      >>> from fedjax_sim.data import linear_mixture
       >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
       >>> alg = drfa(linear_regression(3), sgd(0.01, steps=10, batch_size=8),
       ...            participation=0.5, lambda_lr=0.001)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state.params.shape, state.lam.shape  # the model; λ over the m clients
+      ((3,), (8,))
+      >>> state.lam.tolist() == [0.125] * 8  # λ^(0) uniform on the simplex
+      True
 
     References:
-      Deng, Kamani, Mahdavi, "Distributionally Robust Federated Averaging",
-      NeurIPS 2020, arXiv:2102.12660.
+      Yuyang Deng, Mohammad Mahdi Kamani, Mehrdad Mahdavi, "Distributionally Robust
+      Federated Averaging", NeurIPS 2020, https://arxiv.org/abs/2102.12660.
     """
     return _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
                  official_code, None, "clean")
@@ -163,14 +172,23 @@ def drflm(model: Model, training: ClientTraining, *, participation: float = 1.0,
       (the rest as in `drfa`)
 
     Examples:
+      >>> import jax
       >>> from fedjax_sim.algorithms import drflm, sgd
+      >>> from fedjax_sim.data import linear_mixture
       >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
       >>> alg = drflm(linear_regression(3), sgd(0.01, steps=10, batch_size=8),
       ...             mixup=(1.0, 1.0))
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state.params.shape, state.lam.shape
+      ((3,), (8,))
+      >>> jax.jit(alg.evaluate)(state, data)["client_loss"].shape
+      (8,)
 
     References:
-      Wu et al., "Distributionally Robust Federated Learning with Local Mixup",
-      arXiv:2204.07742.
+      Bingzhe Wu, Zhipeng Liang, Yuxuan Han, Yatao Bian, Peilin Zhao, Junzhou Huang,
+      "DRFLM: Distributionally Robust Federated Learning with Inter-client Noise via
+      Local Mixup", arXiv 2022, https://arxiv.org/abs/2204.07742.
     """
     if not isinstance(mixup, (tuple, list)) or len(mixup) != 2:
         raise ValueError(f"mixup must be (alpha, beta); got {mixup!r}.")

@@ -85,7 +85,7 @@ def fedavg(model: Model, training: ClientTraining, *, participation: float = 1.0
       >>> from fedjax_sim.algorithms import fedavg, sgd
       >>> from fedjax_sim.data import linear_mixture
       >>> from fedjax_sim.models import linear_regression
-      >>> data = linear_mixture(jax.random.key(0), k=1, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
       >>> alg = fedavg(linear_regression(3), sgd(0.1, steps=5), participation=0.5)
       >>> state = alg.init(jax.random.key(1), data)
       >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
@@ -93,7 +93,9 @@ def fedavg(model: Model, training: ClientTraining, *, participation: float = 1.0
       ['cohort_loss']
 
     References:
-      McMahan et al., AISTATS 2017, arXiv:1602.05629.
+      H. Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y
+      Arcas, "Communication-Efficient Learning of Deep Networks from Decentralized
+      Data", AISTATS 2017, https://arxiv.org/abs/1602.05629.
     """
     check_training("fedavg", training)
     check_participation(participation)

@@ -81,13 +81,21 @@ def fedprox(model: Model, training: ClientTraining, *, mu=DEFAULT_MU,
       Algorithm(init, round, evaluate) with state FedAvgState.
 
     Examples:
+      >>> import jax
       >>> from fedjax_sim.algorithms import fedprox, sgd
+      >>> from fedjax_sim.data import linear_mixture
       >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
       >>> alg = fedprox(linear_regression(3), sgd(0.1, steps=5), mu=0.01)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.params.shape, int(state.round)
+      ((3,), 1)
 
     References:
-      Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020,
-      arXiv:1812.06127.
+      Tian Li, Anit Kumar Sahu, Manzil Zaheer, Maziar Sanjabi, Ameet Talwalkar,
+      Virginia Smith, "Federated Optimization in Heterogeneous Networks", MLSys 2020,
+      https://arxiv.org/abs/1812.06127.
     """
     check_training("fedprox", training)
     check_learning_rate("mu", mu)

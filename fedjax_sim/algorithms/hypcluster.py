@@ -122,13 +122,23 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
       Algorithm with state HypClusterState.
 
     Examples:
+      >>> import jax
       >>> from fedjax_sim.algorithms import hypcluster, sgd
+      >>> from fedjax_sim.data import linear_mixture
       >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
       >>> alg = hypcluster(linear_regression(3), sgd(0.1, steps=5), num_clusters=2)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.cluster_params.shape, metrics["cluster_sizes"].shape  # [k, d], [k]
+      ((2, 3), (2,))
+      >>> int(metrics["cluster_sizes"].sum())  # every client chose one hypothesis
+      8
 
     References:
-      Mansour, Mohri, Ro, Suresh, "Three Approaches for Personalization with
-      Applications to Federated Learning", arXiv:2002.10619.
+      Yishay Mansour, Mehryar Mohri, Jae Ro, Ananda Theertha Suresh, "Three
+      Approaches for Personalization with Applications to Federated Learning",
+      arXiv 2020, https://arxiv.org/abs/2002.10619.
     """
     check_training("hypcluster", training)
     if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:

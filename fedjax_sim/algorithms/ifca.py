@@ -254,17 +254,19 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
       >>> from fedjax_sim.algorithms import ifca, sgd, with_restarts
       >>> from fedjax_sim.data import linear_mixture
       >>> from fedjax_sim.models import linear_regression
-      >>> data = linear_mixture(jax.random.key(0), k=2, m=20, n=10, d=5, sigma=0.1,
-      ...                       R=1.0).train
-      >>> alg = with_restarts(ifca(linear_regression(5), sgd(0.1), num_clusters=2), 3)
-      >>> state = alg.init(jax.random.key(1), data)
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = with_restarts(ifca(linear_regression(3), sgd(0.1), num_clusters=2), 3)
+      >>> state = jax.jit(alg.init)(jax.random.key(1), data)
       >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
-      >>> state.cluster_params.shape, metrics["cluster_sizes"].shape
-      ((3, 2, 5), (3, 2))
+      >>> state.cluster_params.shape, metrics["cluster_sizes"].shape  # [R, k, d], [R, k]
+      ((3, 2, 3), (3, 2))
+      >>> state.assignment.shape  # each client's cluster, per restart
+      (3, 8)
 
     References:
-      Ghosh, Chung, Yin, Ramchandran, "An Efficient Framework for Clustered
-      Federated Learning", NeurIPS 2020, arXiv:2006.04088.
+      Avishek Ghosh, Jichan Chung, Dong Yin, Kannan Ramchandran, "An Efficient
+      Framework for Clustered Federated Learning", NeurIPS 2020,
+      https://arxiv.org/abs/2006.04088.
     """
     _check(training, num_clusters, option, participation, weighting, divide_by, stable_rounds)
     k = num_clusters
@@ -389,7 +391,20 @@ def with_initial_params(algorithm: Algorithm, init_params) -> Algorithm:
     """A clustered algorithm (IFCA, robust IFCA: a state with `cluster_params`) starting
     from `init_params(key)` (leaves [k, ...], whole models) instead of k `model.init`
     draws. Option I's optimizer state is kept: an optax state starts from the params'
-    shapes (zeros), not their values."""
+    shapes (zeros), not their values.
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import ifca, sgd, with_initial_params
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> start = lambda key: np.zeros((2, 3), np.float32)  # k = 2 models of d = 3
+      >>> alg = with_initial_params(ifca(linear_regression(3), sgd(0.1), num_clusters=2), start)
+      >>> alg.init(jax.random.key(1), data).cluster_params.tolist()
+      [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
+    """
 
     def init(key, data):
         return algorithm.init(key, data)._replace(cluster_params=init_params(key))
@@ -403,6 +418,31 @@ def with_weight_sharing(algorithm: Algorithm, model: Model) -> Algorithm:
 
     `model` (the one IFCA was built with) must be split (`models.split_model`); every
     cluster starts from cluster 0's trunk. Needs option "model".
+
+    Examples:
+      >>> import jax
+      >>> import jax.numpy as jnp
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import ifca, sgd, with_weight_sharing
+      >>> from fedjax_sim.data import FederatedData
+      >>> from fedjax_sim.models import mlp_classifier
+      >>> rng = np.random.default_rng(0)
+      >>> data = FederatedData.from_arrays(rng.normal(size=(8, 10, 4)).astype(np.float32),
+      ...                                  rng.integers(0, 3, size=(8, 10)))  # [m, n, ...]
+      >>> model = mlp_classifier((4,), [8], 3, split=True)  # trunk 4→8, head 8→3
+      >>> alg = with_weight_sharing(
+      ...     ifca(model, sgd(0.1, steps=2), num_clusters=2, option="model"), model)
+      >>> state = jax.jit(alg.init)(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> jax.tree.map(jnp.shape, state.cluster_params)  # k heads
+      {'bias': (2, 3), 'kernel': (2, 8, 3)}
+      >>> jax.tree.map(jnp.shape, state.shared_params)  # one trunk, averaged over all
+      {'Dense_0': {'bias': (8,), 'kernel': (4, 8)}}
+
+    References:
+      Weight sharing is §5.3 of Avishek Ghosh, Jichan Chung, Dong Yin, Kannan
+      Ramchandran, "An Efficient Framework for Clustered Federated Learning",
+      NeurIPS 2020, https://arxiv.org/abs/2006.04088.
     """
     _check_split(model, "with_weight_sharing")
 
@@ -419,7 +459,34 @@ def with_frozen_trunk(algorithm: Algorithm, model: Model, trunk_params) -> Algor
     """IFCA on a trunk no client trains: `trunk_params` (e.g. pretrained by FedAvg) in
     every cluster, each cluster with its own head from its init; only the heads train,
     on the trunk's features computed once per round (the FEMNIST run,
-    docs/protocols.md#ifca-femnist). Needs option "model"."""
+    docs/protocols.md#ifca-femnist). Needs option "model".
+
+    Examples:
+      >>> import jax
+      >>> import jax.numpy as jnp
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import ifca, sgd, with_frozen_trunk
+      >>> from fedjax_sim.data import FederatedData
+      >>> from fedjax_sim.models import mlp_classifier
+      >>> rng = np.random.default_rng(0)
+      >>> data = FederatedData.from_arrays(rng.normal(size=(8, 10, 4)).astype(np.float32),
+      ...                                  rng.integers(0, 3, size=(8, 10)))  # [m, n, ...]
+      >>> model = mlp_classifier((4,), [8], 3, split=True)  # trunk 4→8, head 8→3
+      >>> trunk = jax.jit(model.init)(jax.random.key(3))["trunk"]  # e.g. pretrained by FedAvg
+      >>> alg = with_frozen_trunk(
+      ...     ifca(model, sgd(0.1, steps=2), num_clusters=2, option="model"), model, trunk)
+      >>> state = jax.jit(alg.init)(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> jax.tree.map(jnp.shape, state.cluster_params)  # only the k heads train
+      {'bias': (2, 3), 'kernel': (2, 8, 3)}
+      >>> bool((state.frozen_params["Dense_0"]["kernel"] == trunk["Dense_0"]["kernel"]).all())
+      True
+
+    References:
+      The FEMNIST experiment of Avishek Ghosh, Jichan Chung, Dong Yin, Kannan
+      Ramchandran, "An Efficient Framework for Clustered Federated Learning",
+      NeurIPS 2020, https://arxiv.org/abs/2006.04088.
+    """
     _check_split(model, "with_frozen_trunk")
 
     def init(key, data):
@@ -433,7 +500,20 @@ def with_frozen_trunk(algorithm: Algorithm, model: Model, trunk_params) -> Algor
 def with_warm_start(algorithm: Algorithm, rounds: int) -> Algorithm:
     """The FEMNIST warm start: init splits the clients into k random groups of equal size
     (client i's group is its assignment; sizes differ by at most one) and for `rounds`
-    rounds every client trains its group's model instead of choosing by loss."""
+    rounds every client trains its group's model instead of choosing by loss.
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import ifca, sgd, with_warm_start
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = with_warm_start(ifca(linear_regression(3), sgd(0.1), num_clusters=2), 5)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> np.bincount(state.assignment).tolist(), int(state.pinned_until)  # 2 groups of 4
+      ([4, 4], 5)
+    """
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0:
         raise ValueError(f"warm start rounds must be an integer >= 0; got {rounds!r}.")
 
@@ -451,7 +531,26 @@ def with_warm_start(algorithm: Algorithm, rounds: int) -> Algorithm:
 
 def with_fixed_assignment(algorithm: Algorithm, model: Model) -> Algorithm:
     """IFCA whose clients never re-assign: each keeps the cluster its init state holds
-    (one-shot clustering's k-means clusters), in every round and in evaluation."""
+    (one-shot clustering's k-means clusters), in every round and in evaluation.
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import ifca, sgd, with_fixed_assignment, with_warm_start
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> model = linear_regression(3)
+      >>> groups = with_warm_start(ifca(model, sgd(0.1), num_clusters=2), 1)  # random groups
+      >>> alg = with_fixed_assignment(groups, model)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> after, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> bool((after.assignment == state.assignment).all())  # kept in every round
+      True
+      >>> served = jax.jit(alg.evaluate)(after, data)["assignment"]  # and in evaluation
+      >>> bool((served == state.assignment).all())
+      True
+    """
 
     def init(key, data):
         state = _remembering(algorithm.init(key, data), data)
@@ -481,7 +580,20 @@ def _check_split(model: Model, what: str) -> None:
 
 def pretrained_trunk(model: Model, trunk_params, num_clusters: int):
     """Cluster params with `trunk_params` in every cluster, each with its own random head
-    (`init_params` for `with_initial_params`: k whole models from one pretrained trunk)."""
+    (`init_params` for `with_initial_params`: k whole models from one pretrained trunk).
+
+    Examples:
+      >>> import jax
+      >>> import jax.numpy as jnp
+      >>> from fedjax_sim.algorithms import pretrained_trunk
+      >>> from fedjax_sim.models import mlp_classifier
+      >>> model = mlp_classifier((4,), [8], 3, split=True)
+      >>> trunk = jax.jit(model.init)(jax.random.key(0))["trunk"]
+      >>> init_params = pretrained_trunk(model, trunk, num_clusters=2)
+      >>> params = jax.jit(init_params)(jax.random.key(1))
+      >>> jax.tree.map(jnp.shape, params["trunk"])  # the trunk, k times
+      {'Dense_0': {'bias': (2, 8), 'kernel': (2, 4, 8)}}
+    """
     _check_split(model, "pretrained_trunk")
 
     def init_params(key):
@@ -504,6 +616,25 @@ def with_balanced_init(algorithm: Algorithm, model: Model, *, tries: int, min_fr
     most balanced one) [I: the cohort comes from the init key, not from round
     0's, so init stays a function of (key, data)]. `model` is the one the
     algorithm was built with.
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import ifca, sgd, with_balanced_init
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> model = linear_regression(3)
+      >>> alg = with_balanced_init(ifca(model, sgd(0.1), num_clusters=2), model, tries=4,
+      ...                          min_fraction=0.25)
+      >>> state = jax.jit(alg.init)(jax.random.key(1), data)  # the first of 4 draws that passes
+      >>> state.cluster_params.shape
+      (2, 3)
+
+    References:
+      The initialisation rule of the official code of Avishek Ghosh, Jichan Chung,
+      Dong Yin, Kannan Ramchandran, "An Efficient Framework for Clustered Federated
+      Learning", NeurIPS 2020, https://arxiv.org/abs/2006.04088.
     """
     check_steps("tries", tries)
     if not (0.0 < float(min_fraction) <= 1.0):

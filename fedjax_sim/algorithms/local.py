@@ -70,6 +70,28 @@ def local_models(model: Model, training: ClientTraining, *, shared_init: bool = 
 
     A client without data keeps its initial model and has weight 0 in every
     average.
+
+    Returns:
+      Algorithm with state LocalState (`params` on the client axis, leaves [m, ...]).
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import local_models, sgd
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = local_models(linear_regression(3), sgd(0.1, steps=5))
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.params.shape  # one model per client, [m, d]
+      (8, 3)
+      >>> jax.jit(alg.evaluate)(state, data)["client_loss"].shape
+      (8,)
+
+    References:
+      The "local model" baseline of Avishek Ghosh, Jichan Chung, Dong Yin, Kannan
+      Ramchandran, "An Efficient Framework for Clustered Federated Learning",
+      NeurIPS 2020, https://arxiv.org/abs/2006.04088.
     """
     check_training("local_models", training)
 

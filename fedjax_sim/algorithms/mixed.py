@@ -518,7 +518,31 @@ def mixed_parallel(model: Model, training: ClientTraining, *,
                    participation: float = 1.0, weighting: str = "uniform",
                    central_loss: CentralLoss | None = None,
                    server_lr=None) -> Algorithm:
-    """Mixed FL by parallel training (PT): client and server steps from x^(t), deltas mixed."""
+    """Mixed FL by parallel training (PT): client and server steps from x^(t), deltas mixed.
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import mixed_parallel, sgd
+      >>> from fedjax_sim.data import ServerData, linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> rng = np.random.default_rng(0)  # a datacenter set: 32 rows, no client axis
+      >>> server = ServerData({"x": rng.normal(size=(32, 3)).astype(np.float32),
+      ...                      "y": rng.normal(size=32).astype(np.float32)})
+      >>> alg = mixed_parallel(linear_regression(3), sgd(0.02, steps=5), w_f=0.5, w_c=0.5)
+      >>> state = alg.init(jax.random.key(1), (data, server))
+      >>> state, metrics = jax.jit(alg.round)(state, (data, server), jax.random.key(2))
+      >>> state.params.shape, int(state.round)
+      ((3,), 1)
+      >>> jax.jit(alg.evaluate)(state, (data, server))["client_loss"].shape  # the clients'
+      (8,)
+
+    References:
+      Sean Augenstein, Andrew Hard, Lin Ning, Karan Singhal, Satyen Kale, Kurt
+      Partridge, Rajiv Mathews, "Mixed Federated Learning: Joint Decentralized and
+      Centralized Learning", arXiv 2022, https://arxiv.org/abs/2205.13655.
+    """
     return mixed(model, training, variant="parallel", central=central, w_f=w_f, w_c=w_c,
                  participation=participation, weighting=weighting, central_loss=central_loss,
                  server_lr=server_lr)
@@ -529,7 +553,30 @@ def mixed_gt1(model: Model, training: ClientTraining, *,
               participation: float = 1.0, weighting: str = "uniform",
               central_loss: CentralLoss | None = None,
               server_lr=None) -> Algorithm:
-    """Mixed FL by one-way gradient transfer (1-GT): clients step on w_f g_i + w_c ĝ_c."""
+    """Mixed FL by one-way gradient transfer (1-GT): clients step on w_f g_i + w_c ĝ_c.
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import mixed_gt1, sgd
+      >>> from fedjax_sim.data import ServerData, linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> rng = np.random.default_rng(0)  # a datacenter set: 32 rows, no client axis
+      >>> server = ServerData({"x": rng.normal(size=(32, 3)).astype(np.float32),
+      ...                      "y": rng.normal(size=32).astype(np.float32)})
+      >>> alg = mixed_gt1(linear_regression(3), sgd(0.02, steps=5),
+      ...                 central=sgd(0.02, batch_size=16))  # ĝ_c on 16 datacenter rows
+      >>> state = alg.init(jax.random.key(1), (data, server))
+      >>> state, metrics = jax.jit(alg.round)(state, (data, server), jax.random.key(2))
+      >>> state.params.shape, int(state.round)
+      ((3,), 1)
+
+    References:
+      Sean Augenstein, Andrew Hard, Lin Ning, Karan Singhal, Satyen Kale, Kurt
+      Partridge, Rajiv Mathews, "Mixed Federated Learning: Joint Decentralized and
+      Centralized Learning", arXiv 2022, https://arxiv.org/abs/2205.13655.
+    """
     return mixed(model, training, variant="gt1", central=central, w_f=w_f, w_c=w_c,
                  participation=participation, weighting=weighting, central_loss=central_loss,
                  server_lr=server_lr)
@@ -543,14 +590,26 @@ def mixed_gt2(model: Model, training: ClientTraining, *,
     """Mixed FL by two-way gradient transfer (2-GT): both sides step on the mixed gradient.
 
     Examples:
+      >>> import jax
+      >>> import numpy as np
       >>> from fedjax_sim.algorithms import mixed_gt2, sgd
+      >>> from fedjax_sim.data import ServerData, linear_mixture
       >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> rng = np.random.default_rng(0)  # a datacenter set: 32 rows, no client axis
+      >>> server = ServerData({"x": rng.normal(size=(32, 3)).astype(np.float32),
+      ...                      "y": rng.normal(size=32).astype(np.float32)})
       >>> alg = mixed_gt2(linear_regression(3), sgd(0.02, steps=5), w_f=0.5, w_c=0.5,
       ...                 central=sgd(0.02, steps=5, batch_size=32))
+      >>> state = alg.init(jax.random.key(1), (data, server))
+      >>> state, metrics = jax.jit(alg.round)(state, (data, server), jax.random.key(2))
+      >>> state.params.shape, int(state.round)
+      ((3,), 1)
 
     References:
-      Augenstein et al., "Mixed Federated Learning: Joint Decentralized and
-      Centralized Learning", arXiv:2205.13655.
+      Sean Augenstein, Andrew Hard, Lin Ning, Karan Singhal, Satyen Kale, Kurt
+      Partridge, Rajiv Mathews, "Mixed Federated Learning: Joint Decentralized and
+      Centralized Learning", arXiv 2022, https://arxiv.org/abs/2205.13655.
     """
     return mixed(model, training, variant="gt2", central=central, w_f=w_f, w_c=w_c,
                  participation=participation, weighting=weighting, central_loss=central_loss,
@@ -563,7 +622,29 @@ def mixed_centralized(model: Model, training: ClientTraining, *,
                       central_loss: CentralLoss | None = None,
                       server_lr=None) -> Algorithm:
     """The centrally trained oracle: K minibatch-SGD steps per round on the mixed loss, all
-    data pooled on the server (each step a fresh cohort's batches and a central batch)."""
+    data pooled on the server (each step a fresh cohort's batches and a central batch).
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import mixed_centralized, sgd
+      >>> from fedjax_sim.data import ServerData, linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> rng = np.random.default_rng(0)  # a datacenter set: 32 rows, no client axis
+      >>> server = ServerData({"x": rng.normal(size=(32, 3)).astype(np.float32),
+      ...                      "y": rng.normal(size=32).astype(np.float32)})
+      >>> alg = mixed_centralized(linear_regression(3), sgd(0.02, steps=5))
+      >>> state = alg.init(jax.random.key(1), (data, server))
+      >>> state, metrics = jax.jit(alg.round)(state, (data, server), jax.random.key(2))
+      >>> state.params.shape, int(state.round)
+      ((3,), 1)
+
+    References:
+      Sean Augenstein, Andrew Hard, Lin Ning, Karan Singhal, Satyen Kale, Kurt
+      Partridge, Rajiv Mathews, "Mixed Federated Learning: Joint Decentralized and
+      Centralized Learning", arXiv 2022, https://arxiv.org/abs/2205.13655.
+    """
     return mixed(model, training, variant="centralized", central=central, w_f=w_f, w_c=w_c,
                  participation=participation, weighting=weighting, central_loss=central_loss,
                  server_lr=server_lr)

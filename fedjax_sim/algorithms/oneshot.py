@@ -52,6 +52,29 @@ def one_shot_clustering(model: Model, training: ClientTraining, *, num_clusters:
     the evaluation run in chunks of the data's execution plan; k-means itself
     sees all m local models (in place, leaf by leaf). Clients without data take
     no part in k-means (assignment -1) nor in any average.
+
+    Returns:
+      Algorithm with state IFCAState (the clusters fixed by k-means at init).
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import one_shot_clustering, sgd
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = one_shot_clustering(linear_regression(3), sgd(0.1, steps=5), num_clusters=2,
+      ...                           pretraining=sgd(0.1, steps=20))
+      >>> state = jax.jit(alg.init)(jax.random.key(1), data)  # local models, then k-means
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.cluster_params.shape, state.assignment.shape  # [k, d], [m]
+      ((2, 3), (8,))
+      >>> sorted(set(state.assignment.tolist())) == [0, 1]  # k-means found both clusters
+      True
+
+    References:
+      The one-shot clustering baseline of Avishek Ghosh, Jichan Chung, Dong Yin,
+      Kannan Ramchandran, "An Efficient Framework for Clustered Federated Learning",
+      NeurIPS 2020, https://arxiv.org/abs/2006.04088.
     """
     check_training("one_shot_clustering", training)
     if pretraining is not None:

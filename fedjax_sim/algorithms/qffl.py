@@ -82,13 +82,29 @@ def qffl(model: Model, training: ClientTraining, *, q=DEFAULT_Q,
       share F_k^q / Σ_S F^q of a cohort client).
 
     Examples:
+      >>> import jax
       >>> from fedjax_sim.algorithms import qffl, sgd
+      >>> from fedjax_sim.data import linear_mixture
       >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
       >>> alg = qffl(linear_regression(3), sgd(0.1, steps=5), q=1.0)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.params.shape, int(state.round)
+      ((3,), 1)
+
+      Its maths assume plain SGD at a known rate:
+
+      >>> import optax
+      >>> from fedjax_sim.algorithms import ClientTraining
+      >>> qffl(linear_regression(3), ClientTraining(optax.adam(0.1)))
+      Traceback (most recent call last):
+      ...
+      ValueError: qffl trains its clients with plain SGD (...): give training=sgd(...).
 
     References:
-      Li, Sanjabi, Beirami, Smith, "Fair Resource Allocation in Federated
-      Learning", ICLR 2020, arXiv:1905.10497.
+      Tian Li, Maziar Sanjabi, Ahmad Beirami, Virginia Smith, "Fair Resource
+      Allocation in Federated Learning", ICLR 2020, https://arxiv.org/abs/1905.10497.
     """
     check_training("qffl", training)
     check_learning_rate("q", q)

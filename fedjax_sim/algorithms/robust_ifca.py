@@ -102,9 +102,26 @@ def robust_ifca(model: Model, training: ClientTraining, *, num_clusters: int,
       Algorithm with state RobustIFCAState; evaluate adds `client_lambda` [m].
 
     Examples:
+      >>> import jax
       >>> from fedjax_sim.algorithms import robust_ifca, sgd
+      >>> from fedjax_sim.data import linear_mixture
       >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
       >>> alg = robust_ifca(linear_regression(3), sgd(0.1, steps=5), num_clusters=2)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.cluster_params.shape, state.lam.shape  # [k, d]; λ over the m clients
+      ((2, 3), (8,))
+      >>> jax.jit(alg.evaluate)(state, data)["client_lambda"].shape
+      (8,)
+
+    References:
+      New in fedjax_sim: IFCA's cluster choice (Avishek Ghosh, Jichan Chung, Dong
+      Yin, Kannan Ramchandran, "An Efficient Framework for Clustered Federated
+      Learning", NeurIPS 2020, https://arxiv.org/abs/2006.04088) with DRFA's
+      min-max inside each cluster (Yuyang Deng, Mohammad Mahdi Kamani, Mehrdad
+      Mahdavi, "Distributionally Robust Federated Averaging", NeurIPS 2020,
+      https://arxiv.org/abs/2102.12660).
     """
     check_training("robust_ifca", training)
     if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:

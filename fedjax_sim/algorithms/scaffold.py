@@ -95,13 +95,21 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
       c_i lie on the client axis.
 
     Examples:
+      >>> import jax
       >>> from fedjax_sim.algorithms import scaffold, sgd
+      >>> from fedjax_sim.data import linear_mixture
       >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
       >>> alg = scaffold(linear_regression(3), sgd(0.05, steps=10), participation=0.5)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.control.shape, state.client_controls.shape  # c [d]; c_i [m, d]
+      ((3,), (8, 3))
 
     References:
-      Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated
-      Learning", ICML 2020, arXiv:1910.06378.
+      Sai Praneeth Karimireddy, Satyen Kale, Mehryar Mohri, Sashank J. Reddi,
+      Sebastian U. Stich, Ananda Theertha Suresh, "SCAFFOLD: Stochastic Controlled
+      Averaging for Federated Learning", ICML 2020, https://arxiv.org/abs/1910.06378.
     """
     check_training("scaffold", training)
     learning_rate = sgd_rate(training, "scaffold",

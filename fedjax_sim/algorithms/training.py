@@ -140,7 +140,30 @@ def sgd(learning_rate, *, steps: int = 1, batch_size: int | None = None,
         sampling: str = "with_replacement") -> ClientTraining:
     """Plain SGD at `learning_rate` (may be traced), declared linear in its gradients
     (`ops.linear_in_gradients`: a model's dense input layer may then train in the span of
-    its client's rows, the same maths at fewer multiply-adds)."""
+    its client's rows, the same maths at fewer multiply-adds).
+
+    Args:
+      learning_rate: the step size η >= 0 (a float, or a traced value a sweep vmaps).
+      steps: local steps τ per round.
+      batch_size: rows per step; None: every real row of the client (full batch).
+      sampling: how minibatches are drawn, one of `SAMPLINGS` ("with_replacement":
+        afresh each step; "epochs": through the rows epoch after epoch).
+
+    Returns:
+      A ClientTraining whose `learning_rate` is set (SCAFFOLD and q-FFL read it).
+
+    Examples:
+      >>> from fedjax_sim.algorithms import sgd
+      >>> training = sgd(0.1, steps=5, batch_size=32, sampling="epochs")
+      >>> training.steps, training.batch_size, training.sampling, training.learning_rate
+      (5, 32, 'epochs', 0.1)
+      >>> training.replace(steps=1, batch_size=None).batch_size is None  # full batch
+      True
+      >>> sgd(0.1, sampling="shuffled")
+      Traceback (most recent call last):
+      ...
+      ValueError: ClientTraining sampling must be one of with_replacement, epochs; got 'shuffled'.
+    """
     check_learning_rate("learning_rate", learning_rate)
     return ClientTraining(linear_in_gradients(optax.sgd(learning_rate)), steps, batch_size,
                           sampling, learning_rate=learning_rate)
