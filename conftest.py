@@ -1,11 +1,12 @@
 """Repo-root pytest configuration, loaded before any test or notebook is collected.
 
-`notebooks/quickstart.ipynb` runs at full (paper) size by default, which takes
-minutes. Under pytest it runs through nbmake (`pytest --nbmake notebooks/`) in a
-fresh Jupyter kernel; that kernel is a child process and inherits this process's
-environment. Setting FEDJAX_SIM_NOTEBOOK_SMALL=1 here, at import time, makes the
-notebook pick its seconds-long SMALL size. `setdefault` keeps an explicit
-FEDJAX_SIM_NOTEBOOK_SMALL=0 from the caller, to test the full size on purpose.
+The notebooks in `notebooks/` run at a small size by default (the size their saved
+outputs come from) and at their full size with FEDJAX_SIM_NOTEBOOK_SMALL=0. Under pytest
+they run through nbmake (`pytest --nbmake notebooks/`), each in a fresh Jupyter kernel;
+that kernel is a child process and inherits this process's environment. Setting
+FEDJAX_SIM_NOTEBOOK_SMALL=1 here, at import time, keeps them at the small size;
+`setdefault` keeps an explicit FEDJAX_SIM_NOTEBOOK_SMALL=0 from the caller, to test the
+full size on purpose.
 """
 
 import os
