@@ -117,6 +117,45 @@ def test_afl_round_equals_per_client_loop(ragged, linear_model, ref, participati
     assert lam[2] == 0 and not np.allclose(lam, lam[0] * (n > 0))  # λ moved, not to the empty
 
 
+@pytest.mark.parametrize("participation", [1.0, 0.6])
+def test_afl_evaluates_the_averaged_iterates(ragged, linear_model, ref, participation):
+    """Stochastic-AFL's output: w^A = (1/T) Σ_{t=1..T} w_t and λ^A likewise, the iterates
+    after each update (not w_0); before any round the start. `evaluate_iterate="last"`:
+    w_T and λ_T."""
+    gamma = 0.3
+    kw = dict(participation=participation, lambda_lr=gamma)
+    averaged = afl(linear_model, sgd(LR, steps=TAU), **kw)
+    last = afl(linear_model, sgd(LR, steps=TAU), evaluate_iterate="last", **kw)
+    start = averaged.init(jax.random.key(0), ragged)
+    x, y, n = _np(ragged)
+
+    def losses(theta):
+        return [ref.loss(theta, x[i], y[i], n[i]) for i in range(len(n))]
+
+    theta = np.asarray(start.params, np.float64)
+    lam = np.asarray(start.lam, np.float64)
+    np.testing.assert_allclose(averaged.evaluate(start, ragged)["client_loss"], losses(theta),
+                               rtol=1e-5, atol=1e-7)
+    thetas, lams = [], []
+    s = round(participation * 5)
+    for key, state in _rounds(averaged, ragged, start, KEYS):
+        theta, lam = afl_reference(ref, theta, lam, ragged, _cohort_ids(key, 5, s), gamma)
+        thetas.append(theta)
+        lams.append(lam)
+        w_avg, lam_avg = np.mean(thetas, axis=0), np.mean(lams, axis=0)
+        np.testing.assert_allclose(state.params_avg, w_avg, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(state.lam_avg, lam_avg, atol=1e-6)
+        out = averaged.evaluate(state, ragged)
+        np.testing.assert_allclose(out["client_loss"], losses(w_avg), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(out["client_lambda"], lam_avg, atol=1e-6)
+        out = last.evaluate(state, ragged)
+        np.testing.assert_allclose(out["client_loss"], losses(theta), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(out["client_lambda"], lam, atol=1e-6)
+    assert not np.allclose(losses(w_avg), losses(theta), rtol=1e-3)  # the two differ here
+    with pytest.raises(ValueError, match="evaluate_iterate"):
+        afl(linear_model, sgd(LR), evaluate_iterate="mean")
+
+
 def _spread_problem(rows=20):
     """4 clients, d = 2: three agree on θ* = (1, 0), one wants (−1, 0) (noise-free)."""
     rng = np.random.default_rng(0)
@@ -178,14 +217,38 @@ def test_hypcluster_round_equals_per_client_loop(ragged, linear_model, ref, part
         params, assignment = hypcluster_reference(ref, params, assignment, ragged,
                                                   _cohort_ids(key, 5, s))
         np.testing.assert_allclose(state.cluster_params, params, rtol=RTOL, atol=ATOL)
-        np.testing.assert_array_equal(state.assignment, assignment)
-    out = alg.evaluate(state, ragged)  # scored with the last round's (training) choice
-    x, y, n = _np(ragged)
-    for i in np.flatnonzero(assignment >= 0):
-        np.testing.assert_allclose(out["client_loss"][i],
-                                   ref.loss(params[assignment[i]], x[i], y[i], n[i]), rtol=1e-5,
-                                   atol=1e-7)
-    assert out["assignment"][2] == -1
+        np.testing.assert_array_equal(state.assignment, assignment)  # the training-time choice
+        evaluation_equals_choice_under_current_hypotheses(alg, state, ragged, params, ref)
+
+
+def evaluation_equals_choice_under_current_hypotheses(alg, state, data, params, ref):
+    """Mansour et al. / FedJAX's HypClusterEvaluator: each client takes the hypothesis of
+    lowest loss on its data under the current h_j (ties: the first) and is scored with it."""
+    out = alg.evaluate(state, data)
+    x, y, n = _np(data)
+    for i in range(len(n)):
+        if n[i] == 0:
+            assert out["assignment"][i] == -1 and out["client_weight"][i] == 0
+            continue
+        losses = [ref.loss(p, x[i], y[i], n[i]) for p in params]
+        j = int(np.argmin(losses))
+        assert out["assignment"][i] == j, i
+        np.testing.assert_allclose(out["client_loss"][i], losses[j], rtol=1e-5, atol=1e-7)
+
+
+def test_hypcluster_evaluation_ignores_the_training_time_assignment(ragged, linear_model, ref):
+    """The state's assignment (each client's choice at the start of its last round) is not
+    read by the evaluation: with every stored choice flipped the clients are still scored
+    with their best current hypothesis."""
+    alg = hypcluster(linear_model, sgd(LR, steps=TAU), num_clusters=2)
+    state = alg.init(jax.random.key(0), ragged)._replace(
+        cluster_params=jnp.asarray(_two_models()))
+    state, _ = jax.jit(alg.round)(state, ragged, KEYS[0])
+    flipped = state._replace(assignment=jnp.where(state.assignment >= 0,
+                                                  1 - state.assignment, -1))
+    chex.assert_trees_all_equal(alg.evaluate(flipped, ragged), alg.evaluate(state, ragged))
+    evaluation_equals_choice_under_current_hypotheses(
+        alg, flipped, ragged, np.asarray(state.cluster_params, np.float64), ref)
 
 
 def test_hypcluster_k1_equals_fedavg_with_example_weights(ragged, linear_model):

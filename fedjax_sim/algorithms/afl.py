@@ -33,6 +33,17 @@ unbiased for the full vector of losses (FedJAX averages each domain's loss
 over the examples it saw); no server optimizer and no sliding window of
 domain counts. [I] Clients without data take no part: their λ is 0 from the
 start and stays 0 (the projection runs over the clients holding data).
+
+Output and evaluation: the paper's Stochastic-AFL outputs the averaged
+iterates, w^A = (1/T) Σ_{t=1..T} w_t and λ^A = (1/T) Σ_{t=1..T} λ_t, where
+w_t, λ_t are the iterates after the t-th update: the start w_0, λ_0 is not
+among them (its algorithm box; [R]: recalled, not re-read); its convergence
+bound is for w^A. The state keeps both running means (`params_avg`,
+`lam_avg`: after round t the means of w_1..w_t and of λ_1..λ_t; before the
+first round w_0 and λ_0), and evaluation reports w^A (and `client_lambda` =
+λ^A) by default; `evaluate_iterate="last"` reports the last iterates w_T,
+λ_T instead, the model the next round starts from
+(docs/protocols.md#baseline-evaluation).
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ import jax.numpy as jnp
 from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
+    check_choice,
     check_inputs,
     check_participation,
     draw_cohort,
@@ -58,12 +70,22 @@ from fedjax_sim.models.core import Model
 from fedjax_sim.ops import cohort_sums, mean_or_keep, put, take, weighted_sum
 from fedjax_sim.ops.simplex import project_segments
 
+ITERATES = ("average", "last")
+
 
 class AFLState(NamedTuple):
-    params: object  # pytree, the global model w
-    lam: jax.Array  # [m] float32, λ on the simplex over the clients holding data
-    lam_avg: jax.Array  # [m] float32, mean of λ^(0..t) (the paper reports averaged iterates)
+    params: object  # pytree, the global model w_t (the last iterate)
+    params_avg: object  # pytree like params, w^A: mean of w_1..w_t (w_0 before any round)
+    lam: jax.Array  # [m] float32, λ_t on the simplex over the clients holding data
+    lam_avg: jax.Array  # [m] float32, λ^A: mean of λ_1..λ_t (λ_0 before any round)
     round: jax.Array  # int32
+
+
+def running_mean(mean, value, rounds):
+    """The mean of the iterates 1..t from that of 1..t-1 (t = rounds + 1): the first
+    iterate itself at t = 1, whatever `mean` held before it."""
+    t = (rounds + 1).astype(jnp.float32)
+    return jax.tree.map(lambda a, w: jnp.where(rounds == 0, w, a + (w - a) / t), mean, value)
 
 
 def project_active(v, active):
@@ -72,7 +94,7 @@ def project_active(v, active):
 
 
 def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
-        lambda_lr=0.01) -> Algorithm:
+        lambda_lr=0.01, evaluate_iterate: str = "average") -> Algorithm:
     """Builds AFL (Mohri et al. 2019): projected ascent on the client mixture λ.
 
     Args:
@@ -83,6 +105,9 @@ def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
         paper's stochastic estimate).
       participation: s/m, clients per round, uniform without replacement.
       lambda_lr: γ, the λ step size (may be traced); γ = 0 keeps λ uniform.
+      evaluate_iterate: the iterates evaluation reports: "average" (default, the
+        paper's output w^A, λ^A: the means of the iterates after each round) or
+        "last" (w_T, λ_T); the state keeps both.
 
     Returns:
       Algorithm with state AFLState; evaluate adds `client_lambda` [m].
@@ -108,13 +133,14 @@ def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
     check_training("afl", training)
     check_participation(participation)
     check_learning_rate("lambda_lr", lambda_lr)
+    check_choice("evaluate_iterate", evaluate_iterate, ITERATES)
 
     def init(key, data: FederatedData) -> AFLState:
         params = model.init(key)
         check_inputs(model, params, data)
         active = data.active()
         lam = active / jnp.maximum(jnp.sum(active), 1).astype(jnp.float32)
-        return AFLState(params, lam, lam, jnp.zeros((), jnp.int32))
+        return AFLState(params, params, lam, lam, jnp.zeros((), jnp.int32))
 
     def round_(state: AFLState, data: FederatedData, key):
         m = data.num_clients
@@ -131,19 +157,27 @@ def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
         (total, weight), (losses, active) = cohort_sums(
             client_step, data, cohort, inputs=take(cohort, state.lam))
         params = mean_or_keep(total, weight, state.params)
+        params_avg = running_mean(state.params_avg, params, state.round)
         v = put(cohort, jnp.zeros((m,), jnp.float32), jnp.where(active, (m / s) * losses, 0.0))
         lam = project_active(state.lam + lambda_lr * v, data.active())
-        lam_avg = state.lam_avg + (lam - state.lam_avg) / (state.round + 2).astype(jnp.float32)
+        lam_avg = running_mean(state.lam_avg, lam, state.round)
         metrics = {
             "cohort_loss": mean_over(losses, active),
             "worst_client_loss": jnp.max(jnp.where(active, losses, 0.0)),
             "lambda_max": jnp.max(lam),
         }
-        return AFLState(params, lam, lam_avg, state.round + 1), metrics
+        return AFLState(params, params_avg, lam, lam_avg, state.round + 1), metrics
 
     def evaluate(state: AFLState, data: FederatedData) -> dict:
-        out = evaluate_shared(model, state.params, data)
-        out["client_lambda"] = state.lam
+        if evaluate_iterate == "last":
+            params, lam = state.params, state.lam
+        else:  # w^A, λ^A; before any round the start w_0, λ_0 (whatever the means hold)
+            started = state.round > 0
+            params, lam = jax.tree.map(lambda a, w: jnp.where(started, a, w),
+                                       (state.params_avg, state.lam_avg),
+                                       (state.params, state.lam))
+        out = evaluate_shared(model, params, data)
+        out["client_lambda"] = lam
         return out
 
     return Algorithm(init, round_, evaluate, per_client_fields("lam", "lam_avg"))

@@ -27,11 +27,19 @@ the same shape:
   the first hypothesis, then repeatedly the model of the client whose best
   loss under the hypotheses so far is the worst (a farthest-point k-means++
   on losses). We draw the first client among those holding data [I].
-- evaluation: a client uses the hypothesis it chose on its training data in
-  its last round (FedJAX's `HypClusterEvaluator`, which assigns on the train
-  split and scores on the test split); IFCA's official evaluation re-chooses
-  by the loss on the evaluated data. A client that never took part chooses by
-  the evaluated data's loss [I].
+- evaluation: each client is scored with the hypothesis of lowest loss on the
+  evaluated data under the current hypotheses (those after the last round's
+  update), f(i) = argmin_j F_i(h_j) by the round's rule (`assign_clusters`:
+  ties to the lowest index, NaN as +inf). On the training data — `simulate.run`'s default
+  evaluation and every experiment's train pass — this is the paper's and
+  FedJAX's `HypClusterEvaluator` (assign on the train split with the current
+  models); to serve a test split with that choice, pass the train evaluation's
+  `assignment` to `ifca.evaluate_clusters(..., assignment=)` (the hetero
+  experiments do); evaluating a test split itself chooses by its own loss
+  (IFCA's official evaluation). `state.assignment` keeps the choice each
+  client made at the start of its last round, with the hypotheses before that
+  round's update: a training-time record, not what evaluation uses
+  (docs/protocols.md#baseline-evaluation).
 - the choice is made on the training loss of the hypotheses before the
   round (as IFCA), and an empty hypothesis keeps its model (as IFCA).
 - no IFCA extras: no option I, weight sharing, stable-assignment freezing or
@@ -57,9 +65,10 @@ from fedjax_sim.algorithms.base import (
     mean_over,
     per_client_fields,
 )
+from fedjax_sim.algorithms.ifca import evaluate_clusters
 from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.models.core import Model, client_accuracy, client_loss
+from fedjax_sim.models.core import Model, client_loss
 from fedjax_sim.ops import (
     assign_clusters,
     client_keys,
@@ -77,31 +86,9 @@ INITS = ("random", "kmeans++")
 
 class HypClusterState(NamedTuple):
     cluster_params: object  # pytree, leaves [k, ...]: the hypotheses h_j
-    assignment: jax.Array  # [m] int32, f(i) of each client's last round; -1 before it took part
+    assignment: jax.Array  # [m] int32, f(i) chosen at the start of each client's last round
+    #   (the hypotheses before its update; evaluation recomputes it); -1 before it took part
     round: jax.Array  # int32
-
-
-def evaluate_assigned(model: Model, cluster_params, assignment, data: FederatedData) -> dict:
-    """Each client scored with its assigned hypothesis (argmin loss where assignment is -1)."""
-
-    def evaluate_part(part) -> dict:
-        part, given = part
-        losses = cluster_losses(model, cluster_params, part)
-        chosen = jnp.where(given >= 0, given, assign_clusters(losses))
-        active = part.active()
-        out = {
-            "client_loss": jnp.take_along_axis(losses, chosen[:, None], axis=1)[:, 0],
-            "assignment": jnp.where(active, chosen, -1),
-            "client_weight": active.astype(jnp.float32),
-        }
-        if model.correct is not None:
-            params = jax.tree.map(lambda p: p[chosen], cluster_params)
-            out["client_accuracy"] = jax.vmap(
-                lambda p, x, y, n: client_accuracy(model, p, x, y, n)
-            )(params, part.x, part.y, part.num_examples)
-        return out
-
-    return map_client_chunks(evaluate_part, (data, assignment))
 
 
 def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
@@ -204,6 +191,7 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
                                state.round + 1), metrics
 
     def evaluate(state: HypClusterState, data: FederatedData) -> dict:
-        return evaluate_assigned(model, state.cluster_params, state.assignment, data)
+        # f(i) recomputed on `data` under the current hypotheses, not state.assignment
+        return evaluate_clusters(model, state.cluster_params, data)
 
     return Algorithm(init_, round_, evaluate, per_client_fields("assignment"))
