@@ -46,6 +46,10 @@ def _same(a, b) -> bool:
         for x, y in zip(leaves_a, leaves_b, strict=True))
 
 
+# The settings of the methods every comparison can name (methods.METHOD_SETTINGS).
+COMMON = {"prox_mu": ({}, 0.5), "q": ({}, 3.0), "ditto_lambda": ({}, 0.5),
+          "lambda_lr": ({}, 0.5), "server_lr": ({}, 0.5)}
+
 # preset: (settings for a small, fast run; {scoped setting: (base values that let its
 # reader use it, its changed value)})
 CASES = {
@@ -62,18 +66,23 @@ CASES = {
          # CFL splits when the mean update norm is below ε₁ and the largest above ε₂:
          # always at (ε₁, ε₂) = (1e6, 0); never when either is changed to its other end.
          "cfl_eps1": ({"cfl_eps1": 1e6, "cfl_eps2": 0.0}, 0.0),
-         "cfl_eps2": ({"cfl_eps1": 1e6, "cfl_eps2": 0.0}, 1e6)}),
+         "cfl_eps2": ({"cfl_eps1": 1e6, "cfl_eps2": 0.0}, 1e6),
+         **COMMON}),
     "drfa-synthetic-noise": (
         {"seeds": 1, "rounds": 2},
         {"optimizer": ({}, "adam"), "lr": ({}, 0.05), "lambda_lr": ({}, 0.5),
          "q": ({}, 3.0), "qffl_lr": ({}, 0.2), "lambda_floor": ({}, 0.05),
          "weighting": ({}, "uniform"), "official_code": ({}, True),
          "mixup_alpha": ({}, 0.2), "mixup_beta": ({}, 3.0),
-         "lambda_loss": ({}, "clean")}),
+         "lambda_loss": ({}, "clean"), "k": ({}, 3),
+         "cfl_eps1": ({"cfl_eps1": 1e6, "cfl_eps2": 0.0}, 0.0),
+         "cfl_eps2": ({"cfl_eps1": 1e6, "cfl_eps2": 0.0}, 1e6),
+         **{k: v for k, v in COMMON.items() if k not in ("q", "lambda_lr")}}),
     "mixed-synthetic": (
         {"seeds": 1, "rounds": 2, "central_batch_size": 20},
         {"server_lr": ({}, 0.5), "central_batch_size": ({}, 50),
-         "combine": ({"w_f": 0.3}, "mixing"), "transfer": ({}, "stale")}),
+         "combine": ({"w_f": 0.3}, "mixing"), "transfer": ({}, "stale"),
+         **{k: COMMON[k] for k in ("prox_mu", "q", "lambda_lr")}}),
 }
 
 

@@ -327,6 +327,9 @@ class Experiment:
 
     #: per-experiment defaults of the method settings it gains (`methods.METHOD_SETTINGS`)
     method_defaults: dict = {}
+    #: its own settings that its problem reads too (IFCA's k: the clusters of the data as
+    #: well as the cluster models), so they are never scoped to the methods that read them
+    unscoped: tuple[str, ...] = ()
 
     def declare_methods_setting(self) -> None:
         """Completes the settings of an experiment that compares methods through
@@ -348,7 +351,7 @@ class Experiment:
                  if name in readers and name not in names]
 
         def scoped(st: Setting) -> Setting:
-            if st.name in readers and st.methods is None:
+            if st.name in readers and st.methods is None and st.name not in self.unscoped:
                 return dataclasses.replace(st, methods=readers[st.name])
             return st
 

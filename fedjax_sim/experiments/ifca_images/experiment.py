@@ -56,6 +56,7 @@ class RotatedImages(Experiment):
     supports_sweep = False
     method_table = TABLE
     provides = frozenset({SPLIT_MODEL})
+    unscoped = ("k",)  # the rotations / mixture components as well as the cluster models
     baseline = "fedavg"
     headline = "ifca"
     panels = (

@@ -134,6 +134,7 @@ class SyntheticRun(Experiment):
     )
     methods = ALGORITHM_NAMES
     provides = PROVIDES
+    unscoped = ("k",)  # the rotations / mixture components as well as the cluster models
     baseline = "fedavg"
     panels = (
         ("train_loss", "train loss (avg client)"),
