@@ -222,13 +222,16 @@ def find_divergence(rows: list[dict], seeds: int, stopped=None) -> list:
 
 def train_method(name: str, spec: MethodRun, seeds: int, *, checkpoint_dir=None,
                  checkpoint_every: int | None = None, resume: bool = False,
-                 progress: bool = True, mesh=None, on_rows=None) -> MethodResult:
+                 progress: bool = True, mesh=None, on_rows=None,
+                 timing: dict | None = None) -> MethodResult:
     """Trains one method over its seeds through `simulate.run`; never raises `Diverged`.
 
     on_rows, when given, gets the per-seed rows as they come (only for a
     method without `seed_rows`, whose history rows already are per seed).
+    timing: the dict `simulate.run` fills (default: a new one); the result keeps
+    its compile and run seconds, rounds run, kernel form and client chunk.
     """
-    timing: dict = {}
+    timing = {} if timing is None else timing
     stopped = None
     per_round = None
     method_clients(spec)  # the declared copies axes match the data, with or without a mesh
@@ -265,7 +268,7 @@ def train_method(name: str, spec: MethodRun, seeds: int, *, checkpoint_dir=None,
         value[gone] = math.nan
     return MethodResult(name, finals, rows, diverged, {
         k: timing.get(k) for k in ("compile_seconds", "run_seconds", "evaluate_seconds",
-                                  "rounds_run", "kernel_form")})
+                                  "rounds_run", "kernel_form", "client_chunk")})
 
 
 def first_divergence(results: Mapping[str, MethodResult]) -> tuple[str, int, dict] | None:

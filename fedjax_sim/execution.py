@@ -21,6 +21,12 @@ A `Plan` holds:
   (`ops.linear.LINEAR_FORMS`); None: the default form. `fedjax_sim.tuning`
   times the forms once per machine and round shape and remembers the choice.
 
+The client chunk can change a run's numbers in their last bits: a chunked round
+adds the chunks' partial sums, in another order than the sum over the whole
+cohort at once. Checkpoints record it (`plan_record`), and a resume whose plan
+differs from its checkpoints' is refused (`PlanChanged`); the kernel form is
+recorded too, and a resumed run takes its checkpoint's.
+
 This module imports nothing from fedjax_sim: the data layer carries a plan
 without knowing what it holds.
 """
@@ -62,6 +68,38 @@ class Plan:
 
 
 DEFAULT_PLAN = Plan()
+
+
+def plan_record(data) -> dict:
+    """What of `data`'s plan may change a run's numbers, as JSON: {"client_chunk": c}."""
+    return {"client_chunk": plan_of(data).client_chunk}
+
+
+def describe_chunk(chunk: int | None) -> str:
+    """A client chunk in words: "all clients at once", "1 client at a time", "8 clients ..."."""
+    if chunk is None:
+        return "all clients at once"
+    return f"{chunk} client{'' if chunk == 1 else 's'} at a time"
+
+
+class PlanChanged(ValueError):
+    """A resume whose execution plan differs from the one its checkpoints were written with.
+
+    Attributes:
+      directory: the checkpoints' directory.
+      saved, now: `plan_record`s of the checkpoints and of this run.
+    """
+
+    def __init__(self, directory, saved: dict, now: dict):
+        self.directory, self.saved, self.now = directory, saved, now
+        super().__init__(
+            f"cannot resume: the checkpoints in {directory} were written processing "
+            f"{describe_chunk(saved.get('client_chunk'))} and this run plans "
+            f"{describe_chunk(now.get('client_chunk'))}; a round's sums depend on that in "
+            "their last bits: resume with the plan they were written with.")
+
+    def __reduce__(self):
+        return type(self), (self.directory, self.saved, self.now)
 
 
 def _is_carrier(node) -> bool:

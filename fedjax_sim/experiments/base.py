@@ -422,7 +422,7 @@ class Experiment:
             name, spec, seeds, checkpoint_dir=ctx.checkpoint_dir,
             checkpoint_every=s.get("checkpoint_every") or None, resume=ctx.resume,
             progress=ctx.progress, mesh=ctx.mesh,
-            on_rows=stream if spec.seed_rows is None else None)
+            on_rows=stream if spec.seed_rows is None else None, timing=ctx.timing)
         ctx.timing.update(result.timing)
         rows = [{"seed": r.pop("seed"), **{k: v for k, v in r.items() if k != "method"}}
                 for r in result.long_rows()]
@@ -482,6 +482,12 @@ class Experiment:
 
     def seeds_per_chunk(self, cell: dict) -> int:
         return 1
+
+    def trials_per_program(self, group: list[dict]) -> int:
+        """How many trials (cell × seed) of this group of cells one compiled sweep program
+        holds: XLA compiles programs of other sizes differently, so the numbers may depend
+        on it (in their last bits), and a resume keeps it. Default: `seeds_per_chunk`."""
+        return self.seeds_per_chunk(group[0])
 
     def cell_cost(self, cell: dict) -> float:
         """Relative cost of one seed of a cell (for the sweep's ETA)."""

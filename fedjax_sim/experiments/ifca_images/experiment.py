@@ -162,7 +162,8 @@ class RotatedImages(Experiment):
         """The method's client_chunk: from memory_budget_gb; else, on a CPU, the clients of
         `memory.CPU_ROUND_WORK_BYTES` of working memory at a time; elsewhere None, except
         for per-client models (local, oneshot), which train `memory.PER_CLIENT_MODELS_BYTES`
-        at a time (`memory.working_memory_chunk`). Chunks do not change results."""
+        at a time (`memory.working_memory_chunk`). Chunks change the cross-client sums in
+        their last bits (per-client results not at all), so a resume keeps the chunk."""
         # One seed's clients as stored copies: for views this counts their rows as
         # resident (an overestimate: views hold indices and the images once).
         shapes = jax.eval_shape(lambda d: _as_copies(copy_at(d, 0)), problem["train"])

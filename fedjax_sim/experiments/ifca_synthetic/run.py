@@ -356,6 +356,9 @@ class SyntheticRun(Experiment):
         del mesh  # the pairs axis is small; clients are not sharded here
         return sweep.group_trials(self.declared, cells, seed_ids)
 
+    def trials_per_program(self, group):
+        return sweep.pairs_per_program(group, self.seeds_per_chunk(group[0]))
+
     def cell_cost(self, cell):
         return cell["m"] * cell["n"] * cell["d"] * cell["k"] * cell["rounds"] * cell["restarts"]
 

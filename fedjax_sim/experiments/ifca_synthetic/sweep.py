@@ -57,8 +57,7 @@ def group_trials(declared: dict, cells: list[dict], seed_ids: list[int]) -> list
     static = tuple(sorted((k, v) for k, v in base.items()
                           if k in declared and k not in traced and k != "seeds"
                           and "sweep" in (declared[k].commands or ("sweep",))))
-    size = memory.items_per_chunk(len(pairs), pair_bytes(base),
-                                  base["memory_budget_gb"] * 2**30)
+    size = pairs_per_program(cells, len(seed_ids))
     rows = []
     for start in range(0, len(pairs), size):
         chunk = pairs[start : start + size]
@@ -96,6 +95,13 @@ def rows_by_cell(trials, cells):
         rows = [r for r in by_cell.get(cell["cell_id"], [])
                 if int(r["data_seed"]) < cell["seeds"]]
         yield cell, rows
+
+
+def pairs_per_program(cells: list[dict], seeds: int) -> int:
+    """(cell, seed) pairs per compiled program of `group_trials` over `seeds` seeds of
+    `cells`: as many as fit memory_budget_gb (0: half the machine), at least 1."""
+    return memory.items_per_chunk(len(cells) * seeds, pair_bytes(cells[0]),
+                                  cells[0]["memory_budget_gb"] * 2**30)
 
 
 def pair_bytes(s: dict) -> int:
