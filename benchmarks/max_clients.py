@@ -187,7 +187,7 @@ def run_round(task: str, data: FederatedData, chunk: int | None) -> dict:
         "compile_seconds": timing.compile_s,
         "seconds_per_round": timing.median_s if timing.count else timing.first_call_s,
         "first_round_seconds": timing.first_call_s,
-        "train_loss": float(metrics["train_loss"]),
+        "cohort_loss": float(metrics["cohort_loss"]),
         "finite": all(bool(np.all(np.isfinite(p))) for p in params),
     }
 

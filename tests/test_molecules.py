@@ -131,7 +131,7 @@ def test_load_from_archive_reports_invalid_and_caches(tmp_path, monkeypatch):
 
 
 def test_gin_pooling_invariances_and_drflm_trains_through_embeddings():
-    from fedjax_sim.algorithms import drflm
+    from fedjax_sim.algorithms import drflm, sgd
     from fedjax_sim.models.graph import gin_regressor
 
     g = featurize(["c1ccccc1O", "CCO"])

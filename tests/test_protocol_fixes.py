@@ -106,7 +106,7 @@ def test_drfa_presets_weight_fedavg_by_rows_and_fedavg_mixup_honours_official_co
     model = linear_regression(D)
     for weighting, official in itertools.product(("examples", "uniform"), (False, True)):
         s = _molecule_settings(weighting=weighting, official_code=official, d=D)
-        alg = drfa_molecules.build_method("fedavg_mixup", s, model)
+        alg = drfa_molecules.EXPERIMENT.build_method("fedavg_mixup", s, model)
         state = alg.init(jax.random.key(0), data)
         want = rows / rows.sum() if weighting == "examples" else np.full(6, 1 / 6)
         np.testing.assert_allclose(state.lam, want, rtol=1e-6)
@@ -116,7 +116,7 @@ def test_drfa_presets_weight_fedavg_by_rows_and_fedavg_mixup_honours_official_co
         floor = 1e-3 if official else 0.0  # FedTorch's clip floor raises the empty client
         lam = np.maximum(want, floor)
         np.testing.assert_allclose(state.lam, lam / lam.sum(), rtol=1e-5, atol=1e-7)
-        weighted = drfa_molecules.build_method("fedavg", s, model)
+        weighted = drfa_molecules.EXPERIMENT.build_method("fedavg", s, model)
         st = weighted.init(jax.random.key(0), data)
         st, _ = jax.jit(weighted.round)(st, data, jax.random.key(1))
         assert np.all(np.isfinite(np.asarray(st.params)))

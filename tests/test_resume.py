@@ -320,7 +320,7 @@ def test_diverged_run_exits_3_and_keeps_the_last_good_checkpoint(tmp_path, capsy
     assert match, err
     diverged_round, metric, _, checkpoint_round, directory = match.groups()
     diverged_round, checkpoint_round = int(diverged_round), int(checkpoint_round)
-    assert metric == "train_loss"
+    assert metric == "cohort_loss"  # the round's own metric goes first, before evaluation
     assert 0 < checkpoint_round < diverged_round <= 60
     assert os.path.samefile(directory, out / "checkpoints")
 

@@ -257,10 +257,18 @@ class Experiment:
         """The methods of its table that fit its data: its declared ones first."""
         fitting = [n for n, m in self.method_table.items()
                    if catalog.fits(m, self.provides) is None and m.kind in self.kinds]
-        return tuple(dict.fromkeys([*(n for n in self.methods if n in fitting), *fitting]))
+        return tuple(dict.fromkeys([*(n for n in self.methods if n in fitting or self.own(n)),
+                                    *fitting]))
+
+    def own(self, name: str) -> bool:
+        """Whether `name` is a method of its own, outside the method table, that its
+        `method_run` builds itself."""
+        return name in self.methods and name not in self.method_table
 
     def check_method(self, name: str) -> None:
         """ValueError in one line when method `name` cannot be trained here, saying why."""
+        if self.own(name):
+            return
         if name not in self.method_table:
             raise ValueError(f"unknown method {name!r}; {self.name} can train "
                              f"{', '.join(self.available())}.")
@@ -345,7 +353,8 @@ class Experiment:
         self.__dict__["_methods_declared"] = True
         available = self.available()
         names = {st.name for st in self.settings}
-        readers = catalog.readers({n: self.method_table[n] for n in available})
+        readers = catalog.readers({n: self.method_table[n] for n in available
+                                   if not self.own(n)})
         added = [dataclasses.replace(st, default=self.method_defaults.get(st.name, st.default))
                  for name, st in catalog.METHOD_SETTINGS.items()
                  if name in readers and name not in names]
@@ -357,7 +366,9 @@ class Experiment:
 
         settings = [scoped(st) for st in (*self.settings, *added)]
         if "methods" not in names:
-            settings.append(methods_setting(tuple(self.method_table), tuple(self.methods)))
+            settings.append(methods_setting(
+                (*(n for n in self.methods if self.own(n)), *self.method_table),
+                tuple(self.methods)))
         self.settings = tuple(settings)
 
     def table(self, s: dict) -> list[str]:

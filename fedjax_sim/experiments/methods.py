@@ -186,7 +186,7 @@ _LAMBDA = {"lambda_lr": "lambda_lr"}
 _FEDOPT = {"server_lr": _default_if_zero("server_lr")}
 _ROBUST = {**_LAMBDA, "lambda_floor": _none_if_zero("lambda_floor"),
            "official_code": "official_code"}
-_MIXED = {"w_f": "w_f", "w_c": "w_c", "server_lr": "server_lr",
+_MIXED = {"w_f": "w_f", "w_c": "w_c", **_FEDOPT,
           "central_batch_size": _central}
 _IFCA = {**_K, "option": "option", "divide_by": "divide_by"}
 

@@ -48,6 +48,8 @@ METHODS = ("fedavg", "drfa", "drflm", "fedavg_mixup", "afl", "qffl")
 # run or comparison of none of them is refused) where the method table does not say it:
 # the client optimizer and its lr (not q-FFL, which steps plain SGD at qffl_lr), mixup's β.
 _CLIENT_OPTIMIZER = tuple(m for m, method in TABLE.items() if not method.sgd)
+# Every method but q-FFL trains at lr (SCAFFOLD too; local models: no local_lr here).
+_CLIENT_LR = tuple(m for m, method in TABLE.items() if method.lr != "qffl_lr")
 _MIXUP = tuple(m for m, method in TABLE.items() if "mixup_alpha" in method.reads)
 # Settings of one kind of data (`Setting.when`).
 _ON_MOLECULES = ("dataset", MOLECULES)
@@ -74,7 +76,7 @@ class DRFAExperiment(Experiment):
         batch_size_setting(32, "minibatch size (local steps and the λ probe)", minimum=1),
         Setting("optimizer", str, "adam", "client optimizer (fresh state every round)",
                 choices=("adam", "sgd"), methods=_CLIENT_OPTIMIZER),
-        lr_setting(0.001, "client learning rate η", methods=_CLIENT_OPTIMIZER),
+        lr_setting(0.001, "client learning rate η", methods=_CLIENT_LR),
         Setting("lambda_lr", float, 0.002, "λ step size γ of DRFA / DRFLM / AFL", minimum=0.0),
         Setting("q", float, 1.0, "q-FFL's fairness exponent q (0: FedAvg)", minimum=0.0),
         Setting("qffl_lr", float, 0.05, "q-FFL's client SGD step (its Lipschitz estimate is "

@@ -315,6 +315,6 @@ class RotatedImages(Experiment):
             rows, out_dir / "cluster_identity.png",
             [("cluster_accuracy", "cluster-identity accuracy")],
             title="cluster identity per round", auto_log=False,
-            methods=[m for m in comparison.results if m in CLUSTERING],
-            colors=plots.method_colors(list(comparison.results)))
+            methods=[m for m in comparison.histories if m in CLUSTERING],
+            colors=plots.method_colors(list(comparison.histories)))
 

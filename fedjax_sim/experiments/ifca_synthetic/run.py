@@ -20,6 +20,7 @@ from fedjax_sim import logs, memory, plots, simulate
 from fedjax_sim.algorithms import ALGORITHMS, with_restarts, with_seeds
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.data import check_mixture_settings, generated_mixture
+from fedjax_sim.execution import planned
 from fedjax_sim.experiments.base import DATA, ROUNDS, Experiment, Preset, RunContext, stream_key
 from fedjax_sim.experiments.ifca_synthetic import sweep
 from fedjax_sim.experiments.ifca_synthetic.common import (
@@ -69,6 +70,7 @@ def state_bytes(name: str, s: dict, copies: int) -> int:
     data = jax.eval_shape(lambda key: generated_mixture(
         key, k=s["k"], m=s["m"], n=s["n"], d=s["d"], sigma=0.0, R=0.0).train,
         jax.random.key(0))
+    data = planned(data, keep_client_state=s["participation"] < 1.0)  # as the run plans it
     algorithm = with_restarts(build_algorithm(name, s), copies)
     return memory.tree_bytes(jax.eval_shape(algorithm.init, jax.random.key(0), data))
 

@@ -107,8 +107,8 @@ def shared_settings(**defaults) -> tuple[Setting, ...]:
         Setting("w_f", float, d["w_f"], "weight of the federated loss f_f in f", minimum=0.0),
         Setting("w_c", float, d["w_c"], "weight of the centralized loss f_c in f", minimum=0.0),
         lr_setting(d["lr"], "client (and central-step) SGD learning rate η"),
-        Setting("server_lr", float, 1.0, "server SGD learning rate η_s on −Δ", minimum=0.0,
-                methods=SERVER_STEP),
+        Setting("server_lr", float, 0.0, "server learning rate η_s on −Δ; 0: the server "
+                "optimizer's own default (the Mixed FL methods' SGD: 1)", minimum=0.0),
         local_steps_setting(d["local_steps"], "K: client steps (and central steps) per round"),
         count("clients_per_round", d["clients_per_round"], "S, the cohort size; 0: every client",
               minimum=0),
@@ -172,6 +172,7 @@ class MixedTask(Experiment):
     are one vmapped axis, every round's metrics are kept (G̃/B̃ statistics,
     rounds-to-target), and seed i's data comes from the seed's DATA stream.
     """
+    unscoped = ("w_f", "w_c")  # the mixed objective every method is evaluated on
 
     supports_sweep = False
     methods = METHODS
