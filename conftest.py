@@ -1,11 +1,12 @@
 """Repo-root pytest configuration, loaded before any test or notebook is collected.
 
-`notebooks/quickstart.ipynb` runs at full (paper) size by default, which takes
-minutes. Under pytest it runs through nbmake (`pytest --nbmake notebooks/`) in a
-fresh Jupyter kernel; that kernel is a child process and inherits this process's
-environment. Setting FEDJAX_SIM_NOTEBOOK_SMALL=1 here, at import time, makes the
-notebook pick its seconds-long SMALL size. `setdefault` keeps an explicit
-FEDJAX_SIM_NOTEBOOK_SMALL=0 from the caller, to test the full size on purpose.
+The notebooks in `notebooks/` run at a small size by default (the size their saved
+outputs come from) and at their full size with FEDJAX_SIM_NOTEBOOK_SMALL=0. Under pytest
+they run through nbmake (`pytest --nbmake notebooks/`), each in a fresh Jupyter kernel;
+that kernel is a child process and inherits this process's environment. Setting
+FEDJAX_SIM_NOTEBOOK_SMALL=1 here, at import time, keeps them at the small size;
+`setdefault` keeps an explicit FEDJAX_SIM_NOTEBOOK_SMALL=0 from the caller, to test the
+full size on purpose.
 """
 
 import os
@@ -46,3 +47,62 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
     # Only the process that made it removes it (workers inherit the variable).
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+
+
+# The default run skips the tests marked `slow` (multi-process and multi-device runs, the
+# golden outputs of every preset, the benchmark suite's dry run, ...), so that the README's
+# test command stays under ten minutes on two cores; `--run-slow` runs everything (CI does:
+# .ci/run), an explicit `-m` expression (`-m slow`) chooses for itself, and a test named
+# by its node id (`FILE::TEST`) runs.
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run the tests marked slow (the full set, as CI runs it)")
+
+
+# Slow tests marked here rather than where they are defined (`@pytest.mark.slow` does the
+# same): end-to-end runs of whole presets, killed-and-resumed comparisons, subprocess CLI
+# runs, and three of the four notebooks (quickstart.ipynb stays in the default run). An
+# entry is a file, a test (`file::name`, every parameter) or one parametrized case;
+# tests/test_slow_marks.py checks that each names an existing test.
+SLOW = (
+    "notebooks/drflm_molecules.ipynb",
+    "notebooks/ifca_rotated_mnist.ipynb",
+    "notebooks/mixed_fl.ipynb",
+    "tests/test_ifca_images.py::test_cifar_views_compare_equals_copies",
+    "tests/test_ifca_images.py::test_digits_quick_start_ifca_beats_global_and_local",
+    "tests/test_compare_lifecycle.py::test_killed_comparison_resumes_to_identical_outputs",
+    "tests/test_compare_lifecycle.py::test_the_synthetic_baselines_stay_finite_at_their_defaults",
+    "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read[ifca-rotated-digits]",
+    "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read[drfa-synthetic-noise]",
+    "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read[mixed-synthetic]",
+    "tests/test_compilation_cache.py::test_the_cache_can_be_turned_off_or_moved_and_an_unwritable_one_is_skipped",
+    "tests/test_client_sources.py::test_rounds_over_views_equal_copies_one_device",
+    "tests/test_hetero.py::test_robust_clusters_preset_tiny",
+    "tests/test_faults.py::test_ctrl_c_is_exit_130_and_one_line",
+    "tests/test_faults.py::test_bad_distributed_settings_are_one_line",
+)
+
+
+def _listed_slow(nodeid: str) -> bool:
+    return any(nodeid == entry or nodeid.startswith((entry + "::", entry + "["))
+               for entry in SLOW)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _listed_slow(item.nodeid):
+            item.add_marker("slow")
+    if config.getoption("--run-slow") or config.getoption("markexpr"):
+        return
+    named = {os.path.relpath(arg.split("::")[0], config.rootpath) + "::" + arg.split("::", 1)[1]
+             for arg in config.args if "::" in arg}
+
+    def skipped(item):
+        return item.get_closest_marker("slow") and not any(
+            item.nodeid == n or item.nodeid.startswith(n + "[") or item.nodeid.startswith(n + "::")
+            for n in named)
+
+    slow = [item for item in items if skipped(item)]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not skipped(item)]

@@ -1,7 +1,7 @@
 """FedProx, SCAFFOLD, q-FedAvg and FedOpt rounds: vectorized vs a per-client loop, and vs FedAvg.
 
 Usage:
-  python benchmarks/baselines.py                 # writes benchmarks/results/baselines.json
+  python benchmarks/baselines.py   # writes results/baselines.json beside this script (or --out)
   python benchmarks/baselines.py --quick --out /tmp/baselines.json   # smoke run, tiny sizes
 
 Two problems, each with N clients of which a cohort of s = N/10 takes part, τ local
@@ -16,8 +16,8 @@ SGD steps on minibatches:
   SCAFFOLD's c_i are then [1000, 2410] floats (9.6 MB). Figure of merit: the matmul
   flops of the local steps (`harness.dense_flops`: forward, weight gradients, and the
   input gradients of all layers but the first; q-FFL adds a forward pass over n rows
-  for F_k) over the matmul probe (`harness.matmul_peak`). Until session 15 the count
-  was 6·batch·params per step, 1.43× the work JAX does for this MLP.
+  for F_k) over the matmul probe (`harness.matmul_peak`). The common 6·batch·params
+  rule would count 1.43× the work JAX does for this MLP.
 
 Arms, timed in interleaved blocks (`harness.interleaved_blocks`, the order rotated from
 block to block) from one state and key after compiling apart: the jitted rounds of
@@ -158,19 +158,19 @@ def problem_rows(kind: str, cfg: dict, ceilings: dict) -> list[dict]:
     import jax
     import numpy as np
 
-    from fedjax_sim.algorithms import fedavg, fedprox, qffl, scaffold
+    from fedjax_sim.algorithms import fedadam, fedavg, fedprox, qffl, scaffold, sgd
     from fedjax_sim.algorithms.base import cohort_size, num_params
     from fedjax_sim.simulate import scan_rounds
 
     data, model, batch = _problem(kind, cfg)
     tau, part = cfg["tau"], cfg["participation"]
-    common = dict(learning_rate=LR, local_steps=tau, batch_size=batch, participation=part)
+    training = sgd(LR, steps=tau, batch_size=batch)
     algorithms = {
-        "fedavg": fedavg(model, **common),
-        "fedopt_adam": fedavg(model, server_optimizer="adam", **common),
-        "fedprox": fedprox(model, mu=MU, **common),
-        "scaffold": scaffold(model, **common),
-        "qffl": qffl(model, q=Q, **common),
+        "fedavg": fedavg(model, training, participation=part),
+        "fedopt_adam": fedadam(model, training, participation=part),
+        "fedprox": fedprox(model, training, mu=MU, participation=part),
+        "scaffold": scaffold(model, training, participation=part),
+        "qffl": qffl(model, training, q=Q, participation=part),
     }
     key = jax.random.key(1)
     states, rounds, compile_s = {}, {}, {}

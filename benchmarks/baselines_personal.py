@@ -55,7 +55,7 @@ def _builders(cfg):
     import numpy as np
     import optax
 
-    from fedjax_sim.algorithms import afl, cfl, ditto, hypcluster, robust_ifca
+    from fedjax_sim.algorithms import afl, cfl, ditto, hypcluster, robust_ifca, sgd
     from fedjax_sim.models import linear_regression
     from fedjax_sim.models.core import client_loss
     from fedjax_sim.ops import client_update, sample_cohort
@@ -65,8 +65,8 @@ def _builders(cfg):
     model = linear_regression(cfg["d"])
     opt = optax.sgd(LR)
     part = cfg["s"] / cfg["N"]
-    common = dict(learning_rate=LR, local_steps=cfg["tau"], batch_size=cfg["batch"],
-                  participation=part)
+    training = sgd(LR, steps=cfg["tau"], batch_size=cfg["batch"])
+    common = dict(participation=part)
     tau, b, k = cfg["tau"], cfg["batch"], cfg["k"]
 
     @jax.jit
@@ -212,14 +212,15 @@ def _builders(cfg):
         return ditto_server(models, personal, jnp.asarray(ids), state)
 
     return {
-        "afl": (lambda: afl(model, lambda_lr=0.01, **common), afl_loop, "params", 1),
-        "hypcluster": (lambda: hypcluster(model, num_clusters=k, **common), hyp_loop,
+        "afl": (lambda: afl(model, training, lambda_lr=0.01, **common), afl_loop, "params", 1),
+        "hypcluster": (lambda: hypcluster(model, training, num_clusters=k, **common), hyp_loop,
                        "cluster_params", 1),
-        "cfl": (lambda: cfl(model, max_clusters=K, eps1=100.0, eps2=0.0, **common), cfl_loop,
-                "cluster_params", 1),
-        "ditto": (lambda: ditto(model, ditto_lambda=0.5, **common), ditto_loop, "personal", 2),
-        "robust_ifca": (lambda: robust_ifca(model, num_clusters=k, lambda_lr=0.01, **common),
-                        robust_loop, "cluster_params", 1),
+        "cfl": (lambda: cfl(model, training, max_clusters=K, eps1=100.0, eps2=0.0, **common),
+                cfl_loop, "cluster_params", 1),
+        "ditto": (lambda: ditto(model, training, ditto_lambda=0.5, **common), ditto_loop,
+                  "personal", 2),
+        "robust_ifca": (lambda: robust_ifca(model, training, num_clusters=k, lambda_lr=0.01,
+                                            **common), robust_loop, "cluster_params", 1),
     }
 
 

@@ -1,7 +1,7 @@
 """DRFA / DRFLM speed: the vectorized round vs a per-client loop, the GNN round, the λ projection.
 
 Usage:
-  python benchmarks/drfa.py                 # writes benchmarks/results/drfa.json
+  python benchmarks/drfa.py                 # writes results/drfa.json beside this script (or --out)
   python benchmarks/drfa.py --quick --out /tmp/drfa.json   # smoke run at a tiny size
 
 In one run (the issue's Performance section):
@@ -86,13 +86,13 @@ def linear_rows(cfg, blocks: int, ceilings: dict) -> list[dict]:
     import numpy as np
     import optax
 
-    from fedjax_sim.algorithms import drfa
+    from fedjax_sim.algorithms import drfa, sgd
     from fedjax_sim.models import linear_regression
     from fedjax_sim.ops import client_update, project_simplex, sample_batch
 
     data = _linear_problem(cfg)
     model = linear_regression(cfg["d"])
-    alg = drfa(model, learning_rate=0.01, local_steps=cfg["tau"], batch_size=cfg["batch"],
+    alg = drfa(model, sgd(0.01, steps=cfg["tau"], batch_size=cfg["batch"]),
                participation=cfg["m"] / cfg["N"], lambda_lr=0.001)
     state = alg.init(jax.random.key(0), data)
     round_ = jax.jit(alg.round)
@@ -156,7 +156,7 @@ def linear_rows(cfg, blocks: int, ceilings: dict) -> list[dict]:
 def gnn_rows(cfg) -> list[dict]:
     import jax
 
-    from fedjax_sim.algorithms import drflm
+    from fedjax_sim.algorithms import drflm, sgd
     from fedjax_sim.data.archives import DataUnavailable
     from fedjax_sim.data.molecules import ATOM_FEATURES, load_molecules
     from fedjax_sim.models.graph import gin_regressor
@@ -166,8 +166,7 @@ def gnn_rows(cfg) -> list[dict]:
     except DataUnavailable as err:
         return [{"kind": "drflm_round_gnn_esol", "skipped": str(err)}]
     model = gin_regressor(ATOM_FEATURES, fed.train.x["nodes"].shape[2], hidden=64, layers=3)
-    alg = drflm(model, learning_rate=0.05, local_steps=10, batch_size=32, participation=0.5,
-                lambda_lr=0.002)
+    alg = drflm(model, sgd(0.05, steps=10, batch_size=32), participation=0.5, lambda_lr=0.002)
     state = alg.init(jax.random.key(0), fed.train)
     round_ = jax.jit(alg.round)
     timing = harness.compile_then_time(

@@ -1,14 +1,13 @@
 """What every benchmark shares: which fedjax_sim it measures, on what machine, and how.
 
-The three benchmark scripts (`rounds_per_sec.py`, `scaling.py`,
-`max_clients.py`) import this module as `harness` (it sits beside them, so
+Every benchmark script imports this module as `harness` (it sits beside them, so
 `python benchmarks/X.py` finds it). It provides:
 
 * **Which fedjax_sim.** `use_checkout(path)` puts a fedjax_sim checkout first
   on `sys.path`, imports `fedjax_sim` and fails (`CheckoutError`) unless it
   was imported from that checkout. `add_checkout_arg` gives a script its
-  `--checkout DIR` option, so an old commit can be measured from a worktree
-  (`git worktree add /tmp/old <commit>`) with today's benchmark code.
+  `--checkout DIR` option, so another checkout (a worktree of another branch)
+  is measured with the same benchmark code.
 * **Provenance.** `collect_meta` / `finish_meta`: CPU model, cores, memory,
   load average at start and end, date, versions, JAX backend and devices,
   and of the measured checkout its git HEAD (only when the checkout is a

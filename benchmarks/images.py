@@ -1,6 +1,6 @@
 """Rotated-MNIST IFCA round: vectorized vs a per-client loop, and end-to-end comparisons.
 
-Rows (benchmarks/results/images.json):
+Rows (written to results/images.json beside this script, or --out):
 
 1. Machine ceilings: `harness.stream_bandwidth`, `harness.matmul_peak`.
 2. `ifca_round`: one IFCA option-II round of the rotated-MNIST protocol
@@ -12,8 +12,8 @@ Rows (benchmarks/results/images.json):
      layer trains in the span of each client's 50 rows (`ops.client_update`,
      "The input layer in the span of the rows"; `span_round_flops`);
    - vectorized_plain_steps: the same round with `optax.sgd` undeclared: every
-     step multiplies by and differentiates the [784, 200] kernel (the code
-     before session 16; `round_flops`);
+     step multiplies by and differentiates the [784, 200] kernel
+     (`round_flops`);
    - loop: what FedJAX's default backend does, one jitted client update per
      client (its k losses, the argmin and τ local steps), called client by
      client from Python, then the per-cluster means.
@@ -24,8 +24,7 @@ Rows (benchmarks/results/images.json):
    but the first, which JAX does not compute: `harness.dense_flops`, checked
    against XLA's cost analysis of one step in `flops_per_step`); span steps:
    `span_round_flops`, checked against XLA's count of one client's update.
-   (Until session 15 the count took 3 forward passes per step, 1.41× the
-   work done, and so overstated the fraction by 1.41×.)
+   (Counting 3 forward passes per step would overstate the work by 1.41×.)
 3. `comparison`: wall seconds of `fedjax-sim compare ifca-rotated-mnist` at
    n = 50 and of the digits quick start (`compare ifca-rotated-digits`), each
    in a fresh process.
@@ -79,7 +78,7 @@ def bench_round(quick: bool, matmul_gflops: float, log) -> dict:
     import jax.numpy as jnp
     import optax
 
-    from fedjax_sim.algorithms import ifca
+    from fedjax_sim.algorithms import ClientTraining, ifca, sgd
     from fedjax_sim.data import FederatedData
     from fedjax_sim.models import client_loss, mlp_classifier
     from fedjax_sim.models.recsys import compiled_flops
@@ -94,13 +93,13 @@ def bench_round(quick: bool, matmul_gflops: float, log) -> dict:
     y = rng.integers(0, 10, size=(m, n)).astype(np.int32)
     data = FederatedData.from_arrays(x, y, cluster=np.repeat(np.arange(k), m // k))
     model = mlp_classifier((28, 28), [200], 10)
-    algorithm = ifca(model, num_clusters=k, option="model", local_steps=steps, learning_rate=0.1)
+    algorithm = ifca(model, sgd(0.1, steps=steps), num_clusters=k, option="model")
     state = jax.jit(algorithm.init)(jax.random.key(0), data)
     key = jax.random.key(1)
 
     vec, vec_compile_s = harness.compile_ahead(jax.jit(algorithm.round), state, data, key)
     opt = optax.sgd(0.1)  # undeclared: plain steps
-    plain = ifca(model, opt, num_clusters=k, option="model", local_steps=steps)
+    plain = ifca(model, ClientTraining(opt, steps), num_clusters=k, option="model")
     vec_plain, plain_compile_s = harness.compile_ahead(jax.jit(plain.round), state, data, key)
 
     @jax.jit

@@ -38,31 +38,32 @@ CONFIGS = ((100, 100, 1000, 2), (1000, 10, 10, 4), (10000, 10, 10, 4), (100000, 
 def arms(m, n, d, k, rounds):
     """{(mode, form): (thunk, compile seconds)} and the state the thunks start from."""
     from fedjax_sim import backend, simulate, tuning
-    from fedjax_sim.algorithms import ifca
+    from fedjax_sim.algorithms import ifca, sgd
     from fedjax_sim.data import linear_mixture
+    from fedjax_sim.execution import planned
     from fedjax_sim.models import linear_regression
 
     mixture = jax.jit(linear_mixture, static_argnames=("k", "m", "n", "d", "n_test"))
     data = mixture(jax.random.key(0), k=k, m=m, n=n, d=d, sigma=0.1, R=0.25).train
-    alg = ifca(linear_regression(d), num_clusters=k, learning_rate=0.1)
+    alg = ifca(linear_regression(d), sgd(0.1), num_clusters=k)
     state = alg.init(jax.random.key(1), data)
     keys = list(jax.random.split(jax.random.key(2), rounds))
     built, finals = {}, {}
     for form in tuning.candidates(d):
-        planned = tuning.planned(data, form)
+        placed = planned(data, linear_form=form)
         call, call_s = harness.compile_ahead(
-            backend.jit(alg.round, d, linear_form=form), state, planned, keys[0])
+            backend.jit(alg.round, d, linear_form=form), state, placed, keys[0])
         scan, scan_s = harness.compile_ahead(
-            simulate._compiled_scan(planned), alg, state, planned, keys[0], 0, rounds)
+            simulate._compiled_scan(placed), alg, state, placed, keys[0], 0, rounds)
 
-        def chained(call=call, planned=planned):
+        def chained(call=call, placed=placed):
             s = state
             for key in keys:
-                s, _ = call(s, planned, key)
+                s, _ = call(s, placed, key)
             return s
 
-        def scanned(scan=scan, planned=planned):
-            return scan(state, planned, keys[0], 0)[0]
+        def scanned(scan=scan, placed=placed):
+            return scan(state, placed, keys[0], 0)[0]
 
         built["call", form] = (chained, call_s)
         built["scan", form] = (scanned, scan_s)

@@ -62,8 +62,9 @@ ROOT = harness.resolve_checkout(harness.checkout_from_argv())
 harness.use_checkout(ROOT)
 
 from fedjax_sim import backend, memory  # noqa: E402
-from fedjax_sim.algorithms import ifca  # noqa: E402
+from fedjax_sim.algorithms import ifca, sgd  # noqa: E402
 from fedjax_sim.data import FederatedData, linear_mixture  # noqa: E402
+from fedjax_sim.execution import planned  # noqa: E402
 from fedjax_sim.models import linear_regression, mlp_classifier  # noqa: E402
 
 LADDERS = {
@@ -148,22 +149,21 @@ def mlp_data(m: int) -> FederatedData:
     return build_in_chunks(lambda s, c: draw_ids(jnp.int32(s), c), m, 4 * n * (dim + 1))
 
 
-def setting(task: str, chunk: int | None):
+def setting(task: str):
     """(model, algorithm, IFCA option) of a task."""
     if task == "synthetic":
         model = linear_regression(SYN["d"])
-        return model, ifca(model, num_clusters=K, learning_rate=0.1, client_chunk=chunk), "gradient"
+        return model, ifca(model, sgd(0.1), num_clusters=K), "gradient"
     model = mlp_classifier((MLP["input_dim"],), (MLP["hidden"],), MLP["classes"])
-    algorithm = ifca(
-        model, num_clusters=K, learning_rate=MLP["lr"], option="model",
-        local_steps=MLP["local_steps"], client_chunk=chunk,
-    )
+    algorithm = ifca(model, sgd(MLP["lr"], steps=MLP["local_steps"]), num_clusters=K,
+                     option="model")
     return model, algorithm, "model"
 
 
 def run_round(task: str, data: FederatedData, chunk: int | None) -> dict:
     """Compiles and runs one round of a mode; the peak RSS is that of this phase."""
-    model, algorithm, option = setting(task, chunk)
+    model, algorithm, option = setting(task)
+    data = planned(data, client_chunk=chunk)  # the executor's memory plan
     _reset_peak_rss()
     held_gb = _status_kb("VmRSS") / 2**20
     state = jax.jit(algorithm.init)(jax.random.key(1), data)
@@ -187,7 +187,7 @@ def run_round(task: str, data: FederatedData, chunk: int | None) -> dict:
         "compile_seconds": timing.compile_s,
         "seconds_per_round": timing.median_s if timing.count else timing.first_call_s,
         "first_round_seconds": timing.first_call_s,
-        "train_loss": float(metrics["train_loss"]),
+        "cohort_loss": float(metrics["cohort_loss"]),
         "finite": all(bool(np.all(np.isfinite(p))) for p in params),
     }
 
@@ -298,7 +298,7 @@ def _chunk(task: str, m: int, spec: str, work_gb: float) -> int:
         num_examples=jax.ShapeDtypeStruct((m,), jnp.int32),
         cluster=jax.ShapeDtypeStruct((m,), jnp.int32),
     )
-    model, _, option = setting(task, None)
+    model, _, option = setting(task)
     per = memory.estimate_bytes_per_client(model, shapes, local_training=option == "model",
                                            num_clusters=K)
     return memory.client_chunk_for_budget(m, per, work_gb * 2**30) or m

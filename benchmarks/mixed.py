@@ -20,11 +20,11 @@ central batch 256 and K central steps. Three arms, timed in interleaved blocks
 FLOP rates: each gradient's matmul flops (`harness.dense_flops`: the forward
 pass, the weight gradients and the input gradients of all layers but the first;
 `flops_per_central_step` records XLA's own count of one central step beside it)
-over `matmul_peak()`. (Until session 15 the count was 6·params per example, which
-counts the first layer's input gradient that JAX never computes, and the biases:
-1.43× the work of this 64-32-10 MLP.)
+over `matmul_peak()`. (The 6·params-per-example rule would count the first layer's
+input gradient, which JAX never computes, and the biases: 1.43× the work of this
+64-32-10 MLP.)
 
-    python benchmarks/mixed.py                 # writes benchmarks/results/mixed.json
+    python benchmarks/mixed.py   # writes results/mixed.json beside this script (or --out)
     python benchmarks/mixed.py --quick --out /tmp/mixed.json
 """
 
@@ -72,6 +72,7 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
     import optax
 
     from fedjax_sim.algorithms.mixed import CENTRAL_STREAM, datacenter_loss, descend, mixed_gt2
+    from fedjax_sim.algorithms.training import sgd
     from fedjax_sim.data import FederatedData, ServerData
     from fedjax_sim.models.recsys import compiled_flops
     from fedjax_sim.models.zoo import mlp_classifier
@@ -85,8 +86,9 @@ def measure(*, clients: int, steps: int, batch: int, central_batch: int, n: int,
                          "y": jnp.asarray(rng.integers(0, 10, n_c).astype(np.int32))})
     model = mlp_classifier((64,), (32,), 10)
     lr, w_f, w_c = 0.05, 0.5, 0.5
-    algorithm = mixed_gt2(model, learning_rate=lr, local_steps=steps, batch_size=batch,
-                          central_batch_size=central_batch, w_f=w_f, w_c=w_c)
+    algorithm = mixed_gt2(model, sgd(lr, steps=steps, batch_size=batch),
+                          central=sgd(lr, steps=steps, batch_size=central_batch), w_f=w_f,
+                          w_c=w_c)
     inputs = (data, server)
     state = jax.jit(algorithm.init)(jax.random.key(1), inputs)
     params = state.params

@@ -3,11 +3,11 @@
 Usage:
   python benchmarks/rounds_per_sec.py --out rounds_per_sec.json
   python benchmarks/rounds_per_sec.py --quick --no-compare --out /tmp/quick.json  # smoke run
-  # an old commit and this one, side by side, with this script:
-  git worktree add /tmp/fedjax_old b9b1bc9
-  python benchmarks/rounds_per_sec.py --checkout /tmp/fedjax_old --out old.json
-  python benchmarks/rounds_per_sec.py --out new.json
-  python benchmarks/rounds_per_sec.py --pair old.json new.json   # Markdown table
+  # another checkout and this one, side by side, with this script:
+  git worktree add /tmp/fedjax_base main
+  python benchmarks/rounds_per_sec.py --checkout /tmp/fedjax_base --out base.json
+  python benchmarks/rounds_per_sec.py --out mine.json
+  python benchmarks/rounds_per_sec.py --pair base.json mine.json   # Markdown table
 
 In one run this measures, on whatever JAX backend is the default:
 
@@ -42,8 +42,8 @@ In one run this measures, on whatever JAX backend is the default:
    when that checkout's CLI has no `compare` command; a failure is recorded
    as an error string.
 
-Only APIs present both in b9b1bc9 and after the refactor are imported, so the
-same script measures either (`--checkout DIR`).
+It imports only long-standing APIs, so the same script measures another checkout
+(`--checkout DIR`).
 
 The JSON written to --out is a list: one object per (m, n, d, k) (`"kind":
 "config"`; the one whose shape matches the sweep cell also carries a
@@ -102,6 +102,8 @@ class Library(NamedTuple):
     cell_min_dist: Callable
     scan_rounds: Callable  # simulate.scan_rounds, or run_rounds before the rename
     scan_rounds_name: str
+    sgd: Callable | None  # algorithms.sgd where the factories take a ClientTraining
+    planned: Callable | None  # execution.planned where the executor plans client chunks
 
 
 def load_library(checkout) -> Library:
@@ -123,7 +125,23 @@ def load_library(checkout) -> Library:
         ).cell_min_dist,
         scan_rounds=getattr(simulate, name),
         scan_rounds_name=f"fedjax_sim.simulate.{name}",
+        sgd=getattr(importlib.import_module("fedjax_sim.algorithms"), "sgd", None),
+        planned=_optional("fedjax_sim.execution", "planned"),
     )
+
+
+def _optional(module: str, name: str):
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+
+
+def build_ifca(lib: Library, d: int, k: int):
+    """IFCA option I at ROUND_LR through whichever surface the checkout has."""
+    if lib.sgd is not None:
+        return lib.ifca(lib.linear_regression(d), lib.sgd(ROUND_LR), num_clusters=k)
+    return lib.ifca(lib.linear_regression(d), num_clusters=k, learning_rate=ROUND_LR)
 
 
 # --------------------------------------------------------------------------- the loop
@@ -175,7 +193,7 @@ def bench_config(
     """Times one (m, n, d, k); see the module docstring."""
     mixture = jax.jit(lib.linear_mixture, static_argnames=("k", "m", "n", "d", "n_test"))
     data = mixture(jax.random.key(0), k=k, m=m, n=n, d=d, sigma=DATA_SIGMA, R=DATA_R).train
-    alg = lib.ifca(lib.linear_regression(d), num_clusters=k, learning_rate=ROUND_LR)
+    alg = build_ifca(lib, d, k)
     state0 = alg.init(jax.random.key(1), data)
     key_list = list(jax.random.split(jax.random.key(2), 512))  # no indexing op in the timed loop
     jax.block_until_ready((data, state0, key_list))
@@ -195,22 +213,17 @@ def bench_config(
 
     scan_first_s, _ = harness.timed_call(scanned)  # traces and compiles
 
-    # The same round processing `client_chunk` clients at a time (ifca's
-    # client_chunk option, where this fedjax_sim has it): a chunk's X is
-    # reused from cache between the forward pass and the VJP. An extra.
+    # The same round processing `client_chunk` clients at a time (the executor's
+    # memory plan, where this fedjax_sim has one): a chunk's X is reused from cache
+    # between the forward pass and the VJP. An extra.
     chunk = _cache_chunk(m, n, d)
-    try:
-        alg_c = lib.ifca(
-            lib.linear_regression(d), num_clusters=k, learning_rate=ROUND_LR, client_chunk=chunk
-        )
-    except TypeError:  # a fedjax_sim without client_chunk
-        alg_c = None
     chunked = state1_c = None
-    if alg_c is not None:
+    if lib.planned is not None:
+        data_c = lib.planned(data, client_chunk=chunk)
         chunked, _ = harness.compile_ahead(
-            lib.backend.jit(alg_c.round, d), state0, data, key_list[0]
+            lib.backend.jit(alg.round, d), state0, data_c, key_list[0]
         )
-        _, (state1_c, _) = harness.timed_call(chunked, state0, data, key_list[0])
+        _, (state1_c, _) = harness.timed_call(chunked, state0, data_c, key_list[0])
 
     # The per-client loop, on the same float32 data, from the same state; its
     # first round is checked against the vectorized first round.
@@ -256,7 +269,7 @@ def bench_config(
         return box["vec"]
 
     def chunk_step():
-        box["chunk"], _ = chunked(box["chunk"], data, next_key())
+        box["chunk"], _ = chunked(box["chunk"], data_c, next_key())
         return box["chunk"]
 
     def loop_step():
@@ -319,7 +332,7 @@ def bench_config(
         "round_GBps": round_bytes / vec_s / 1e9,
         "round_flops": flops,
         "round_flops_model": "2·m·n·d·(k + 1): k forward products, one gradient per client "
-        "(until session 15: 4·m·n·d·k, which counted a gradient for every cluster model)",
+        "(4·m·n·d·k would count a gradient for every cluster model)",
         "xla_cost_flops": float(xla_cost.get("flops", float("nan"))),
         "round_GFLOPs": flops / vec_s / 1e9,
         "verified_equal": close and same_assignment,

@@ -35,14 +35,14 @@ def measure(m: int, n: int, d: int, k: int, devices: int, repeats: int) -> dict:
     """One point, in this (fresh) process; fedjax_sim must already be imported by the caller."""
     import jax
 
-    from fedjax_sim import backend, ifca, linear_mixture, linear_regression
+    from fedjax_sim import backend, ifca, linear_mixture, linear_regression, sgd
     from fedjax_sim.parallel import make_mesh, shard_clients
 
     problem = linear_mixture(jax.random.key(0), k=k, m=m, n=n, d=d, sigma=0.1, R=1.0)
     data = problem.train
     if devices > 1:
         data = shard_clients(data, make_mesh(devices))
-    algorithm = ifca(linear_regression(d), num_clusters=k, learning_rate=0.1)
+    algorithm = ifca(linear_regression(d), sgd(0.1), num_clusters=k)
     state = jax.jit(algorithm.init)(jax.random.key(1), data)
     # A warm-up round on key 2, then `repeats` rounds on keys 3, 4, ..., chained.
     timing = harness.compile_then_time(

@@ -10,7 +10,7 @@ programs are compiled with YNN fusions off. Whether YNNPACK's single dots
 still pay for narrow features depends on the CPU (faster where the dot gets
 its thread, slower where it waits for it): the IFCA option-I round's
 `ops.linear` form "dot_ynn" turns them on, and `fedjax_sim.tuning` decides per
-machine whether it is taken (benchmarks/README.md, "Kernel forms").
+machine whether it is taken (benchmarks/README.md, "kernel_forms.py").
 
 Only the speed changes: every setting computes the same function (to float
 rounding, from the order of summation), and a given shape and form always get

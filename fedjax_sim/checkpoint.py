@@ -148,6 +148,7 @@ class Restored(NamedTuple):
     history: list  # history rows up to `round`
     round_metrics: dict | None = None  # {name: [round, ...]} when saved with them
     kernel_form: str | None = None  # the kernel form the rounds ran in (None: none recorded)
+    plan: dict | None = None  # `execution.plan_record` of the rounds (None: none recorded)
 
 
 def _is_key(x) -> bool:
@@ -410,7 +411,7 @@ class RunCheckpoints:
             raise failed from None
 
     def save(self, step: int, state, key, history: list, *, round_metrics=None,
-             kernel_form: str | None = None) -> None:
+             kernel_form: str | None = None, plan: dict | None = None) -> None:
         """Writes the checkpoint of round `step`.
 
         First every row appended with `io.append_csv(..., sync=False)` is fsynced
@@ -424,6 +425,8 @@ class RunCheckpoints:
         so far (`simulate.run(round_metrics=True)`), restored with the checkpoint.
         kernel_form: the kernel form the rounds ran in (`fedjax_sim.tuning`), which a
         resumed run takes again.
+        plan: what of the execution plan may change the numbers
+        (`execution.plan_record`: the client chunk), which a resume must keep.
 
         Raises:
           OSError: this save, or the previous one, failed for an OS reason.
@@ -441,6 +444,7 @@ class RunCheckpoints:
             "key_impl": str(jax.random.key_impl(key)) if typed else None,
             "state_key_impls": key_impls,
             "kernel_form": kernel_form,
+            "plan": plan,
         }
         history_json = self._encode_history(history)
         progress["history_json_bytes"] = int(history_json.size)
@@ -561,6 +565,7 @@ class RunCheckpoints:
             history=decode_history(history),
             round_metrics=round_metrics,
             kernel_form=progress.get("kernel_form"),
+            plan=progress.get("plan"),
         )
 
     def restore_latest_intact(self, abstract_state, abstract_key) -> tuple[

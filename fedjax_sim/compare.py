@@ -14,8 +14,11 @@ trains it through `simulate.run` and keeps the books:
   uninterrupted comparison's.
 - **divergence**: a seed has diverged when a metric that was finite at round 0
   becomes NaN or ±inf (or, when every seed went, where `simulate.run` stopped).
-  It is named on stderr (method, seed, round, metric), counted, and left out
-  of the method's means and paired differences: its finals are NaN.
+  It is counted, recorded (round, metric, value) in the method's result and
+  ``methods/M.json``, and left out of the method's means and paired
+  differences: its finals are NaN. Training prints nothing per seed: a
+  comparison says what diverged in one line once it is done
+  (`divergence_summary`, `MethodsDiverged`), however many methods and seeds.
 - **per-seed histories**: every evaluated round of every seed, for curves with
   bands (``per_seed_metrics.csv``).
 
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import math
 import shutil
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -220,13 +222,16 @@ def find_divergence(rows: list[dict], seeds: int, stopped=None) -> list:
 
 def train_method(name: str, spec: MethodRun, seeds: int, *, checkpoint_dir=None,
                  checkpoint_every: int | None = None, resume: bool = False,
-                 progress: bool = True, mesh=None, on_rows=None) -> MethodResult:
+                 progress: bool = True, mesh=None, on_rows=None,
+                 timing: dict | None = None) -> MethodResult:
     """Trains one method over its seeds through `simulate.run`; never raises `Diverged`.
 
     on_rows, when given, gets the per-seed rows as they come (only for a
     method without `seed_rows`, whose history rows already are per seed).
+    timing: the dict `simulate.run` fills (default: a new one); the result keeps
+    its compile and run seconds, rounds run, kernel form and client chunk.
     """
-    timing: dict = {}
+    timing = {} if timing is None else timing
     stopped = None
     per_round = None
     method_clients(spec)  # the declared copies axes match the data, with or without a mesh
@@ -263,14 +268,46 @@ def train_method(name: str, spec: MethodRun, seeds: int, *, checkpoint_dir=None,
         value[gone] = math.nan
     return MethodResult(name, finals, rows, diverged, {
         k: timing.get(k) for k in ("compile_seconds", "run_seconds", "evaluate_seconds",
-                                  "rounds_run", "kernel_form")})
+                                  "rounds_run", "kernel_form", "client_chunk")})
 
 
-def divergence_lines(result: MethodResult) -> list[str]:
-    """One stderr line per diverged seed of a method."""
-    return [f"fedjax-sim: method {result.name} seed {i} diverged at round {d['round']}: "
-            f"{d['metric']} is {d['value']}"
-            for i, d in enumerate(result.diverged) if d is not None]
+def first_divergence(results: Mapping[str, MethodResult]) -> tuple[str, int, dict] | None:
+    """(method, seed, its divergence) of the earliest round any seed diverged at (ties: the
+    first method in order, then the lowest seed); None when none did."""
+    found = [(d["round"], order, seed, name, d)
+             for order, (name, r) in enumerate(results.items())
+             for seed, d in enumerate(r.diverged) if d is not None]
+    if not found:
+        return None
+    _, _, seed, name, d = min(found, key=lambda f: f[:3])
+    return name, seed, d
+
+
+def divergence_summary(results: Mapping[str, MethodResult]) -> str | None:
+    """What diverged in a comparison, as one clause (None: nothing did).
+
+    However many methods and seeds there are, a comparison reports its
+    divergence in one line built from this (a 10-seed, 11-method comparison in
+    a SLURM log stays readable): how many seeds of how many methods went, each
+    such method's count, and the first round and metric. Each seed's own round
+    and metric are in its method's result (methods/<method>.json).
+    """
+    gone = [r for r in results.values() if r.diverged_seeds]
+    if not gone:
+        return None
+    total = sum(r.seeds for r in results.values())
+    count = sum(r.diverged_seeds for r in gone)
+    name, seed, d = first_divergence(results)
+    if count == total:
+        which = (f"every seed of every method ({len(results)} method"
+                 f"{'s' if len(results) > 1 else ''} × {gone[0].seeds} seed"
+                 f"{'s' if gone[0].seeds > 1 else ''})"
+                 if len({r.seeds for r in results.values()}) == 1 else f"all {total} seeds")
+    else:
+        which = (f"{count} of {total} seeds in {len(gone)} of {len(results)} methods ("
+                 + ", ".join(f"{r.name} {r.diverged_seeds}/{r.seeds}" for r in gone) + ")")
+    return (f"{which} diverged, the first at round {d['round']} (method {name} seed {seed}: "
+            f"{d['metric']} is {d['value']})")
 
 
 def run_methods(methods: Mapping[str, Callable[[], MethodRun]], seeds: int, out_dir, *,
@@ -313,8 +350,6 @@ def run_methods(methods: Mapping[str, Callable[[], MethodRun]], seeds: int, out_
                 write_json(path, result.to_json())
         if primary and checkpoints.exists():
             shutil.rmtree(checkpoints, ignore_errors=True)
-        for line in divergence_lines(result):
-            print(line, file=sys.stderr)
         results[name] = result
         if on_method is not None:
             on_method(result)
@@ -352,14 +387,22 @@ def results_columns(metrics) -> list[str]:
 
 
 class MethodsDiverged(RuntimeError):
-    """Some method diverged in some seed (every output is written by then): exit code 3."""
+    """Some method diverged in some seed (every output is written by then): exit code 3.
 
-    def __init__(self, results: Mapping[str, MethodResult]):
+    Its message is the comparison's one line about divergence (`divergence_summary`,
+    and where each seed's details are), whatever the experiment; a comparison whose
+    every seed of every method diverged is one of these, not an error.
+    """
+
+    def __init__(self, results: Mapping[str, MethodResult], out_dir=None):
         self.counts = {n: r.diverged_seeds for n, r in results.items() if r.diverged_seeds}
-        super().__init__("comparison finished with diverged seeds: " + ", ".join(
-            f"{n} {c}/{results[n].seeds}" for n, c in self.counts.items())
-            + " (left out of means and differences; see per_seed.csv)")
+        where = "" if out_dir is None else f"{Path(out_dir)}/"
+        super().__init__(
+            f"comparison finished with diverged seeds: {divergence_summary(results)}; they "
+            f"are left out of means and differences ({where}per_seed.csv marks each seed, "
+            f"{where}methods/<method>.json gives its round and metric)")
 
 
-__all__ = ["MethodResult", "MethodRun", "MethodsDiverged", "find_divergence", "method_clients",
-           "results_table", "run_methods", "train_method"]
+__all__ = ["MethodResult", "MethodRun", "MethodsDiverged", "divergence_summary",
+           "find_divergence", "first_divergence", "method_clients", "results_table",
+           "run_methods", "train_method"]

@@ -24,7 +24,7 @@ of a model, every client at once) or `linear_fit_bytes` (a hand count for
 linear models), and `items_per_chunk` turns a budget into how many at once.
 
 The estimates are deliberately simple upper-bound-ish counts, not XLA's buffer
-assignment; benchmarks/MEMORY.md compares them with measured peak RSS.
+assignment; benchmarks/MEMORY.md describes how the peak RSS behind them is measured.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ PER_CLIENT_MODELS_BYTES = 2**30
 # Working memory of a round on a CPU when no budget is set (rotated-image comparisons):
 # a round over every client at once allocates its temporaries fresh each round (2.8 GB at
 # rotated MNIST's 5 seeds × 320 clients) and runs 2.6× slower than in 256 MiB chunks (5.1
-# vs 1.95 s a round, benchmarks/README.md "Session 16"); 64 MiB and 1 GiB were slower.
+# vs 1.95 s a round on a 2-core CPU); 64 MiB and 1 GiB were slower.
 CPU_ROUND_WORK_BYTES = 2**28
 
 # Working memory of a round over generated clients when no budget is set: their rows

@@ -39,7 +39,7 @@ from fedjax_sim import backend, parallel, tuning
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.checkpoint import RunCheckpoints
 from fedjax_sim.data.checks import check_run_inputs
-from fedjax_sim.execution import plan_of
+from fedjax_sim.execution import PlanChanged, plan_of, plan_record
 from fedjax_sim.io import sync_appended
 from fedjax_sim.logs import Progress
 from fedjax_sim.metrics import summarize_clients
@@ -293,7 +293,9 @@ def _resume(checkpoints, resume, rounds, algorithm, key, key_init, data, mesh):
     """(state, history, rounds done, round metrics or None) of the newest intact checkpoint,
     or None when there is none.
 
-    A corrupt or partial newer checkpoint is skipped, saying which and why.
+    A corrupt or partial newer checkpoint is skipped, saying which and why. One written
+    under another plan (`execution.plan_record`: the client chunk) is refused
+    (`execution.PlanChanged`): its rounds' sums were added in another order.
     """
     latest = checkpoints.latest_step()
     if latest is None:
@@ -320,6 +322,8 @@ def _resume(checkpoints, resume, rounds, algorithm, key, key_init, data, mesh):
             f"cannot resume: the checkpoints in {checkpoints.directory} were written with "
             "another key (seed)."
         )
+    if restored.plan is not None and restored.plan != plan_record(data):
+        raise PlanChanged(checkpoints.directory, restored.plan, plan_record(data))
     return (restored.state, restored.history, restored.round, restored.round_metrics,
             restored.kernel_form)
 
@@ -571,8 +575,9 @@ def run(
         counting those restored from a checkpoint), `start_round`,
         `compile_seconds` (tracing and compiling: the round chunks, and what
         JAX reports compiling inside the evaluations), `run_seconds` (the rest
-        of the wall time) and `evaluate_seconds` (the part of run_seconds spent
-        in `evaluate`).
+        of the wall time), `evaluate_seconds` (the part of run_seconds spent
+        in `evaluate`) and `client_chunk` (the data's plan: None, all clients
+        at once), which the checkpoints record.
       round_metrics: also return every round's logged round metrics (those
         history rows carry: one number per round and copy). They are saved
         in the checkpoints, so a resumed run returns the same arrays as an
@@ -624,6 +629,9 @@ def run(
         checkpoints = RunCheckpoints(checkpoint_dir)
     if mesh is not None:
         data = parallel.place_inputs(data, mesh, data_copies_axis)
+    plan = plan_record(data)  # what of the plan checkpoints record (and a resume keeps)
+    if timing is not None:
+        timing["client_chunk"] = plan["client_chunk"]
     evaluate = timer.evaluation(evaluate or default_evaluate(algorithm, data))
     key_init, key_rounds = jax.random.split(key)
     on_rows = on_rows or (lambda rows: None)
@@ -742,6 +750,7 @@ def run(
                     # background; the last save is complete once `close` returns.
                     checkpoints.save(done, state, key, history,
                                      kernel_form=None if kernel is None else kernel.form,
+                                     plan=plan,
                                      round_metrics=None
                                      if kept is None else kept.stacked(logged))
                     last_saved = done

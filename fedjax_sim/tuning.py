@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import jax
 
 from fedjax_sim import backend
-from fedjax_sim.execution import plan_of, with_plan
+from fedjax_sim.execution import plan_of, planned
 from fedjax_sim.ops.linear import DEFAULT_LINEAR_FORM, LINEAR_FORMS
 
 FORM_ENV = "FEDJAX_SIM_KERNEL_FORM"
@@ -233,11 +233,6 @@ def choose(key: str, build: Callable[[str], Callable[[], Any]], feature_size: in
     return choice
 
 
-def planned(data, form: str):
-    """`data` with its execution plan's linear form set to `form`."""
-    return with_plan(data, plan_of(data).replace(linear_form=form))
-
-
 def plan_scan(lower: Callable, compile_scan: Callable, data, forced: str | None = None):
     """The form of `simulate.run`'s scanned chunks, and the data that carries it.
 
@@ -259,8 +254,9 @@ def plan_scan(lower: Callable, compile_scan: Callable, data, forced: str | None 
         return data, None
     feature_size = backend.feature_size(data)
     choice = choose(program_key(lowered.as_text(), "scan"),
-                    lambda form: compile_scan(planned(data, form)), feature_size, forced)
-    return planned(data, choice.form), choice
+                    lambda form: compile_scan(planned(data, linear_form=form)), feature_size,
+                    forced)
+    return planned(data, linear_form=choice.form), choice
 
 
 def compile_round(algorithm, state, data, key, *, form: str | None = None):
@@ -287,7 +283,7 @@ def compile_round(algorithm, state, data, key, *, form: str | None = None):
                            linear_form=plan_of(d).linear_form)
 
     if form is not None:
-        data = planned(data, form)
+        data = planned(data, linear_form=form)
     lowered = jitted(data).lower(state, data, key)
     choice = None
     if plan_of(data).linear_form is not None:
@@ -296,7 +292,7 @@ def compile_round(algorithm, state, data, key, *, form: str | None = None):
         keys = jax.random.split(key, TUNE_ROUNDS)
 
         def build(f):
-            d = planned(data, f)
+            d = planned(data, linear_form=f)
             compiled = jitted(d).lower(state, d, key).compile()
 
             def sample():
@@ -308,6 +304,6 @@ def compile_round(algorithm, state, data, key, *, form: str | None = None):
             return sample
 
         choice = choose(program_key(lowered.as_text(), "call"), build, feature_size)
-        data = planned(data, choice.form)
+        data = planned(data, linear_form=choice.form)
         lowered = jitted(data).lower(state, data, key)
     return lowered.compile(), data, choice

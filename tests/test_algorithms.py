@@ -16,14 +16,16 @@ import pytest
 
 from fedjax_sim.algorithms import (
     ALGORITHMS,
+    ClientTraining,
     fedavg,
     get_algorithm,
     ifca,
     local_models,
     one_shot_clustering,
+    sgd,
+    with_initial_params,
     with_restarts,
 )
-from fedjax_sim.algorithms.base import client_optimizer
 from fedjax_sim.algorithms.mixed import l2_regularizer
 from fedjax_sim.data import FederatedData, check_mixture_settings, linear_mixture
 from fedjax_sim.models import linear_regression
@@ -33,7 +35,7 @@ ATOL = 1e-5
 
 
 def _fixed_params(params):
-    """init_params for ifca: always these cluster params (leaves [k, ...])."""
+    """init_params for with_initial_params: always these cluster params (leaves [k, ...])."""
     params = jnp.asarray(params, jnp.float32)
     return lambda key: params
 
@@ -57,14 +59,11 @@ def _run(alg, data, init_key, round_keys):
 
 @pytest.mark.parametrize("weighting", ["uniform", "examples"])
 def test_ifca_k1_model_averaging_equals_fedavg(ragged, linear_model, weighting):
-    kw = dict(learning_rate=0.05, local_steps=3, weighting=weighting)
-    fed = fedavg(linear_model, **kw)
-    clu = ifca(
-        linear_model,
-        num_clusters=1,
-        option="model",
-        init_params=lambda key: jax.tree.map(lambda a: a[None], linear_model.init(key)),
-        **kw,
+    training = sgd(0.05, steps=3)
+    fed = fedavg(linear_model, training, weighting=weighting)
+    clu = with_initial_params(
+        ifca(linear_model, training, num_clusters=1, option="model", weighting=weighting),
+        lambda key: jax.tree.map(lambda a: a[None], linear_model.init(key)),
     )
     key = jax.random.key(0)
     s_fed, s_clu = fed.init(key, ragged), clu.init(key, ragged)
@@ -84,12 +83,9 @@ def test_ifca_k1_gradient_equals_distributed_gradient_descent(ragged, linear_mod
     """θ ← θ − lr · mean_i ∇F_i(θ) over the m clients holding data (the empty one takes no part)."""
     lr, rounds = 0.1, 5
     theta0 = np.array([0.5, -1.0, 2.0])
-    alg = ifca(
-        linear_model,
-        num_clusters=1,
-        option="gradient",
-        learning_rate=lr,
-        init_params=_fixed_params(theta0[None]),
+    alg = with_initial_params(
+        ifca(linear_model, sgd(lr), num_clusters=1, option="gradient"),
+        _fixed_params(theta0[None]),
     )
     state, _ = _run(alg, ragged, jax.random.key(0), jax.random.split(jax.random.key(1), rounds))
 
@@ -107,12 +103,9 @@ def test_ifca_gradient_rounds_equal_loop(ragged, linear_model, ref):
     never assigned and not counted."""
     lr, rounds = 0.1, 4
     theta0 = np.array([[0.0, 0.0, 0.0], [1.0, -1.0, 0.5], [50.0, 50.0, 50.0]])
-    alg = ifca(
-        linear_model,
-        num_clusters=3,
-        option="gradient",
-        learning_rate=lr,
-        init_params=_fixed_params(theta0),
+    alg = with_initial_params(
+        ifca(linear_model, sgd(lr), num_clusters=3, option="gradient"),
+        _fixed_params(theta0),
     )
     x, y, n = _np_data(ragged)
     m = ragged.num_clients
@@ -135,7 +128,7 @@ def test_ifca_gradient_rounds_equal_loop(ragged, linear_model, ref):
         np.testing.assert_array_equal(
             metrics["cluster_sizes"], np.bincount(assign[real], minlength=3))
         np.testing.assert_allclose(
-            metrics["train_loss"], np.mean(losses[real, assign[real]]), rtol=1e-4
+            metrics["cohort_loss"], np.mean(losses[real, assign[real]]), rtol=1e-4
         )
     np.testing.assert_array_equal(state.cluster_params[2], theta0[2])  # the empty cluster
 
@@ -149,14 +142,10 @@ def test_ifca_model_round_equals_per_client_loop(ragged, linear_model, ref, weig
     chosen model; then the per-cluster mean, an empty cluster keeping its model."""
     lr, tau, k = 0.05, 3, 3
     theta0 = np.array([[0.0, 0.0, 0.0], [1.0, -1.0, 0.5], [50.0, 50.0, 50.0]])
-    alg = ifca(
-        linear_model,
-        num_clusters=k,
-        option="model",
-        learning_rate=lr,
-        local_steps=tau,
-        weighting=weighting,
-        init_params=_fixed_params(theta0),
+    alg = with_initial_params(
+        ifca(linear_model, sgd(lr, steps=tau), num_clusters=k, option="model",
+             weighting=weighting),
+        _fixed_params(theta0),
     )
     state = alg.init(jax.random.key(0), ragged)
     new, metrics = jax.jit(alg.round)(state, ragged, jax.random.key(1))
@@ -188,7 +177,7 @@ def test_ifca_model_round_equals_per_client_loop(ragged, linear_model, ref, weig
     real = n > 0
     np.testing.assert_array_equal(
         metrics["cluster_sizes"], np.bincount(np.asarray(assign)[real], minlength=k))
-    np.testing.assert_allclose(metrics["train_loss"], np.mean(np.asarray(chosen_loss)[real]),
+    np.testing.assert_allclose(metrics["cohort_loss"], np.mean(np.asarray(chosen_loss)[real]),
                                rtol=1e-4)
     np.testing.assert_array_equal(new.stable, 0)  # the first assignment is a change
     assert int(new.round) == 1
@@ -212,13 +201,13 @@ def test_ifca_recovers_clusters_on_linear_mixture(ref):
         star = np.asarray(prob.theta_star)
         return np.mean([min(np.linalg.norm(p - s) for s in star) for p in np.asarray(params)])
 
-    alg = ifca(model, num_clusters=k, option="gradient", learning_rate=0.1)
+    alg = ifca(model, sgd(0.1), num_clusters=k, option="gradient")
     state, metrics = _run(alg, prob.train, init_key, round_keys)
     assert ref.perm_accuracy(state.assignment, prob.train.cluster, k) == 1.0
     test_assign = alg.evaluate(state, prob.test)["assignment"]
     assert ref.perm_accuracy(test_assign, prob.test.cluster, k) == 1.0
     assert min_dist(state.cluster_params) < 0.6 * sigma
-    assert metrics["train_loss"][-1] < 2 * sigma**2  # the noise level, σ² = 0.01
+    assert metrics["cohort_loss"][-1] < 2 * sigma**2  # the noise level, σ² = 0.01
 
     x = np.asarray(prob.train.x, np.float64).reshape(m * n, d)
     pooled = np.linalg.lstsq(x, np.asarray(prob.train.y, np.float64).ravel(), rcond=None)[0]
@@ -245,14 +234,11 @@ def test_ifca_participation_cohort(linear_model, ref, option, divide_by):
     lr, tau = 0.05, 2
     # Everyone sits in cluster 0 (a bad model); any participant will move to cluster 1.
     theta0 = np.array([[50.0, 50.0, 50.0], [1.0, -1.0, 0.0]])
-    alg = ifca(
-        linear_model,
-        num_clusters=2,
-        option=option,
-        learning_rate=lr,
-        participation=0.5,
-        init_params=_fixed_params(theta0),
-        **({"local_steps": tau} if option == "model" else {"divide_by": divide_by}),
+    training = sgd(lr, steps=tau) if option == "model" else sgd(lr)
+    alg = with_initial_params(
+        ifca(linear_model, training, num_clusters=2, option=option, participation=0.5,
+             **({} if option == "model" else {"divide_by": divide_by})),
+        _fixed_params(theta0),
     )
     base = alg.init(jax.random.key(0), data)
     base = base._replace(assignment=jnp.zeros(6, jnp.int32), stable=jnp.full(6, 5, jnp.int32))
@@ -291,13 +277,10 @@ def test_ifca_communication_reduction():
     rounds every client is frozen and gets only its own model (d instead of k·d)."""
     k, m, n, d, r = 2, 8, 20, 4, 2
     prob = linear_mixture(jax.random.key(1), k=k, m=m, n=n, d=d, sigma=0.1, R=1.0)
-    alg = ifca(
-        linear_regression(d),
-        num_clusters=k,
-        option="gradient",
-        learning_rate=0.05,
-        stable_rounds=r,
-        init_params=_fixed_params(prob.theta_star),
+    alg = with_initial_params(
+        ifca(linear_regression(d), sgd(0.05), num_clusters=k, option="gradient",
+             stable_rounds=r),
+        _fixed_params(prob.theta_star),
     )
     rounds = r + 4
     state = alg.init(jax.random.key(0), prob.train)
@@ -317,17 +300,19 @@ def test_ifca_communication_reduction():
 # --------------------------------------------------------------------------- registry-wide
 
 
-_POOL = dict(learning_rate=0.05, num_clusters=2, local_steps=2, pretrain_steps=3, kmeans_restarts=2)
+_TRAINING = sgd(0.05, steps=2)
+_POOL = dict(num_clusters=2, pretraining=sgd(0.05, steps=3), kmeans_restarts=2)
 
 
 def _build(name, model):
-    """The registered factory with whichever of the pooled settings it accepts."""
+    """The registered factory with the pooled training and whichever of the pooled settings
+    it accepts."""
     factory = ALGORITHMS[name]
     accepted = inspect.signature(factory).parameters
     pool = dict(_POOL, option="model") if name == "ifca" else _POOL  # option I has no τ
     if name.startswith("mixed_"):  # Mixed FL needs a centralized loss: here a server regularizer
         pool = dict(pool, central_loss=l2_regularizer(0.1))
-    return factory(model, **{k: v for k, v in pool.items() if k in accepted})
+    return factory(model, _TRAINING, **{k: v for k, v in pool.items() if k in accepted})
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
@@ -375,7 +360,7 @@ def test_registry_smoke_determinism_single_trace(name, ragged, linear_model):
 @functools.cache
 def _ifca_with_cohorts(model):
     """One IFCA object shared by the tests below, so `_run` compiles it once."""
-    return ifca(model, num_clusters=2, option="gradient", learning_rate=0.05, participation=0.6)
+    return ifca(model, sgd(0.05), num_clusters=2, option="gradient", participation=0.6)
 
 
 def test_ifca_partial_participation_deterministic(ragged, linear_model):
@@ -429,7 +414,7 @@ def test_with_restarts_equals_plain_runs_with_folded_keys(ragged, linear_model):
 
 def test_local_models_round_is_local_training(ragged, linear_model, ref):
     lr, tau = 0.05, 3
-    alg = local_models(linear_model, learning_rate=lr, local_steps=tau)
+    alg = local_models(linear_model, sgd(lr, steps=tau))
     state = alg.init(jax.random.key(0), ragged)
     np.testing.assert_array_equal(
         state.params, np.broadcast_to(state.params[0], state.params.shape)
@@ -449,8 +434,8 @@ def test_ifca_traced_learning_rate_sweep(ragged, linear_model):
     lrs = jnp.asarray([0.01, 0.1])
 
     def one(lr):
-        alg = ifca(
-            linear_model, num_clusters=2, learning_rate=lr, init_params=_fixed_params(theta0)
+        alg = with_initial_params(
+            ifca(linear_model, sgd(lr), num_clusters=2), _fixed_params(theta0)
         )
         state = alg.init(jax.random.key(0), ragged)
         return alg.round(state, ragged, jax.random.key(1))[0].cluster_params
@@ -464,6 +449,22 @@ def test_ifca_traced_learning_rate_sweep(ragged, linear_model):
 # --------------------------------------------------------------------------- validation
 
 
+# How a client trains is one object, checked where it is built: the settings that were
+# factory keywords (learning_rate, local_steps, batch_size) are refused by `sgd` /
+# `ClientTraining`, keyed by the names they have there (local_steps is `steps`).
+_TRAINING_KEYS = ("learning_rate", "steps", "batch_size")
+
+
+def _with_training(factory, model, kwargs):
+    """factory(model, sgd(the training keys of kwargs), the rest); no learning rate: no
+    training at all (None), which every factory that trains clients must refuse."""
+    training = {k: v for k, v in kwargs.items() if k in _TRAINING_KEYS}
+    rest = {k: v for k, v in kwargs.items() if k not in _TRAINING_KEYS}
+    if "learning_rate" not in training:
+        return factory(model, None, **rest)
+    return factory(model, sgd(training.pop("learning_rate"), **training), **rest)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
@@ -471,20 +472,20 @@ def test_ifca_traced_learning_rate_sweep(ragged, linear_model):
         (dict(num_clusters=1.5, learning_rate=0.1), "num_clusters"),
         (dict(num_clusters=2, learning_rate=-0.1), "learning_rate"),
         (dict(num_clusters=2, learning_rate=float("nan")), "learning_rate"),
-        (dict(num_clusters=2), "learning_rate"),
+        (dict(num_clusters=2), "ClientTraining"),  # was: no learning_rate given
         (dict(num_clusters=2, learning_rate=0.1, option="hybrid"), "option"),
         (dict(num_clusters=2, learning_rate=0.1, weighting="loss"), "weighting"),
         (dict(num_clusters=2, learning_rate=0.1, participation=0.0), "participation"),
         (dict(num_clusters=2, learning_rate=0.1, participation=1.5), "participation"),
         (dict(num_clusters=2, learning_rate=0.1, participation=float("nan")), "participation"),
-        (dict(num_clusters=2, learning_rate=0.1, local_steps=0), "local_steps"),
+        (dict(num_clusters=2, learning_rate=0.1, steps=0), "steps"),
         (dict(num_clusters=2, learning_rate=0.1, batch_size=0), "batch_size"),
         (dict(num_clusters=2, learning_rate=0.1, stable_rounds=0), "stable_rounds"),
     ],
 )
 def test_ifca_rejects_bad_settings(linear_model, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        ifca(linear_model, **kwargs)
+        _with_training(ifca, linear_model, kwargs)
 
 
 @pytest.mark.parametrize(
@@ -494,25 +495,41 @@ def test_ifca_rejects_bad_settings(linear_model, kwargs, match):
         (dict(learning_rate=float("nan")), "learning_rate"),
         (dict(learning_rate=0.1, weighting="median"), "weighting"),
         (dict(learning_rate=0.1, participation=2.0), "participation"),
-        (dict(learning_rate=0.1, local_steps=0), "local_steps"),
+        (dict(learning_rate=0.1, steps=0), "steps"),
     ],
 )
 def test_fedavg_rejects_bad_settings(linear_model, kwargs, match):
     with pytest.raises(ValueError, match=match):
-        fedavg(linear_model, **kwargs)
+        _with_training(fedavg, linear_model, kwargs)
 
 
 @pytest.mark.parametrize("lr", [np.float32(np.nan), np.float32(-0.1), np.float64(np.nan)])
-def test_client_optimizer_rejects_bad_numpy_learning_rate(lr):
+def test_sgd_rejects_bad_numpy_learning_rate(lr):
     """A numpy scalar is a concrete number too: it must be range-checked like a float."""
     with pytest.raises(ValueError, match="learning_rate"):
-        client_optimizer(None, lr)
+        sgd(lr)
 
 
-def test_client_optimizer_accepts_good_values():
-    assert isinstance(client_optimizer(None, 0.0), optax.GradientTransformation)
-    sgd = optax.sgd(0.3)
-    assert client_optimizer(sgd, None) is sgd
+def test_client_training_accepts_good_values():
+    assert isinstance(sgd(0.0).optimizer, optax.GradientTransformation)
+    opt = optax.sgd(0.3)
+    assert ClientTraining(opt).optimizer is opt
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(steps=0), "steps"),
+        (dict(steps=1.5), "steps"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(sampling="shuffled"), "sampling"),
+    ],
+)
+def test_client_training_rejects_bad_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ClientTraining(optax.sgd(0.1), **kwargs)
+    with pytest.raises(ValueError, match="optimizer"):
+        ClientTraining(0.1)
 
 
 def test_get_algorithm():
@@ -523,16 +540,20 @@ def test_get_algorithm():
 
 def test_with_restarts_rejects_zero(linear_model):
     with pytest.raises(ValueError, match="restarts"):
-        with_restarts(fedavg(linear_model, learning_rate=0.1), 0)
+        with_restarts(fedavg(linear_model, sgd(0.1)), 0)
 
 
 def test_one_shot_rejects_more_clusters_than_clients(ragged, linear_model):
     with pytest.raises(ValueError, match="num_clusters"):
-        one_shot_clustering(linear_model, num_clusters=9, learning_rate=0.1).init(
+        one_shot_clustering(linear_model, sgd(0.1), num_clusters=9).init(
             jax.random.key(0), ragged
         )
-    with pytest.raises(ValueError, match="pretrain_steps"):
-        one_shot_clustering(linear_model, num_clusters=2, learning_rate=0.1, pretrain_steps=0)
+    # The local pre-training's steps are its ClientTraining's (was pretrain_steps=0).
+    with pytest.raises(ValueError, match="steps"):
+        one_shot_clustering(linear_model, sgd(0.1), num_clusters=2,
+                            pretraining=sgd(0.1, steps=0))
+    with pytest.raises(ValueError, match="ClientTraining"):
+        one_shot_clustering(linear_model, sgd(0.1), num_clusters=2, pretraining=100)
 
 
 def test_federated_data_rejects_mismatched_shapes():

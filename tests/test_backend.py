@@ -6,7 +6,7 @@ import jax
 import numpy as np
 
 from fedjax_sim import backend
-from fedjax_sim.algorithms import ifca
+from fedjax_sim.algorithms import ifca, sgd
 from fedjax_sim.data import linear_mixture
 from fedjax_sim.models import linear_regression
 
@@ -33,7 +33,7 @@ def test_compiler_options_by_feature_size():
 def test_options_change_only_speed():
     """The IFCA round compiled with and without the narrow-feature options agrees."""
     data = linear_mixture(jax.random.key(0), k=4, m=40, n=5, d=6, sigma=0.3, R=0.5).train
-    alg = ifca(linear_regression(6), num_clusters=4, learning_rate=0.1)
+    alg = ifca(linear_regression(6), sgd(0.1), num_clusters=4)
     state = alg.init(jax.random.key(1), data)
     key = jax.random.key(2)
     narrow = backend.jit(alg.round, 6)(state, data, key)[0]

@@ -17,8 +17,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_sim.algorithms import afl, cfl, ditto, fedavg, hypcluster, ifca, robust_ifca
+from fedjax_sim.algorithms import (
+    afl,
+    cfl,
+    ditto,
+    fedavg,
+    hypcluster,
+    ifca,
+    robust_ifca,
+    sgd,
+    with_initial_params,
+)
 from fedjax_sim.data import FederatedData
+from fedjax_sim.execution import planned
 from fedjax_sim.models import linear_regression
 from fedjax_sim.ops.clustering import optimal_bipartition
 
@@ -93,8 +104,7 @@ def afl_reference(ref, theta, lam, data, ids, gamma):
 @pytest.mark.parametrize("participation", [1.0, 0.6])
 def test_afl_round_equals_per_client_loop(ragged, linear_model, ref, participation):
     gamma = 0.3
-    alg = afl(linear_model, learning_rate=LR, local_steps=TAU, participation=participation,
-              lambda_lr=gamma)
+    alg = afl(linear_model, sgd(LR, steps=TAU), participation=participation, lambda_lr=gamma)
     state = start = alg.init(jax.random.key(0), ragged)
     n = np.asarray(ragged.num_examples)
     np.testing.assert_allclose(state.lam, (n > 0) / np.sum(n > 0))  # empty client: λ = 0
@@ -105,6 +115,45 @@ def test_afl_round_equals_per_client_loop(ragged, linear_model, ref, participati
         np.testing.assert_allclose(state.params, theta, rtol=RTOL, atol=ATOL)
         np.testing.assert_allclose(state.lam, lam, atol=1e-6)
     assert lam[2] == 0 and not np.allclose(lam, lam[0] * (n > 0))  # λ moved, not to the empty
+
+
+@pytest.mark.parametrize("participation", [1.0, 0.6])
+def test_afl_evaluates_the_averaged_iterates(ragged, linear_model, ref, participation):
+    """Stochastic-AFL's output: w^A = (1/T) Σ_{t=1..T} w_t and λ^A likewise, the iterates
+    after each update (not w_0); before any round the start. `evaluate_iterate="last"`:
+    w_T and λ_T."""
+    gamma = 0.3
+    kw = dict(participation=participation, lambda_lr=gamma)
+    averaged = afl(linear_model, sgd(LR, steps=TAU), **kw)
+    last = afl(linear_model, sgd(LR, steps=TAU), evaluate_iterate="last", **kw)
+    start = averaged.init(jax.random.key(0), ragged)
+    x, y, n = _np(ragged)
+
+    def losses(theta):
+        return [ref.loss(theta, x[i], y[i], n[i]) for i in range(len(n))]
+
+    theta = np.asarray(start.params, np.float64)
+    lam = np.asarray(start.lam, np.float64)
+    np.testing.assert_allclose(averaged.evaluate(start, ragged)["client_loss"], losses(theta),
+                               rtol=1e-5, atol=1e-7)
+    thetas, lams = [], []
+    s = round(participation * 5)
+    for key, state in _rounds(averaged, ragged, start, KEYS):
+        theta, lam = afl_reference(ref, theta, lam, ragged, _cohort_ids(key, 5, s), gamma)
+        thetas.append(theta)
+        lams.append(lam)
+        w_avg, lam_avg = np.mean(thetas, axis=0), np.mean(lams, axis=0)
+        np.testing.assert_allclose(state.params_avg, w_avg, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(state.lam_avg, lam_avg, atol=1e-6)
+        out = averaged.evaluate(state, ragged)
+        np.testing.assert_allclose(out["client_loss"], losses(w_avg), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(out["client_lambda"], lam_avg, atol=1e-6)
+        out = last.evaluate(state, ragged)
+        np.testing.assert_allclose(out["client_loss"], losses(theta), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(out["client_lambda"], lam, atol=1e-6)
+    assert not np.allclose(losses(w_avg), losses(theta), rtol=1e-3)  # the two differ here
+    with pytest.raises(ValueError, match="evaluate_iterate"):
+        afl(linear_model, sgd(LR), evaluate_iterate="mean")
 
 
 def _spread_problem(rows=20):
@@ -120,8 +169,8 @@ def _spread_problem(rows=20):
 def test_afl_lowers_the_worst_clients_loss_below_fedavgs():
     data, model = _spread_problem()
     worst = {}
-    for name, alg in (("fedavg", fedavg(model, learning_rate=0.1)),
-                      ("afl", afl(model, learning_rate=0.1, lambda_lr=0.1))):
+    for name, alg in (("fedavg", fedavg(model, sgd(0.1))),
+                      ("afl", afl(model, sgd(0.1), lambda_lr=0.1))):
         state = alg.init(jax.random.key(0), data)
         state, _ = jax.lax.scan(lambda st, k, a=alg: a.round(st, data, k), state,
                                 jax.random.split(jax.random.key(1), 300))
@@ -158,7 +207,7 @@ def hypcluster_reference(ref, params, assignment, data, ids):
 
 @pytest.mark.parametrize("participation", [1.0, 0.6])
 def test_hypcluster_round_equals_per_client_loop(ragged, linear_model, ref, participation):
-    alg = hypcluster(linear_model, num_clusters=2, learning_rate=LR, local_steps=TAU,
+    alg = hypcluster(linear_model, sgd(LR, steps=TAU), num_clusters=2,
                      participation=participation)
     state = start = alg.init(jax.random.key(0), ragged)._replace(
         cluster_params=jnp.asarray(_two_models()))
@@ -168,20 +217,44 @@ def test_hypcluster_round_equals_per_client_loop(ragged, linear_model, ref, part
         params, assignment = hypcluster_reference(ref, params, assignment, ragged,
                                                   _cohort_ids(key, 5, s))
         np.testing.assert_allclose(state.cluster_params, params, rtol=RTOL, atol=ATOL)
-        np.testing.assert_array_equal(state.assignment, assignment)
-    out = alg.evaluate(state, ragged)  # scored with the last round's (training) choice
-    x, y, n = _np(ragged)
-    for i in np.flatnonzero(assignment >= 0):
-        np.testing.assert_allclose(out["client_loss"][i],
-                                   ref.loss(params[assignment[i]], x[i], y[i], n[i]), rtol=1e-5,
-                                   atol=1e-7)
-    assert out["assignment"][2] == -1
+        np.testing.assert_array_equal(state.assignment, assignment)  # the training-time choice
+        evaluation_equals_choice_under_current_hypotheses(alg, state, ragged, params, ref)
+
+
+def evaluation_equals_choice_under_current_hypotheses(alg, state, data, params, ref):
+    """Mansour et al. / FedJAX's HypClusterEvaluator: each client takes the hypothesis of
+    lowest loss on its data under the current h_j (ties: the first) and is scored with it."""
+    out = alg.evaluate(state, data)
+    x, y, n = _np(data)
+    for i in range(len(n)):
+        if n[i] == 0:
+            assert out["assignment"][i] == -1 and out["client_weight"][i] == 0
+            continue
+        losses = [ref.loss(p, x[i], y[i], n[i]) for p in params]
+        j = int(np.argmin(losses))
+        assert out["assignment"][i] == j, i
+        np.testing.assert_allclose(out["client_loss"][i], losses[j], rtol=1e-5, atol=1e-7)
+
+
+def test_hypcluster_evaluation_ignores_the_training_time_assignment(ragged, linear_model, ref):
+    """The state's assignment (each client's choice at the start of its last round) is not
+    read by the evaluation: with every stored choice flipped the clients are still scored
+    with their best current hypothesis."""
+    alg = hypcluster(linear_model, sgd(LR, steps=TAU), num_clusters=2)
+    state = alg.init(jax.random.key(0), ragged)._replace(
+        cluster_params=jnp.asarray(_two_models()))
+    state, _ = jax.jit(alg.round)(state, ragged, KEYS[0])
+    flipped = state._replace(assignment=jnp.where(state.assignment >= 0,
+                                                  1 - state.assignment, -1))
+    chex.assert_trees_all_equal(alg.evaluate(flipped, ragged), alg.evaluate(state, ragged))
+    evaluation_equals_choice_under_current_hypotheses(
+        alg, flipped, ragged, np.asarray(state.cluster_params, np.float64), ref)
 
 
 def test_hypcluster_k1_equals_fedavg_with_example_weights(ragged, linear_model):
-    kw = dict(learning_rate=LR, local_steps=TAU, batch_size=2, participation=0.6)
-    h = hypcluster(linear_model, num_clusters=1, **kw)
-    f = fedavg(linear_model, weighting="examples", **kw)
+    training, kw = sgd(LR, steps=TAU, batch_size=2), dict(participation=0.6)
+    h = hypcluster(linear_model, training, num_clusters=1, **kw)
+    f = fedavg(linear_model, training, weighting="examples", **kw)
     sf = f.init(jax.random.key(0), ragged)
     sh = h.init(jax.random.key(0), ragged)._replace(cluster_params=sf.params[None])
     rh, rf = jax.jit(h.round), jax.jit(f.round)
@@ -195,7 +268,7 @@ def test_hypcluster_kmeans_init_picks_client_models_far_apart(ref):
     """k-means++ (FedJAX's variant): the second hypothesis is the model of the client the
     first fits worst; with two opposite groups the two come from different groups."""
     data, model = _opposite_clusters()
-    alg = hypcluster(model, num_clusters=2, learning_rate=0.1, init="kmeans++", init_steps=30)
+    alg = hypcluster(model, sgd(0.1), num_clusters=2, init="kmeans++", init_steps=30)
     params = np.asarray(alg.init(jax.random.key(0), data).cluster_params)
     truth = np.asarray(data.cluster)
     x, y, n = _np(data)
@@ -221,7 +294,7 @@ def ditto_reference(ref, w, personal, data, ids, lam, personal_steps):
 @pytest.mark.parametrize("participation", [1.0, 0.6])
 def test_ditto_round_equals_per_client_loop(ragged, linear_model, ref, participation):
     lam = 0.5
-    alg = ditto(linear_model, learning_rate=LR, local_steps=TAU, personal_steps=3,
+    alg = ditto(linear_model, sgd(LR, steps=TAU), personal=sgd(LR, steps=3),
                 ditto_lambda=lam, participation=participation)
     state = start = alg.init(jax.random.key(0), ragged)
     w = w0 = np.asarray(state.params, np.float64)
@@ -241,8 +314,9 @@ def test_ditto_round_equals_per_client_loop(ragged, linear_model, ref, participa
 
 
 def test_ditto_global_model_is_fedavgs(ragged, linear_model):
-    kw = dict(learning_rate=LR, local_steps=TAU, batch_size=2, participation=0.6)
-    d, f = ditto(linear_model, ditto_lambda=0.3, **kw), fedavg(linear_model, **kw)
+    training, kw = sgd(LR, steps=TAU, batch_size=2), dict(participation=0.6)
+    d = ditto(linear_model, training, ditto_lambda=0.3, **kw)
+    f = fedavg(linear_model, training, **kw)
     sd, sf = d.init(jax.random.key(0), ragged), f.init(jax.random.key(0), ragged)
     for key in jax.random.split(jax.random.key(5), 3):
         sd, _ = jax.jit(d.round)(sd, ragged, key)
@@ -290,7 +364,7 @@ def robust_reference(ref, params, assignment, lam, data, ids, gamma):
 @pytest.mark.parametrize("participation", [1.0, 0.6])
 def test_robust_ifca_round_equals_per_client_loop(ragged, linear_model, ref, participation):
     gamma = 0.2
-    alg = robust_ifca(linear_model, num_clusters=2, learning_rate=LR, local_steps=TAU,
+    alg = robust_ifca(linear_model, sgd(LR, steps=TAU), num_clusters=2,
                       participation=participation, lambda_lr=gamma)
     state = start = alg.init(jax.random.key(0), ragged)._replace(
         cluster_params=jnp.asarray(_two_models()))
@@ -310,10 +384,12 @@ def test_robust_ifca_round_equals_per_client_loop(ragged, linear_model, ref, par
 
 def test_robust_ifca_with_lambda_step_0_equals_ifca_option_ii(ragged, linear_model):
     """Equal to float rounding (Σλθ/Σλ against Σθ/count), with minibatches and a cohort."""
-    kw = dict(num_clusters=2, learning_rate=LR, local_steps=TAU, batch_size=2, participation=0.6)
+    training, kw = sgd(LR, steps=TAU, batch_size=2), dict(num_clusters=2, participation=0.6)
     start = jnp.asarray(_two_models())
-    r = robust_ifca(linear_model, lambda_lr=0.0, init_params=lambda key: start, **kw)
-    i = ifca(linear_model, option="model", init_params=lambda key: start, **kw)
+    r = with_initial_params(robust_ifca(linear_model, training, lambda_lr=0.0, **kw),
+                            lambda key: start)
+    i = with_initial_params(ifca(linear_model, training, option="model", **kw),
+                            lambda key: start)
     sr, si = r.init(jax.random.key(0), ragged), i.init(jax.random.key(0), ragged)
     rr, ri = jax.jit(r.round), jax.jit(i.round)
     for key in jax.random.split(jax.random.key(11), 6):
@@ -406,8 +482,8 @@ def test_cfl_round_equals_per_client_loop(ragged, linear_model, ref, participati
     """ε₁ = 10³, ε₂ = 0: every cluster with two members splits until the 3 slots are used
     (round 1 splits cluster 0; round 2 splits one more, the other finds no free slot).
     ε₁ = 0: never."""
-    alg = cfl(linear_model, learning_rate=LR, local_steps=TAU, participation=participation,
-              max_clusters=3, eps1=eps1, eps2=0.0)
+    alg = cfl(linear_model, sgd(LR, steps=TAU), participation=participation, max_clusters=3,
+              eps1=eps1, eps2=0.0)
     state = start = alg.init(jax.random.key(0), ragged)
     params = np.asarray(state.cluster_params, np.float64)
     cid, used = np.zeros(5, int), 1
@@ -415,7 +491,7 @@ def test_cfl_round_equals_per_client_loop(ragged, linear_model, ref, participati
     for key, state in _rounds(alg, ragged, start, KEYS):
         params, cid, used = cfl_reference(ref, params, cid, used, ragged,
                                           list(_cohort_ids(key, 5, s)), eps1, 0.0)
-        np.testing.assert_array_equal(state.cluster_id, cid)
+        np.testing.assert_array_equal(state.assignment, cid)
         assert int(state.num_clusters) == used
         np.testing.assert_allclose(state.cluster_params, params, rtol=RTOL, atol=ATOL)
     assert used == (3 if eps1 > 0 else 1)
@@ -434,14 +510,14 @@ def _opposite_clusters(rows=20, d=3):
 
 def test_cfl_separates_two_clusters_with_opposite_optima(ref):
     data, model = _opposite_clusters()
-    alg = cfl(model, learning_rate=0.05, max_clusters=4, eps1=0.05, eps2=0.1)
+    alg = cfl(model, sgd(0.05), max_clusters=4, eps1=0.05, eps2=0.1)
     state = alg.init(jax.random.key(0), data)
     state, metrics = jax.lax.scan(lambda st, k: alg.round(st, data, k), state,
                                   jax.random.split(jax.random.key(1), 80))
     assert int(state.num_clusters) == 2
     assert int(np.sum(metrics["splits"])) == 1
     truth = np.asarray(data.cluster)
-    assert ref.perm_accuracy(np.asarray(state.cluster_id), truth, 2) == 1.0
+    assert ref.perm_accuracy(np.asarray(state.assignment), truth, 2) == 1.0
     out = alg.evaluate(state, data)
     assert float(jnp.max(out["client_loss"])) < 0.05  # each cluster at its own optimum
 
@@ -457,11 +533,11 @@ def test_cfl_separates_two_clusters_with_opposite_optima(ref):
 def test_state_declares_its_client_axes(ragged, linear_model):
     """Per-client leaves are declared (devices shard them by this, never by shape)."""
     for alg, fields in (
-        (afl(linear_model, learning_rate=LR), ("lam", "lam_avg")),
-        (hypcluster(linear_model, num_clusters=2, learning_rate=LR), ("assignment",)),
-        (cfl(linear_model, learning_rate=LR), ("cluster_id",)),
-        (ditto(linear_model, learning_rate=LR), ("personal",)),
-        (robust_ifca(linear_model, num_clusters=2, learning_rate=LR), ("assignment", "lam")),
+        (afl(linear_model, sgd(LR)), ("lam", "lam_avg")),
+        (hypcluster(linear_model, sgd(LR), num_clusters=2), ("assignment",)),
+        (cfl(linear_model, sgd(LR)), ("assignment",)),
+        (ditto(linear_model, sgd(LR)), ("personal",)),
+        (robust_ifca(linear_model, sgd(LR), num_clusters=2), ("assignment", "lam")),
     ):
         state = alg.init(jax.random.key(0), ragged)
         axes = alg.client_axes(state)
@@ -474,19 +550,19 @@ def test_state_declares_its_client_axes(ragged, linear_model):
 
 @pytest.mark.parametrize("name", ["afl", "hypcluster", "cfl", "ditto", "robust_ifca"])
 def test_client_chunks_equal_the_whole_cohort(ragged, linear_model, name):
-    """client_chunk=2 (3 chunks, one padded) gives the whole-cohort round to float rounding."""
+    """Chunks of 2 clients (3 chunks, one padded; the data's execution plan) give the
+    whole-cohort round and evaluation to float rounding."""
     factory = {"afl": afl, "hypcluster": hypcluster, "cfl": cfl, "ditto": ditto,
                "robust_ifca": robust_ifca}[name]
-    kw = dict(learning_rate=LR, local_steps=TAU, batch_size=2)
-    kw.update({"afl": dict(lambda_lr=0.3), "hypcluster": dict(num_clusters=2),
-               "cfl": dict(max_clusters=3, eps1=1e3, eps2=0.0), "ditto": {},
-               "robust_ifca": dict(num_clusters=2, lambda_lr=0.2)}[name])
+    kw = {"afl": dict(lambda_lr=0.3), "hypcluster": dict(num_clusters=2),
+          "cfl": dict(max_clusters=3, eps1=1e3, eps2=0.0), "ditto": {},
+          "robust_ifca": dict(num_clusters=2, lambda_lr=0.2)}[name]
+    alg = factory(linear_model, sgd(LR, steps=TAU, batch_size=2), **kw)
+    round_ = jax.jit(alg.round)
     states = []
-    for chunk in (None, 2):
-        alg = factory(linear_model, client_chunk=chunk, **kw)
-        state = alg.init(jax.random.key(0), ragged)
-        round_ = jax.jit(alg.round)
+    for data in (ragged, planned(ragged, client_chunk=2)):
+        state = alg.init(jax.random.key(0), data)
         for key in KEYS[:2]:
-            state, _ = round_(state, ragged, key)
-        states.append((state, alg.evaluate(state, ragged)))
+            state, _ = round_(state, data, key)
+        states.append((state, alg.evaluate(state, data)))
     chex.assert_trees_all_close(states[0], states[1], rtol=1e-5, atol=1e-6)

@@ -114,19 +114,6 @@ def test_thunk_profile_counts_loop_bodies_and_self_times():
     assert max(p["us_per_call"] for p in loops) < body, profile
 
 
-def test_old_new_blocks_alternate_which_runs_first_and_summary_by_hand():
-    order = []
-    arms = {name: harness.Arm(lambda name=name: order.append(name), min_calls=1, max_calls=1)
-            for name in ("new", "old")}
-    times = harness.old_new_blocks(arms, blocks=4)
-    assert order == ["old", "new", "new", "old", "old", "new", "new", "old"]
-    assert [len(t) for t in times["old"]] == [1, 1, 1, 1]
-    summary = harness.new_over_old([2.0, 4.0, 1.0], [1.0, 4.0, 2.0])
-    assert summary["old_s"] == summary["new_s"] == 2.0 and summary["new_over_old"] == 1.0
-    assert summary["block_ratio_median"] == 1.0  # ratios 0.5, 1, 2
-    assert (summary["block_ratio_q1"], summary["block_ratio_q3"]) == (0.5, 2.0)
-
-
 def test_probes_report_positive_ceilings():
     stream = harness.stream_bandwidth(1 << 14, reps=2)
     matmul = harness.matmul_peak(32, reps=2)
@@ -223,24 +210,6 @@ def test_use_checkout_refuses_a_directory_without_fedjax_sim(tmp_path):
 def test_use_checkout_default_is_this_repository():
     module = harness.use_checkout()
     assert pathlib.Path(module.__file__).resolve().is_relative_to(harness.REPO / "fedjax_sim")
-
-
-def test_import_fresh_imports_two_checkouts_in_turn(fake_checkout, tmp_path):
-    """Old-vs-new A/B scripts import one checkout, then the other, in one process."""
-    other = tmp_path / "other"
-    shutil.copytree(fake_checkout, other)
-    (other / "fedjax_sim" / "core.py").write_text("def f():\n    return 2\n")
-    got = _python(
-        """
-        import json, harness
-        a = harness.import_fresh(sys.argv[1], ["core"])["core"]
-        b = harness.import_fresh(sys.argv[2], ["core"])["core"]
-        print(json.dumps({"a": [a.f(), a.__file__], "b": [b.f(), b.__file__]}))
-        """,
-        str(fake_checkout), str(other),
-    )
-    assert got == {"a": [1, str(fake_checkout / "fedjax_sim" / "core.py")],
-                   "b": [2, str(other / "fedjax_sim" / "core.py")]}
 
 
 def test_use_checkout_imports_from_the_checkout_and_detects_another_copy(fake_checkout, tmp_path):

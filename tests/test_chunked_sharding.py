@@ -26,17 +26,18 @@ SCRIPT = textwrap.dedent(
     import jax, numpy as np
     from fedjax_sim import parallel, simulate
     from federations import eight_clients, evaluate_as_run
-    from fedjax_sim.algorithms import ifca
+    from fedjax_sim.algorithms import ifca, sgd
+    from fedjax_sim.execution import planned
     from fedjax_sim.ops import cluster_losses
 
     data, model = eight_clients()
     mesh = parallel.make_mesh(4)
-    options = {
-        "I": {"num_clusters": 2, "learning_rate": 0.1},
-        "II": {"num_clusters": 2, "learning_rate": 0.1, "option": "model", "local_steps": 2,
-               "batch_size": 3, "stable_rounds": 2},
-        "II-partial": {"num_clusters": 2, "learning_rate": 0.1, "option": "model",
-                       "local_steps": 2, "batch_size": 3, "participation": 0.5},
+    options = {  # (training, settings)
+        "I": (sgd(0.1), {"num_clusters": 2}),
+        "II": (sgd(0.1, steps=2, batch_size=3),
+               {"num_clusters": 2, "option": "model", "stable_rounds": 2}),
+        "II-partial": (sgd(0.1, steps=2, batch_size=3),
+                       {"num_clusters": 2, "option": "model", "participation": 0.5}),
     }
     COLLECTIVE = re.compile(
         r"= (.+?) (all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter)"
@@ -51,15 +52,16 @@ SCRIPT = textwrap.dedent(
         return sorted(found)
 
     out = {"runs": {}, "hlo": {}}
-    for name, kwargs in options.items():
+    for name, (training, kwargs) in options.items():
+        algorithm = ifca(model, training, **kwargs)
         for devices, chunk in ((1, None), (4, 4), (4, 3)):
-            algorithm = ifca(model, client_chunk=chunk, **kwargs)
+            chunked = planned(data, client_chunk=chunk)  # the chunk rides on the data
             run_mesh = None if devices == 1 else mesh
             state, history = simulate.run(
-                algorithm, data, jax.random.key(7), rounds=5, eval_every=5, progress=False,
-                mesh=run_mesh,
+                algorithm, chunked, jax.random.key(7), rounds=5, eval_every=5,
+                progress=False, mesh=run_mesh,
             )
-            ev = evaluate_as_run(algorithm, state, data, run_mesh)
+            ev = evaluate_as_run(algorithm, state, chunked, run_mesh)
             out["runs"][f"{name}/{devices}/{chunk}"] = {
                 "leaves": [np.asarray(x).tolist() for x in jax.tree.leaves(state)],
                 "assignment": np.asarray(ev["assignment"]).tolist(),
@@ -67,9 +69,10 @@ SCRIPT = textwrap.dedent(
                 "history": history,
             }
 
-    sharded = parallel.shard_clients(data, mesh)
+    sharded = parallel.shard_clients(planned(data, client_chunk=4), mesh)
     for name in ("I", "II"):
-        algorithm = ifca(model, client_chunk=4, **options[name])
+        training, kwargs = options[name]
+        algorithm = ifca(model, training, **kwargs)
         state = jax.jit(algorithm.init)(jax.random.key(0), sharded)
         state = parallel.shard_state(state, algorithm.client_axes(state), mesh)
         out["hlo"][f"round {name}"] = collectives(

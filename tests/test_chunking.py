@@ -1,4 +1,4 @@
-"""The client axis in chunks (`client_chunk`) gives the unchunked results.
+"""The client axis in chunks (the execution plan's `client_chunk`) gives the unchunked results.
 
 Chunk sizes that divide the number of clients and ones that do not (the last
 chunk is padded with weight-0 copies), on a ragged federation with an empty
@@ -19,8 +19,17 @@ import optax
 import pytest
 
 from fedjax_sim import memory
-from fedjax_sim.algorithms import fedavg, ifca, local_models, one_shot_clustering, with_restarts
+from fedjax_sim.algorithms import (
+    ClientTraining,
+    fedavg,
+    ifca,
+    local_models,
+    one_shot_clustering,
+    sgd,
+    with_restarts,
+)
 from fedjax_sim.data import FederatedData
+from fedjax_sim.execution import Plan, planned
 from fedjax_sim.models import linear_regression, mlp_classifier
 from fedjax_sim.ops import (
     check_client_chunk,
@@ -138,8 +147,11 @@ def test_scan_client_chunks_padded_outputs_in_place(m, chunk):
 def test_check_client_chunk_rejects(bad):
     with pytest.raises(ValueError, match="client_chunk"):
         check_client_chunk(bad)
+    # The chunk is the executor's: a plan (and the data planned with it) refuses it.
     with pytest.raises(ValueError, match="client_chunk"):
-        ifca(_linear(), num_clusters=2, learning_rate=0.1, client_chunk=bad)
+        Plan(client_chunk=bad)
+    with pytest.raises(ValueError, match="client_chunk"):
+        planned(_data(), client_chunk=bad)
 
 
 # --------------------------------------------------------------------------- kernels
@@ -166,10 +178,10 @@ def _local_update(client_chunk):
     def run(params, data, keys, snapshot_step):
         return local_update(
             _linear(), opt, params, data, keys, num_steps=3, batch_size=2,
-            snapshot_step=snapshot_step, client_chunk=client_chunk,
+            snapshot_step=snapshot_step,
         )
 
-    return run(params, data, keys, jnp.int32(2))
+    return run(params, planned(data, client_chunk=client_chunk), keys, jnp.int32(2))
 
 
 @pytest.mark.parametrize("chunk", [3, 4])
@@ -179,41 +191,39 @@ def test_local_update_chunked_equals_unchunked(chunk):
 
 # --------------------------------------------------------------------------- algorithms
 
-# name -> (factory(client_chunk), problem). With 8 clients, chunk 3 leaves a
-# padded last chunk and 4 does not; with participation 0.75 the cohort has 6
-# clients, where 4 pads and 3 divides (and evaluate sees all 8).
+# name -> (factory(), problem); the chunk rides on the data (`planned`). With 8
+# clients, chunk 3 leaves a padded last chunk and 4 does not; with participation
+# 0.75 the cohort has 6 clients, where 4 pads and 3 divides (and evaluate sees all 8).
+# Each factory is cached: the chunked runs reuse the plain run's algorithm object.
 _CASES = {
     "ifca_gradient": (
-        lambda c: ifca(
-            _linear(), num_clusters=3, learning_rate=0.05, stable_rounds=1, client_chunk=c
-        ),
+        functools.cache(lambda: ifca(_linear(), sgd(0.05), num_clusters=3, stable_rounds=1)),
         _data,
     ),
     # A flax model (several leaves, accuracy in evaluate), an optimizer state,
     # minibatches, a cohort and frozen clients.
     "ifca_model": (
-        lambda c: ifca(
-            _mlp_problem()[0], optax.sgd(0.1, momentum=0.9), num_clusters=2, option="model",
-            local_steps=2, batch_size=2, participation=0.75, stable_rounds=1,
-            weighting="examples", client_chunk=c,
-        ),
+        functools.cache(lambda: ifca(
+            _mlp_problem()[0], ClientTraining(optax.sgd(0.1, momentum=0.9), steps=2,
+                                              batch_size=2),
+            num_clusters=2, option="model", participation=0.75, stable_rounds=1,
+            weighting="examples",
+        )),
         lambda: _mlp_problem()[1],
     ),
     "fedavg": (
-        lambda c: fedavg(
-            _linear(), learning_rate=0.05, local_steps=2, participation=0.75, client_chunk=c
-        ),
+        functools.cache(lambda: fedavg(_linear(), sgd(0.05, steps=2), participation=0.75)),
         _data,
     ),
     "local": (
-        lambda c: local_models(_linear(), learning_rate=0.05, local_steps=2, client_chunk=c),
+        functools.cache(lambda: local_models(_linear(), sgd(0.05, steps=2))),
         _data,
     ),
     "oneshot": (
-        lambda c: one_shot_clustering(
-            _linear(), num_clusters=2, learning_rate=0.05, pretrain_steps=2, kmeans_restarts=1,
-            client_chunk=c,
-        ),
+        functools.cache(lambda: one_shot_clustering(
+            _linear(), sgd(0.05), num_clusters=2, pretraining=sgd(0.05, steps=2),
+            kmeans_restarts=1,
+        )),
         _data,
     ),
 }
@@ -222,7 +232,7 @@ _CASES = {
 @functools.cache
 def _plain_run(name):
     build, problem = _CASES[name]
-    return _run(build(None), problem())
+    return _run(build(), problem())
 
 
 @pytest.mark.parametrize("chunk", [3, 4])
@@ -231,16 +241,15 @@ def test_algorithm_chunked_equals_unchunked(name, chunk):
     build, problem = _CASES[name]
     plain = _plain_run(name)
     # One-shot's init trains local models, which is chunked too: run it.
-    chunked = _run(build(chunk), problem(), None if name == "oneshot" else plain[0])
+    chunked = _run(build(), planned(problem(), client_chunk=chunk),
+                   None if name == "oneshot" else plain[0])
     _assert_same_run(plain, chunked)
 
 
 def test_with_restarts_chunked_equals_unchunked():
-    def build(c):
-        return with_restarts(ifca(_linear(), num_clusters=2, learning_rate=0.05, client_chunk=c), 2)
-
-    plain = _run(build(None), _data())
-    _assert_same_run(plain, _run(build(3), _data(), plain[0]))
+    alg = with_restarts(ifca(_linear(), sgd(0.05), num_clusters=2), 2)
+    plain = _run(alg, _data())
+    _assert_same_run(plain, _run(alg, planned(_data(), client_chunk=3), plain[0]))
 
 
 # --------------------------------------------------------------------------- memory helpers

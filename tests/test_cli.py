@@ -121,10 +121,13 @@ def test_unknown_preset_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "unknown preset for run 'no-such-preset'" in err and "ifca-synthetic" in err
     assert not out.exists()
-    # A success-sweep preset compares nothing.
+    # A success-sweep preset compares nothing: the line names it and the command to use.
     assert cli.main(["compare", "ifca-success-small", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "unknown preset for compare 'ifca-success-small'" in err
+    assert err == ("fedjax-sim: error: preset ifca-success-small is a sweep preset (commands: "
+                   "run, sweep); it has no compare: use `fedjax-sim sweep ifca-success-small` "
+                   "or `fedjax-sim run ifca-success-small` for one cell (--set each grid axis "
+                   "to one value).\n")
     assert not out.exists()
 
 
@@ -235,9 +238,18 @@ def test_every_success_preset_runs_one_cell(tmp_path, capsys, name):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["lr"] == 0.1 and summary["rounds_run"] == 5
     assert summary["success"] == (summary["final"]["min_dist"] < summary["success_threshold"])
-    # At the preset's defaults the grid's axes are lists: refused, naming one.
+    # At the preset's defaults the grid's axes are lists: refused in one line naming the
+    # preset, its axes and the sweep command.
+    capsys.readouterr()
     assert _main("run", name, "--out", str(tmp_path / "grid")) == 2
-    assert "takes one value here" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        f"fedjax-sim: error: preset {name} is a sweep preset: its defaults give ")
+    assert f"use `fedjax-sim sweep {name}`" in err
+    axes = [k for k, v in experiments.PRESETS[name].defaults.items()
+            if isinstance(v, list) and not experiments.PRESETS[name].experiment.declared[k]
+            .listable]
+    assert axes and all(f"{k}=" in err for k in axes)
     assert not (tmp_path / "grid").exists()
 
 

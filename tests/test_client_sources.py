@@ -22,7 +22,7 @@ import pytest
 from federations import eight_clients, evaluate_as_run, subprocess_env
 
 from fedjax_sim import ALGORITHMS, cli, logs, memory, simulate
-from fedjax_sim.algorithms import with_restarts, with_seeds
+from fedjax_sim.algorithms import sgd, with_restarts, with_seeds
 from fedjax_sim.data import (
     ClientViews,
     FederatedData,
@@ -41,6 +41,7 @@ from fedjax_sim.data.images import (
     rotated_views,
     rotation_maps,
 )
+from fedjax_sim.execution import planned
 from fedjax_sim.experiments import ifca_synthetic
 from fedjax_sim.experiments.ifca_synthetic.common import build_algorithm, metrics_fn
 from fedjax_sim.models.core import from_flax, linear_regression
@@ -127,10 +128,11 @@ def tiny_conv():
     return from_flax(Conv(), jnp.zeros((1, 8, 8)))
 
 
-# (name, data, model, algorithm kwargs, devices); every case runs over copies and over
-# views, on the device counts it names. Between them the cases cover every data kind (plain
-# ragged views with an empty client, rotated digits, rotated CIFAR-shaped images with
-# channels, a Dirichlet partition with appended noisy rows, two seeds on one base), IFCA's
+# (name, data, model, training, algorithm settings, client chunk, devices); every case runs
+# over copies and over views (planned with the chunk), on the device counts it names.
+# Between them the cases cover every data kind (plain ragged views with an empty client,
+# rotated digits, rotated CIFAR-shaped images with channels, a Dirichlet partition with
+# appended noisy rows, two seeds on one base), IFCA's
 # option I and II, FedAvg, an MLP and a convolution (a gather fused into a dot or a conv
 # must not change the result), whole cohorts and chunks (even, uneven, with partial
 # participation): chunked and unchunked on both 1 and 4 devices. On 4 devices, every data
@@ -138,24 +140,19 @@ def tiny_conv():
 # stacked rows over one replicated base) in a chunked case, and an unchunked one. Each case
 # compiles its own programs (the most of this test's time), so a case that adds nothing the
 # others lack is not here.
+LOCAL = sgd(0.1, steps=2, batch_size=5)
 ROUND_CASES = [
-    ("ifca", "linear", "linear", {"num_clusters": 2, "learning_rate": 0.1}, (1, 4)),
-    ("ifca", "linear", "linear", {"num_clusters": 2, "learning_rate": 0.1, "client_chunk": 3},
-     (1,)),
-    ("ifca", "linear", "linear", {"num_clusters": 2, "learning_rate": 0.1, "client_chunk": 4,
-                                  "participation": 0.5}, (1, 4)),
-    ("ifca", "digits", "mlp", {"num_clusters": 4, "learning_rate": 0.1, "option": "model",
-                               "local_steps": 2, "batch_size": 5, "client_chunk": 3,
-                               "participation": 0.5}, (1, 4)),
-    ("fedavg", "digits", "conv", {"learning_rate": 0.1, "local_steps": 2, "batch_size": 5},
-     (1,)),
-    ("ifca", "cifar", "mlp3", {"num_clusters": 2, "learning_rate": 0.1, "option": "model",
-                               "local_steps": 2, "batch_size": 5}, (1,)),
-    ("fedavg", "partition", "mlp", {"learning_rate": 0.1, "local_steps": 2, "batch_size": 5,
-                                    "client_chunk": 4, "participation": 0.5}, (1, 4)),
+    ("ifca", "linear", "linear", sgd(0.1), {"num_clusters": 2}, None, (1, 4)),
+    ("ifca", "linear", "linear", sgd(0.1), {"num_clusters": 2}, 3, (1,)),
+    ("ifca", "linear", "linear", sgd(0.1), {"num_clusters": 2, "participation": 0.5}, 4,
+     (1, 4)),
+    ("ifca", "digits", "mlp", LOCAL, {"num_clusters": 4, "option": "model",
+                                      "participation": 0.5}, 3, (1, 4)),
+    ("fedavg", "digits", "conv", LOCAL, {}, None, (1,)),
+    ("ifca", "cifar", "mlp3", LOCAL, {"num_clusters": 2, "option": "model"}, None, (1,)),
+    ("fedavg", "partition", "mlp", LOCAL, {"participation": 0.5}, 4, (1, 4)),
     # Two seeds (`with_seeds`): copies stacked per seed vs views of one shared base.
-    ("ifca", "seeds", "mlp", {"num_clusters": 4, "learning_rate": 0.1, "option": "model",
-                              "local_steps": 2, "batch_size": 5, "client_chunk": 4}, (1, 4)),
+    ("ifca", "seeds", "mlp", LOCAL, {"num_clusters": 4, "option": "model"}, 4, (1, 4)),
 ]
 
 
@@ -187,7 +184,7 @@ def compare_rounds(devices: int) -> dict[str, float]:
              "digits": lambda: (copies.train, views.train), "cifar": rotated_cifar_shaped,
              "partition": partitioned_digits, "seeds": seeded_digits}
     data = {kind: built[kind]() for kind in {case[1] for case in ROUND_CASES
-                                              if devices in case[4]}}
+                                              if devices in case[-1]}}
     models = {"linear": linear_regression(5), "mlp": mlp_classifier((8, 8), [16], 10),
               "conv": tiny_conv(), "mlp3": mlp_classifier((32, 32, 3), [8], 10)}
     gaps = {}
@@ -196,16 +193,17 @@ def compare_rounds(devices: int) -> dict[str, float]:
         if (shardings.base_x.spec != jax.sharding.PartitionSpec()
                 or shardings.rows.spec != jax.sharding.PartitionSpec("clients")):
             gaps["placement"] = 1.0
-    for i, (name, kind, model, kwargs, on) in enumerate(ROUND_CASES):
+    for i, (name, kind, model, training, settings, chunk, on) in enumerate(ROUND_CASES):
         if devices not in on:
             continue
-        algorithm = ALGORITHMS[name](models[model], **kwargs)
+        algorithm = ALGORITHMS[name](models[model], training, **settings)
         seeded = {}
         if kind == "seeds":
             algorithm = with_seeds(algorithm, 2)
             seeded = {"copies_axis": True, "data_copies_axis": 1}
         results = []
         for clients in data[kind]:
+            clients = planned(clients, client_chunk=chunk)
             state, history = simulate.run(algorithm, clients, jax.random.key(3), rounds=2,
                                           eval_every=2, progress=False, mesh=mesh, **seeded)
             # Every client's evaluation. On 1 device through the program run compiled
@@ -217,7 +215,7 @@ def compare_rounds(devices: int) -> dict[str, float]:
         for what, a, b in zip(("state", "evaluation", "history"), *results, strict=True):
             gap = _largest_gap(a, b)
             if gap:
-                gaps[f"case {i} ({name}, {model}, {kwargs}): {what}"] = gap
+                gaps[f"case {i} ({name}, {model}, {settings}, chunk {chunk}): {what}"] = gap
     return gaps
 
 
@@ -315,8 +313,9 @@ def test_cohort_take_and_sums_over_views_equal_copies():
         return jnp.sum(rows), rows
 
     for chunk in (None, 2):
-        got = jax.jit(lambda d, c=chunk: cohort_sums(step, d, cohort, client_chunk=c))(views)
-        want = jax.jit(lambda d, c=chunk: cohort_sums(step, d, cohort, client_chunk=c))(copies)
+        got = jax.jit(lambda d: cohort_sums(step, d, cohort))(planned(views, client_chunk=chunk))
+        want = jax.jit(lambda d: cohort_sums(step, d, cohort))(
+            planned(copies, client_chunk=chunk))
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             np.testing.assert_array_equal(a, b)
 
@@ -408,7 +407,7 @@ def test_an_evaluation_draws_generated_clients_block_by_block(monkeypatch):
     stored = linear_mixture(key, m=40, **SIZES).train
     generated = generated_mixture(key, m=40, **SIZES).train
     assert generated.map_chunk() == 3
-    algorithm = ALGORITHMS["ifca"](linear_regression(10), num_clusters=4, learning_rate=0.1)
+    algorithm = ALGORITHMS["ifca"](linear_regression(10), sgd(0.1), num_clusters=4)
     theta = jax.random.normal(jax.random.key(2), (4, 10))
     state = algorithm.init(jax.random.key(1), stored)._replace(cluster_params=theta)
     jaxpr = str(jax.make_jaxpr(algorithm.evaluate)(state, generated))
@@ -428,10 +427,10 @@ def test_ifca_round_over_generated_equals_copies(chunk):
     key = jax.random.key(5)
     stored = linear_mixture(key, m=40, **SIZES)
     generated = generated_mixture(key, m=40, **SIZES)
-    algorithm = ALGORITHMS["ifca"](linear_regression(10), num_clusters=4, learning_rate=0.1,
-                                   client_chunk=chunk)
-    out = [simulate.run(algorithm, data, jax.random.key(1), rounds=3, eval_every=3,
-                        progress=False) for data in (stored.train, generated.train)]
+    algorithm = ALGORITHMS["ifca"](linear_regression(10), sgd(0.1), num_clusters=4)
+    out = [simulate.run(algorithm, planned(data, client_chunk=chunk), jax.random.key(1),
+                        rounds=3, eval_every=3, progress=False)
+           for data in (stored.train, generated.train)]
     (state_a, hist_a), (state_b, hist_b) = out
     # Unchunked: bit for bit. Chunked, the rows drawn inside the chunk's program let XLA
     # lay out and sum the option-I gradient products in another order than over stored
@@ -453,16 +452,16 @@ def test_ifca_round_over_generated_equals_copies(chunk):
                                        err_msg=name)
 
 
-def _round_bytes(m: int, generated: bool, keep_assignments: bool = True,
+def _round_bytes(m: int, generated: bool, keep_client_state: bool = True,
                  restarts: int = 1) -> int:
     """temp + argument bytes of one compiled IFCA round (chunks of 500 clients)."""
     key = jax.random.key(0)
     problem = (generated_mixture if generated else linear_mixture)(key, m=m, **SIZES)
-    algorithm = with_restarts(ALGORITHMS["ifca"](
-        linear_regression(10), num_clusters=4, learning_rate=0.1, client_chunk=500,
-        keep_assignments=keep_assignments), restarts)
-    state = jax.eval_shape(algorithm.init, key, problem.train)
-    compiled = jax.jit(algorithm.round).lower(state, problem.train, key).compile()
+    algorithm = with_restarts(ALGORITHMS["ifca"](linear_regression(10), sgd(0.1),
+                                                 num_clusters=4), restarts)
+    train = planned(problem.train, client_chunk=500, keep_client_state=keep_client_state)
+    state = jax.eval_shape(algorithm.init, key, train)
+    compiled = jax.jit(algorithm.round).lower(state, train, key).compile()
     analysis = compiled.memory_analysis()
     return analysis.temp_size_in_bytes + analysis.argument_size_in_bytes
 
@@ -490,22 +489,24 @@ def test_generated_round_without_assignments_holds_nothing_per_client():
 def test_ifca_without_assignments_trains_the_same(chunk):
     key = jax.random.key(5)
     data = generated_mixture(key, m=40, **SIZES).train
+    algorithm = ALGORITHMS["ifca"](linear_regression(10), sgd(0.1), num_clusters=4)
     runs = []
     for keep in (True, False):
-        algorithm = ALGORITHMS["ifca"](linear_regression(10), num_clusters=4,
-                                       learning_rate=0.1, client_chunk=chunk,
-                                       keep_assignments=keep)
-        runs.append(simulate.run(algorithm, data, jax.random.key(1), rounds=3, eval_every=1,
-                                 progress=False, round_metrics=True))
+        runs.append(simulate.run(algorithm, planned(data, client_chunk=chunk,
+                                                    keep_client_state=keep),
+                                 jax.random.key(1), rounds=3, eval_every=1, progress=False,
+                                 round_metrics=True))
     (kept, hist_a, metrics_a), (none, hist_b, metrics_b) = runs
     assert none.assignment is None and none.stable is None and kept.assignment.shape == (40,)
     np.testing.assert_array_equal(kept.cluster_params, none.cluster_params)
     assert json.dumps(hist_a) == json.dumps(hist_b)
     for name in metrics_a:
         np.testing.assert_array_equal(metrics_a[name], metrics_b[name], err_msg=name)
-    with pytest.raises(ValueError, match="keep_assignments=False needs participation 1"):
-        ALGORITHMS["ifca"](linear_regression(10), num_clusters=4, learning_rate=0.1,
-                           participation=0.5, keep_assignments=False)
+    # Was refused by the factory (keep_assignments=False); the plan is the data's, so
+    # init refuses it.
+    with pytest.raises(ValueError, match="no per-client state needs IFCA at participation 1"):
+        ALGORITHMS["ifca"](linear_regression(10), sgd(0.1), num_clusters=4,
+                           participation=0.5).init(key, planned(data, keep_client_state=False))
 
 
 @pytest.mark.parametrize("name", ["ifca", "hypcluster"])

@@ -93,13 +93,18 @@ def test_diverged_seeds_are_named_counted_and_left_out(tmp_path, capsys, toy):
     out = tmp_path / "cmp"
     assert cli.main(["compare", "toy", "--out", str(out), "--no-progress"]) == 3
     err = capsys.readouterr().err.splitlines()
-    # One line per diverged seed (method, seed, round, metric), then the summary line.
-    lines = [line for line in err if "diverged at round" in line]
-    assert lines == [
-        "fedjax-sim: method one_bad seed 1 diverged at round 4: loss is inf",
-        *[f"fedjax-sim: method all_bad seed {i} diverged at round 2: loss is inf"
-          for i in range(3)],
-    ]
+    # One line for the whole comparison (counts, the first round and metric, where each
+    # seed's details are), none per seed.
+    assert err == [
+        "fedjax-sim: comparison finished with diverged seeds: 4 of 12 seeds in 2 of 4 methods "
+        "(one_bad 1/3, all_bad 3/3) diverged, the first at round 2 (method all_bad seed 0: "
+        f"loss is inf); they are left out of means and differences ({out}/per_seed.csv marks "
+        f"each seed, {out}/methods/<method>.json gives its round and metric)"]
+    # Each seed's round and metric, in its method's file.
+    assert json.loads((out / "methods" / "one_bad.json").read_text())["diverged"] == [
+        None, {"round": 4, "metric": "loss", "value": "inf"}, None]
+    assert json.loads((out / "methods" / "all_bad.json").read_text())["diverged"] == [
+        {"round": 2, "metric": "loss", "value": "inf"}] * 3
     rows = {r["method"]: r for r in read_csv(out / "results.csv")}
     assert {m: int(r["diverged_seeds"]) for m, r in rows.items()} == {
         "base": 0, "better": 0, "one_bad": 1, "all_bad": 3}
@@ -132,7 +137,7 @@ def test_diverged_seeds_are_named_counted_and_left_out(tmp_path, capsys, toy):
     assert len([r for r in curves if r["method"] == "base"]) == 3 * 4  # rounds 0, 2, 4, 6
 
 
-def test_run_of_a_comparison_preset_trains_one_method(tmp_path, toy):
+def test_run_of_a_comparison_preset_trains_one_method(tmp_path, capsys, toy):
     out = tmp_path / "run"
     assert cli.main(["run", "toy", "--set", "method=better", "--out", str(out),
                      "--no-progress"]) == 0
@@ -143,9 +148,32 @@ def test_run_of_a_comparison_preset_trains_one_method(tmp_path, toy):
     assert summary["method"] == "better" and summary["diverged_seeds"] == 0
     assert summary["final_per_seed"]["loss"] == pytest.approx(
         [_expected_final("better", i) for i in range(3)], rel=1e-6)
-    # Every seed diverged: exit 3, as a run that diverged.
+    # Every seed diverged: exit 3, as a run that diverged, in one line.
+    capsys.readouterr()
     assert cli.main(["run", "toy", "--set", "method=all_bad", "--out", str(tmp_path / "bad"),
                      "--no-progress"]) == 3
+    assert capsys.readouterr().err == "fedjax-sim: run diverged at round 2: loss is inf\n"
+    # Some seeds diverged: the run is done (exit 0), and one line says so, none per seed.
+    out = tmp_path / "some"
+    assert cli.main(["run", "toy", "--set", "method=one_bad", "--out", str(out),
+                     "--no-progress"]) == 0
+    assert capsys.readouterr().err == (
+        "fedjax-sim: method one_bad diverged in 1 of 3 seeds, the first at round 4 (seed 1: "
+        "loss is inf); they are left out of summary.json's final_mean (its \"diverged\" "
+        "gives each seed's round and metric)\n")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["diverged"] == [None, {"round": 4, "metric": "loss", "value": "inf"}, None]
+
+
+def test_the_python_api_reports_divergence_in_one_line(capsys, toy):
+    comparison = toy.experiment.compare(toy.defaults)
+    assert capsys.readouterr().err == (
+        "fedjax-sim: comparison finished with diverged seeds: 4 of 12 seeds in 2 of 4 methods "
+        "(one_bad 1/3, all_bad 3/3) diverged, the first at round 2 (method all_bad seed 0: "
+        "loss is inf); they are left out of means and differences (results[method].diverged "
+        "gives each seed's round and metric)\n")
+    assert comparison.results["one_bad"].diverged[1] == {"round": 4, "metric": "loss",
+                                                         "value": "inf"}
 
 
 def test_a_setting_the_command_ignores_is_refused(tmp_path, capsys, toy):

@@ -136,11 +136,12 @@ def test_the_checker_flags_missing_files_and_anchors(text, bad):
 
 @pytest.mark.slow
 def test_the_readme_python_api_example_runs_and_finds_the_clusters(capsys):
-    """The README's Python API block, run as written: the best restart reaches the noise floor."""
+    """The README's Python quick start, run as written: the best restart reaches the noise
+    floor."""
     readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Python API"):]
+    section = readme[readme.index("## Python quick start"):]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    exec(compile(code, "README.md (Python API)", "exec"), {})
+    exec(compile(code, "README.md (Python quick start)", "exec"), {})
     out = capsys.readouterr().out
     best = float(re.search(r"best restart \d+: ([\d.]+)", out).group(1))
     per_restart = re.search(r"per restart: \[([^\]]*)\]", out).group(1).split()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fedjax_sim import simulate
-from fedjax_sim.algorithms import ifca
+from fedjax_sim.algorithms import ifca, sgd
 from fedjax_sim.checkpoint import RunCheckpoints
 from fedjax_sim.data import linear_mixture
 from fedjax_sim.models import linear_regression
@@ -21,7 +21,7 @@ from fedjax_sim.models import linear_regression
 @pytest.fixture(scope="module")
 def small():
     problem = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0)
-    return ifca(linear_regression(3), num_clusters=2, learning_rate=0.2), problem.train
+    return ifca(linear_regression(3), sgd(0.2), num_clusters=2), problem.train
 
 
 def test_donating_scan_rounds_deletes_its_input_and_matches(small):

@@ -10,7 +10,7 @@ import pytest
 from federations import assert_reported_as_finished, recording_context
 from scipy import stats as scipy_stats
 
-from fedjax_sim.algorithms import drfa, drflm
+from fedjax_sim.algorithms import drfa, drflm, sgd
 from fedjax_sim.data import FederatedData
 from fedjax_sim.models import linear_regression
 from fedjax_sim.ops import mixup, mixup_client, project_simplex, sample_batch, sample_cohort
@@ -110,7 +110,7 @@ M = 4  # participation 0.8 of 5 clients
 def shared(model):
     """One DRFA build and its jitted round, reused across tests (λ and γ live in the state,
     so tests set them with `_replace` instead of compiling another round)."""
-    alg = drfa(model, learning_rate=LR, local_steps=TAU, batch_size=BATCH, participation=M / 5,
+    alg = drfa(model, sgd(LR, steps=TAU, batch_size=BATCH), participation=M / 5,
                lambda_lr=0.05, lambda_init=LAM0)
     return alg, jax.jit(alg.round)
 
@@ -140,8 +140,8 @@ def test_drfa_round_equals_per_client_loop_with_a_client_drawn_twice(data, share
 def test_drflm_with_gamma_one_equals_drfa(data, model, shared):
     """Beta(1, 1e-6) puts γ at 1 (in float32): every mixup is the identity."""
     alg, round_ = shared
-    b = drflm(model, alpha=1.0, beta=1e-6, learning_rate=LR, local_steps=TAU,
-              batch_size=BATCH, participation=M / 5, lambda_lr=0.05, lambda_init=LAM0)
+    b = drflm(model, sgd(LR, steps=TAU, batch_size=BATCH), mixup=(1.0, 1e-6),
+              participation=M / 5, lambda_lr=0.05, lambda_init=LAM0)
     round_b = jax.jit(b.round)
     sa, sb = alg.init(jax.random.key(0), data), b.init(jax.random.key(0), data)
     for r in range(2):
@@ -179,7 +179,7 @@ def test_sampling_frequencies_follow_lambda(data, shared):
 def test_lambda_stays_on_simplex_floor_holds_and_moves_only_through_projection(
         data, model, shared):
     floor = 0.05
-    alg = drfa(model, learning_rate=LR, local_steps=TAU, batch_size=BATCH, participation=0.4,
+    alg = drfa(model, sgd(LR, steps=TAU, batch_size=BATCH), participation=0.4,
                lambda_lr=0.5, lambda_floor=floor)
     state = alg.init(jax.random.key(0), data)
     round_ = jax.jit(alg.round)
@@ -210,7 +210,7 @@ def test_lambda_stays_on_simplex_floor_holds_and_moves_only_through_projection(
 def test_official_code_variant(data, model):
     """λ₀ ∝ sample counts; γ decays by 0.9 per round; the 1e-3 clip floor on every entry;
     w-clients drawn without replacement (all five, once each, at participation 1)."""
-    alg = drfa(model, learning_rate=LR, local_steps=TAU, lambda_lr=1.0, official_code=True)
+    alg = drfa(model, sgd(LR, steps=TAU), lambda_lr=1.0, official_code=True)
     state = alg.init(jax.random.key(0), data)
     counts = np.asarray(SIZES, np.float32)
     np.testing.assert_allclose(state.lam, counts / counts.sum(), rtol=1e-6)
@@ -223,7 +223,7 @@ def test_official_code_variant(data, model):
         assert lam.min() >= 1e-3 / (1 + 5e-3) - 1e-7
     np.testing.assert_array_equal(state.sampled, np.full(5, 3))
     with pytest.raises(ValueError, match="local_steps"):
-        drfa(model, learning_rate=LR, local_steps=1, official_code=True)
+        drfa(model, sgd(LR, steps=1), official_code=True)
 
 
 # --------------------------------------------------------------------------- mixup

@@ -40,7 +40,9 @@ from fedjax_sim import (
     simulate,
     with_seeds,
 )
+from fedjax_sim.algorithms import sgd, with_initial_params, with_weight_sharing
 from fedjax_sim.algorithms.base import broadcast_to_clients
+from fedjax_sim.execution import planned
 from fedjax_sim.metrics import summarize_clients
 from fedjax_sim.models import Model, client_loss, combine, squared_error
 from fedjax_sim.ops import cohort_sums, local_update, put, sample_cohort, take
@@ -173,8 +175,8 @@ def test_cohort_sums_equal_loop_over_slots(kind, garbage_ragged):
 
     results = {}
     for chunk in (None, 2):
-        sums, out = cohort_sums(noisy_sum_step, data, cohort, inputs=inputs,
-                                client_chunk=chunk)
+        sums, out = cohort_sums(noisy_sum_step, planned(data, client_chunk=chunk), cohort,
+                                inputs=inputs)
         chex.assert_shape(out["out"], (cohort.size,))
         where = f"{kind}, client_chunk={chunk}"
         np.testing.assert_array_equal(np.asarray(out["active"]), want_out["active"],
@@ -296,12 +298,13 @@ class ToyState(NamedTuple):
 
 
 def fedavg_with_server_step(model, *, learning_rate, server_rate, local_steps, cohort,
-                            batch_size=None, client_chunk=None) -> Algorithm:
+                            batch_size=None) -> Algorithm:
     """A toy algorithm on (FederatedData, ServerData): FedAvg on a cohort, then a server step.
 
     Clients run `local_steps` SGD steps from the global model; the new model is
     their example-weighted mean, followed by one gradient step on the server's
-    mean squared error.
+    mean squared error. The cohort is processed in chunks of the client data's
+    execution plan (`planned(inputs, client_chunk=...)`).
     """
     opt = optax.sgd(learning_rate)
 
@@ -324,8 +327,7 @@ def fedavg_with_server_step(model, *, learning_rate, server_rate, local_steps, c
             total = jax.tree.map(lambda t: jnp.tensordot(w, t, axes=1), trained)
             return (total, jnp.sum(w)), losses[:, 0]
 
-        (total, weight), _ = cohort_sums(client_step, data, members,
-                                         client_chunk=client_chunk)
+        (total, weight), _ = cohort_sums(client_step, data, members)
         params = jax.tree.map(lambda t, p: jnp.where(weight > 0, t / jnp.maximum(weight, 1e-30), p),
                               total, state.params)
         grads = jax.grad(server_loss)(params, server)
@@ -374,11 +376,11 @@ def loop_toy_round(params, data, server, ids, *, learning_rate, server_rate, loc
 def test_pytree_round_with_server_data_equals_loop(cohort, client_chunk):
     data, server = two_leaf_inputs()
     settings = {"learning_rate": 0.1, "server_rate": 0.05, "local_steps": 2}
-    algorithm = fedavg_with_server_step(two_leaf_model(), cohort=cohort,
-                                        client_chunk=client_chunk, **settings)
-    state = algorithm.init(jax.random.key(0), (data, server))
+    algorithm = fedavg_with_server_step(two_leaf_model(), cohort=cohort, **settings)
+    inputs = planned((data, server), client_chunk=client_chunk)
+    state = algorithm.init(jax.random.key(0), inputs)
     key = jax.random.key(5)
-    new, metrics = jax.jit(algorithm.round)(state, (data, server), key)
+    new, metrics = jax.jit(algorithm.round)(state, inputs, key)
     ids = np.asarray(sample_cohort(key, 8, cohort).ids)
     want = loop_toy_round(state.params, data, server, ids, **settings)
     chex.assert_trees_all_close(jax.tree.map(np.asarray, new.params), want, rtol=1e-5,
@@ -392,6 +394,7 @@ SHARDED_SCRIPT = textwrap.dedent(
     import jax, numpy as np
     from jax.sharding import PartitionSpec as P
     from fedjax_sim import parallel, simulate
+    from fedjax_sim.execution import planned
     from test_engine import fedavg_with_server_step, two_leaf_inputs, two_leaf_model
 
     assert jax.device_count() == 4
@@ -412,9 +415,10 @@ SHARDED_SCRIPT = textwrap.dedent(
     for cohort, chunk in ((8, 2), (5, 2)):  # strided chunks; a sampled cohort, padded
         algorithm = fedavg_with_server_step(
             model, learning_rate=0.1, server_rate=0.05, local_steps=2, batch_size=2,
-            cohort=cohort, client_chunk=chunk)
+            cohort=cohort)
+        chunked = planned(inputs, client_chunk=chunk)
         for name, m in (("one", None), ("four", mesh)):
-            state, history = simulate.run(algorithm, inputs, jax.random.key(3), rounds=3,
+            state, history = simulate.run(algorithm, chunked, jax.random.key(3), rounds=3,
                                           eval_every=3, progress=False, mesh=m)
             out["runs"][f"{cohort}/{chunk}/{name}"] = {
                 "params": {k: np.asarray(v).tolist() for k, v in state.params.items()},
@@ -524,8 +528,8 @@ def loop_weight_sharing_round(model, shared, heads, data, *, lr, steps):
 
 def test_ifca_weight_sharing_round_equals_loop(split_mlp, classification):
     model, data = split_mlp, classification
-    algorithm = ifca(model, option="model", weight_sharing=True, num_clusters=2,
-                     local_steps=2, learning_rate=0.1)
+    algorithm = with_weight_sharing(
+        ifca(model, sgd(0.1, steps=2), num_clusters=2, option="model"), model)
     state = jax.jit(algorithm.init)(jax.random.key(0), data)
     new, metrics = jax.jit(algorithm.round)(state, data, jax.random.key(1))
 
@@ -562,10 +566,12 @@ def test_ifca_weight_sharing_round_equals_loop(split_mlp, classification):
 def test_ifca_weight_sharing_with_one_cluster_equals_fedavg(split_mlp, classification):
     model, data = split_mlp, classification
     start = jax.jit(model.init)(jax.random.key(4))
-    shared_ws = ifca(model, option="model", weight_sharing=True, num_clusters=1, local_steps=2,
-                     learning_rate=0.1, batch_size=2,
-                     init_params=lambda _: jax.tree.map(lambda p: p[None], start))
-    baseline = fedavg(model, local_steps=2, learning_rate=0.1, batch_size=2)
+    training = sgd(0.1, steps=2, batch_size=2)
+    shared_ws = with_weight_sharing(
+        with_initial_params(ifca(model, training, num_clusters=1, option="model"),
+                            lambda _: jax.tree.map(lambda p: p[None], start)),
+        model)
+    baseline = fedavg(model, training)
     round_key = jax.random.key(8)
     state_ws = jax.jit(shared_ws.init)(jax.random.key(4), data)
     state_fa = jax.jit(baseline.init)(jax.random.key(4), data)
@@ -591,7 +597,7 @@ def seeded_setup():
     federations = [ragged_federation(s) for s in range(SEEDS)]
     stacked = jax.tree.map(lambda *a: jnp.stack(a), *federations)
     # Minibatches and a sampled cohort, so every key matters.
-    algorithm = fedavg(linear_regression(3), learning_rate=0.1, local_steps=2, batch_size=2,
+    algorithm = fedavg(linear_regression(3), sgd(0.1, steps=2, batch_size=2),
                        participation=0.6)
     return algorithm, federations, stacked, jax.jit(algorithm.round)
 
@@ -610,7 +616,7 @@ def loop_seed(algorithm, round_, data, key_init, round_key, s, *, seed_last=True
         else:
             key_t = jax.random.fold_in(jax.random.fold_in(round_key, s), t)
         state, metrics = round_(state, data, key_t)
-        losses.append(float(metrics["train_loss"]))
+        losses.append(float(metrics["cohort_loss"]))
     return state, np.array(losses)
 
 
@@ -622,14 +628,14 @@ def test_with_seeds_equals_seed_by_seed_runs(seeded_setup, shared_data):
     inputs = federations[0] if shared_data else stacked
     state = seeded.init(key_init, inputs)
     state, metrics = simulate.scan_rounds(seeded, state, inputs, round_key, 0, ROUNDS)
-    chex.assert_shape(metrics["train_loss"], (ROUNDS, SEEDS))
+    chex.assert_shape(metrics["cohort_loss"], (ROUNDS, SEEDS))
     finals = []
     for s in range(SEEDS):
         data_s = federations[0] if shared_data else federations[s]
         want, want_losses = loop_seed(algorithm, round_, data_s, key_init, round_key, s)
         chex.assert_trees_all_close(jax.tree.map(lambda a, s=s: a[s], state), want,
                                     rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(np.asarray(metrics["train_loss"][:, s]), want_losses,
+        np.testing.assert_allclose(np.asarray(metrics["cohort_loss"][:, s]), want_losses,
                                    rtol=1e-6, atol=1e-6)
         finals.append(np.asarray(want.params))
     assert not np.allclose(finals[0], finals[1])  # the seeds really differ
@@ -643,8 +649,8 @@ def test_run_history_keeps_each_copys_round_metrics_with_columns_from_round_0(tm
 
     data = garbage_ragged
     copies, k, d = 3, 2, 3
-    algorithm = with_seeds(ifca(linear_regression(d), option="model", num_clusters=k,
-                                local_steps=2, learning_rate=0.1), copies, shared_data=True)
+    algorithm = with_seeds(ifca(linear_regression(d), sgd(0.1, steps=2), num_clusters=k,
+                                option="model"), copies, shared_data=True)
     csv = MetricsCSV(tmp_path / "metrics.csv")
     rows = []
 
@@ -699,12 +705,13 @@ def loop_ifca_model_round(thetas, data, ref, *, lr, steps):
 @pytest.mark.parametrize("client_chunk", [None, 2])
 @pytest.mark.parametrize("far", [False, True], ids=["two-clusters", "one-empty-cluster"])
 def test_ifca_model_averaging_leaves_the_empty_client_out(garbage_ragged, ref, far, client_chunk):
-    data = garbage_ragged
+    data = planned(garbage_ragged, client_chunk=client_chunk)  # rounds and evaluation
     thetas = np.array([[1.0, 0.0, -1.0], [1e3, 1e3, 1e3] if far else [-1.0, 1.0, 0.5]],
                       np.float32)
-    algorithm = ifca(linear_regression(3), option="model", num_clusters=2, local_steps=2,
-                     learning_rate=0.1, weighting="uniform", client_chunk=client_chunk,
-                     init_params=lambda _: jnp.asarray(thetas))
+    algorithm = with_initial_params(
+        ifca(linear_regression(3), sgd(0.1, steps=2), num_clusters=2, option="model",
+             weighting="uniform"),
+        lambda _: jnp.asarray(thetas))
     state = algorithm.init(jax.random.key(0), data)
     new, metrics = jax.jit(algorithm.round)(state, data, jax.random.key(1))
     want, want_assignment, want_sizes, want_loss = loop_ifca_model_round(
@@ -719,7 +726,7 @@ def test_ifca_model_averaging_leaves_the_empty_client_out(garbage_ragged, ref, f
     else:
         assert (want_sizes > 0).all()
     np.testing.assert_allclose(np.asarray(new.cluster_params), want, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(float(metrics["train_loss"]), want_loss, rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["cohort_loss"]), want_loss, rtol=1e-5)
 
     evaluation = algorithm.evaluate(new, data)
     np.testing.assert_array_equal(np.asarray(evaluation["client_weight"]), [1, 1, 0, 1, 1])
@@ -754,8 +761,8 @@ def test_summarize_clients_leaves_weight_zero_clients_out():
 
 def test_one_shot_evaluates_with_its_kmeans_clusters(garbage_ragged, ref):
     data = garbage_ragged
-    algorithm = one_shot_clustering(linear_regression(3), num_clusters=2, learning_rate=0.1,
-                                    pretrain_steps=5, kmeans_restarts=2)
+    algorithm = one_shot_clustering(linear_regression(3), sgd(0.1), num_clusters=2,
+                                    pretraining=sgd(0.1, steps=5), kmeans_restarts=2)
     state = algorithm.init(jax.random.key(2), data)
     assignment = np.asarray(state.assignment)
     assert assignment[2] == -1 and (assignment[[0, 1, 3, 4]] >= 0).all()
@@ -791,17 +798,17 @@ def test_python_api_errors_name_the_argument(garbage_ragged):
         linear_mixture(jax.random.key(0), k=0, m=4, n=5, d=3, sigma=0.1, R=1.0)
     wide = FederatedData.from_arrays(np.zeros((2, 3, 4), np.float32), np.zeros((2, 3), np.float32))
     with pytest.raises(ValueError, match=r"data\.x"):
-        ifca(linear_regression(3), num_clusters=2, learning_rate=0.1).init(jax.random.key(0), wide)
+        ifca(linear_regression(3), sgd(0.1), num_clusters=2).init(jax.random.key(0), wide)
     column = FederatedData.from_arrays(np.zeros((2, 3, 3), np.float32),
                                        np.zeros((2, 3, 1), np.float32))
     with pytest.raises(ValueError, match=r"data\.y"):
-        fedavg(linear_regression(3), learning_rate=0.1).init(jax.random.key(0), column)
-    for factory in (fedavg, lambda model, **kw: ifca(model, num_clusters=2, **kw)):
-        with pytest.raises(ValueError, match="learning_rate"):
-            factory(linear_regression(3), learning_rate=float("inf"))
-    with pytest.raises(ValueError, match="local_steps"):
-        ifca(linear_regression(3), num_clusters=2, learning_rate=0.1, option="gradient",
-             local_steps=3)
+        fedavg(linear_regression(3), sgd(0.1)).init(jax.random.key(0), column)
+    # The learning rate is the training's, checked where it is built (was: by every factory).
+    with pytest.raises(ValueError, match="learning_rate"):
+        sgd(float("inf"))
+    # Option I takes one full-batch gradient per client: local steps are refused.
+    with pytest.raises(ValueError, match="steps=1"):
+        ifca(linear_regression(3), sgd(0.1, steps=3), num_clusters=2, option="gradient")
 
 
 # --------------------------------------------------------------------------------------
@@ -811,8 +818,8 @@ def test_python_api_errors_name_the_argument(garbage_ragged):
 
 def test_scan_rounds_traces_once(garbage_ragged):
     data = garbage_ragged
-    inner = ifca(linear_regression(3), num_clusters=2, learning_rate=0.1, option="model",
-                 local_steps=2, batch_size=2, participation=0.6)
+    inner = ifca(linear_regression(3), sgd(0.1, steps=2, batch_size=2), num_clusters=2,
+                 option="model", participation=0.6)
     traces = []
 
     def counted_round(state, data, key):

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from fedjax_sim import cli, metrics, simulate
-from fedjax_sim.algorithms import fedavg
+from fedjax_sim.algorithms import fedavg, sgd
 from fedjax_sim.data import FederatedData, linear_mixture, tfds_local
 from fedjax_sim.models.zoo import mlp_classifier
 
@@ -223,7 +223,7 @@ def test_mlp_classifier_names_a_bad_size(args, named):
 
 
 def _run(model, data):
-    return simulate.run(fedavg(model, learning_rate=0.1), data, jax.random.key(0), rounds=2,
+    return simulate.run(fedavg(model, sgd(0.1)), data, jax.random.key(0), rounds=2,
                         progress=False)
 
 

@@ -81,26 +81,30 @@ def test_noisy_clients_labels_flipped_only_there():
     assert 0.8 < np.mean(changed) < 0.97
 
 
-def test_registry_declarations_build_with_their_settings(monkeypatch):
+def test_methods_build_with_their_settings(monkeypatch):
+    """The table's `reads` reach the factory under its own keyword; the client training
+    carries local_steps and the batch size; a FedOpt server_lr of 0 means its default."""
     seen = {}
 
-    def fake(model, optimizer=None, *, mu=0.0, local_steps=1, batch_size=None,
-             participation=1.0, server_optimizer=None, server_lr=None):
-        seen.update(mu=mu, local_steps=local_steps, batch_size=batch_size,
-                    server_optimizer=server_optimizer, server_lr=server_lr)
+    def fake(model, training, *, mu=0.0, participation=1.0, server_lr=None):
+        seen.update(mu=mu, training=training, participation=participation,
+                    server_lr=server_lr)
         return "built"
 
-    assert hetero.registered("fedprox") == ("fedprox" in ALGORITHMS)
+    s = resolve_settings(get_preset("hetero-digits"), {"prox_mu": 0.3, "local_steps": 7,
+                                                         "participation": 0.5}, "compare")
+    experiment = hetero.HETERO
     monkeypatch.setitem(ALGORITHMS, "fedprox", fake)
-    s = {**get_preset("hetero-digits").defaults, "prox_mu": 0.3, "local_steps": 7}
-    assert hetero.build_algorithm("fedprox", None, s) == "built"
-    assert seen["mu"] == 0.3 and seen["local_steps"] == 7 and seen["batch_size"] is None
-    monkeypatch.setitem(ALGORITHMS, "fedavg", fake)
-    assert hetero.registered("fedadam")
-    hetero.build_algorithm("fedadam", None, s)
-    assert seen["server_optimizer"] == "adam" and seen["server_lr"] is None  # 0: its default
-    hetero.build_algorithm("fedavgm", None, {**s, "server_lr": 2.0})
-    assert seen["server_optimizer"] == "sgdm" and seen["server_lr"] == 2.0
+    assert experiment.build_method("fedprox", s, None) == "built"
+    assert seen["mu"] == 0.3 and seen["participation"] == 0.5
+    assert s["batch_size"] == 0 and seen["training"].batch_size is None  # 0: full batch
+    assert seen["training"].steps == 7
+    monkeypatch.setitem(ALGORITHMS, "fedadam", fake)
+    experiment.build_method("fedadam", s, None)
+    assert seen["server_lr"] is None  # server_lr=0: the server optimizer's own default
+    monkeypatch.setitem(ALGORITHMS, "fedavgm", fake)
+    experiment.build_method("fedavgm", {**s, "server_lr": 2.0}, None)
+    assert seen["server_lr"] == 2.0
 
 
 TINY = ["rounds=2", "eval_every=1", "seeds=2", "num_clients=6", "hidden=8", "local_steps=2"]
@@ -171,13 +175,14 @@ def test_robust_clusters_preset_tiny(tmp_path):
         assert lo - 1e-6 <= float(r["test_loss"]) <= hi + 1e-6
 
 
-def test_default_methods_are_the_registered_declarations():
+def test_default_methods_are_the_declared_ones_and_every_fitting_method_is_offered():
     for experiment, declared in ((hetero.HETERO, hetero.HETERO_METHODS),
                                  (hetero.ROBUST, hetero.ROBUST_METHODS)):
-        want = [m for m in declared if hetero.METHODS[m].algorithm in ALGORITHMS]
-        want = [m for m in want if hetero.registered(m)]
-        assert experiment.defaults()["methods"] == want
-        assert {"fedavg", "ifca"} <= set(want)
+        assert experiment.defaults()["methods"] == list(declared)
+        offered = experiment.available()
+        assert offered[:len(declared)] == declared and {"fedavg", "ifca"} <= set(offered)
+        # Registered algorithms the images fit are offered too (not only the declared).
+        assert "fedyogi" in offered and "mixed_gt2" not in offered
 
 
 def test_clustered_test_set_served_by_the_training_assignment():
@@ -187,7 +192,7 @@ def test_clustered_test_set_served_by_the_training_assignment():
     import jax
     import jax.numpy as jnp
 
-    from fedjax_sim.algorithms import ifca
+    from fedjax_sim.algorithms import ifca, sgd
     from fedjax_sim.algorithms.ifca import IFCAState
     from fedjax_sim.data.federated import FederatedData
     from fedjax_sim.models import mlp_classifier
@@ -207,10 +212,11 @@ def test_clustered_test_set_served_by_the_training_assignment():
         d = FederatedData.from_arrays(x, np.full((m, n), label, np.int32))
         return jax.tree.map(lambda a: a[None], d)  # one seed
 
-    state = IFCAState(clusters, {}, (), jnp.zeros(m, jnp.int32), jnp.zeros(m, jnp.int32),
-                      jnp.zeros((), jnp.int32))
+    state = IFCAState(cluster_params=clusters, shared_params={}, frozen_params={}, opt_state=(),
+                      assignment=jnp.zeros(m, jnp.int32), stable=jnp.zeros(m, jnp.int32),
+                      pinned_until=jnp.zeros((), jnp.int32), round=jnp.zeros((), jnp.int32))
     state = jax.tree.map(lambda a: a[None], state)
-    algorithm = ifca(model, learning_rate=0.1, num_clusters=2, option="model")
+    algorithm = ifca(model, sgd(0.1), num_clusters=2, option="model")
     problem = {"train": fed(0), "test": fed(1), "cluster": np.zeros(m, int),
                "noisy": np.zeros(m, bool)}
     out = hetero.metrics_fn(algorithm, model, problem, {})(state)

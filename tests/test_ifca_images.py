@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import types
 import zipfile
 
 import chex
@@ -15,15 +16,21 @@ import pytest
 from federations import assert_reported_as_finished, recording_context
 
 from fedjax_sim import simulate
-from fedjax_sim.algorithms import fedavg, ifca
-from fedjax_sim.algorithms.ifca import pretrained_trunk, with_balanced_init
+from fedjax_sim.algorithms import fedavg, ifca, sgd
+from fedjax_sim.algorithms.ifca import (
+    pretrained_trunk,
+    with_balanced_init,
+    with_frozen_trunk,
+    with_initial_params,
+    with_warm_start,
+    with_weight_sharing,
+)
 from fedjax_sim.data import FederatedData, copies_axes
 from fedjax_sim.data.archives import DataUnavailable
 from fedjax_sim.data.images import fixed_split, mnist_5k, rotated_clusters
 from fedjax_sim.experiments import compare_preset
 from fedjax_sim.experiments import ifca_images as E
 from fedjax_sim.experiments.base import RunContext
-from fedjax_sim.experiments.ifca_images.methods import build_method
 from fedjax_sim.experiments.registry import get_preset
 from fedjax_sim.experiments.settings import resolve
 from fedjax_sim.models import combine, mlp_classifier
@@ -128,8 +135,8 @@ def loop_ifca_round(cluster_params, data, round_key, *, lr, steps, batch_size=No
 @pytest.mark.parametrize("batch_size", [None, 2])
 def test_vectorized_nn_round_equals_client_loop(ragged, batch_size):
     model = mlp_classifier((2, 3), [5], 3)
-    algorithm = ifca(model, num_clusters=3, option="model", local_steps=3, learning_rate=0.2,
-                     batch_size=batch_size)
+    algorithm = ifca(model, sgd(0.2, steps=3, batch_size=batch_size), num_clusters=3,
+                     option="model")
     state = jax.jit(algorithm.init)(jax.random.key(0), ragged)
     round_key = jax.random.key(7)
     new, metrics = jax.jit(algorithm.round)(state, ragged, round_key)
@@ -143,7 +150,7 @@ def test_vectorized_nn_round_equals_client_loop(ragged, batch_size):
 def test_split_model_without_weight_sharing_clusters_whole_models(ragged):
     """A split model under plain IFCA: trunk and head both per cluster, as the loop does."""
     model = mlp_classifier((2, 3), [5], 3, split=True)
-    algorithm = ifca(model, num_clusters=3, option="model", local_steps=3, learning_rate=0.2)
+    algorithm = ifca(model, sgd(0.2, steps=3), num_clusters=3, option="model")
     state = jax.jit(algorithm.init)(jax.random.key(0), ragged)
     assert state.shared_params == {} and set(state.cluster_params) == {"trunk", "head"}
     round_key = jax.random.key(7)
@@ -185,8 +192,8 @@ def loop_frozen_round(shared, heads, data, *, lr, steps):
 
 def test_weight_sharing_trunk_shared_heads_differ_every_round(ragged):
     model = mlp_classifier((2, 3), [5], 3, split=True)
-    algorithm = ifca(model, num_clusters=2, option="model", weight_sharing=True, local_steps=2,
-                     learning_rate=0.2)
+    algorithm = with_weight_sharing(ifca(model, sgd(0.2, steps=2), num_clusters=2,
+                                         option="model"), model)
     state = jax.jit(algorithm.init)(jax.random.key(1), ragged)
     step = jax.jit(algorithm.round)
     for t in range(4):
@@ -205,9 +212,10 @@ def test_weight_sharing_trunk_shared_heads_differ_every_round(ragged):
 def test_weight_sharing_one_cluster_full_batch_equals_fedavg(ragged):
     model = mlp_classifier((2, 3), [5], 3, split=True)
     start = jax.jit(model.init)(jax.random.key(3))
-    shared = ifca(model, num_clusters=1, option="model", weight_sharing=True, local_steps=3,
-                  learning_rate=0.2, init_params=lambda _: jax.tree.map(lambda p: p[None], start))
-    plain = fedavg(model, local_steps=3, learning_rate=0.2)
+    shared = with_weight_sharing(with_initial_params(
+        ifca(model, sgd(0.2, steps=3), num_clusters=1, option="model"),
+        lambda _: jax.tree.map(lambda p: p[None], start)), model)
+    plain = fedavg(model, sgd(0.2, steps=3))
     s_ws = jax.jit(shared.init)(jax.random.key(0), ragged)
     s_fa = plain.init(jax.random.key(3), ragged)
     s_ws, _ = simulate.scan_rounds(shared, s_ws, ragged, jax.random.key(5), 0, 3)
@@ -219,26 +227,28 @@ def test_weight_sharing_one_cluster_full_batch_equals_fedavg(ragged):
 def test_frozen_trunk_is_bit_identical_and_heads_match_loop(ragged):
     model = mlp_classifier((2, 3), [5], 3, split=True)
     trunk = jax.jit(model.init)(jax.random.key(4))["trunk"]
-    algorithm = ifca(model, num_clusters=2, option="model", weight_sharing=True,
-                     freeze_shared=True, local_steps=2, learning_rate=0.3,
-                     init_params=pretrained_trunk(model, trunk, 2))
+    algorithm = with_frozen_trunk(with_initial_params(
+        ifca(model, sgd(0.3, steps=2), num_clusters=2, option="model"),
+        pretrained_trunk(model, trunk, 2)), model, trunk)
     state = jax.jit(algorithm.init)(jax.random.key(2), ragged)
-    chex.assert_trees_all_equal(state.shared_params, trunk)
+    chex.assert_trees_all_equal(state.frozen_params, trunk)
     step = jax.jit(algorithm.round)
     for t in range(3):
-        want = loop_frozen_round(state.shared_params, state.cluster_params, ragged, lr=0.3,
+        want = loop_frozen_round(state.frozen_params, state.cluster_params, ragged, lr=0.3,
                                  steps=2)
         state, _ = step(state, ragged, jax.random.key(t))
-        chex.assert_trees_all_equal(state.shared_params, trunk)  # bit for bit
+        chex.assert_trees_all_equal(state.frozen_params, trunk)  # bit for bit
         chex.assert_trees_all_close(state.cluster_params, want, rtol=2e-5, atol=2e-5)
-    with pytest.raises(ValueError, match="freeze_shared needs weight_sharing"):
-        ifca(model, num_clusters=2, option="model", freeze_shared=True, learning_rate=0.1)
+    whole = mlp_classifier((2, 3), [5], 3)
+    with pytest.raises(ValueError, match="with_frozen_trunk needs a split model"):
+        with_frozen_trunk(ifca(whole, sgd(0.1), num_clusters=2, option="model"), whole, trunk)
 
 
 def test_warm_start_trains_random_equal_groups(ragged):
     model = mlp_classifier((2, 3), [5], 3, split=True)
-    algorithm = ifca(model, num_clusters=2, option="model", weight_sharing=True,
-                     freeze_shared=True, warm_start_rounds=2, local_steps=1, learning_rate=0.3)
+    trunk = jax.jit(model.init)(jax.random.key(5))["trunk"]
+    algorithm = with_warm_start(with_frozen_trunk(
+        ifca(model, sgd(0.3), num_clusters=2, option="model"), model, trunk), 2)
     state = jax.jit(algorithm.init)(jax.random.key(6), ragged)
     groups = np.asarray(state.assignment)
     assert sorted(np.bincount(groups, minlength=2).tolist()) == [3, 3]
@@ -249,16 +259,16 @@ def test_warm_start_trains_random_equal_groups(ragged):
         np.testing.assert_array_equal(np.asarray(state.assignment)[active], groups[active])
     before = state
     state, _ = step(state, ragged, jax.random.key(9))  # then the lowest loss decides
-    losses = cluster_losses(model, before.cluster_params, ragged, shared=before.shared_params)
+    losses = cluster_losses(model, before.cluster_params, ragged, shared=before.frozen_params)
     np.testing.assert_array_equal(np.asarray(state.assignment)[active],
                                   np.asarray(assign_clusters(losses))[active])
 
 
 def test_balanced_init_takes_first_balanced_try(ragged):
     model = mlp_classifier((2, 3), [5], 3)
-    base = ifca(model, num_clusters=2, option="model", local_steps=1, learning_rate=0.1)
+    base = ifca(model, sgd(0.1), num_clusters=2, option="model")
     tries, key = 3, jax.random.key(11)
-    balanced = with_balanced_init(base, model, num_clusters=2, tries=tries, min_fraction=0.4)
+    balanced = with_balanced_init(base, model, tries=tries, min_fraction=0.4)
     state = jax.jit(balanced.init)(key, ragged)
     active = np.asarray(ragged.active())
     shares = []
@@ -441,7 +451,7 @@ def test_cfl_thresholds_are_settings_and_the_digits_preset_splits():
     for eps2 in (0.5, 1.6):
         s = resolve(experiment.declared, preset.defaults, {"seeds": "1", "cfl_eps2": str(eps2)})
         problem = experiment.problem(s)
-        algorithm, _ = build_method("cfl", problem["models"][False], s)
+        algorithm = experiment.build_method("cfl", s, problem["models"][False])
         train, axes = problem["train"], copies_axes(problem["train"])
         state = jax.vmap(algorithm.init, in_axes=(0, axes))(jax.random.split(jax.random.key(0), 1),
                                                             train)
@@ -451,7 +461,9 @@ def test_cfl_thresholds_are_settings_and_the_digits_preset_splits():
         clusters[eps2] = int(state.num_clusters[0])
     assert clusters[1.6] == 1 and clusters[0.5] > 1, clusters
     s = resolve(experiment.declared, preset.defaults, {})
-    notes = experiment.notes(s, experiment.problem(s), {})
+    # The notes speak of the methods that ran (here: none logged a row).
+    ran = {name: types.SimpleNamespace(rows=[]) for name in ("ifca", "hypcluster", "cfl")}
+    notes = experiment.notes(s, experiment.problem(s), ran)
     assert "cfl_eps2 = 0.5" in notes["cfl"] and "same numbers" in notes["hypcluster"]
 
 

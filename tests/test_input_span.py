@@ -16,6 +16,7 @@ import optax
 import pytest
 
 from fedjax_sim.algorithms import ifca
+from fedjax_sim.algorithms import sgd as sgd_training  # `sgd` here is optax's
 from fedjax_sim.data import FederatedData
 from fedjax_sim.models import mlp_classifier
 from fedjax_sim.ops import (
@@ -225,8 +226,7 @@ def test_ifca_round_with_span_steps_equals_per_client_loop():
     model = mlp_classifier(SHAPE, (9,), CLASSES)
     counts = [8, 8, 6, 8, 7, 8]
     data, k, steps, lr = _federation(counts, seed=3), 2, 3, 0.2
-    algorithm = ifca(model, num_clusters=k, option="model", local_steps=steps,
-                     learning_rate=lr)
+    algorithm = ifca(model, sgd_training(lr, steps=steps), num_clusters=k, option="model")
     state = algorithm.init(jax.random.key(2), data)
     new, _ = jax.jit(algorithm.round)(state, data, jax.random.key(5))
     x, y = np.asarray(data.x, np.float64), np.asarray(data.y)

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from fedjax_sim import backend, simulate, tuning
-from fedjax_sim.algorithms import fedavg, ifca, with_restarts
+from fedjax_sim.algorithms import fedavg, ifca, sgd, with_initial_params, with_restarts
 from fedjax_sim.data import FederatedData, linear_mixture
-from fedjax_sim.execution import plan_of
+from fedjax_sim.execution import plan_of, planned
 from fedjax_sim.models import linear_regression
 from fedjax_sim.ops import sample_cohort
 from fedjax_sim.ops.linear import DEFAULT_LINEAR_FORM, LINEAR_FORMS
@@ -60,19 +60,20 @@ def test_every_form_equals_the_per_client_loop(form, d, participation):
     data = _ragged(d, seed=d)
     k, lr = 3, 0.05
     theta0 = np.random.default_rng(1).normal(size=(k, d)).astype(np.float32)
-    alg = ifca(linear_regression(d), num_clusters=k, learning_rate=lr,
-               participation=participation, init_params=lambda key: jnp.asarray(theta0))
-    planned = tuning.planned(data, form)
-    assert plan_of(planned).linear_form == form
+    alg = with_initial_params(
+        ifca(linear_regression(d), sgd(lr), num_clusters=k, participation=participation),
+        lambda key: jnp.asarray(theta0))
+    placed = planned(data, linear_form=form)
+    assert plan_of(placed).linear_form == form
     round_ = backend.jit(alg.round, d, linear_form=form)
-    state = alg.init(jax.random.key(0), planned)
+    state = alg.init(jax.random.key(0), placed)
     counts = np.asarray(data.num_examples)
     xs = [np.asarray(data.x[i, :c], np.float64) for i, c in enumerate(counts)]
     ys = [np.asarray(data.y[i, :c], np.float64) for i, c in enumerate(counts)]
     m, holding = data.num_clients, int(np.sum(counts > 0))
     theta = theta0.astype(np.float64)
     for key in jax.random.split(jax.random.key(2), 2):
-        state, _ = round_(state, planned, key)
+        state, _ = round_(state, placed, key)
         s = max(1, int(round(participation * m)))
         cohort = np.asarray(sample_cohort(key, m, s).ids)
         sums = np.zeros_like(theta)
@@ -91,7 +92,7 @@ def _problem(m=300, d=10):
 
 
 def _ifca(d=10):
-    return with_restarts(ifca(linear_regression(d), num_clusters=4, learning_rate=0.1), 2)
+    return with_restarts(ifca(linear_regression(d), sgd(0.1), num_clusters=4), 2)
 
 
 @pytest.mark.parametrize("d", [10, 100])
@@ -177,7 +178,7 @@ def test_a_program_without_the_kernel_has_no_form(store, monkeypatch):
     calls = []
     monkeypatch.setattr(tuning, "time_forms", _fake_times("dot", calls))
     timing = {}
-    alg = fedavg(linear_regression(10), learning_rate=0.1, local_steps=2)
+    alg = fedavg(linear_regression(10), sgd(0.1, steps=2))
     _run(_problem(), timing, alg)
     assert timing["kernel_form"] is None and not calls and not store.exists()
 
@@ -213,15 +214,15 @@ def test_compile_round_times_calls_one_by_one(store, monkeypatch):
     calls = []
     monkeypatch.setattr(tuning, "time_forms", _fake_times("dot_ynn", calls))
     data = _problem()
-    alg = ifca(linear_regression(10), num_clusters=4, learning_rate=0.1)
+    alg = ifca(linear_regression(10), sgd(0.1), num_clusters=4)
     state = alg.init(jax.random.key(0), data)
     key = jax.random.key(1)
-    round_fn, planned, choice = tuning.compile_round(alg, state, data, key)
+    round_fn, placed, choice = tuning.compile_round(alg, state, data, key)
     assert choice.source == "timed" and len(calls) == 1
     if "dot_ynn" in calls[0]:  # narrow features on a CPU whose jaxlib has YNNPACK dots
         assert choice.form == "dot_ynn"
-    assert plan_of(planned).linear_form == choice.form
-    new, _ = round_fn(state, planned, key)
+    assert plan_of(placed).linear_form == choice.form
+    new, _ = round_fn(state, placed, key)
     want, _ = jax.jit(alg.round)(state, data, key)
     np.testing.assert_array_equal(new.assignment, want.assignment)
     np.testing.assert_allclose(new.cluster_params, want.cluster_params, rtol=1e-6, atol=1e-6)

@@ -18,6 +18,7 @@ from fedjax_sim.data import copy_at
 from fedjax_sim.experiments import PRESETS, ifca_success, ifca_synthetic
 from fedjax_sim.experiments import ifca_images as images
 from fedjax_sim.experiments.ifca_synthetic import sweep as synthetic_sweep
+from fedjax_sim.experiments.methods import SPLIT_MODEL
 
 
 def _chunk(m: int, per_client: int, available: float):
@@ -210,7 +211,7 @@ def test_images_client_chunk(digits, monkeypatch, name, gb, seeds, on_cpu, on_ac
                              backend):
     s, problem = digits
     s = {**s, "memory_budget_gb": gb, "seeds": seeds}
-    model = problem["models"][name in images.SHARING]
+    model = problem["models"][SPLIT_MODEL in images.DIGITS.method_table[name].needs]
     monkeypatch.setattr(jax, "default_backend", lambda: backend)  # only the chunk rule reads it
     got = images.DIGITS.client_chunk(s, problem, model, name)
     assert got == (on_cpu if backend == "cpu" else on_accelerator)

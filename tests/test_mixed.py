@@ -12,7 +12,7 @@ from federations import assert_reported_as_finished, recording_context
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedjax_sim.algorithms import ALGORITHMS, fedavg
+from fedjax_sim.algorithms import ALGORITHMS, fedavg, sgd
 from fedjax_sim.algorithms.mixed import (
     CENTRAL_STREAM,
     datacenter_loss,
@@ -25,6 +25,7 @@ from fedjax_sim.algorithms.mixed import (
     mixed_parallel,
 )
 from fedjax_sim.data import FederatedData, ServerData
+from fedjax_sim.execution import planned
 from fedjax_sim.experiments.mixed import MixedSynthetic, binary_auc, rounds_to_target
 from fedjax_sim.models import linear_regression
 from fedjax_sim.ops import sample_batch, sample_cohort
@@ -106,7 +107,7 @@ def loop_round(variant, params, grad_f_last, data, server, ids, *, lr, server_lr
     mixed = w_f * hat_g_f + w_c * hat_g_c
     metrics = {"G_tilde": np.sqrt(max(spread - mixed @ mixed, 0.0)),
                "B_tilde": np.sqrt(spread / (mixed @ mixed)),
-               "train_loss": np.mean(losses), "central_loss": loss_c}
+               "cohort_loss": np.mean(losses), "central_loss": loss_c}
     return x_t + server_lr * delta, hat_g_f, metrics
 
 
@@ -125,10 +126,9 @@ CASES = [
 def test_rounds_equal_per_client_loop(variant, options):
     data, server = make_inputs()
     hyper = dict(lr=0.05, server_lr=0.7, w_f=0.6, w_c=0.4, k=3)
-    alg = FACTORIES[variant](MODEL, learning_rate=hyper["lr"],
-                             server_learning_rate=hyper["server_lr"], w_f=hyper["w_f"],
-                             w_c=hyper["w_c"], local_steps=hyper["k"], clients_per_round=4,
-                             **options)
+    alg = FACTORIES[variant](MODEL, sgd(hyper["lr"], steps=hyper["k"]),
+                             server_lr=hyper["server_lr"], w_f=hyper["w_f"], w_c=hyper["w_c"],
+                             participation=4 / data.num_clients, **options)
     state = alg.init(jax.random.key(0), (data, server))
     round_ = jax.jit(alg.round)
     params, grad_f = np.asarray(state.params, np.float64), np.zeros(D)
@@ -160,15 +160,15 @@ def test_minibatch_rounds_equal_per_client_loop_with_per_step_draws(variant):
     inside each step) gives the same 2-GT round."""
     data, server = make_inputs(5, sizes=(6, 1, 0, 5, 3, 6), n_c=200)
     lr, w_f, w_c, k, b, cb, s = 0.05, 0.6, 0.4, 3, 2, 16, 4
-    kw = dict(learning_rate=lr, w_f=w_f, w_c=w_c, local_steps=k, batch_size=b,
-              clients_per_round=s)
-    alg = FACTORIES[variant](MODEL, central_batch_size=cb, **kw)
+    training = sgd(lr, steps=k, batch_size=b)
+    kw = dict(w_f=w_f, w_c=w_c, participation=s / data.num_clients)
+    alg = FACTORIES[variant](MODEL, training, central=training.replace(batch_size=cb), **kw)
     state = alg.init(jax.random.key(0), (data, server))
     key = jax.random.key(21)
     new, _ = jax.jit(alg.round)(state, (data, server), key)
     if variant == "gt2":  # the central steps' draws: made up front, or in each step
         dc = datacenter_loss(MODEL, cb)
-        plain = mixed_gt2(MODEL, central_loss=lambda p, a, kk: dc(p, a, kk), **kw)
+        plain = mixed_gt2(MODEL, training, central_loss=lambda p, a, kk: dc(p, a, kk), **kw)
         other, _ = jax.jit(plain.round)(state, (data, server), key)
         chex.assert_trees_all_equal(new.params, other.params)
 
@@ -211,8 +211,8 @@ def test_no_central_weight_is_fedavg():
     α = ½ half of the step comes from the server's K steps along ĝ_f (not FedAvg; that
     combination is checked against the loop reference above)."""
     data, server = make_inputs(1)
-    common = dict(learning_rate=0.1, local_steps=2, batch_size=2)
-    ref = fedavg(MODEL, participation=4 / 6, **common)
+    training = sgd(0.1, steps=2, batch_size=2)
+    ref = fedavg(MODEL, training, participation=4 / 6)
     ref_round = jax.jit(ref.round)
     keys = jax.random.split(jax.random.key(3), 2)
     ref_params = []
@@ -221,7 +221,7 @@ def test_no_central_weight_is_fedavg():
         ref_state, _ = ref_round(ref_state, data, key)
         ref_params.append(np.asarray(ref_state.params))
     for variant, options in (("parallel", {}), ("gt1", {}), ("gt2", {"combine": "mixing"})):
-        alg = FACTORIES[variant](MODEL, w_f=1.0, w_c=0.0, clients_per_round=4, **common,
+        alg = FACTORIES[variant](MODEL, training, w_f=1.0, w_c=0.0, participation=4 / 6,
                                  **options)
         round_ = jax.jit(alg.round)
         state = alg.init(jax.random.key(0), (data, server))
@@ -235,7 +235,7 @@ def test_gt1_one_step_is_sgd_on_the_mixed_loss(w_f, w_c):
     """K = 1, server SGD at lr 1, every client, full batches: x − η(w_f ∇f_f + w_c ∇f_c)."""
     data, server = make_inputs(2)
     lr = 0.07
-    alg = mixed_gt1(MODEL, learning_rate=lr, w_f=w_f, w_c=w_c, local_steps=1)
+    alg = mixed_gt1(MODEL, sgd(lr), w_f=w_f, w_c=w_c)
     state = alg.init(jax.random.key(0), (data, server))
     new, _ = jax.jit(alg.round)(state, (data, server), jax.random.key(1))
     theta = np.asarray(state.params, np.float64)
@@ -248,7 +248,7 @@ def test_gt1_one_step_is_sgd_on_the_mixed_loss(w_f, w_c):
 def test_regularizer_central_loss_needs_no_server_data():
     data, _ = make_inputs(3)
     lr, scale = 0.1, 0.3
-    alg = mixed_gt1(MODEL, learning_rate=lr, local_steps=1, central_loss=l2_regularizer(scale))
+    alg = mixed_gt1(MODEL, sgd(lr), central_loss=l2_regularizer(scale))
     state = alg.init(jax.random.key(0), data)
     new, metrics = jax.jit(alg.round)(state, data, jax.random.key(1))
     theta = np.asarray(state.params, np.float64)
@@ -262,21 +262,28 @@ def test_regularizer_central_loss_needs_no_server_data():
 def test_missing_datacenter_is_refused_with_a_clear_message():
     data, _ = make_inputs()
     with pytest.raises(ValueError, match="ServerData"):
-        mixed_parallel(MODEL, learning_rate=0.1).init(jax.random.key(0), data)
+        mixed_parallel(MODEL, sgd(0.1)).init(jax.random.key(0), data)
     with pytest.raises(ValueError, match="combine"):
-        mixed_gt2(MODEL, learning_rate=0.1, combine="third")
-    with pytest.raises(ValueError, match="clients_per_round"):
-        mixed_gt1(MODEL, learning_rate=0.1, clients_per_round=9).init(
-            jax.random.key(0), make_inputs())
+        mixed_gt2(MODEL, sgd(0.1), combine="third")
+    # More clients per round than there are (the old clients_per_round=9 of 6): a fraction
+    # above 1.
+    with pytest.raises(ValueError, match="participation"):
+        mixed_gt1(MODEL, sgd(0.1), participation=9 / 6)
+    # The central steps draw each datacenter batch afresh; by default they do not take the
+    # clients' sampling mode (clients in epochs are accepted).
+    with pytest.raises(ValueError, match="central sampling"):
+        mixed_parallel(MODEL, sgd(0.1), central=sgd(0.1, batch_size=2, sampling="epochs"))
+    mixed_parallel(MODEL, sgd(0.1, batch_size=2, sampling="epochs")).init(
+        jax.random.key(0), make_inputs())
 
 
 def test_client_chunks_equal_the_whole_cohort():
     data, server = make_inputs(4)
-    kw = dict(learning_rate=0.05, local_steps=2, clients_per_round=5)
-    whole, chunked = mixed_gt2(MODEL, **kw), mixed_gt2(MODEL, client_chunk=2, **kw)
-    state = whole.init(jax.random.key(0), (data, server))
-    a, ma = jax.jit(whole.round)(state, (data, server), jax.random.key(5))
-    b, mb = jax.jit(chunked.round)(state, (data, server), jax.random.key(5))
+    alg = mixed_gt2(MODEL, sgd(0.05, steps=2), participation=5 / data.num_clients)
+    state = alg.init(jax.random.key(0), (data, server))
+    round_ = jax.jit(alg.round)
+    a, ma = round_(state, (data, server), jax.random.key(5))
+    b, mb = round_(state, (planned(data, client_chunk=2), server), jax.random.key(5))
     chex.assert_trees_all_close(a.params, b.params, rtol=1e-5, atol=1e-6)
     chex.assert_trees_all_close(ma, mb, rtol=1e-4, atol=1e-6)
 
@@ -284,7 +291,7 @@ def test_client_chunks_equal_the_whole_cohort():
 def test_oracle_step_is_sgd_on_the_mixed_loss():
     data, server = make_inputs(5)
     lr = 0.05
-    alg = mixed_centralized(MODEL, learning_rate=lr, local_steps=2)
+    alg = mixed_centralized(MODEL, sgd(lr, steps=2))
     state = alg.init(jax.random.key(0), (data, server))
     new, _ = jax.jit(alg.round)(state, (data, server), jax.random.key(1))
     theta = np.asarray(state.params, np.float64)
@@ -371,6 +378,9 @@ def test_binary_auc_and_rounds_to_target_equal_loops():
     values = np.array([[3.0, 5.0], [0.5, 4.0], [0.2, 3.0]])  # [rounds, seeds]
     got = rounds_to_target(values, 1.0)
     assert got[0] == 2 and np.isnan(got[1])
+    # No round kept (every seed diverged in the first chunk): NaN per seed, not an error.
+    got = rounds_to_target(np.zeros((0, 3)), 1.0)
+    assert got.shape == (3,) and np.all(np.isnan(got))
 
 
 def test_movielens_client_update_touches_only_its_own_rows():
@@ -389,8 +399,9 @@ def test_movielens_client_update_touches_only_its_own_rows():
     clients = movielens_clients(ratings, context_len=3)
     data = FederatedData.from_arrays(clients.x_train, clients.y_train, clients.n_train)
     model = recsys.dual_encoder(12, 4)
-    alg = mixed_parallel(model, learning_rate=0.5, w_f=1.0, w_c=0.0, local_steps=3,
-                         clients_per_round=1, central_loss=recsys.spreadout_loss())
+    alg = mixed_parallel(model, sgd(0.5, steps=3), w_f=1.0, w_c=0.0,
+                         participation=1 / data.num_clients,
+                         central_loss=recsys.spreadout_loss())
     state = alg.init(jax.random.key(0), data)
     key = jax.random.key(4)
     (client,) = np.asarray(sample_cohort(key, data.num_clients, 1).ids)
@@ -409,9 +420,10 @@ def test_movielens_client_update_touches_only_its_own_rows():
                                                    ("centralized", mixed_centralized)])
 def test_one_factory_with_a_variant_is_the_registered_alias(variant, factory):
     data, server = make_inputs(6)
-    kw = dict(learning_rate=0.05, local_steps=2, batch_size=2, clients_per_round=4,
-              w_f=0.3, w_c=2.0, central_loss=l2_regularizer(0.5))
-    a, b = mixed(MODEL, variant=variant, **kw), factory(MODEL, **kw)
+    kw = dict(participation=4 / data.num_clients, w_f=0.3, w_c=2.0,
+              central_loss=l2_regularizer(0.5))
+    training = sgd(0.05, steps=2, batch_size=2)
+    a, b = mixed(MODEL, training, variant=variant, **kw), factory(MODEL, training, **kw)
     state = a.init(jax.random.key(0), (data, server))
     chex.assert_trees_all_equal(jax.jit(a.round)(state, (data, server), jax.random.key(2)),
                                 jax.jit(b.round)(state, (data, server), jax.random.key(2)))
@@ -419,13 +431,9 @@ def test_one_factory_with_a_variant_is_the_registered_alias(variant, factory):
 
 def test_a_setting_the_variant_does_not_read_is_refused():
     with pytest.raises(ValueError, match="does not read combine"):
-        mixed(MODEL, variant="parallel", learning_rate=0.1, combine="mixing")
-    with pytest.raises(ValueError, match="does not read central_steps"):
-        mixed(MODEL, variant="gt1", learning_rate=0.1, central_steps=3)
-    with pytest.raises(ValueError, match="does not read client_chunk"):
-        mixed(MODEL, variant="centralized", learning_rate=0.1, client_chunk=2)
+        mixed(MODEL, sgd(0.1), variant="parallel", combine="mixing")
     with pytest.raises(ValueError, match="variant"):
-        mixed(MODEL, variant="gt3", learning_rate=0.1)
+        mixed(MODEL, sgd(0.1), variant="gt3")
 
 
 def _dissimilarity_from_definition(g_f, g_c, w_f, w_c):
@@ -461,7 +469,7 @@ def test_movielens_weights_round_logs_the_normalised_dissimilarity():
     a negative G̃², read as 0, and B̃ < 1)."""
     data, server = make_inputs(7)
     w_f, w_c = 0.9, 100.0
-    alg = mixed_gt1(MODEL, learning_rate=1e-3, w_f=w_f, w_c=w_c, local_steps=2)
+    alg = mixed_gt1(MODEL, sgd(1e-3, steps=2), w_f=w_f, w_c=w_c)
     state = alg.init(jax.random.key(0), (data, server))
     _, metrics = jax.jit(alg.round)(state, (data, server), jax.random.key(1))
     theta = np.asarray(state.params, np.float64)
@@ -472,4 +480,4 @@ def test_movielens_weights_round_logs_the_normalised_dissimilarity():
     np.testing.assert_allclose(float(metrics["G_tilde"]), want_g, rtol=1e-4)
     np.testing.assert_allclose(float(metrics["B_tilde"]), want_b, rtol=1e-4)
     with pytest.raises(ValueError, match="both be 0"):
-        mixed_gt1(MODEL, learning_rate=0.1, w_f=0.0, w_c=0.0)
+        mixed_gt1(MODEL, sgd(0.1), w_f=0.0, w_c=0.0)

@@ -131,7 +131,7 @@ def test_load_from_archive_reports_invalid_and_caches(tmp_path, monkeypatch):
 
 
 def test_gin_pooling_invariances_and_drflm_trains_through_embeddings():
-    from fedjax_sim.algorithms import drflm
+    from fedjax_sim.algorithms import drflm, sgd
     from fedjax_sim.models.graph import gin_regressor
 
     g = featurize(["c1ccccc1O", "CCO"])
@@ -149,10 +149,10 @@ def test_gin_pooling_invariances_and_drflm_trains_through_embeddings():
     # One DRFLM round on graph clients: finite, and g (the trunk) moves.
     fed = federate_smiles(SMILES, np.linspace(-1, 1, len(SMILES)), 2, seed=0)
     model = gin_regressor(ATOM_FEATURES, fed.train.x["nodes"].shape[2], hidden=8, layers=1)
-    alg = drflm(model, learning_rate=0.1, local_steps=2, batch_size=4, lambda_lr=0.1)
+    alg = drflm(model, sgd(0.1, steps=2, batch_size=4), lambda_lr=0.1)
     state = alg.init(jax.random.key(0), fed.train)
     new, metrics = jax.jit(alg.round)(state, fed.train, jax.random.key(1))
-    assert np.isfinite(float(metrics["train_loss"]))
+    assert np.isfinite(float(metrics["cohort_loss"]))
     moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), new.params["trunk"],
                          state.params["trunk"])
     assert max(jax.tree.leaves(moved)) > 0

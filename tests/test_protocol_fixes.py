@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedjax_sim.algorithms import drfa, fedavg, ifca, with_seeds
+from fedjax_sim.algorithms import drfa, fedavg, ifca, sgd, with_seeds
 from fedjax_sim.data import FederatedData
 from fedjax_sim.experiments import drfa_molecules, ifca_images
 from fedjax_sim.experiments.registry import get_preset
@@ -66,8 +66,8 @@ def test_fedavg_round_equals_the_weighted_mean_of_a_per_client_loop(weighting, p
     full-batch GD steps from w on each client; a client without rows has no weight."""
     data, xs, ys = _clients()
     tau = 3
-    alg = fedavg(linear_regression(D), learning_rate=LR, local_steps=tau,
-                 participation=participation, weighting=weighting)
+    alg = fedavg(linear_regression(D), sgd(LR, steps=tau), participation=participation,
+                 weighting=weighting)
     state = alg.init(jax.random.key(0), data)
     theta = np.asarray(state.params, np.float64)
     m = len(SIZES)
@@ -106,7 +106,7 @@ def test_drfa_presets_weight_fedavg_by_rows_and_fedavg_mixup_honours_official_co
     model = linear_regression(D)
     for weighting, official in itertools.product(("examples", "uniform"), (False, True)):
         s = _molecule_settings(weighting=weighting, official_code=official, d=D)
-        alg = drfa_molecules.build_method("fedavg_mixup", s, model)
+        alg = drfa_molecules.EXPERIMENT.build_method("fedavg_mixup", s, model)
         state = alg.init(jax.random.key(0), data)
         want = rows / rows.sum() if weighting == "examples" else np.full(6, 1 / 6)
         np.testing.assert_allclose(state.lam, want, rtol=1e-6)
@@ -116,7 +116,7 @@ def test_drfa_presets_weight_fedavg_by_rows_and_fedavg_mixup_honours_official_co
         floor = 1e-3 if official else 0.0  # FedTorch's clip floor raises the empty client
         lam = np.maximum(want, floor)
         np.testing.assert_allclose(state.lam, lam / lam.sum(), rtol=1e-5, atol=1e-7)
-        weighted = drfa_molecules.build_method("fedavg", s, model)
+        weighted = drfa_molecules.EXPERIMENT.build_method("fedavg", s, model)
         st = weighted.init(jax.random.key(0), data)
         st, _ = jax.jit(weighted.round)(st, data, jax.random.key(1))
         assert np.all(np.isfinite(np.asarray(st.params)))
@@ -129,7 +129,7 @@ def test_fedavg_reports_its_client_weights_as_lambda():
     model = linear_regression(D)
     problem = drfa_molecules.Problem(data, data, [1.0, 1.0], np.zeros(4, bool), "y", {}, model,
                                      True)
-    alg = with_seeds(fedavg(model, learning_rate=LR), 2, shared_data=True)
+    alg = with_seeds(fedavg(model, sgd(LR)), 2, shared_data=True)
     state = alg.init(jax.random.key(0), data)
     for weighting, want in (("examples", rows / rows.sum()), ("uniform", np.full(4, 0.25))):
         out = drfa_molecules.metrics_fn(alg, problem, weighting)(state)
@@ -202,7 +202,7 @@ def test_drfa_official_code_round_equals_fedtorchs_order_of_operations():
     thetas = np.random.default_rng(5).normal(size=(6, D)) * 2.0  # clients disagree: λ moves
     data, xs, ys = _clients(seed=1, thetas=thetas)
     m = 3
-    alg = drfa(linear_regression(D), learning_rate=LR, local_steps=TAU, participation=m / 6,
+    alg = drfa(linear_regression(D), sgd(LR, steps=TAU), participation=m / 6,
                lambda_lr=GAMMA0, official_code=True)
     state = alg.init(jax.random.key(0), data)
     rows = np.asarray(SIZES, np.float64)
@@ -287,9 +287,12 @@ def test_local_update_in_epochs_equals_a_per_client_loop_over_the_permutations()
 def test_sampling_is_checked():
     model = linear_regression(D)
     with pytest.raises(ValueError, match="sampling"):
-        fedavg(model, learning_rate=LR, sampling="epoch")
-    with pytest.raises(ValueError, match="sampling"):
-        ifca(model, num_clusters=2, learning_rate=LR, option="gradient", sampling="epochs")
+        fedavg(model, sgd(LR, sampling="epoch"))
+    # IFCA option I takes full-batch gradients, which read every row whatever the sampling
+    # mode: it refuses the minibatches a mode would draw.
+    with pytest.raises(ValueError, match="batch_size=None"):
+        ifca(model, sgd(LR, batch_size=2, sampling="epochs"), num_clusters=2,
+             option="gradient")
     assert get_preset("ifca-rotated-cifar").defaults["sampling"] == "epochs"
 
 
@@ -336,8 +339,8 @@ def test_ifca_keeps_each_clients_most_recent_assignment_and_counts_downlink_of_d
     thetas = [np.full(D, 1.0) if i % 2 else np.full(D, -1.0) for i in range(m)]
     data, xs, ys = _clients(seed=3, sizes=sizes, thetas=thetas)
     s = 3
-    alg = ifca(linear_regression(D), num_clusters=k, learning_rate=LR, option="model",
-               local_steps=2, participation=s / m)
+    alg = ifca(linear_regression(D), sgd(LR, steps=2), num_clusters=k, option="model",
+               participation=s / m)
     state = alg.init(jax.random.key(0), data)
     last = np.full(m, -1)
     round_ = jax.jit(alg.round)

@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 
 from fedjax_sim import cli, experiments, simulate
-from fedjax_sim.algorithms import Algorithm, ifca, with_restarts
+from fedjax_sim.algorithms import Algorithm, ifca, sgd, with_restarts
 from fedjax_sim.checkpoint import RunCheckpoints
 from fedjax_sim.data import linear_mixture
+from fedjax_sim.execution import planned
 from fedjax_sim.experiments import ifca_synthetic, runner
 from fedjax_sim.io import write_json
 from fedjax_sim.models import linear_regression
@@ -64,7 +65,7 @@ def _assert_same_history(a, b):
 @pytest.fixture(scope="module")
 def small_ifca():
     problem = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0)
-    algorithm = with_restarts(ifca(linear_regression(3), num_clusters=2, learning_rate=0.2), 3)
+    algorithm = with_restarts(ifca(linear_regression(3), sgd(0.2), num_clusters=2), 3)
     evaluate = jax.jit(algorithm.evaluate)
 
     def metrics(state):
@@ -319,7 +320,7 @@ def test_diverged_run_exits_3_and_keeps_the_last_good_checkpoint(tmp_path, capsy
     assert match, err
     diverged_round, metric, _, checkpoint_round, directory = match.groups()
     diverged_round, checkpoint_round = int(diverged_round), int(checkpoint_round)
-    assert metric == "train_loss"
+    assert metric == "cohort_loss"  # the round's own metric goes first, before evaluation
     assert 0 < checkpoint_round < diverged_round <= 60
     assert os.path.samefile(directory, out / "checkpoints")
 
@@ -337,20 +338,20 @@ def test_diverged_run_exits_3_and_keeps_the_last_good_checkpoint(tmp_path, capsy
     settings = json.loads((out / "config.json").read_text())["settings"]
     problem = ifca_synthetic.make_problem(
         settings, jax.random.fold_in(jax.random.key(settings["seed"]), ifca_synthetic.DATA))
-    # The run's IFCA keeps no per-client state (every client takes part in every round).
-    algorithm = with_restarts(ifca(linear_regression(settings["d"]), num_clusters=settings["k"],
-                                   learning_rate=settings["lr"], keep_assignments=False),
-                              settings["restarts"])
+    algorithm = with_restarts(ifca(linear_regression(settings["d"]), sgd(settings["lr"]),
+                                   num_clusters=settings["k"]), settings["restarts"])
+    # The run's IFCA keeps no per-client state (every client takes part in every round):
+    # its data's execution plan says so.
+    forgetting = planned(problem.train, keep_client_state=False)
     key = jax.random.fold_in(jax.random.key(settings["seed"]), ifca_synthetic.ROUNDS)
     with RunCheckpoints(out / "checkpoints") as checkpoints:
         assert checkpoints.latest_step() == checkpoint_round
-        restored = checkpoints.restore(jax.eval_shape(algorithm.init, key, problem.train), key)
-        # A state of another shape (IFCA keeping per-client assignments) is refused, named.
-        keeping = with_restarts(ifca(linear_regression(settings["d"]), num_clusters=settings["k"],
-                                     learning_rate=settings["lr"]), settings["restarts"])
-        with pytest.raises(ValueError, match=r"state arrays where this run's state has 4: "
+        restored = checkpoints.restore(jax.eval_shape(algorithm.init, key, forgetting), key)
+        # A state of another shape (IFCA keeping per-client assignments: its 5 arrays,
+        # assignment and stable beside the run's 3) is refused, named.
+        with pytest.raises(ValueError, match=r"state arrays where this run's state has 5: "
                            "written by another version or with other settings"):
-            checkpoints.restore(jax.eval_shape(keeping.init, key, problem.train), key)
+            checkpoints.restore(jax.eval_shape(algorithm.init, key, problem.train), key)
     for leaf in jax.tree.leaves(restored.state):
         assert np.isfinite(np.asarray(leaf)).all()
     assert restored.history[-1]["round"] == checkpoint_round

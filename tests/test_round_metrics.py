@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedjax_sim import simulate
-from fedjax_sim.algorithms import Algorithm, ifca, with_restarts, with_seeds
+from fedjax_sim.algorithms import Algorithm, ifca, sgd, with_restarts, with_seeds
 from fedjax_sim.checkpoint import RunCheckpoints
 from fedjax_sim.data import FederatedData, linear_mixture
 from fedjax_sim.models import linear_regression
@@ -21,8 +21,8 @@ from fedjax_sim.models import linear_regression
 def seeds_by_restarts():
     """IFCA with 2 seeds × 3 restarts on one small mixture: copies axes [2, 3]."""
     problem = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0)
-    algorithm = with_seeds(with_restarts(ifca(linear_regression(3), num_clusters=2,
-                                              learning_rate=0.2), 3), 2, shared_data=True)
+    algorithm = with_seeds(with_restarts(ifca(linear_regression(3), sgd(0.2), num_clusters=2),
+                                         3), 2, shared_data=True)
     evaluate = jax.jit(algorithm.evaluate)
 
     def metrics(state):

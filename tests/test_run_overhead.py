@@ -254,12 +254,12 @@ def test_timing_counts_an_evaluation_as_evaluation_and_its_compiling_as_compilat
     import types
 
     from fedjax_sim import simulate
-    from fedjax_sim.algorithms import ifca
+    from fedjax_sim.algorithms import ifca, sgd
     from fedjax_sim.data import linear_mixture
     from fedjax_sim.models import linear_regression
 
     problem = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0)
-    algorithm = ifca(linear_regression(3), num_clusters=2, learning_rate=0.2)
+    algorithm = ifca(linear_regression(3), sgd(0.2), num_clusters=2)
     # simulate's clock: the real one, plus what the evaluations "spend" (100 s at round 0,
     # 1 s each after), so the split is exact whatever the machine's load.
     spent = [0.0]

@@ -25,42 +25,48 @@ from fedjax_sim import ALGORITHMS
 # FedAvg with a server optimizer (FedOpt) are checked here with the settings their own test
 # files used to run on devices (minibatches, partial participation, client chunks, server
 # optimizers, k-means++ init), in the same one subprocess as every other algorithm.
+#
+# A case is JSON (it goes to the subprocess): "training" (and "pretraining", "personal",
+# "central") are `sgd(**value)`; "server_optimizer"/"server_lr" wrap the algorithm in
+# `with_server_optimizer`; "client_chunk" is the data's execution plan (`planned`); the
+# other keys are the factory's settings.
+TRAIN = {"learning_rate": 0.1, "steps": 2, "batch_size": 3}
 ALGORITHM_KWARGS = {
     "ifca": [
-        {"num_clusters": 2, "learning_rate": 0.1},
-        {"num_clusters": 2, "learning_rate": 0.1, "option": "model", "local_steps": 2,
-         "batch_size": 3, "participation": 0.5, "stable_rounds": 2},
+        {"training": {"learning_rate": 0.1}, "num_clusters": 2},
+        {"training": TRAIN, "num_clusters": 2, "option": "model", "participation": 0.5,
+         "stable_rounds": 2},
     ],
-    "fedavg": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
-                "server_optimizer": "adam", "server_lr": 0.05}],
-    "local": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3}],
-    "oneshot": [{"num_clusters": 2, "learning_rate": 0.1, "pretrain_steps": 10}],
+    "fedavg": [{"training": TRAIN, "participation": 0.5, "server_optimizer": "adam",
+                "server_lr": 0.05}],
+    "fedavgm": [{"training": TRAIN, "participation": 0.5}],
+    "fedadam": [{"training": TRAIN, "participation": 0.5, "server_lr": 0.05}],
+    "fedyogi": [{"training": TRAIN, "participation": 0.5, "server_lr": 0.05}],
+    "fedadagrad": [{"training": TRAIN, "participation": 0.5, "server_lr": 0.05}],
+    "local": [{"training": TRAIN}],
+    "oneshot": [{"training": {"learning_rate": 0.1}, "num_clusters": 2,
+                 "pretraining": {"learning_rate": 0.1, "steps": 10}}],
     # Mixed FL: the script adds a server-side regularizer as the centralized loss.
-    "mixed_parallel": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3,
-                        "clients_per_round": 4}],
-    "mixed_gt1": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3}],
-    "mixed_gt2": [{"learning_rate": 0.1, "local_steps": 2, "clients_per_round": 4}],
-    "drfa": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
-              "lambda_lr": 0.05}],
-    "drflm": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
-               "lambda_lr": 0.05}],
-    "afl": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
-             "lambda_lr": 0.1}],
-    "hypcluster": [{"num_clusters": 2, "learning_rate": 0.1, "local_steps": 2, "batch_size": 3,
-                    "participation": 0.5, "init": "kmeans++"}],
+    "mixed_parallel": [{"training": TRAIN, "participation": 0.5}],
+    "mixed_gt1": [{"training": TRAIN}],
+    "mixed_gt2": [{"training": {"learning_rate": 0.1, "steps": 2}, "participation": 0.5}],
+    "mixed_centralized": [{"training": TRAIN, "participation": 0.5}],
+    "drfa": [{"training": TRAIN, "participation": 0.5, "lambda_lr": 0.05}],
+    "drflm": [{"training": TRAIN, "participation": 0.5, "lambda_lr": 0.05}],
+    "afl": [{"training": TRAIN, "participation": 0.5, "lambda_lr": 0.1}],
+    "hypcluster": [{"training": TRAIN, "num_clusters": 2, "participation": 0.5,
+                    "init": "kmeans++"}],
     # eps1 = 10 splits a cluster within the rounds run (test_compared_cfl_runs_split_a_cluster).
-    "cfl": [{"learning_rate": 0.1, "local_steps": 2, "participation": 0.75, "max_clusters": 3,
-             "eps1": 10.0, "eps2": 0.0}],
-    "ditto": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
-               "ditto_lambda": 0.5}],
-    "robust_ifca": [{"num_clusters": 2, "learning_rate": 0.1, "local_steps": 2, "batch_size": 3,
-                     "participation": 0.5, "lambda_lr": 0.1}],
-    "fedprox": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
-                 "mu": 0.3, "server_optimizer": "sgdm"}],
-    "scaffold": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
-                  "client_chunk": 2, "server_lr": 0.8}],
-    "qffl": [{"learning_rate": 0.1, "local_steps": 2, "batch_size": 3, "participation": 0.5,
-              "q": 2.0, "client_chunk": 3}],
+    "cfl": [{"training": {"learning_rate": 0.1, "steps": 2}, "participation": 0.75,
+             "max_clusters": 3, "eps1": 10.0, "eps2": 0.0}],
+    "ditto": [{"training": TRAIN, "participation": 0.5, "ditto_lambda": 0.5}],
+    "robust_ifca": [{"training": TRAIN, "num_clusters": 2, "participation": 0.5,
+                     "lambda_lr": 0.1}],
+    "fedprox": [{"training": TRAIN, "participation": 0.5, "mu": 0.3,
+                 "server_optimizer": "sgdm"}],
+    "scaffold": [{"training": TRAIN, "participation": 0.5, "client_chunk": 2,
+                  "server_lr": 0.8}],
+    "qffl": [{"training": TRAIN, "participation": 0.5, "q": 2.0, "client_chunk": 3}],
 }
 
 SCRIPT = textwrap.dedent(
@@ -69,20 +75,35 @@ SCRIPT = textwrap.dedent(
     import jax, numpy as np
     from fedjax_sim import ALGORITHMS, simulate
     from federations import eight_clients, evaluate_as_run
+    from fedjax_sim.algorithms import sgd, with_server_optimizer
+    from fedjax_sim.execution import planned
     from fedjax_sim.parallel import make_mesh
     from fedjax_sim.algorithms.mixed import l2_regularizer
 
+    def build(name, case, model, data):
+        kwargs = dict(case)
+        chunk = kwargs.pop("client_chunk", None)
+        server = kwargs.pop("server_optimizer", None)
+        server_lr = kwargs.pop("server_lr", None) if server else None
+        for field in ("training", "pretraining", "personal", "central"):
+            if field in kwargs:
+                kwargs[field] = sgd(**kwargs[field])
+        if name.startswith("mixed_"):
+            kwargs["central_loss"] = l2_regularizer(0.1)
+        algorithm = ALGORITHMS[name](model, kwargs.pop("training"), **kwargs)
+        if server:
+            algorithm = with_server_optimizer(algorithm, server, server_lr)
+        return algorithm, (data if chunk is None else planned(data, client_chunk=chunk))
+
     cases = json.loads(sys.argv[1])
-    data, model = eight_clients()
+    clients, model = eight_clients()
     out = {}
     for devices in (1, 2, 4):
         mesh = None if devices == 1 else make_mesh(devices)
-        for name, index, kwargs in cases:
+        for name, index, case in cases:
             if devices == 2 and (name, index) != ("ifca", 0):
                 continue  # 2 devices for one algorithm; 1 vs 4 for all of them
-            if name.startswith("mixed_"):
-                kwargs = {**kwargs, "central_loss": l2_regularizer(0.1)}
-            algorithm = ALGORITHMS[name](model, **kwargs)
+            algorithm, data = build(name, case, model, clients)
             state, history = simulate.run(
                 algorithm, data, jax.random.key(7), rounds=5, eval_every=5,
                 progress=False, mesh=mesh,
@@ -160,7 +181,7 @@ def test_sharded_equals_unsharded(sharded_runs, name, i, kwargs):
 
 @pytest.mark.slow
 def test_compared_cfl_runs_split_a_cluster(sharded_runs):
-    # CFLState's leaves: cluster_params (one leaf for the linear model), cluster_id,
+    # CFLState's leaves: cluster_params (one leaf for the linear model), assignment,
     # num_clusters, round. The runs compared above went through a split, so the split
     # (its bipartition of the clients) is checked on devices too.
     num_clusters = sharded_runs["cfl/0/1"]["leaves"][2]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from federations import default_optimization_env
 
-from fedjax_sim import experiments, ifca, linear_mixture, linear_regression, plots, stats
+from fedjax_sim import experiments, ifca, linear_mixture, linear_regression, plots, sgd, stats
 from fedjax_sim.experiments import ifca_success, ifca_synthetic, runner
 from fedjax_sim.io import read_csv
 from fedjax_sim.metrics import min_dist
@@ -68,7 +68,7 @@ def test_cell_equals_separate_runs():
             k=k, m=m, n=n, d=d, sigma=0.3, R=0.7,
         )
         for i, lr in enumerate(lrs):
-            algorithm = ifca(linear_regression(d), num_clusters=k, learning_rate=lr)
+            algorithm = ifca(linear_regression(d), sgd(lr), num_clusters=k)
             step = jax.jit(algorithm.round)
             for r in range(3):
                 state = algorithm.init(jax.random.fold_in(jax.random.fold_in(base, 1), r),

@@ -1,22 +1,52 @@
-"""Algorithms as NamedTuples of pure functions, and their registry."""
+"""Algorithms as NamedTuples of pure functions, their combinators, and their registry.
 
-from fedjax_sim.algorithms.afl import afl
-from fedjax_sim.algorithms.base import Algorithm, with_restarts, with_seeds
-from fedjax_sim.algorithms.cfl import cfl
-from fedjax_sim.algorithms.ditto import ditto
-from fedjax_sim.algorithms.drfa import drfa, drflm
+Every factory takes the model, then how clients train (`ClientTraining`, e.g.
+`sgd(0.1, steps=5)`), then its own settings as keywords; none takes an execution
+setting (chunks, devices, kernel forms: `fedjax_sim.execution`). A variant is a
+combinator around a built algorithm (`with_restarts`, `with_seeds`,
+`with_server_optimizer`, IFCA's `with_weight_sharing`, ...).
+"""
+
+from fedjax_sim.algorithms.afl import AFLState, afl
+from fedjax_sim.algorithms.base import (
+    Algorithm,
+    with_restarts,
+    with_seeds,
+    with_server_optimizer,
+)
+from fedjax_sim.algorithms.cfl import CFLState, cfl
+from fedjax_sim.algorithms.ditto import DittoState, ditto
+from fedjax_sim.algorithms.drfa import DRFAState, drfa, drflm
 from fedjax_sim.algorithms.fedavg import FedAvgState, fedavg
 from fedjax_sim.algorithms.fedprox import fedprox
-from fedjax_sim.algorithms.hypcluster import hypcluster
-from fedjax_sim.algorithms.ifca import IFCAState, ifca
+from fedjax_sim.algorithms.hypcluster import HypClusterState, hypcluster
+from fedjax_sim.algorithms.ifca import (
+    IFCAState,
+    ifca,
+    pretrained_trunk,
+    with_balanced_init,
+    with_fixed_assignment,
+    with_frozen_trunk,
+    with_initial_params,
+    with_warm_start,
+    with_weight_sharing,
+)
 from fedjax_sim.algorithms.local import LocalState, local_models
-from fedjax_sim.algorithms.mixed import mixed_gt1, mixed_gt2, mixed_parallel
+from fedjax_sim.algorithms.mixed import (
+    MixedState,
+    mixed_centralized,
+    mixed_gt1,
+    mixed_gt2,
+    mixed_parallel,
+)
 from fedjax_sim.algorithms.oneshot import one_shot_clustering
 from fedjax_sim.algorithms.qffl import QFFLState, qffl
-from fedjax_sim.algorithms.robust_ifca import robust_ifca
+from fedjax_sim.algorithms.recipes import fedadagrad, fedadam, fedavgm, fedyogi
+from fedjax_sim.algorithms.robust_ifca import RobustIFCAState, robust_ifca
 from fedjax_sim.algorithms.scaffold import ScaffoldState, scaffold
+from fedjax_sim.algorithms.training import SAMPLINGS, ClientTraining, sgd
 
-# name -> factory. Every factory takes the model first and its settings as keywords.
+# name -> factory: factory(model, training, **its settings) -> Algorithm.
 ALGORITHMS = {
     "ifca": ifca,
     "fedavg": fedavg,
@@ -25,18 +55,21 @@ ALGORITHMS = {
     "mixed_parallel": mixed_parallel,
     "mixed_gt1": mixed_gt1,
     "mixed_gt2": mixed_gt2,
+    "mixed_centralized": mixed_centralized,
     "drfa": drfa,
     "drflm": drflm,
-    # Personalised, clustered and agnostic baselines (issue 19).
     "afl": afl,
     "hypcluster": hypcluster,
     "cfl": cfl,
     "ditto": ditto,
     "robust_ifca": robust_ifca,
-    # Baselines (issue 19): FedProx, SCAFFOLD, q-FFL; FedOpt is fedavg's server_optimizer.
     "fedprox": fedprox,
     "scaffold": scaffold,
     "qffl": qffl,
+    "fedavgm": fedavgm,
+    "fedadam": fedadam,
+    "fedyogi": fedyogi,
+    "fedadagrad": fedadagrad,
 }
 
 
@@ -52,20 +85,53 @@ def get_algorithm(name: str):
 
 __all__ = [
     "ALGORITHMS",
+    "AFLState",
     "Algorithm",
+    "CFLState",
+    "ClientTraining",
+    "DRFAState",
+    "DittoState",
     "FedAvgState",
+    "HypClusterState",
     "IFCAState",
     "LocalState",
+    "MixedState",
     "QFFLState",
+    "RobustIFCAState",
+    "SAMPLINGS",
     "ScaffoldState",
+    "afl",
+    "cfl",
+    "ditto",
+    "drfa",
+    "drflm",
+    "fedadagrad",
+    "fedadam",
     "fedavg",
+    "fedavgm",
     "fedprox",
+    "fedyogi",
     "get_algorithm",
+    "hypcluster",
     "ifca",
     "local_models",
+    "mixed_centralized",
+    "mixed_gt1",
+    "mixed_gt2",
+    "mixed_parallel",
     "one_shot_clustering",
+    "pretrained_trunk",
     "qffl",
+    "robust_ifca",
     "scaffold",
+    "sgd",
+    "with_balanced_init",
+    "with_fixed_assignment",
+    "with_frozen_trunk",
+    "with_initial_params",
     "with_restarts",
     "with_seeds",
+    "with_server_optimizer",
+    "with_warm_start",
+    "with_weight_sharing",
 ]

@@ -33,6 +33,17 @@ unbiased for the full vector of losses (FedJAX averages each domain's loss
 over the examples it saw); no server optimizer and no sliding window of
 domain counts. [I] Clients without data take no part: their λ is 0 from the
 start and stays 0 (the projection runs over the clients holding data).
+
+Output and evaluation: the paper's Stochastic-AFL outputs the averaged
+iterates, w^A = (1/T) Σ_{t=1..T} w_t and λ^A = (1/T) Σ_{t=1..T} λ_t, where
+w_t, λ_t are the iterates after the t-th update: the start w_0, λ_0 is not
+among them (its algorithm box; [R]: recalled, not re-read); its convergence
+bound is for w^A. The state keeps both running means (`params_avg`,
+`lam_avg`: after round t the means of w_1..w_t and of λ_1..λ_t; before the
+first round w_0 and λ_0), and evaluation reports w^A (and `client_lambda` =
+λ^A) by default; `evaluate_iterate="last"` reports the last iterates w_T,
+λ_T instead, the model the next round starts from
+(docs/protocols.md#baseline-evaluation).
 """
 
 from __future__ import annotations
@@ -41,41 +52,40 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 
 from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
-    check_fraction,
+    check_choice,
     check_inputs,
-    check_steps,
-    client_optimizer,
-    cohort_size,
+    check_participation,
+    draw_cohort,
     mean_over,
     per_client_fields,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
+from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model
-from fedjax_sim.ops import (
-    check_client_chunk,
-    cohort_sums,
-    local_update,
-    mean_or_keep,
-    put,
-    sample_cohort,
-    take,
-    weighted_sum,
-)
+from fedjax_sim.ops import cohort_sums, mean_or_keep, put, take, weighted_sum
 from fedjax_sim.ops.simplex import project_segments
+
+ITERATES = ("average", "last")
 
 
 class AFLState(NamedTuple):
-    params: object  # pytree, the global model w
-    lam: jax.Array  # [m] float32, λ on the simplex over the clients holding data
-    lam_avg: jax.Array  # [m] float32, mean of λ^(0..t) (the paper reports averaged iterates)
+    params: object  # pytree, the global model w_t (the last iterate)
+    params_avg: object  # pytree like params, w^A: mean of w_1..w_t (w_0 before any round)
+    lam: jax.Array  # [m] float32, λ_t on the simplex over the clients holding data
+    lam_avg: jax.Array  # [m] float32, λ^A: mean of λ_1..λ_t (λ_0 before any round)
     round: jax.Array  # int32
+
+
+def running_mean(mean, value, rounds):
+    """The mean of the iterates 1..t from that of 1..t-1 (t = rounds + 1): the first
+    iterate itself at t = 1, whatever `mean` held before it."""
+    t = (rounds + 1).astype(jnp.float32)
+    return jax.tree.map(lambda a, w: jnp.where(rounds == 0, w, a + (w - a) / t), mean, value)
 
 
 def project_active(v, active):
@@ -83,82 +93,91 @@ def project_active(v, active):
     return project_segments(v, jnp.where(active, 0, -1), 1)
 
 
-def afl(
-    model: Model,
-    optimizer: optax.GradientTransformation | None = None,
-    *,
-    learning_rate=None,
-    local_steps: int = 1,
-    batch_size: int | None = None,
-    participation: float = 1.0,
-    lambda_lr=0.01,
-    client_chunk: int | None = None,
-) -> Algorithm:
+def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
+        lambda_lr=0.01, evaluate_iterate: str = "average") -> Algorithm:
     """Builds AFL (Mohri et al. 2019): projected ascent on the client mixture λ.
 
     Args:
       model: the shared model.
-      optimizer: client optimizer (default SGD at learning_rate; a fresh
-        state each round).
-      learning_rate: η when optimizer is None; may be traced.
-      local_steps: τ; 1 (default) is the paper's one gradient step per round.
-      batch_size: None for full-batch steps (then F_i(w) is the client's
-        whole loss), else the minibatch size (F_i(w) is then the first
-        step's minibatch loss: the paper's stochastic estimate).
+      training: how each client trains; `sgd(η)` with one full-batch step is the
+        paper's one gradient step per round (then F_i(w) is the client's whole
+        loss; with minibatches it is the first step's minibatch loss, the
+        paper's stochastic estimate).
       participation: s/m, clients per round, uniform without replacement.
       lambda_lr: γ, the λ step size (may be traced); γ = 0 keeps λ uniform.
-      client_chunk: None trains the whole cohort at once; else this many
-        clients at a time.
+      evaluate_iterate: the iterates evaluation reports: "average" (default, the
+        paper's output w^A, λ^A: the means of the iterates after each round) or
+        "last" (w_T, λ_T); the state keeps both.
 
     Returns:
       Algorithm with state AFLState; evaluate adds `client_lambda` [m].
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import afl, sgd
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = afl(linear_regression(3), sgd(0.1), lambda_lr=0.01)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.lam.shape, round(float(state.lam.sum()), 4)  # λ on the simplex, [m]
+      ((8,), 1.0)
+      >>> jax.jit(alg.evaluate)(state, data)["client_lambda"].shape
+      (8,)
+
+    References:
+      Mehryar Mohri, Gary Sivek, Ananda Theertha Suresh, "Agnostic Federated
+      Learning", ICML 2019, https://arxiv.org/abs/1902.00146.
     """
-    check_steps("local_steps", local_steps)
-    if batch_size is not None:
-        check_steps("batch_size", batch_size)
-    check_fraction("participation", participation)
-    check_client_chunk(client_chunk)
-    if isinstance(lambda_lr, (int, float, np.number)) and not (
-            np.isfinite(lambda_lr) and lambda_lr >= 0):
-        raise ValueError(f"lambda_lr must be a finite number >= 0; got {lambda_lr!r}.")
-    opt = client_optimizer(optimizer, learning_rate)
+    check_training("afl", training)
+    check_participation(participation)
+    check_learning_rate("lambda_lr", lambda_lr)
+    check_choice("evaluate_iterate", evaluate_iterate, ITERATES)
 
     def init(key, data: FederatedData) -> AFLState:
         params = model.init(key)
         check_inputs(model, params, data)
         active = data.active()
         lam = active / jnp.maximum(jnp.sum(active), 1).astype(jnp.float32)
-        return AFLState(params, lam, lam, jnp.zeros((), jnp.int32))
+        return AFLState(params, params, lam, lam, jnp.zeros((), jnp.int32))
 
     def round_(state: AFLState, data: FederatedData, key):
         m = data.num_clients
-        s = cohort_size(m, participation)
-        cohort = sample_cohort(key, m, s)
+        cohort = draw_cohort(key, data, participation)
+        s = cohort.size
 
         def client_step(batch):  # τ steps from w; F_i(w) is the first step's loss
             start = broadcast_to_clients(state.params, batch.keys.shape[0])
-            trained, _, losses = local_update(model, opt, start, batch.data, batch.keys,
-                                              num_steps=local_steps, batch_size=batch_size)
+            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys)
             weights = jnp.where(batch.active, batch.inputs, 0.0)
             return (weighted_sum(trained, weights), jnp.sum(weights)), (losses[:, 0],
                                                                        batch.active)
 
         (total, weight), (losses, active) = cohort_sums(
-            client_step, data, cohort, inputs=take(cohort, state.lam), client_chunk=client_chunk)
+            client_step, data, cohort, inputs=take(cohort, state.lam))
         params = mean_or_keep(total, weight, state.params)
+        params_avg = running_mean(state.params_avg, params, state.round)
         v = put(cohort, jnp.zeros((m,), jnp.float32), jnp.where(active, (m / s) * losses, 0.0))
         lam = project_active(state.lam + lambda_lr * v, data.active())
-        lam_avg = state.lam_avg + (lam - state.lam_avg) / (state.round + 2).astype(jnp.float32)
+        lam_avg = running_mean(state.lam_avg, lam, state.round)
         metrics = {
-            "train_loss": mean_over(losses, active),
+            "cohort_loss": mean_over(losses, active),
             "worst_client_loss": jnp.max(jnp.where(active, losses, 0.0)),
             "lambda_max": jnp.max(lam),
         }
-        return AFLState(params, lam, lam_avg, state.round + 1), metrics
+        return AFLState(params, params_avg, lam, lam_avg, state.round + 1), metrics
 
     def evaluate(state: AFLState, data: FederatedData) -> dict:
-        out = evaluate_shared(model, state.params, data, client_chunk)
-        out["client_lambda"] = state.lam
+        if evaluate_iterate == "last":
+            params, lam = state.params, state.lam
+        else:  # w^A, λ^A; before any round the start w_0, λ_0 (whatever the means hold)
+            started = state.round > 0
+            params, lam = jax.tree.map(lambda a, w: jnp.where(started, a, w),
+                                       (state.params_avg, state.lam_avg),
+                                       (state.params, state.lam))
+        out = evaluate_shared(model, params, data)
+        out["client_lambda"] = lam
         return out
 
     return Algorithm(init, round_, evaluate, per_client_fields("lam", "lam_avg"))

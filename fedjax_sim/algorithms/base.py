@@ -1,19 +1,28 @@
-"""An algorithm is a NamedTuple of pure functions, like optax's GradientTransformation."""
+"""An algorithm is a NamedTuple of pure functions, like optax's GradientTransformation.
+
+This module also holds what every factory shares, so that a factory is its own
+maths: the checks of the settings every algorithm takes (`participation`,
+`weighting`), the round's cohort draw (`draw_cohort`), the weighted means over a
+cohort, and the combinators that wrap a whole algorithm (`with_restarts`,
+`with_seeds`, `with_server_optimizer`). How a client trains is
+`training.ClientTraining`; how a round is executed (chunks, kernel forms) is the
+executor's (`fedjax_sim.execution`) and appears in no factory.
+"""
 
 from __future__ import annotations
 
-import math
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
+from fedjax_sim.algorithms.server import apply_server_update, make_server_optimizer
 from fedjax_sim.data.federated import copies_axes
 from fedjax_sim.models.core import Model, check_model_data
-from fedjax_sim.ops.local_update import linear_in_gradients
+from fedjax_sim.ops import sample_cohort
 
 State = Any
 NOT_PER_CLIENT = -1
@@ -28,7 +37,10 @@ class Algorithm(NamedTuple):
     """init(key, data) -> state; round(state, data, key) -> (state, metrics);
     evaluate(state, data) -> per-client metrics.
 
-    `round` is one communication round: pure and jit-able. `evaluate` returns a
+    `round` is one communication round: pure and jit-able. Its metrics describe
+    the round itself and never share a name with an evaluation's: every training
+    algorithm reports `cohort_loss`, the mean loss of the round's cohort at the
+    models it received (before local training). `evaluate` returns a
     dict with `client_loss` [m], `assignment` [m] (the cluster model each
     client uses, -1 where the notion does not apply), `client_weight` [m]
     (its weight in averages over clients: 0 for a client without data), and
@@ -57,25 +69,6 @@ def per_client_fields(*names: str) -> Callable[[State], Any]:
     return client_axes
 
 
-def client_optimizer(optimizer, learning_rate) -> optax.GradientTransformation:
-    """The given optax optimizer, or plain SGD at learning_rate (declared linear in its
-    gradients, `ops.linear_in_gradients`: a model's dense input layer may train in the
-    span of its client's rows).
-
-    learning_rate may be a traced value (a sweep vmaps over it), so it is only
-    range-checked when it is a concrete number.
-    """
-    if optimizer is not None:
-        return optimizer
-    if learning_rate is None:
-        raise ValueError("give either an optax optimizer or a learning_rate.")
-    if isinstance(learning_rate, (int, float, np.number)) and not (
-        math.isfinite(float(learning_rate)) and learning_rate >= 0
-    ):
-        raise ValueError(f"learning_rate must be a finite number >= 0; got {learning_rate!r}.")
-    return linear_in_gradients(optax.sgd(learning_rate))
-
-
 def cohort_size(num_clients: int, participation: float) -> int:
     """Clients per round for a participation fraction (at least 1)."""
     return max(1, int(round(participation * num_clients)))
@@ -94,6 +87,27 @@ def check_steps(name: str, value) -> None:
 def check_choice(name: str, value, choices) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {tuple(choices)}; got {value!r}.")
+
+
+WEIGHTINGS = ("uniform", "examples")
+
+
+def check_participation(participation) -> None:
+    """ValueError unless participation, the fraction of clients in a round, is in (0, 1]."""
+    check_fraction("participation", participation)
+
+
+def check_weighting(weighting) -> None:
+    """ValueError unless weighting is "uniform" (every client alike) or "examples" (∝ rows)."""
+    check_choice("weighting", weighting, WEIGHTINGS)
+
+
+def draw_cohort(key, data, participation: float, *, weights=None):
+    """The round's cohort: `cohort_size(m, participation)` of the m clients, drawn uniformly
+    without replacement (every client, in order, at participation 1), or i.i.d. with
+    replacement ∝ `weights` ([m]); a key per slot (`ops.sample_cohort`)."""
+    m = data.num_clients
+    return sample_cohort(key, m, cohort_size(m, participation), weights=weights)
 
 
 def check_inputs(model: Model, params, data) -> None:
@@ -156,6 +170,20 @@ def with_restarts(algorithm: Algorithm, restarts: int) -> Algorithm:
 
     Every copy shares the data; copy r's keys are fold_in(key, r). The state,
     round metrics and evaluation outputs gain a leading [restarts] axis.
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import ifca, sgd, with_restarts
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = with_restarts(ifca(linear_regression(3), sgd(0.1), num_clusters=2), 4)
+      >>> state = jax.jit(alg.init)(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.cluster_params.shape  # [restarts, k, d]
+      (4, 2, 3)
+      >>> jax.jit(alg.evaluate)(state, data)["client_loss"].shape  # [restarts, m]
+      (4, 8)
     """
     if not isinstance(restarts, int) or restarts < 1:
         raise ValueError(f"restarts must be >= 1; got {restarts}.")
@@ -175,7 +203,126 @@ def with_seeds(algorithm: Algorithm, seeds: int, *, shared_data: bool = False) -
     shared_data=True. Several algorithms run with the same key and data get
     the same data and the same initialisation keys seed by seed, which is what
     a paired comparison needs.
+
+    Examples:
+      >>> import jax
+      >>> import jax.numpy as jnp
+      >>> from fedjax_sim.algorithms import fedavg, sgd, with_seeds
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> def one_seed(seed):  # one data seed of the mixture
+      ...     key = jax.random.key(seed)
+      ...     return linear_mixture(key, k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> data = jax.tree.map(lambda *a: jnp.stack(a), *map(one_seed, range(3)))
+      >>> data.x.shape  # [seeds, m, n, d]
+      (3, 8, 10, 3)
+      >>> alg = with_seeds(fedavg(linear_regression(3), sgd(0.1, steps=5)), 3)
+      >>> state = jax.jit(alg.init)(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.params.shape, alg.evaluate(state, data)["client_loss"].shape
+      ((3, 3), (3, 8))
+      >>> shared = with_seeds(fedavg(linear_regression(3), sgd(0.1)), 3, shared_data=True)
+      >>> shared.init(jax.random.key(1), one_seed(0)).params.shape
+      (3, 3)
     """
     if not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds must be >= 1; got {seeds}.")
     return _copies(algorithm, seeds, None if shared_data else copies_axes)
+
+
+SERVER_MODEL_FIELDS = ("params", "cluster_params")
+
+
+def _server_field(state) -> str:
+    for name in SERVER_MODEL_FIELDS:
+        if name in getattr(state, "_fields", ()):
+            if "server_state" not in state._fields:
+                break
+            return name
+    raise ValueError(
+        "with_server_optimizer needs a state with a server model (a field `params`, or "
+        "`cluster_params` with one model per cluster) and a `server_state` field; "
+        f"{type(state).__name__} has {getattr(state, '_fields', ())}.")
+
+
+def _moved(delta) -> jax.Array:
+    """Whether a server model changed in the round (some client holding data trained)."""
+    return jnp.any(jnp.stack([jnp.any(d != 0) for d in jax.tree.leaves(delta)]))
+
+
+def with_server_optimizer(algorithm: Algorithm, optimizer, server_lr=None) -> Algorithm:
+    """FedOpt around an algorithm: the server steps on the round's change of its model.
+
+    Reddi et al., "Adaptive Federated Optimization", ICLR 2021 (algorithms/server.py):
+    the round's new server model is read as x + Δ (Δ the clients' mean change), and
+    the server takes x_{t+1} = ServerOpt(x_t, −Δ_t) instead. A round in which the model
+    did not change (no client holding data took part) changes neither the model nor
+    the optimizer state. With one model per cluster (`cluster_params`, leaves
+    [k, ...]) every cluster has its own optimizer state and a cluster nobody picked
+    keeps both.
+
+    Args:
+      algorithm: its state must have a server model field (`params`, or
+        `cluster_params`) and a `server_state` field (fedavg, fedprox, ifca, drfa, …).
+      optimizer: "sgd", "sgdm" (FedAvgM), "adam", "yogi", "adagrad" (the paper's
+        Algorithm 2) or an optax transformation.
+      server_lr: η of a named optimizer (None: its default); may be traced.
+
+    Examples:
+      >>> import jax
+      >>> import optax
+      >>> from fedjax_sim.algorithms import fedavg, ifca, sgd, with_server_optimizer
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> fedadam = with_server_optimizer(fedavg(linear_regression(3), sgd(0.1)), "adam",
+      ...                                 server_lr=0.01)
+      >>> state = fedadam.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(fedadam.round)(state, data, jax.random.key(2))
+      >>> state.params.shape, int(state.round)
+      ((3,), 1)
+
+      An optax transformation works as well, and a clustered algorithm gets one
+      optimizer state per cluster:
+
+      >>> clustered = with_server_optimizer(
+      ...     ifca(linear_regression(3), sgd(0.1), num_clusters=2), optax.sgd(1.0, momentum=0.9))
+      >>> state = clustered.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(clustered.round)(state, data, jax.random.key(2))
+      >>> state.cluster_params.shape
+      (2, 3)
+
+    References:
+      Sashank J. Reddi, Zachary Charles, Manzil Zaheer, Zachary Garrett, Keith Rush,
+      Jakub Konečný, Sanjiv Kumar, H. Brendan McMahan, "Adaptive Federated
+      Optimization", ICLR 2021, https://arxiv.org/abs/2003.00295.
+    """
+    server = make_server_optimizer(optimizer, server_lr)
+    if server is None:
+        raise ValueError("with_server_optimizer needs an optimizer (a name or an optax "
+                         "transformation).")
+
+    def init(key, data):
+        state = algorithm.init(key, data)
+        field = _server_field(state)
+        if field == "cluster_params" and jax.tree.leaves(getattr(state, "shared_params", {})):
+            raise ValueError("with_server_optimizer steps each cluster's own model; the trunk "
+                             "every cluster shares (weight sharing) has no server step.")
+        params = getattr(state, field)
+        init_one = server.init if field == "params" else jax.vmap(server.init)
+        return state._replace(server_state=init_one(params))
+
+    def round_(state, data, key):
+        new, metrics = algorithm.round(state, data, key)
+        field = _server_field(state)
+        old = getattr(state, field)
+        delta = optax.tree.sub(getattr(new, field), old)
+        step = functools.partial(apply_server_update, server)
+        if field == "params":
+            params, server_state = step(old, state.server_state, delta, _moved(delta))
+        else:
+            params, server_state = jax.vmap(step)(old, state.server_state, delta,
+                                                  jax.vmap(_moved)(delta))
+        return new._replace(**{field: params, "server_state": server_state}), metrics
+
+    return algorithm._replace(init=init, round=round_)

@@ -65,35 +65,26 @@ import optax
 from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
-    check_choice,
-    check_fraction,
     check_inputs,
+    check_participation,
     check_steps,
-    client_optimizer,
+    check_weighting,
     client_weights,
-    cohort_size,
+    draw_cohort,
     mean_over,
     per_client_fields,
 )
 from fedjax_sim.algorithms.ifca import evaluate_clusters
+from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model
-from fedjax_sim.ops import (
-    check_client_chunk,
-    cohort_sums,
-    divide_segments,
-    local_update,
-    put,
-    sample_cohort,
-    segment_totals,
-    take,
-)
+from fedjax_sim.ops import cohort_sums, divide_segments, put, segment_totals, take
 from fedjax_sim.ops.clustering import cosine_similarity, optimal_bipartition
 
 
 class CFLState(NamedTuple):
     cluster_params: object  # pytree, leaves [max_clusters, ...]
-    cluster_id: jax.Array  # [m] int32, each client's cluster slot
+    assignment: jax.Array  # [m] int32, each client's cluster slot
     num_clusters: jax.Array  # int32, slots in use (clusters 0 .. num_clusters − 1)
     round: jax.Array  # int32
 
@@ -103,63 +94,63 @@ def _flat(tree, count: int):
     return jnp.concatenate([leaf.reshape(count, -1) for leaf in jax.tree.leaves(tree)], axis=1)
 
 
-def cfl(
-    model: Model,
-    optimizer: optax.GradientTransformation | None = None,
-    *,
-    learning_rate=None,
-    max_clusters: int = 4,
-    eps1=0.4,
-    eps2=1.6,
-    local_steps: int = 1,
-    batch_size: int | None = None,
-    participation: float = 1.0,
-    weighting: str = "examples",
-    min_split_size: int = 2,
-    split_after: int = 0,
-    client_chunk: int | None = None,
-) -> Algorithm:
+def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0.4, eps2=1.6,
+        participation: float = 1.0, weighting: str = "examples", min_split_size: int = 2,
+        split_after: int = 0) -> Algorithm:
     """Builds CFL (Sattler et al. 2021).
 
     Args:
       model: the model of every cluster.
-      optimizer: client optimizer (default SGD at learning_rate).
-      learning_rate: η when optimizer is None; may be traced.
+      training: how each client trains (its update Δθ_i is τ steps from θ_c(i)).
       max_clusters: cluster slots (static); at most this many clusters form.
       eps1: ε₁, split only when the cluster's mean update norm is below it
         (may be traced). Defaults are the official code's MNIST values.
       eps2: ε₂, ... and its largest client update norm above it (may be traced).
-      local_steps: τ.
-      batch_size: None for full-batch local steps, else the minibatch size.
       participation: fraction of clients per round, uniform without replacement.
       weighting: "examples" (the paper's |D_i|/|D_c|) or "uniform".
       min_split_size: a cluster splits only with at least this many members
         (with data, in the cohort).
       split_after: no split in the first this many rounds.
-      client_chunk: None trains the whole cohort at once; else this many
-        clients at a time (the cohort's flattened updates, [s, d], are kept
-        whole for the similarities).
+
+    The cohort's flattened updates ([s, d]) are kept whole for the similarities,
+    also when the execution plan trains the cohort in chunks.
 
     Returns:
       Algorithm with state CFLState.
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import cfl, sgd
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = cfl(linear_regression(3), sgd(0.1, steps=5), max_clusters=4)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.cluster_params.shape  # [max_clusters, d]: every slot, used or not
+      (4, 3)
+      >>> state.assignment.shape, int(state.num_clusters) >= 1
+      ((8,), True)
+
+    References:
+      Felix Sattler, Klaus-Robert Müller, Wojciech Samek, "Clustered Federated
+      Learning: Model-Agnostic Distributed Multitask Optimization Under Privacy
+      Constraints", IEEE Transactions on Neural Networks and Learning Systems
+      (TNNLS) 2021, https://arxiv.org/abs/1910.01991.
     """
+    check_training("cfl", training)
     if not isinstance(max_clusters, int) or isinstance(max_clusters, bool) or max_clusters < 1:
         raise ValueError(f"max_clusters must be an integer >= 1; got {max_clusters!r}.")
-    check_steps("local_steps", local_steps)
-    if batch_size is not None:
-        check_steps("batch_size", batch_size)
-    check_fraction("participation", participation)
-    check_choice("weighting", weighting, ("examples", "uniform"))
+    check_participation(participation)
+    check_weighting(weighting)
     check_steps("min_split_size", min_split_size)
     if min_split_size < 2:
         raise ValueError(f"min_split_size must be >= 2 (a bipartition needs two members); "
                          f"got {min_split_size}.")
     if not isinstance(split_after, int) or split_after < 0:
         raise ValueError(f"split_after must be an integer >= 0; got {split_after!r}.")
-    check_client_chunk(client_chunk)
     model = model.unsplit()
     slots = max_clusters
-    opt = client_optimizer(optimizer, learning_rate)
 
     def init(key, data: FederatedData) -> CFLState:
         params = model.init(key)
@@ -169,21 +160,18 @@ def cfl(
                         jnp.zeros((), jnp.int32))
 
     def round_(state: CFLState, data: FederatedData, key):
-        m = data.num_clients
-        cohort = sample_cohort(key, m, cohort_size(m, participation))
-        ids = take(cohort, state.cluster_id)
+        cohort = draw_cohort(key, data, participation)
+        ids = take(cohort, state.assignment)
 
         def client_step(batch):  # Δθ_i = LocalUpdate(θ_c(i)) − θ_c(i)
             start = jax.tree.map(lambda p: p[batch.inputs], state.cluster_params)
-            trained, _, losses = local_update(model, opt, start, batch.data, batch.keys,
-                                              num_steps=local_steps, batch_size=batch_size)
+            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys)
             c = batch.keys.shape[0]
             delta = _flat(trained, c) - _flat(start, c)
             weights = client_weights(batch.active, batch.data.num_examples, weighting)
             return (), (delta, weights, losses[:, 0])
 
-        _, (delta, weights, losses) = cohort_sums(client_step, data, cohort, inputs=ids,
-                                                  client_chunk=client_chunk)
+        _, (delta, weights, losses) = cohort_sums(client_step, data, cohort, inputs=ids)
         active = weights > 0
         segment = jnp.where(active, ids, slots)
 
@@ -218,17 +206,17 @@ def cfl(
         _, unravel = jax.flatten_util.ravel_pytree(jax.tree.map(lambda p: p[0], params))
         params = optax.tree.add(params, jax.vmap(unravel)(step))
         metrics = {
-            "train_loss": mean_over(losses, active),
+            "cohort_loss": mean_over(losses, active),
             "num_clusters": used,
             "splits": used - state.num_clusters,
             "mean_update_norm": mean_norm,
             "max_update_norm": max_norm,
         }
-        return CFLState(params, put(cohort, state.cluster_id, ids), used,
+        return CFLState(params, put(cohort, state.assignment, ids), used,
                         state.round + 1), metrics
 
     def evaluate(state: CFLState, data: FederatedData) -> dict:
-        return evaluate_clusters(model, state.cluster_params, data, client_chunk,
-                                 assignment=state.cluster_id)
+        return evaluate_clusters(model, state.cluster_params, data,
+                                 assignment=state.assignment)
 
-    return Algorithm(init, round_, evaluate, per_client_fields("cluster_id"))
+    return Algorithm(init, round_, evaluate, per_client_fields("assignment"))

@@ -15,8 +15,8 @@ Choices: a client without data keeps its personal model; the personal
 steps are pulled toward w^t, the model the client received (Algorithm 1),
 not toward its own w_k; v_k starts at the initial global model w^0 (the
 paper) and only clients of the cohort update theirs;
-the personal steps use the client optimizer (SGD at `personal_learning_rate`,
-default η) on their own minibatches (key fold_in(client key, 1)), while the
+the personal steps are `personal`'s (default: the global steps' training) on
+their own minibatches (key fold_in(client key, 1)), while the
 global steps use the client key itself, so the global model is FedAvg's
 exactly (same key layout, same cohort). Evaluation scores every client
 with its personal model (assignment −1: no cluster).
@@ -28,36 +28,23 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
-    check_choice,
-    check_fraction,
     check_inputs,
-    check_steps,
-    client_optimizer,
+    check_participation,
+    check_weighting,
     client_weights,
-    cohort_size,
+    draw_cohort,
     mean_over,
     per_client_fields,
 )
+from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
-from fedjax_sim.ops import (
-    check_client_chunk,
-    client_update,
-    cohort_sums,
-    local_update,
-    map_client_chunks,
-    mean_or_keep,
-    put,
-    sample_cohort,
-    take,
-    weighted_sum,
-)
+from fedjax_sim.ops import cohort_sums, map_client_chunks, mean_or_keep, put, take, weighted_sum
 
 PERSONAL_STREAM = 1  # a client's personal steps use fold_in(its key, 1)
 
@@ -68,58 +55,51 @@ class DittoState(NamedTuple):
     round: jax.Array  # int32
 
 
-def ditto(
-    model: Model,
-    optimizer: optax.GradientTransformation | None = None,
-    *,
-    learning_rate=None,
-    ditto_lambda=1.0,
-    local_steps: int = 1,
-    personal_steps: int | None = None,
-    personal_learning_rate=None,
-    batch_size: int | None = None,
-    participation: float = 1.0,
-    weighting: str = "uniform",
-    client_chunk: int | None = None,
-) -> Algorithm:
+def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
+          personal: ClientTraining | None = None, participation: float = 1.0,
+          weighting: str = "uniform") -> Algorithm:
     """Builds Ditto (Li et al. 2021) with FedAvg as the global solver.
 
     Args:
       model: the model (global and personal).
-      optimizer: client optimizer of the global local steps (default SGD at
-        learning_rate).
-      learning_rate: η when optimizer is None; may be traced.
+      training: how each client trains the global model (FedAvg's local steps).
       ditto_lambda: λ ≥ 0, the pull of a personal model toward the global one
         (may be traced). λ = 0: each client trains alone (personal = local
         models); large λ: personal ≈ global.
-      local_steps: τ, FedAvg's local steps.
-      personal_steps: s, the personal steps per round (default τ).
-      personal_learning_rate: the personal steps' SGD rate (default η; with
-        an optax `optimizer` and no rate given, the personal steps use that
-        optimizer too).
-      batch_size: None for full-batch steps, else the minibatch size.
+      personal: the personal steps on F_k(v) + (λ/2)‖v − w‖² each round
+        (default: `training`).
       participation: fraction of clients per round, uniform without replacement.
       weighting: the global mean, "uniform" (the paper) or "examples".
-      client_chunk: None trains the whole cohort at once; else this many
-        clients at a time.
 
     Returns:
       Algorithm with state DittoState (`personal` on the client axis).
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import ditto, sgd
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = ditto(linear_regression(3), sgd(0.1, steps=5), ditto_lambda=0.1)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.params.shape, state.personal.shape  # the global model; one per client
+      ((3,), (8, 3))
+      >>> jax.jit(alg.evaluate)(state, data)["assignment"].tolist()  # personal models: no cluster
+      [-1, -1, -1, -1, -1, -1, -1, -1]
+
+    References:
+      Tian Li, Shengyuan Hu, Ahmad Beirami, Virginia Smith, "Ditto: Fair and Robust
+      Federated Learning Through Personalization", ICML 2021,
+      https://arxiv.org/abs/2012.04221.
     """
-    check_steps("local_steps", local_steps)
-    personal_steps = local_steps if personal_steps is None else personal_steps
-    check_steps("personal_steps", personal_steps)
-    if batch_size is not None:
-        check_steps("batch_size", batch_size)
-    check_fraction("participation", participation)
-    check_choice("weighting", weighting, ("uniform", "examples"))
-    check_client_chunk(client_chunk)
-    if isinstance(ditto_lambda, (int, float, np.number)) and not (
-            np.isfinite(ditto_lambda) and ditto_lambda >= 0):
-        raise ValueError(f"ditto_lambda must be a finite number >= 0; got {ditto_lambda!r}.")
-    opt = client_optimizer(optimizer, learning_rate)
-    personal_opt = (opt if personal_learning_rate is None
-                    else client_optimizer(None, personal_learning_rate))
+    check_training("ditto", training)
+    if personal is not None:
+        check_training("ditto", personal, "personal")
+    personal_training = training if personal is None else personal
+    check_participation(participation)
+    check_weighting(weighting)
+    check_learning_rate("ditto_lambda", ditto_lambda)
 
     def init(key, data: FederatedData) -> DittoState:
         params = model.init(key)
@@ -128,8 +108,7 @@ def ditto(
                           jnp.zeros((), jnp.int32))
 
     def round_(state: DittoState, data: FederatedData, key):
-        m = data.num_clients
-        cohort = sample_cohort(key, m, cohort_size(m, participation))
+        cohort = draw_cohort(key, data, participation)
         w = state.params
 
         def personal_loss(v, xb, yb, mb, _key):  # F_k(v) + (λ/2)‖v − w^t‖² on a minibatch
@@ -139,14 +118,12 @@ def ditto(
 
         def client_step(batch):
             start = broadcast_to_clients(w, batch.keys.shape[0])
-            trained, _, losses = local_update(model, opt, start, batch.data, batch.keys,
-                                              num_steps=local_steps, batch_size=batch_size)
+            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys)
 
             def personalize(v, x, y, n, k):
-                v_new, _, _ = client_update(model, personal_opt, v, x, y, n,
-                                            jax.random.fold_in(k, PERSONAL_STREAM),
-                                            num_steps=personal_steps, batch_size=batch_size,
-                                            batch_loss=personal_loss)
+                v_new, _, _ = personal_training.update(
+                    model, v, x, y, n, jax.random.fold_in(k, PERSONAL_STREAM),
+                    batch_loss=personal_loss)
                 return jax.tree.map(lambda a, b: jnp.where(n > 0, a, b), v_new, v)
 
             personal = jax.vmap(personalize)(batch.inputs, batch.data.x, batch.data.y,
@@ -156,10 +133,9 @@ def ditto(
                 personal, losses[:, 0], batch.active)
 
         (total, weight), (personal, losses, active) = cohort_sums(
-            client_step, data, cohort, inputs=take(cohort, state.personal),
-            client_chunk=client_chunk)
+            client_step, data, cohort, inputs=take(cohort, state.personal))
         params = mean_or_keep(total, weight, w)
-        metrics = {"train_loss": mean_over(losses, active)}
+        metrics = {"cohort_loss": mean_over(losses, active)}
         return DittoState(params, put(cohort, state.personal, personal), state.round + 1), metrics
 
     def evaluate(state: DittoState, data: FederatedData) -> dict:
@@ -179,6 +155,6 @@ def ditto(
                 out["client_accuracy"] = per_client(client_accuracy)
             return out
 
-        return map_client_chunks(evaluate_part, (data, state.personal), client_chunk)
+        return map_client_chunks(evaluate_part, (data, state.personal))
 
     return Algorithm(init, round_, evaluate, per_client_fields("personal"))

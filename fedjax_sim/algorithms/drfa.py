@@ -3,8 +3,9 @@
 Yuyang Deng, Mohammad Mahdi Kamani, Mehrdad Mahdavi. "Distributionally Robust
 Federated Averaging". NeurIPS 2020, arXiv:2102.12660.
 
-Jie Wu et al. "Distributionally Robust Federated Learning with Local Mixup"
-(DRFLM), arXiv:2204.07742.
+Bingzhe Wu, Zhipeng Liang, Yuxuan Han, Yatao Bian, Peilin Zhao, Junzhou Huang.
+"DRFLM: Distributionally Robust Federated Learning with Inter-client Noise via
+Local Mixup". arXiv:2204.07742, 2022.
 
 Both solve min_w max_{λ ∈ Δ} Σ_i λ_i f_i(w) (docs/protocols.md#drfa-algorithm, #drflm). One round:
 
@@ -38,34 +39,29 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
     check_choice,
-    check_fraction,
     check_inputs,
-    check_steps,
-    client_optimizer,
+    check_participation,
     cohort_size,
+    draw_cohort,
     mean_over,
     per_client_fields,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
-from fedjax_sim.algorithms.server import apply_server_update, make_server_optimizer
+from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import HEAD, TRUNK, Model
 from fedjax_sim.ops import (
-    check_client_chunk,
-    client_update,
     cohort_sums,
     mean_or_keep,
     mixup_client,
     project_simplex,
     put,
     sample_batch,
-    sample_cohort,
     take,
     weighted_sum,
 )
@@ -83,7 +79,7 @@ class DRFAState(NamedTuple):
     lambda_lr: jax.Array  # float32 scalar, γ of the next round (decays with official_code)
     sampled: jax.Array  # [N] int32, how often each client has been in C_s so far
     round: jax.Array  # int32
-    server_state: object = ()  # FedOpt's server optimizer state; () without one
+    server_state: object = ()  # `with_server_optimizer`'s state; () without one
 
 
 def _masked_mean_loss(model: Model, pred, y, mask):
@@ -115,34 +111,16 @@ def mixup_batch_loss(model: Model, alpha, beta):
     return loss
 
 
-def drfa(
-    model: Model,
-    optimizer: optax.GradientTransformation | None = None,
-    *,
-    learning_rate=None,
-    local_steps: int = 1,
-    batch_size: int | None = None,
-    participation: float = 1.0,
-    lambda_lr=0.01,
-    lambda_floor: float | None = None,
-    lambda_init="uniform",
-    official_code: bool = False,
-    client_chunk: int | None = None,
-    mixup: tuple | None = None,
-    lambda_loss: str = "clean",
-    server_optimizer=None,
-    server_lr=None,
-) -> Algorithm:
+def drfa(model: Model, training: ClientTraining, *, participation: float = 1.0,
+         lambda_lr=0.01, lambda_floor: float | None = None, lambda_init="uniform",
+         official_code: bool = False) -> Algorithm:
     """Builds DRFA (docs/protocols.md#drfa; `official_code=True`: the FedTorch form).
 
     Args:
       model: the shared model.
-      optimizer: client optimizer (default SGD at learning_rate; a fresh
-        state on every client every round, as in FedAvg).
-      learning_rate: client lr η when optimizer is None; may be traced.
-      local_steps: τ.
-      batch_size: None for full-batch steps, else the minibatch size; also
-        the size of the one minibatch each client of U_s evaluates w̃ on.
+      training: how each client of C_s trains (τ = training.steps local steps; a
+        fresh optimizer state every round, as in FedAvg); its batch size is also
+        that of the one minibatch each client of U_s evaluates w̃ on.
       participation: m / N, the size of C_s and of U_s.
       lambda_lr: γ, the λ step size (may be traced). γ = 0 keeps λ = λ^(0):
         FedAvg with clients sampled by λ^(0).
@@ -152,29 +130,86 @@ def drfa(
       lambda_init: "uniform" (the paper), "examples" (∝ num_examples, the
         official code), or an explicit [N] array on the simplex.
       official_code: reproduce the FedTorch deviations (module docstring).
-      client_chunk: None trains the whole cohort at once; else this many
-        slots at a time.
-      mixup: None (DRFA) or (α, β): DRFLM's local mixup step (use `drflm`).
-      lambda_loss: "clean" or "mixup": which loss of w̃ the clients of U_s
-        return for the λ step ("mixup" needs `mixup`).
-      server_optimizer, server_lr: FedOpt (algorithms/server.py): the server
-        steps on w's change, mean_j w_j^(τ) − w (the λ step and w̃ unchanged).
+
+    A server optimizer on w's change (mean_j w_j^(τ) − w; the λ step and w̃
+    unchanged) is `with_server_optimizer(drfa(...), ...)`.
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import drfa, sgd
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = drfa(linear_regression(3), sgd(0.01, steps=10, batch_size=8),
+      ...            participation=0.5, lambda_lr=0.001)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state.params.shape, state.lam.shape  # the model; λ over the m clients
+      ((3,), (8,))
+      >>> state.lam.tolist() == [0.125] * 8  # λ^(0) uniform on the simplex
+      True
+
+    References:
+      Yuyang Deng, Mohammad Mahdi Kamani, Mehrdad Mahdavi, "Distributionally Robust
+      Federated Averaging", NeurIPS 2020, https://arxiv.org/abs/2102.12660.
     """
-    check_steps("local_steps", local_steps)
-    if batch_size is not None:
-        check_steps("batch_size", batch_size)
-    check_fraction("participation", participation)
-    check_client_chunk(client_chunk)
+    return _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
+                 official_code, None, "clean")
+
+
+def drflm(model: Model, training: ClientTraining, *, participation: float = 1.0,
+          lambda_lr=0.01, lambda_floor: float | None = None, lambda_init="uniform",
+          official_code: bool = False, mixup=(1.0, 1.0), lambda_loss: str = "mixup"
+          ) -> Algorithm:
+    """Builds DRFLM: DRFA whose local step is a mixup step (docs/protocols.md#drflm).
+
+    Args:
+      model: a split model mixes after its trunk g (graph embeddings for the
+        GNN); a plain model mixes its inputs (g = identity).
+      mixup: (α, β) of the mixing weight γ ~ Beta(α, β) (Beta(1, 1) is the
+        presets' default, docs/protocols.md#drflm-experiments); may be traced.
+      lambda_loss: "mixup" (default: DRFLM's objective is the mixup loss, so
+        the λ ascent uses it [I]) or "clean".
+      (the rest as in `drfa`)
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import drflm, sgd
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = drflm(linear_regression(3), sgd(0.01, steps=10, batch_size=8),
+      ...             mixup=(1.0, 1.0))
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state.params.shape, state.lam.shape
+      ((3,), (8,))
+      >>> jax.jit(alg.evaluate)(state, data)["client_loss"].shape
+      (8,)
+
+    References:
+      Bingzhe Wu, Zhipeng Liang, Yuxuan Han, Yatao Bian, Peilin Zhao, Junzhou Huang,
+      "DRFLM: Distributionally Robust Federated Learning with Inter-client Noise via
+      Local Mixup", arXiv 2022, https://arxiv.org/abs/2204.07742.
+    """
+    if not isinstance(mixup, (tuple, list)) or len(mixup) != 2:
+        raise ValueError(f"mixup must be (alpha, beta); got {mixup!r}.")
+    return _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
+                 official_code, tuple(mixup), lambda_loss)
+
+
+def _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
+          official_code, mixup, lambda_loss) -> Algorithm:
+    """DRFA's round, with DRFLM's mixup step when `mixup` is (α, β)."""
+    check_training("drfa", training)
+    local_steps, batch_size = training.steps, training.batch_size
+    check_participation(participation)
     check_choice("lambda_loss", lambda_loss, LAMBDA_LOSSES)
     if lambda_loss == "mixup" and mixup is None:
         raise ValueError("lambda_loss='mixup' needs mixup=(alpha, beta) (use drflm).")
     if official_code and local_steps < 2:
         raise ValueError(
             "official_code=True draws the snapshot step from {1, ..., local_steps − 1} (FedTorch); "
-            f"it needs local_steps >= 2; got {local_steps}.")
-    if isinstance(lambda_lr, (int, float, np.number)) and not (
-            np.isfinite(lambda_lr) and lambda_lr >= 0):
-        raise ValueError(f"lambda_lr must be a finite number >= 0; got {lambda_lr!r}.")
+            f"it needs training steps >= 2; got {local_steps}.")
+    check_learning_rate("lambda_lr", lambda_lr)
     if lambda_floor is not None and not (0.0 <= float(lambda_floor) < 1.0):
         raise ValueError(f"lambda_floor must be in [0, 1); got {lambda_floor!r}.")
     if isinstance(lambda_init, str):
@@ -190,8 +225,6 @@ def drfa(
     else:
         floor = 0.0 if lambda_floor is None else float(lambda_floor)
         floor_method = "exact"
-    opt = client_optimizer(optimizer, learning_rate)
-    server = make_server_optimizer(server_optimizer, server_lr)
     if mixup is not None:
         alpha, beta = mixup
         for name, value in (("alpha", alpha), ("beta", beta)):
@@ -228,8 +261,7 @@ def drfa(
             if lam.shape != (n,):
                 raise ValueError(f"lambda_init has shape {lam.shape}; the data has N={n} clients.")
         return DRFAState(params, lam, lam, jnp.asarray(lambda_lr, jnp.float32),
-                         jnp.zeros((n,), jnp.int32), jnp.zeros((), jnp.int32),
-                         () if server is None else server.init(params))
+                         jnp.zeros((n,), jnp.int32), jnp.zeros((), jnp.int32))
 
     def round_(state: DRFAState, data: FederatedData, key):
         n = data.num_clients
@@ -239,13 +271,13 @@ def drfa(
 
         # --- C_s: τ local steps, keeping the snapshot at t'
         if official_code:
-            cohort = sample_cohort(key_c, n, m)
+            cohort = draw_cohort(key_c, data, participation)
             # FedTorch copies the model when its step counter reaches k, before that step's
             # update: the snapshot is the model after k − 1 updates.
             snap_steps = jax.random.randint(key_t, (m,), 1, local_steps) - 1
             slot_weight = take(cohort, state.lam) * (n / m)
         else:
-            cohort = sample_cohort(key_c, n, m, weights=state.lam)
+            cohort = draw_cohort(key_c, data, participation, weights=state.lam)
             snap_steps = jnp.full((m,), jax.random.randint(key_t, (), 1, local_steps + 1))
             slot_weight = jnp.ones((m,), jnp.float32)
 
@@ -254,9 +286,8 @@ def drfa(
             t_snap, weight = batch.inputs
 
             def one(p, x, y, count, k, t):
-                return client_update(model, opt, p, x, y, count, k, num_steps=local_steps,
-                                     batch_size=batch_size, snapshot_step=t,
-                                     batch_loss=mixed_loss)
+                return training.update(model, p, x, y, count, k, snapshot_step=t,
+                                       batch_loss=mixed_loss)
 
             start = broadcast_to_clients(state.params, c)
             trained, snaps, losses = jax.vmap(one)(
@@ -268,20 +299,15 @@ def drfa(
             return sums, (losses[:, 0], batch.active)
 
         (w_sum, w_weight, snap_sum, count), (first_losses, active) = cohort_sums(
-            train, data, cohort, inputs=(snap_steps, slot_weight), client_chunk=client_chunk)
+            train, data, cohort, inputs=(snap_steps, slot_weight))
         if official_code:  # w + Σ_j a_j (w_j − w), a_j = λ_j N/m (not normalised)
             params = jax.tree.map(lambda w, s: (1.0 - w_weight) * w + s, state.params, w_sum)
         else:
             params = mean_or_keep(w_sum, w_weight, state.params)
         w_tilde = mean_or_keep(snap_sum, count, state.params)
-        server_state = state.server_state
-        if server is not None:  # FedOpt: a server step on w's change
-            params, server_state = apply_server_update(
-                server, state.params, server_state, optax.tree.sub(params, state.params),
-                w_weight > 0)
 
         # --- U_s: each returns the loss of w̃ on one minibatch; the λ step
-        lam_cohort = sample_cohort(key_u, n, m)
+        lam_cohort = draw_cohort(key_u, data, participation)
         lam_loss = mixed_loss if lambda_loss == "mixup" else clean_loss
 
         def probe(batch):
@@ -297,58 +323,25 @@ def drfa(
                                    batch.keys)
             return (), jnp.where(batch.active, losses, 0.0)
 
-        _, probe_losses = cohort_sums(probe, data, lam_cohort, client_chunk=client_chunk)
+        _, probe_losses = cohort_sums(probe, data, lam_cohort)
         v = put(lam_cohort, jnp.zeros((n,), jnp.float32), (n / m) * probe_losses)
         lam = project_simplex(state.lam + gamma * local_steps * v, floor, floor_method)
         lam_avg = state.lam_avg + (lam - state.lam_avg) / (state.round + 2).astype(jnp.float32)
         sampled = state.sampled + jax.ops.segment_sum(
             jnp.ones((m,), jnp.int32), cohort.ids, num_segments=n)
         metrics = {
-            "train_loss": mean_over(first_losses, active),
+            "cohort_loss": mean_over(first_losses, active),
             "lambda_max": jnp.max(lam),
             "lambda_entropy": -jnp.sum(jnp.where(lam > 0, lam * jnp.log(lam), 0.0)),
             "probe_loss_worst": jnp.max(probe_losses),
         }
-        return DRFAState(params, lam, lam_avg, gamma, sampled, state.round + 1,
-                         server_state), metrics
+        return state._replace(params=params, lam=lam, lam_avg=lam_avg, lambda_lr=gamma,
+                              sampled=sampled, round=state.round + 1), metrics
 
     def evaluate(state: DRFAState, data: FederatedData) -> dict:
-        out = evaluate_shared(model, state.params, data, client_chunk)
+        out = evaluate_shared(model, state.params, data)
         out["client_lambda"] = state.lam
         return out
 
     return Algorithm(init, round_, evaluate, per_client_fields("lam", "lam_avg", "sampled"))
 
-
-def drflm(
-    model: Model,
-    optimizer: optax.GradientTransformation | None = None,
-    *,
-    learning_rate=None,
-    local_steps: int = 1,
-    batch_size: int | None = None,
-    participation: float = 1.0,
-    lambda_lr=0.01,
-    lambda_floor: float | None = None,
-    lambda_init="uniform",
-    official_code: bool = False,
-    client_chunk: int | None = None,
-    alpha=1.0,
-    beta=1.0,
-    lambda_loss: str = "mixup",
-) -> Algorithm:
-    """Builds DRFLM: DRFA whose local step is a mixup step (docs/protocols.md#drflm).
-
-    Args:
-      model: a split model mixes after its trunk g (graph embeddings for the
-        GNN); a plain model mixes its inputs (g = identity).
-      alpha, beta: the Beta(α, β) of the mixing weight γ (Beta(1, 1) is
-        the presets' default, docs/protocols.md#drflm-experiments).
-      lambda_loss: "mixup" (default: DRFLM's objective is the mixup loss, so
-        the λ ascent uses it [I]) or "clean".
-      (the rest as in `drfa`)
-    """
-    return drfa(model, optimizer, learning_rate=learning_rate, local_steps=local_steps,
-                batch_size=batch_size, participation=participation, lambda_lr=lambda_lr,
-                lambda_floor=lambda_floor, lambda_init=lambda_init, official_code=official_code,
-                client_chunk=client_chunk, mixup=(alpha, beta), lambda_loss=lambda_loss)

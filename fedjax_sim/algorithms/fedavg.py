@@ -3,6 +3,15 @@
 H. Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y
 Arcas. "Communication-Efficient Learning of Deep Networks from Decentralized
 Data". AISTATS 2017, arXiv:1602.05629.
+
+One round (the paper's Algorithm 1):
+
+    S    ← ⌈participation · m⌉ clients, uniformly without replacement
+    each i ∈ S:  w_i ← LocalUpdate(w)              (`training`: τ optimizer steps)
+    w    ← Σ_{i∈S} p_i w_i / Σ_{i∈S} p_i           (p_i = 1, or n_i: weighting="examples")
+
+A client without data has p_i = 0; a round whose cohort holds no data keeps w.
+FedOpt (FedAvgM, FedAdam, ...) is `with_server_optimizer(fedavg(...), ...)`.
 """
 
 from __future__ import annotations
@@ -11,45 +20,31 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
-    check_choice,
-    check_fraction,
     check_inputs,
-    check_steps,
-    client_optimizer,
+    check_participation,
+    check_weighting,
     client_weights,
-    cohort_size,
+    draw_cohort,
     mean_over,
 )
-from fedjax_sim.algorithms.server import apply_server_update, make_server_optimizer
+from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
-from fedjax_sim.ops import (
-    check_client_chunk,
-    check_sampling,
-    cohort_sums,
-    local_update,
-    map_client_chunks,
-    mean_or_keep,
-    sample_cohort,
-    weighted_sum,
-)
+from fedjax_sim.ops import cohort_sums, map_client_chunks, mean_or_keep, weighted_sum
 
 
 class FedAvgState(NamedTuple):
     params: object  # pytree, one model
     round: jax.Array  # int32
-    server_state: object = ()  # FedOpt's server optimizer state; () without one
+    server_state: object = ()  # `with_server_optimizer`'s state; () without one
 
 
-def evaluate_shared(
-    model: Model, params, data: FederatedData, client_chunk: int | None = None
-) -> dict:
-    """Every client uses the same params (evaluated client_chunk clients at a time if set)."""
+def evaluate_shared(model: Model, params, data: FederatedData) -> dict:
+    """Every client uses the same params (in chunks of the data's execution plan)."""
 
     def evaluate_part(part: FederatedData) -> dict:
         def per_client(fn):
@@ -67,88 +62,66 @@ def evaluate_shared(
             out["client_accuracy"] = per_client(client_accuracy)
         return out
 
-    return map_client_chunks(evaluate_part, data, client_chunk)
+    return map_client_chunks(evaluate_part, data)
 
 
-def fedavg(
-    model: Model,
-    optimizer: optax.GradientTransformation | None = None,
-    *,
-    learning_rate=None,
-    local_steps: int = 1,
-    batch_size: int | None = None,
-    participation: float = 1.0,
-    weighting: str = "uniform",
-    client_chunk: int | None = None,
-    sampling: str = "with_replacement",
-    server_optimizer=None,
-    server_lr=None,
-) -> Algorithm:
-    """Builds FedAvg: τ local steps on a cohort, then the (weighted) mean model.
+def fedavg(model: Model, training: ClientTraining, *, participation: float = 1.0,
+           weighting: str = "uniform") -> Algorithm:
+    """Builds FedAvg.
 
     Args:
       model: the shared model.
-      optimizer: client optimizer (default SGD at learning_rate).
-      learning_rate: client lr when optimizer is None; may be traced.
-      local_steps: τ.
-      batch_size: None for full-batch steps, else the minibatch size.
+      training: how each client trains (`ClientTraining`, e.g. `sgd(0.1, steps=5)`).
       participation: fraction of clients per round, uniform without replacement.
       weighting: "uniform" or "examples" (weights ∝ num_examples: the
         sample-weighted mean Σ_k n_k w_k / Σ_k n_k over the cohort, as in
-        McMahan et al.'s FedAvg and DRFLM's objective). Clients without data
-        have weight 0; when the whole cohort has none the model is kept.
-      client_chunk: None trains the whole cohort at once; else this many
-        clients at a time, accumulating the weighted sum of trained models
-        (never holding [s, ...] of them).
-      sampling: minibatches "with_replacement" (independent draws per step)
-        or in "epochs" (every row once per epoch; `ops.client_update`).
-      server_optimizer: None: the new model is the mean (McMahan et al.);
-        else FedOpt (Reddi et al. 2021, algorithms/server.py): "sgd", "sgdm"
-        (FedAvgM), "adam", "yogi", "adagrad" or an optax transformation, stepping
-        on the mean client delta.
-      server_lr: the server learning rate η of a named server_optimizer.
+        McMahan et al.'s FedAvg and DRFLM's objective).
+
+    Returns:
+      Algorithm(init, round, evaluate) with state FedAvgState.
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import fedavg, sgd
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = fedavg(linear_regression(3), sgd(0.1, steps=5), participation=0.5)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> sorted(metrics)
+      ['cohort_loss']
+
+    References:
+      H. Brendan McMahan, Eider Moore, Daniel Ramage, Seth Hampson, Blaise Agüera y
+      Arcas, "Communication-Efficient Learning of Deep Networks from Decentralized
+      Data", AISTATS 2017, https://arxiv.org/abs/1602.05629.
     """
-    check_steps("local_steps", local_steps)
-    if batch_size is not None:
-        check_steps("batch_size", batch_size)
-    check_fraction("participation", participation)
-    check_choice("weighting", weighting, ("uniform", "examples"))
-    check_client_chunk(client_chunk)
-    check_sampling(sampling)
-    opt = client_optimizer(optimizer, learning_rate)
-    server = make_server_optimizer(server_optimizer, server_lr)
+    check_training("fedavg", training)
+    check_participation(participation)
+    check_weighting(weighting)
 
     def init(key, data: FederatedData) -> FedAvgState:
         params = model.init(key)
         check_inputs(model, params, data)
-        return FedAvgState(params, jnp.zeros((), jnp.int32),
-                           () if server is None else server.init(params))
+        return FedAvgState(params, jnp.zeros((), jnp.int32))
 
     def round_(state: FedAvgState, data: FederatedData, key):
-        m = data.num_clients
-        cohort = sample_cohort(key, m, cohort_size(m, participation))
+        cohort = draw_cohort(key, data, participation)
 
         def client_step(batch):  # τ local steps from the global model, weighted sum
             start = broadcast_to_clients(state.params, batch.keys.shape[0])
-            trained, _, losses = local_update(model, opt, start, batch.data, batch.keys,
-                                              num_steps=local_steps, batch_size=batch_size,
-                                              sampling=sampling)
+            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys)
             weights = client_weights(batch.active, batch.data.num_examples, weighting)
             sums = (weighted_sum(trained, weights), jnp.sum(weights))
             return sums, (losses[:, 0], batch.active)
 
-        (total, weight), (first_losses, active) = cohort_sums(
-            client_step, data, cohort, client_chunk=client_chunk)
+        (total, weight), (first_losses, active) = cohort_sums(client_step, data, cohort)
         params = mean_or_keep(total, weight, state.params)
-        server_state = state.server_state
-        if server is not None:  # FedOpt: a server step on the mean delta Δ = mean − w
-            params, server_state = apply_server_update(
-                server, state.params, server_state, optax.tree.sub(params, state.params),
-                weight > 0)
-        metrics = {"train_loss": mean_over(first_losses, active)}
-        return FedAvgState(params, state.round + 1, server_state), metrics
+        metrics = {"cohort_loss": mean_over(first_losses, active)}
+        return state._replace(params=params, round=state.round + 1), metrics
 
     def evaluate(state: FedAvgState, data: FederatedData) -> dict:
-        return evaluate_shared(model, state.params, data, client_chunk)
+        return evaluate_shared(model, state.params, data)
 
     return Algorithm(init, round_, evaluate)

@@ -23,20 +23,19 @@ Choices [I]:
 - The cohort is uniform without replacement and the average uniform or by
   examples, as in `fedavg` (the paper samples ∝ p_k and averages uniformly;
   its code averages by examples). A server optimizer (FedOpt) may replace the
-  average, as in `fedavg`.
+  average: `with_server_optimizer(fedprox(...), ...)`.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
 import optax
 
-from fedjax_sim.algorithms.base import Algorithm, client_optimizer
+from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.algorithms.fedavg import fedavg
+from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
 from fedjax_sim.models.core import Model
 
 DEFAULT_MU = 0.01  # from the paper's grid {0.001, 0.01, 0.1, 1}; tune it
@@ -67,36 +66,38 @@ def proximal_term(mu) -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
-def fedprox(
-    model: Model,
-    optimizer: optax.GradientTransformation | None = None,
-    *,
-    mu=DEFAULT_MU,
-    learning_rate=None,
-    local_steps: int = 1,
-    batch_size: int | None = None,
-    participation: float = 1.0,
-    weighting: str = "uniform",
-    client_chunk: int | None = None,
-    server_optimizer=None,
-    server_lr=None,
-) -> Algorithm:
+def fedprox(model: Model, training: ClientTraining, *, mu=DEFAULT_MU,
+            participation: float = 1.0, weighting: str = "uniform") -> Algorithm:
     """Builds FedProx: FedAvg with μ/2 ‖w − w_t‖² in every local step.
 
     Args:
       model: the shared model.
-      optimizer: client optimizer (default SGD at learning_rate), applied to
-        the proximal objective's gradient.
+      training: how each client trains; its optimizer is applied to the
+        proximal objective's gradient (`proximal_term` chained before it).
       mu: μ ≥ 0, the proximal coefficient; may be traced (a sweep vmaps it).
-      (the rest as in `fedavg`: learning_rate, local_steps τ, batch_size,
-      participation, weighting, client_chunk, server_optimizer, server_lr)
+      participation, weighting: as in `fedavg`.
 
     Returns:
       Algorithm(init, round, evaluate) with state FedAvgState.
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import fedprox, sgd
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = fedprox(linear_regression(3), sgd(0.1, steps=5), mu=0.01)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.params.shape, int(state.round)
+      ((3,), 1)
+
+    References:
+      Tian Li, Anit Kumar Sahu, Manzil Zaheer, Maziar Sanjabi, Ameet Talwalkar,
+      Virginia Smith, "Federated Optimization in Heterogeneous Networks", MLSys 2020,
+      https://arxiv.org/abs/1812.06127.
     """
-    if isinstance(mu, (int, float, np.number)) and not (math.isfinite(float(mu)) and mu >= 0):
-        raise ValueError(f"mu must be a finite number >= 0; got {mu!r}.")
-    local = optax.chain(proximal_term(mu), client_optimizer(optimizer, learning_rate))
-    return fedavg(model, local, local_steps=local_steps, batch_size=batch_size,
-                  participation=participation, weighting=weighting, client_chunk=client_chunk,
-                  server_optimizer=server_optimizer, server_lr=server_lr)
+    check_training("fedprox", training)
+    check_learning_rate("mu", mu)
+    proximal = training.replace(optimizer=optax.chain(proximal_term(mu), training.optimizer))
+    return fedavg(model, proximal, participation=participation, weighting=weighting)

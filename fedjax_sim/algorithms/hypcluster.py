@@ -27,11 +27,19 @@ the same shape:
   the first hypothesis, then repeatedly the model of the client whose best
   loss under the hypotheses so far is the worst (a farthest-point k-means++
   on losses). We draw the first client among those holding data [I].
-- evaluation: a client uses the hypothesis it chose on its training data in
-  its last round (FedJAX's `HypClusterEvaluator`, which assigns on the train
-  split and scores on the test split); IFCA's official evaluation re-chooses
-  by the loss on the evaluated data. A client that never took part chooses by
-  the evaluated data's loss [I].
+- evaluation: each client is scored with the hypothesis of lowest loss on the
+  evaluated data under the current hypotheses (those after the last round's
+  update), f(i) = argmin_j F_i(h_j) by the round's rule (`assign_clusters`:
+  ties to the lowest index, NaN as +inf). On the training data — `simulate.run`'s default
+  evaluation and every experiment's train pass — this is the paper's and
+  FedJAX's `HypClusterEvaluator` (assign on the train split with the current
+  models); to serve a test split with that choice, pass the train evaluation's
+  `assignment` to `ifca.evaluate_clusters(..., assignment=)` (the hetero
+  experiments do); evaluating a test split itself chooses by its own loss
+  (IFCA's official evaluation). `state.assignment` keeps the choice each
+  client made at the start of its last round, with the hypotheses before that
+  round's update: a training-time record, not what evaluation uses
+  (docs/protocols.md#baseline-evaluation).
 - the choice is made on the training loss of the hypotheses before the
   round (as IFCA), and an empty hypothesis keeps its model (as IFCA).
 - no IFCA extras: no option I, weight sharing, stable-assignment freezing or
@@ -44,128 +52,98 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
     check_choice,
-    check_fraction,
     check_inputs,
-    check_steps,
-    client_optimizer,
+    check_participation,
+    check_weighting,
     client_weights,
-    cohort_size,
+    draw_cohort,
     mean_over,
     per_client_fields,
 )
+from fedjax_sim.algorithms.ifca import evaluate_clusters
+from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.models.core import Model, client_accuracy, client_loss
+from fedjax_sim.models.core import Model, client_loss
 from fedjax_sim.ops import (
     assign_clusters,
-    check_client_chunk,
     client_keys,
     cluster_losses,
     cohort_sums,
     divide_segments,
-    local_update,
     map_client_chunks,
     put,
-    sample_cohort,
     segment_totals,
     take,
 )
 
 INITS = ("random", "kmeans++")
-WEIGHTINGS = ("examples", "uniform")
 
 
 class HypClusterState(NamedTuple):
     cluster_params: object  # pytree, leaves [k, ...]: the hypotheses h_j
-    assignment: jax.Array  # [m] int32, f(i) of each client's last round; -1 before it took part
+    assignment: jax.Array  # [m] int32, f(i) chosen at the start of each client's last round
+    #   (the hypotheses before its update; evaluation recomputes it); -1 before it took part
     round: jax.Array  # int32
 
 
-def evaluate_assigned(model: Model, cluster_params, assignment, data: FederatedData,
-                      client_chunk: int | None = None) -> dict:
-    """Each client scored with its assigned hypothesis (argmin loss where assignment is -1)."""
-
-    def evaluate_part(part) -> dict:
-        part, given = part
-        losses = cluster_losses(model, cluster_params, part)
-        chosen = jnp.where(given >= 0, given, assign_clusters(losses))
-        active = part.active()
-        out = {
-            "client_loss": jnp.take_along_axis(losses, chosen[:, None], axis=1)[:, 0],
-            "assignment": jnp.where(active, chosen, -1),
-            "client_weight": active.astype(jnp.float32),
-        }
-        if model.correct is not None:
-            params = jax.tree.map(lambda p: p[chosen], cluster_params)
-            out["client_accuracy"] = jax.vmap(
-                lambda p, x, y, n: client_accuracy(model, p, x, y, n)
-            )(params, part.x, part.y, part.num_examples)
-        return out
-
-    return map_client_chunks(evaluate_part, (data, assignment), client_chunk)
-
-
-def hypcluster(
-    model: Model,
-    optimizer: optax.GradientTransformation | None = None,
-    *,
-    num_clusters: int,
-    learning_rate=None,
-    local_steps: int = 1,
-    batch_size: int | None = None,
-    participation: float = 1.0,
-    weighting: str = "examples",
-    init: str = "random",
-    init_steps: int | None = None,
-    client_chunk: int | None = None,
-) -> Algorithm:
+def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
+               participation: float = 1.0, weighting: str = "examples", init: str = "random",
+               init_steps: int | None = None) -> Algorithm:
     """Builds HypCluster (Mansour et al. 2020; FedJAX's `hyp_cluster`).
 
     Args:
       model: the model of every hypothesis.
-      optimizer: client optimizer (default SGD at learning_rate).
+      training: how each client trains its hypothesis (τ steps from h_f(i)).
       num_clusters: k, the number of hypotheses.
-      learning_rate: η when optimizer is None; may be traced.
-      local_steps: τ.
-      batch_size: None for full-batch local steps, else the minibatch size.
       participation: fraction of clients per round, uniform without replacement.
       weighting: "examples" (default, FedJAX) or "uniform".
       init: "random" or "kmeans++" (module docstring).
       init_steps: local steps of the clients' models for "kmeans++" (default τ).
-      client_chunk: None trains the whole cohort at once; else this many
-        clients at a time.
 
     Returns:
       Algorithm with state HypClusterState.
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import hypcluster, sgd
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = hypcluster(linear_regression(3), sgd(0.1, steps=5), num_clusters=2)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.cluster_params.shape, metrics["cluster_sizes"].shape  # [k, d], [k]
+      ((2, 3), (2,))
+      >>> int(metrics["cluster_sizes"].sum())  # every client chose one hypothesis
+      8
+
+    References:
+      Yishay Mansour, Mehryar Mohri, Jae Ro, Ananda Theertha Suresh, "Three
+      Approaches for Personalization with Applications to Federated Learning",
+      arXiv 2020, https://arxiv.org/abs/2002.10619.
     """
+    check_training("hypcluster", training)
     if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:
         raise ValueError(f"num_clusters (k) must be an integer >= 1; got {num_clusters!r}.")
-    check_steps("local_steps", local_steps)
-    if batch_size is not None:
-        check_steps("batch_size", batch_size)
-    check_fraction("participation", participation)
-    check_choice("weighting", weighting, WEIGHTINGS)
+    check_participation(participation)
+    check_weighting(weighting)
     check_choice("init", init, INITS)
-    init_steps = local_steps if init_steps is None else init_steps
-    check_steps("init_steps", init_steps)
-    check_client_chunk(client_chunk)
+    seeding = training if init_steps is None else training.replace(steps=init_steps)
     model = model.unsplit()
     k = num_clusters
-    opt = client_optimizer(optimizer, learning_rate)
 
     def kmeans_plus_plus(key, data: FederatedData):
         # FedJAX's kmeans_init: client models from one draw, then farthest points by loss.
         key_model, key_first, key_train = jax.random.split(key, 3)
         m = data.num_clients
         start = broadcast_to_clients(model.init(key_model), m)
-        trained, _, _ = local_update(model, opt, start, data, client_keys(key_train, jnp.arange(m)),
-                                     num_steps=init_steps, batch_size=batch_size,
-                                     client_chunk=client_chunk)
+        trained, _, _ = seeding.update_clients(model, start, data,
+                                               client_keys(key_train, jnp.arange(m)))
         active = data.active()
         first = jax.random.choice(key_first, m, p=active / jnp.maximum(jnp.sum(active), 1))
         centers, best = [first], jnp.full((m,), jnp.inf)
@@ -175,7 +153,7 @@ def hypcluster(
                 lambda part, c=center: jax.vmap(
                     lambda x, y, n: client_loss(model, c, x, y, n))(part.x, part.y,
                                                                     part.num_examples),
-                data, client_chunk)
+                data)
             best = jnp.minimum(best, losses)
             centers.append(jnp.argmax(jnp.where(active, best, -jnp.inf)))
         return jax.tree.map(lambda p: p[jnp.stack(centers)], trained)
@@ -190,32 +168,30 @@ def hypcluster(
         return HypClusterState(params, jnp.full((m,), -1, jnp.int32), jnp.zeros((), jnp.int32))
 
     def round_(state: HypClusterState, data: FederatedData, key):
-        m = data.num_clients
-        cohort = sample_cohort(key, m, cohort_size(m, participation))
+        cohort = draw_cohort(key, data, participation)
 
         def client_step(batch):  # f(i) = argmin_j F_i(h_j), then τ steps from h_f(i)
             losses = cluster_losses(model, state.cluster_params, batch.data)
             chosen = assign_clusters(losses)
             start = jax.tree.map(lambda p: p[chosen], state.cluster_params)
-            trained, _, _ = local_update(model, opt, start, batch.data, batch.keys,
-                                         num_steps=local_steps, batch_size=batch_size)
+            trained, _, _ = training.update_clients(model, start, batch.data, batch.keys)
             weights = client_weights(batch.active, batch.data.num_examples, weighting)
             segment = jnp.where(batch.active, chosen, k)  # id k is dropped
             return segment_totals(trained, segment, k, weights), (losses, chosen)
 
         (totals, cluster_weight), (losses, chosen) = cohort_sums(
-            client_step, data, cohort, client_chunk=client_chunk)
+            client_step, data, cohort)
         params = divide_segments(totals, cluster_weight, fallback=state.cluster_params)
         active = take(cohort, data.active())
         assignment = jnp.where(active, chosen, take(cohort, state.assignment))
         chosen_loss = jnp.take_along_axis(losses, chosen[:, None], axis=1)[:, 0]
         counts = jax.ops.segment_sum(active.astype(jnp.int32), chosen, k)
-        metrics = {"train_loss": mean_over(chosen_loss, active), "cluster_sizes": counts}
+        metrics = {"cohort_loss": mean_over(chosen_loss, active), "cluster_sizes": counts}
         return HypClusterState(params, put(cohort, state.assignment, assignment),
                                state.round + 1), metrics
 
     def evaluate(state: HypClusterState, data: FederatedData) -> dict:
-        return evaluate_assigned(model, state.cluster_params, state.assignment, data,
-                                 client_chunk)
+        # f(i) recomputed on `data` under the current hypotheses, not state.assignment
+        return evaluate_clusters(model, state.cluster_params, data)
 
     return Algorithm(init_, round_, evaluate, per_client_fields("assignment"))

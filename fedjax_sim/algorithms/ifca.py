@@ -2,20 +2,46 @@
 
 Avishek Ghosh, Jichan Chung, Dong Yin, Kannan Ramchandran. "An Efficient
 Framework for Clustered Federated Learning". NeurIPS 2020, arXiv:2006.04088.
+See docs/protocols.md#ifca.
 
-Each round every participating client evaluates all k cluster models on its
-data and picks the one with the lowest loss; the cluster models are then
-updated from the clients that picked them, by gradient averaging (option I) or
-model averaging after τ local steps (option II). With weight sharing (a split
-model), the trunk is shared by every cluster and averaged over every
-participating client, and only the heads are clustered; with a frozen trunk
-(the FEMNIST run: a pretrained trunk in every cluster, only the last layer
-trained) the trunk never changes. See docs/protocols.md#ifca.
+One round (the paper's Algorithm 1):
+
+    S    ← ⌈participation · m⌉ clients, uniformly without replacement
+    each i ∈ S:  ĵ_i ← argmin_j F_i(θ_j)           (a pinned client keeps its cluster)
+    option I  (gradient averaging):
+                 θ_j ← θ_j − (γ/m) Σ_{i∈S: ĵ_i=j} ∇F_i(θ_j)
+    option II (model averaging):
+                 θ̃_i ← LocalUpdate(θ_ĵi)           (`training`: τ steps)
+                 θ_j ← Σ_{i: ĵ_i=j} p_i θ̃_i / Σ_{i: ĵ_i=j} p_i   (an empty cluster keeps θ_j)
+
+m counts the clients holding data (the official code's γ/m; `divide_by="cohort"`
+divides by the cohort's instead), and p_i is 1 or n_i (`weighting`). A client
+is pinned to its cluster once its assignment has been stable for
+`stable_rounds` rounds (the paper's communication reduction: it downloads one
+model, not k), and while the state says so (`pinned_until`: a warm start, a
+fixed assignment).
+
+The variants are combinators over this round, each changing only how the
+state starts or how it is evaluated:
+
+- `with_weight_sharing`: the trunk of a split model is shared by every
+  cluster and averaged over every client (FedAvg on the trunk); only the k
+  heads are clustered;
+- `with_frozen_trunk`: a given (pretrained) trunk in every cluster that no
+  client trains; only the heads are clustered (the FEMNIST run);
+- `with_warm_start`: k random groups of equal size train for some rounds
+  before clients choose by loss;
+- `with_fixed_assignment`: clients never re-assign (one-shot clustering);
+- `with_balanced_init`: the official code's search for an initialisation
+  every cluster is picked by;
+- `with_initial_params`: given cluster models to start from.
+
+A client without data (num_examples 0) takes no part: it is not assigned, has
+no weight in any average and is not counted in cluster sizes or the mean loss.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
@@ -26,27 +52,25 @@ from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
     check_choice,
-    check_fraction,
     check_inputs,
+    check_participation,
     check_steps,
-    client_optimizer,
+    check_weighting,
     client_weights,
-    cohort_size,
+    draw_cohort,
     num_params,
     per_client_fields,
 )
-from fedjax_sim.algorithms.server import apply_server_update, make_server_optimizer
+from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.execution import plan_of
 from fedjax_sim.models.core import Model, client_accuracy, combine, partition
 from fedjax_sim.ops import (
     assign_clusters,
-    check_client_chunk,
-    check_sampling,
     cluster_gradient_sums,
     cluster_losses,
     cohort_sums,
     divide_segments,
-    local_update,
     map_client_chunks,
     mean_or_keep,
     put,
@@ -58,70 +82,47 @@ from fedjax_sim.ops import (
 from fedjax_sim.ops.cohort import Cohort
 
 OPTIONS = ("gradient", "model")
-WEIGHTINGS = ("uniform", "examples")
 DIVISORS = ("m", "cohort")
+ALWAYS = jnp.iinfo(jnp.int32).max  # pinned_until for an assignment that never changes
 
 
 class IFCAState(NamedTuple):
-    cluster_params: object  # pytree, leaves [k, ...] (with weight sharing: the heads)
-    shared_params: object  # the trunk every cluster shares (weight sharing); {} otherwise
-    opt_state: object  # server optimizer state, leaves [k, ...] (option I; FedOpt in II) or ()
+    cluster_params: object  # pytree, leaves [k, ...]: each cluster's own part of the model
+    #                         (the whole model; the heads with a shared or frozen trunk)
+    shared_params: object  # the trunk every client trains, averaged over all ({}: none)
+    frozen_params: object  # the trunk no client trains (a pretrained one; {}: none)
+    opt_state: object  # option I: the training optimizer's state on cluster_params; ()
     assignment: jax.Array  # [m] int32, each client's most recent cluster (set in the rounds it
     #                        takes part with data; a warm start's groups from init); -1 while
     #                        it has none (cluster-identity accuracy under partial participation
-    #                        is taken over the clients >= 0); None with keep_assignments=False
+    #                        is taken over the clients >= 0); None where the execution plan
+    #                        keeps no per-client state (`Plan.keep_client_state`)
     stable: jax.Array  # [m] int32, consecutive rounds with an unchanged assignment (or None)
+    pinned_until: jax.Array  # int32: every client keeps its cluster while round < this
     round: jax.Array  # int32, rounds done
+    server_state: object = ()  # `with_server_optimizer`'s, one per cluster; () without one
 
 
-def _check(num_clusters, option, local_steps, batch_size, participation, weighting, divide_by,
-           stable_rounds, weight_sharing, model, freeze_shared=False, warm_start_rounds=0,
-           sampling=None):
-    if freeze_shared and not weight_sharing:
-        raise ValueError("freeze_shared needs weight_sharing=True (a trunk shared by every "
-                         "cluster to keep frozen).")
-    if not isinstance(warm_start_rounds, int) or warm_start_rounds < 0:
-        raise ValueError(f"warm_start_rounds must be an integer >= 0; got {warm_start_rounds!r}.")
-    if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:
-        raise ValueError(f"num_clusters (k) must be an integer >= 1; got {num_clusters!r}.")
-    check_choice("option", option, OPTIONS)
-    check_fraction("participation", participation)
-    if option == "gradient":
-        # Option I takes one full-batch gradient per client: these would be ignored.
-        ignored = {"local_steps": local_steps, "batch_size": batch_size, "weighting": weighting,
-                   "weight_sharing": weight_sharing or None, "sampling": sampling}
-        given = [name for name, value in ignored.items() if value is not None]
-        if given:
-            raise ValueError(
-                f"option 'gradient' (IFCA option I) takes one full-batch gradient per client "
-                f"and has no {', '.join(given)}; use option 'model' for local training."
-            )
-        check_choice("divide_by", divide_by, DIVISORS)
-    else:
-        if divide_by != "m":
-            raise ValueError("divide_by applies to option 'gradient' only.")
-        check_steps("local_steps (τ)", 1 if local_steps is None else local_steps)
-        if batch_size is not None:
-            check_steps("batch_size", batch_size)
-        check_choice("weighting", weighting or "uniform", WEIGHTINGS)
-        check_sampling(sampling or "with_replacement")
-    if weight_sharing and not model.is_split:
-        raise ValueError("weight_sharing needs a split model (models.split_model).")
-    if stable_rounds is not None:
-        check_steps("stable_rounds", stable_rounds)
+def _trunk(state: IFCAState):
+    """The trunk the clusters' heads sit on ({} when every cluster holds a whole model)."""
+    return state.frozen_params if jax.tree.leaves(state.frozen_params) else state.shared_params
 
 
-def evaluate_clusters(
-    model: Model, cluster_params, data: FederatedData, client_chunk: int | None = None,
-    shared=None, assignment=None,
-) -> dict:
+def _net(model: Model, state: IFCAState) -> Model:
+    """The model the state's cluster params are of: split (heads on a trunk) or whole."""
+    return model if jax.tree.leaves(_trunk(state)) else model.unsplit()
+
+
+def evaluate_clusters(model: Model, cluster_params, data: FederatedData, shared=None,
+                      assignment=None) -> dict:
     """Per-client loss (and accuracy) with each client's cluster model.
 
     By default each client uses the model with the lowest loss on `data`:
     the official IFCA evaluation, where each test client picks its argmin-loss
     model on its own test data (docs/protocols.md#ifca-evaluation). With `assignment` ([m]) the
     clients use those clusters instead (one-shot clustering's fixed ones).
-    Clients without data get assignment -1 and weight 0.
+    Clients without data get assignment -1 and weight 0. `shared`: the trunk
+    the cluster params are heads of ({} or None: whole models).
     """
     shared = {} if shared is None else shared
 
@@ -142,98 +143,100 @@ def evaluate_clusters(
             )(params, part.x, part.y, part.num_examples)
         return out
 
-    return map_client_chunks(evaluate_part, (data, assignment), client_chunk)
+    return map_client_chunks(evaluate_part, (data, assignment))
 
 
-def _choose(losses, batch):
-    """ĵ_i = argmin_j F_i(θ_j); a frozen client keeps its cluster."""
-    prev, frozen = batch.inputs
-    if prev is None:  # no client remembers a cluster (keep_assignments=False)
+def _pinned(state: IFCAState, batch):
+    """[c] whether each slot keeps its cluster: every slot while the state pins them all
+    (`pinned_until`: a warm start, a fixed assignment), a stable one (`stable_rounds`)."""
+    _, stable = batch.inputs
+    # Broadcast here, per batch: a [cohort] array of the state's scalar would be per-client
+    # memory (and [copies, cohort] under `with_restarts`) even where no client state is kept.
+    pinned = jnp.broadcast_to(state.round < state.pinned_until, batch.real.shape)
+    return pinned if stable is None else pinned | stable
+
+
+def _choose(losses, batch, pinned):
+    """ĵ_i = argmin_j F_i(θ_j); a pinned client keeps its cluster."""
+    prev, _ = batch.inputs
+    if prev is None:  # no client remembers a cluster (the plan keeps no client state)
         return assign_clusters(losses)
-    return jnp.where(frozen, prev, assign_clusters(losses))
+    return jnp.where(pinned, prev, assign_clusters(losses))
 
 
-def _metric_sums(losses, assignment, batch) -> dict:
+def _metric_sums(losses, assignment, batch, pinned) -> dict:
     """What the round metrics add up over a batch of slots (a chunk, or the whole cohort):
-    the chosen losses and cluster sizes of the slots holding data, and the frozen slots.
+    the chosen losses and cluster sizes of the slots holding data, and the pinned slots.
     Counts are int32 (float32 counts are exact only up to 2**24 clients)."""
     k = losses.shape[1]
-    _, frozen = batch.inputs
     chosen = jnp.take_along_axis(losses, jnp.maximum(assignment, 0)[:, None], axis=1)[:, 0]
     # A sum over clients of one-hot columns, not a segment sum (a scatter: a serial loop on
     # XLA:CPU); slots without data (and chunk padding) count in no cluster.
     in_cluster = batch.active[:, None] & (assignment[:, None] == jnp.arange(k))
-    frozen = frozen & batch.real
+    pinned = pinned & batch.real
     return {
         "loss": jnp.sum(jnp.where(batch.active, chosen, 0.0)),
         "counts": jnp.sum(in_cluster, axis=0, dtype=jnp.int32),
-        "frozen_with_data": jnp.sum(batch.active & frozen).astype(jnp.int32),
-        "frozen": jnp.sum(frozen).astype(jnp.int32),
+        "frozen_with_data": jnp.sum(batch.active & pinned).astype(jnp.int32),
+        "frozen": jnp.sum(pinned).astype(jnp.int32),
     }
 
 
 def _round_metrics(sums: dict, state: IFCAState) -> dict:
     """Mean chosen loss and cluster sizes over the cohort's clients with data; downlink floats
-    (k·d to each cohort slot holding data, d to a frozen one; a slot without data gets nothing).
+    (k·d to each cohort slot holding data, d to a pinned one; a slot without data gets nothing).
     """
     k = sums["counts"].shape[0]
     d = num_params(jax.tree.map(lambda p: p[0], state.cluster_params))
-    d += num_params(state.shared_params)
+    d += num_params(state.shared_params) + num_params(state.frozen_params)
     with_data = jnp.sum(sums["counts"]).astype(jnp.float32)
-    frozen = sums["frozen_with_data"].astype(jnp.float32)
+    pinned = sums["frozen_with_data"].astype(jnp.float32)
     return {
-        "train_loss": sums["loss"] / jnp.maximum(with_data, 1.0),
+        "cohort_loss": sums["loss"] / jnp.maximum(with_data, 1.0),
         "cluster_sizes": sums["counts"].astype(jnp.float32),
-        "downlink_floats": frozen * d + (with_data - frozen) * (k * d),
+        "downlink_floats": pinned * d + (with_data - pinned) * (k * d),
         "frozen_clients": sums["frozen"],
     }, with_data
 
 
-def ifca(
-    model: Model,
-    optimizer: optax.GradientTransformation | None = None,
-    *,
-    num_clusters: int,
-    learning_rate=None,
-    option: str = "gradient",
-    local_steps: int | None = None,
-    batch_size: int | None = None,
-    participation: float = 1.0,
-    weighting: str | None = None,
-    divide_by: str = "m",
-    stable_rounds: int | None = None,
-    weight_sharing: bool = False,
-    init_params=None,
-    fixed_assignment: bool = False,
-    client_chunk: int | None = None,
-    freeze_shared: bool = False,
-    warm_start_rounds: int = 0,
-    sampling: str | None = None,
-    server_optimizer=None,
-    server_lr=None,
-    keep_assignments: bool = True,
-) -> Algorithm:
+def _check(training, num_clusters, option, participation, weighting, divide_by, stable_rounds):
+    check_training("ifca", training)
+    if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:
+        raise ValueError(f"num_clusters (k) must be an integer >= 1; got {num_clusters!r}.")
+    check_choice("option", option, OPTIONS)
+    check_participation(participation)
+    check_weighting(weighting)
+    check_choice("divide_by", divide_by, DIVISORS)
+    if option == "gradient" and (training.steps != 1 or training.batch_size is not None):
+        raise ValueError(
+            "option 'gradient' (IFCA option I) takes one full-batch gradient per client: "
+            "its training must have steps=1 and batch_size=None (its optimizer steps the "
+            "cluster models); use option 'model' for local training.")
+    if option == "model" and divide_by != "m":
+        raise ValueError("divide_by applies to option 'gradient' only.")
+    if stable_rounds is not None:
+        check_steps("stable_rounds", stable_rounds)
+
+
+def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: str = "gradient",
+         participation: float = 1.0, weighting: str = "uniform", divide_by: str = "m",
+         stable_rounds: int | None = None) -> Algorithm:
     """Builds IFCA.
 
     Args:
       model: the model of every cluster.
-      optimizer: option "gradient": the server optimizer applied to each
-        cluster's averaged gradient (default SGD at learning_rate, which is
-        the paper's θ_j ← θ_j − γ/m Σ_i s_ij ∇F_i(θ_j)); option "model": the
-        clients' local optimizer (default SGD at learning_rate).
+      training: option "model": how each client trains (τ steps from its
+        cluster's model); option "gradient": every client takes one full-batch
+        gradient (steps=1, batch_size=None) and `training.optimizer` steps each
+        cluster model on its clients' summed gradients over m (`sgd(γ)` is the
+        paper's θ_j ← θ_j − γ/m Σ_i s_ij ∇F_i(θ_j)).
       num_clusters: k.
-      learning_rate: γ, used when `optimizer` is None; may be traced.
-      option: "gradient" (option I: one full-batch gradient per client) or
-        "model" (option II: τ local steps, then the per-cluster mean of the
-        models).
-      local_steps: τ for option II (default 1); refused for option I.
-      batch_size: option II: None for full-batch local steps, else the
-        minibatch size; refused for option I.
+      option: "gradient" (option I) or "model" (option II).
       participation: fraction of clients sampled per round (uniformly,
         without replacement).
-      weighting: option II cluster mean, "uniform" (default; the MNIST/CIFAR
-        code) or "examples" (sample-weighted, the FEMNIST code); refused for
-        option I.
+      weighting: option II cluster mean, "uniform" (the MNIST/CIFAR code) or
+        "examples" (sample-weighted, the FEMNIST code); option I's sum is
+        unweighted.
       divide_by: option I's divisor of a cluster's gradient sum: "m" (the
         paper's and the official code's γ/m, m = the clients holding data;
         with partial participation the step shrinks with the cohort) or
@@ -242,102 +245,62 @@ def ifca(
         not changed for this many rounds it receives only its own cluster
         model (downlink d instead of k·d floats) and keeps that assignment.
         None disables it.
-      weight_sharing: option II with a split model: one trunk shared by every
-        cluster, averaged over every participating client (FedAvg on the
-        trunk); only the k heads are clustered.
-      init_params: optional key -> cluster params (leaves [k, ...]); default
-        k independent `model.init` draws.
-      fixed_assignment: used by one-shot clustering: never re-assign; the
-        state's assignment is kept as given by init.
-      client_chunk: None processes the whole cohort at once; else this many
-        clients at a time inside the round (and in evaluate), so peak memory
-        is O(client_chunk × model size). Same result up to float summation
-        order (see `fedjax_sim.memory` to pick a size).
-      freeze_shared: with weight_sharing, the trunk is never trained (the
-        FEMNIST run, docs/protocols.md#ifca-femnist: a pretrained trunk, e.g. from
-        `pretrained_trunk`, loaded into every cluster; only the heads train).
-        Each client's features are computed once per round and its local
-        steps train the head alone.
-      warm_start_rounds: the FEMNIST warm start: init splits the clients
-        into k random groups of equal size (client i's group is its
-        assignment) and for this many rounds every client trains the head of
-        its group instead of choosing by loss; 0: no warm start.
-      sampling: option II's minibatches: "with_replacement" (default: each
-        step draws its batch independently) or "epochs" (every real row once
-        per epoch, a fresh permutation each epoch: the rotated-CIFAR protocol's
-        "5 local epochs of batch 50"); refused for option I.
-      server_optimizer, server_lr: option II without weight sharing: FedOpt
-        per cluster (algorithms/server.py): each cluster model takes a server
-        step on its members' mean delta, with its own optimizer state; a
-        cluster nobody picked keeps model and state.
-      keep_assignments: the state remembers each client's cluster and how long
-        it has kept it ([m] assignment and stable). False: nothing per client
-        is kept between rounds (both None), so a round over m clients holds
-        O(client_chunk) of them; only where no round reads them (participation
-        1, no stable_rounds, warm start or fixed assignment).
-
-    A client without data (num_examples 0) takes no part: it is not
-    assigned, has no weight in any average and is not counted in cluster
-    sizes or the mean loss.
 
     Returns:
       Algorithm(init, round, evaluate) with state IFCAState.
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import ifca, sgd, with_restarts
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = with_restarts(ifca(linear_regression(3), sgd(0.1), num_clusters=2), 3)
+      >>> state = jax.jit(alg.init)(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.cluster_params.shape, metrics["cluster_sizes"].shape  # [R, k, d], [R, k]
+      ((3, 2, 3), (3, 2))
+      >>> state.assignment.shape  # each client's cluster, per restart
+      (3, 8)
+
+    References:
+      Avishek Ghosh, Jichan Chung, Dong Yin, Kannan Ramchandran, "An Efficient
+      Framework for Clustered Federated Learning", NeurIPS 2020,
+      https://arxiv.org/abs/2006.04088.
     """
-    _check(num_clusters, option, local_steps, batch_size, participation, weighting, divide_by,
-           stable_rounds, weight_sharing, model, freeze_shared, warm_start_rounds, sampling)
-    check_client_chunk(client_chunk)
-    if not isinstance(keep_assignments, bool):
-        raise ValueError(f"keep_assignments must be True or False; got {keep_assignments!r}.")
-    if not keep_assignments and (participation < 1.0 or stable_rounds is not None
-                                 or fixed_assignment or warm_start_rounds):
-        raise ValueError(
-            "keep_assignments=False needs participation 1 and no stable_rounds, "
-            "fixed_assignment or warm_start_rounds (their rounds read the clients' "
-            "previous clusters).")
-    if server_optimizer is not None and (option == "gradient" or weight_sharing):
-        raise ValueError("server_optimizer applies to option 'model' without weight_sharing "
-                         "(option I's `optimizer` is already the server's).")
-    server = make_server_optimizer(server_optimizer, server_lr)
-    if not weight_sharing:  # a split model's params are then whole per cluster
-        model = model.unsplit()
+    _check(training, num_clusters, option, participation, weighting, divide_by, stable_rounds)
     k = num_clusters
-    opt = client_optimizer(optimizer, learning_rate)
-    local_steps = local_steps or 1
-    weighting = weighting or "uniform"
-    sampling = sampling or "with_replacement"
+    whole = model.unsplit()
+    opt = training.optimizer
     # With a frozen trunk the local steps train the head on the trunk's features.
-    head_model = Model(model.init, model.head, model.example_loss, model.correct)
+    head_model = (Model(model.init, model.head, model.example_loss, model.correct)
+                  if model.is_split else None)
 
     def init(key, data: FederatedData) -> IFCAState:
-        if init_params is None:
-            params = jax.vmap(model.init)(jax.random.split(key, k))
-        else:
-            params = init_params(key)
-        check_inputs(model, jax.tree.map(lambda p: p[0], params), data)
-        shared, heads = {}, params
-        if weight_sharing:  # every cluster starts from cluster 0's trunk
-            shared, heads = partition(model, params)
-            shared = jax.tree.map(lambda p: p[0], shared)
+        params = jax.vmap(whole.init)(jax.random.split(key, k))
+        check_inputs(whole, jax.tree.map(lambda p: p[0], params), data)
         m = data.num_clients
-        assignment = jnp.full((m,), -1, jnp.int32) if keep_assignments else None
-        if warm_start_rounds:  # k random groups of equal size (sizes differ by at most one)
-            order = jax.random.permutation(jax.random.fold_in(key, k), m)
-            assignment = assignment.at[order].set(jnp.arange(m, dtype=jnp.int32) % k)
+        keep = plan_of(data).keep_client_state
+        if not keep and (participation < 1.0 or stable_rounds is not None):
+            raise ValueError(
+                "an execution plan that keeps no per-client state needs IFCA at participation "
+                "1 and no stable_rounds (their rounds read the clients' previous clusters).")
         return IFCAState(
-            cluster_params=heads,
-            shared_params=shared,
-            opt_state=(opt.init(params) if option == "gradient"
-                       else () if server is None else jax.vmap(server.init)(heads)),
-            assignment=assignment,
-            stable=jnp.zeros((m,), jnp.int32) if keep_assignments else None,
-            round=jnp.zeros((), jnp.int32),
-        )
+            cluster_params=params, shared_params={}, frozen_params={},
+            opt_state=opt.init(params) if option == "gradient" else (),
+            assignment=jnp.full((m,), -1, jnp.int32) if keep else None,
+            stable=jnp.zeros((m,), jnp.int32) if keep else None,
+            pinned_until=jnp.zeros((), jnp.int32), round=jnp.zeros((), jnp.int32))
 
     def gradient_step(state, batch):  # option I: s_i and ∇F_i(θ_ĵi), summed per cluster
+        if jax.tree.leaves(_trunk(state)):
+            raise ValueError("a shared or frozen trunk needs IFCA option 'model' (option "
+                             "'gradient' averages whole models' gradients).")
         # A client without data has a zero gradient and no cluster: only chunk
         # padding needs weight 0 (without chunks the weights fold to a constant).
+        pinned = _pinned(state, batch)
         losses, assignment, grad_sum = cluster_gradient_sums(
-            model, state.cluster_params, batch.data, lambda losses: _choose(losses, batch),
+            whole, state.cluster_params, batch.data, lambda losses: _choose(losses, batch, pinned),
             batch.real.astype(jnp.float32))
         return grad_sum, (losses, assignment)
 
@@ -352,41 +315,34 @@ def ifca(
         return optax.apply_updates(state.cluster_params, updates), state.shared_params, opt_state
 
     def model_step(state, batch):  # option II: θ̃_i = LocalUpdate(θ_ĵi, γ, τ), summed per cluster
-        params, shared = state.cluster_params, state.shared_params
-        losses = cluster_losses(model, params, batch.data, shared=shared)
-        assignment = _choose(losses, batch)
-        start = jax.tree.map(lambda p: p[jnp.maximum(assignment, 0)], params)
-        if freeze_shared:  # the trunk's features once, then τ steps on the head alone
-            features = jax.vmap(lambda x: model.features(shared, x))(batch.data.x)
-            heads, _, _ = local_update(head_model, opt, start, batch.data.replace(x=features),
-                                       batch.keys, num_steps=local_steps, batch_size=batch_size,
-                                       sampling=sampling)
+        net, heads, shared, frozen = (_net(model, state), state.cluster_params,
+                                      state.shared_params, state.frozen_params)
+        losses = cluster_losses(net, heads, batch.data, shared=_trunk(state))
+        assignment = _choose(losses, batch, _pinned(state, batch))
+        start = jax.tree.map(lambda p: p[jnp.maximum(assignment, 0)], heads)
+        if jax.tree.leaves(frozen):  # the trunk's features once, then τ steps on the head alone
+            features = jax.vmap(lambda x: net.features(frozen, x))(batch.data.x)
+            trained, _, _ = training.update_clients(head_model, start,
+                                                    batch.data.replace(x=features), batch.keys)
             trunks = {}
         else:
-            if weight_sharing:
-                start = combine(model, broadcast_to_clients(shared, assignment.shape[0]), start)
-            trained, _, _ = local_update(model, opt, start, batch.data, batch.keys,
-                                         num_steps=local_steps, batch_size=batch_size,
-                                         sampling=sampling)
-            trunks, heads = partition(model, trained) if weight_sharing else ({}, trained)
+            sharing = bool(jax.tree.leaves(shared))
+            if sharing:
+                start = combine(net, broadcast_to_clients(shared, assignment.shape[0]), start)
+            trained, _, _ = training.update_clients(net, start, batch.data, batch.keys)
+            trunks, trained = partition(net, trained) if sharing else ({}, trained)
         weights = client_weights(batch.active, batch.data.num_examples, weighting)
         segment = jnp.where(batch.active, assignment, k)  # id k is dropped
-        sums = (segment_totals(heads, segment, k, weights), weighted_sum(trunks, weights),
+        sums = (segment_totals(trained, segment, k, weights), weighted_sum(trunks, weights),
                 jnp.sum(weights))
         return sums, (losses, assignment)
 
     def model_server(state, sums, data, cohort, cohort_clients):
         # θ_j = Σ_i s_ij θ̃_i / Σ_i s_ij (an empty cluster keeps θ_j); FedAvg on a shared trunk.
         (totals, cluster_weight), trunk_total, weight = sums
-        shared = (state.shared_params if freeze_shared
-                  else mean_or_keep(trunk_total, weight, state.shared_params))
+        shared = mean_or_keep(trunk_total, weight, state.shared_params)
         params = divide_segments(totals, cluster_weight, fallback=state.cluster_params)
-        opt_state = state.opt_state
-        if server is not None:  # FedOpt per cluster, on each cluster's mean delta
-            params, opt_state = jax.vmap(functools.partial(apply_server_update, server))(
-                state.cluster_params, opt_state, optax.tree.sub(params, state.cluster_params),
-                cluster_weight > 0)
-        return params, shared, opt_state
+        return params, shared, state.opt_state
 
     client_step, server_update = {
         "gradient": (gradient_step, gradient_server), "model": (model_step, model_server),
@@ -394,60 +350,251 @@ def ifca(
 
     def step(state, batch):  # the client step, and what the round metrics add up
         sums, (losses, assignment) = client_step(state, batch)
-        kept = assignment if keep_assignments else ()  # no [m] outputs when none is kept
-        return (sums, _metric_sums(losses, assignment, batch)), kept
+        kept = assignment if state.assignment is not None else ()  # no [m] outputs when none
+        return (sums, _metric_sums(losses, assignment, batch, _pinned(state, batch))), kept
 
     def round_(state: IFCAState, data: FederatedData, key):
-        m = data.num_clients
-        cohort = sample_cohort(key, m, cohort_size(m, participation))
-        prev = prev_stable = None  # keep_assignments=False: nobody remembers a cluster
-        if keep_assignments:
+        cohort = draw_cohort(key, data, participation)
+        prev = prev_stable = None  # no per-client state: nobody remembers a cluster
+        if state.assignment is not None:
             prev, prev_stable = take(cohort, (state.assignment, state.stable))
-        frozen = jnp.full((cohort.size,), fixed_assignment)
-        if warm_start_rounds:  # a warm-start round trains each group's head
-            frozen |= state.round < warm_start_rounds
-        if stable_rounds is not None:  # communication reduction
-            frozen |= prev_stable >= stable_rounds
+        stable = None  # the slots pinned by the communication reduction ([s]; None: none)
+        if stable_rounds is not None:
+            stable = prev_stable >= stable_rounds
         (sums, metric_sums), assignment = cohort_sums(
-            lambda batch: step(state, batch), data, cohort, inputs=(prev, frozen),
-            client_chunk=client_chunk)
+            lambda batch: step(state, batch), data, cohort, inputs=(prev, stable))
         metrics, with_data = _round_metrics(metric_sums, state)
         params, shared, opt_state = server_update(state, sums, data, cohort, with_data)
-        new_assignment = new_stable = None
-        if keep_assignments:
+        new_assignment, new_stable = state.assignment, state.stable
+        if state.assignment is not None:
             active = take(cohort, data.active())
             assignment = jnp.where(active, assignment, prev)  # a client without data takes no part
             stable = jnp.where(active, jnp.where(assignment == prev, prev_stable + 1, 0),
                                prev_stable)
             new_assignment = put(cohort, state.assignment, assignment)
             new_stable = put(cohort, state.stable, stable)
-        return IFCAState(
-            cluster_params=params,
-            shared_params=shared,
-            opt_state=opt_state,
-            assignment=new_assignment,
-            stable=new_stable,
-            round=state.round + 1,
-        ), metrics
+        return state._replace(cluster_params=params, shared_params=shared, opt_state=opt_state,
+                              assignment=new_assignment, stable=new_stable,
+                              round=state.round + 1), metrics
 
     def evaluate(state: IFCAState, data: FederatedData) -> dict:
-        fixed = state.assignment if fixed_assignment else None
-        return evaluate_clusters(model, state.cluster_params, data, client_chunk,
-                                 shared=state.shared_params, assignment=fixed)
+        return evaluate_clusters(_net(model, state), state.cluster_params, data,
+                                 shared=_trunk(state))
 
     return Algorithm(init, round_, evaluate, per_client_fields("assignment", "stable"))
 
 
-def pretrained_trunk(model: Model, trunk_params, num_clusters: int):
-    """init_params for IFCA: `trunk_params` in every cluster, each with its own random head.
+# ----------------------------------------------------------------------------- variants
 
-    The FEMNIST run's start (docs/protocols.md#ifca-femnist): the pretrained weights go into
-    every cluster model except the last layer, which cluster j draws from its
-    own key. Use with weight_sharing=True (and freeze_shared=True to train only
-    the heads).
+
+def with_initial_params(algorithm: Algorithm, init_params) -> Algorithm:
+    """A clustered algorithm (IFCA, robust IFCA: a state with `cluster_params`) starting
+    from `init_params(key)` (leaves [k, ...], whole models) instead of k `model.init`
+    draws. Option I's optimizer state is kept: an optax state starts from the params'
+    shapes (zeros), not their values.
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import ifca, sgd, with_initial_params
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> start = lambda key: np.zeros((2, 3), np.float32)  # k = 2 models of d = 3
+      >>> alg = with_initial_params(ifca(linear_regression(3), sgd(0.1), num_clusters=2), start)
+      >>> alg.init(jax.random.key(1), data).cluster_params.tolist()
+      [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
     """
+
+    def init(key, data):
+        return algorithm.init(key, data)._replace(cluster_params=init_params(key))
+
+    return algorithm._replace(init=init)
+
+
+def with_weight_sharing(algorithm: Algorithm, model: Model) -> Algorithm:
+    """IFCA with one trunk shared by every cluster: the trunk is trained by every client of
+    the cohort and averaged over all of them (FedAvg on the trunk), the k heads by IFCA.
+
+    `model` (the one IFCA was built with) must be split (`models.split_model`); every
+    cluster starts from cluster 0's trunk. Needs option "model".
+
+    Examples:
+      >>> import jax
+      >>> import jax.numpy as jnp
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import ifca, sgd, with_weight_sharing
+      >>> from fedjax_sim.data import FederatedData
+      >>> from fedjax_sim.models import mlp_classifier
+      >>> rng = np.random.default_rng(0)
+      >>> data = FederatedData.from_arrays(rng.normal(size=(8, 10, 4)).astype(np.float32),
+      ...                                  rng.integers(0, 3, size=(8, 10)))  # [m, n, ...]
+      >>> model = mlp_classifier((4,), [8], 3, split=True)  # trunk 4→8, head 8→3
+      >>> alg = with_weight_sharing(
+      ...     ifca(model, sgd(0.1, steps=2), num_clusters=2, option="model"), model)
+      >>> state = jax.jit(alg.init)(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> jax.tree.map(jnp.shape, state.cluster_params)  # k heads
+      {'bias': (2, 3), 'kernel': (2, 8, 3)}
+      >>> jax.tree.map(jnp.shape, state.shared_params)  # one trunk, averaged over all
+      {'Dense_0': {'bias': (8,), 'kernel': (4, 8)}}
+
+    References:
+      Weight sharing is §5.3 of Avishek Ghosh, Jichan Chung, Dong Yin, Kannan
+      Ramchandran, "An Efficient Framework for Clustered Federated Learning",
+      NeurIPS 2020, https://arxiv.org/abs/2006.04088.
+    """
+    _check_split(model, "with_weight_sharing")
+
+    def init(key, data):
+        state = algorithm.init(key, data)
+        trunks, heads = partition(model, state.cluster_params)
+        return state._replace(cluster_params=heads,
+                              shared_params=jax.tree.map(lambda p: p[0], trunks))
+
+    return algorithm._replace(init=init)
+
+
+def with_frozen_trunk(algorithm: Algorithm, model: Model, trunk_params) -> Algorithm:
+    """IFCA on a trunk no client trains: `trunk_params` (e.g. pretrained by FedAvg) in
+    every cluster, each cluster with its own head from its init; only the heads train,
+    on the trunk's features computed once per round (the FEMNIST run,
+    docs/protocols.md#ifca-femnist). Needs option "model".
+
+    Examples:
+      >>> import jax
+      >>> import jax.numpy as jnp
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import ifca, sgd, with_frozen_trunk
+      >>> from fedjax_sim.data import FederatedData
+      >>> from fedjax_sim.models import mlp_classifier
+      >>> rng = np.random.default_rng(0)
+      >>> data = FederatedData.from_arrays(rng.normal(size=(8, 10, 4)).astype(np.float32),
+      ...                                  rng.integers(0, 3, size=(8, 10)))  # [m, n, ...]
+      >>> model = mlp_classifier((4,), [8], 3, split=True)  # trunk 4→8, head 8→3
+      >>> trunk = jax.jit(model.init)(jax.random.key(3))["trunk"]  # e.g. pretrained by FedAvg
+      >>> alg = with_frozen_trunk(
+      ...     ifca(model, sgd(0.1, steps=2), num_clusters=2, option="model"), model, trunk)
+      >>> state = jax.jit(alg.init)(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> jax.tree.map(jnp.shape, state.cluster_params)  # only the k heads train
+      {'bias': (2, 3), 'kernel': (2, 8, 3)}
+      >>> bool((state.frozen_params["Dense_0"]["kernel"] == trunk["Dense_0"]["kernel"]).all())
+      True
+
+    References:
+      The FEMNIST experiment of Avishek Ghosh, Jichan Chung, Dong Yin, Kannan
+      Ramchandran, "An Efficient Framework for Clustered Federated Learning",
+      NeurIPS 2020, https://arxiv.org/abs/2006.04088.
+    """
+    _check_split(model, "with_frozen_trunk")
+
+    def init(key, data):
+        state = algorithm.init(key, data)
+        _, heads = partition(model, state.cluster_params)
+        return state._replace(cluster_params=heads, frozen_params=trunk_params)
+
+    return algorithm._replace(init=init)
+
+
+def with_warm_start(algorithm: Algorithm, rounds: int) -> Algorithm:
+    """The FEMNIST warm start: init splits the clients into k random groups of equal size
+    (client i's group is its assignment; sizes differ by at most one) and for `rounds`
+    rounds every client trains its group's model instead of choosing by loss.
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import ifca, sgd, with_warm_start
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = with_warm_start(ifca(linear_regression(3), sgd(0.1), num_clusters=2), 5)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> np.bincount(state.assignment).tolist(), int(state.pinned_until)  # 2 groups of 4
+      ([4, 4], 5)
+    """
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 0:
+        raise ValueError(f"warm start rounds must be an integer >= 0; got {rounds!r}.")
+
+    def init(key, data):
+        state = _remembering(algorithm.init(key, data), data)
+        m = data.num_clients
+        k = jax.tree.leaves(state.cluster_params)[0].shape[0]
+        order = jax.random.permutation(jax.random.fold_in(key, k), m)
+        assignment = state.assignment.at[order].set(jnp.arange(m, dtype=jnp.int32) % k)
+        return state._replace(assignment=assignment,
+                              pinned_until=jnp.asarray(rounds, jnp.int32))
+
+    return algorithm._replace(init=init) if rounds else algorithm
+
+
+def with_fixed_assignment(algorithm: Algorithm, model: Model) -> Algorithm:
+    """IFCA whose clients never re-assign: each keeps the cluster its init state holds
+    (one-shot clustering's k-means clusters), in every round and in evaluation.
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import ifca, sgd, with_fixed_assignment, with_warm_start
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> model = linear_regression(3)
+      >>> groups = with_warm_start(ifca(model, sgd(0.1), num_clusters=2), 1)  # random groups
+      >>> alg = with_fixed_assignment(groups, model)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> after, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> bool((after.assignment == state.assignment).all())  # kept in every round
+      True
+      >>> served = jax.jit(alg.evaluate)(after, data)["assignment"]  # and in evaluation
+      >>> bool((served == state.assignment).all())
+      True
+    """
+
+    def init(key, data):
+        state = _remembering(algorithm.init(key, data), data)
+        return state._replace(pinned_until=jnp.asarray(ALWAYS, jnp.int32))
+
+    def evaluate(state: IFCAState, data: FederatedData) -> dict:
+        return evaluate_clusters(_net(model, state), state.cluster_params, data,
+                                 shared=_trunk(state), assignment=state.assignment)
+
+    return algorithm._replace(init=init, evaluate=evaluate)
+
+
+def _remembering(state: IFCAState, data) -> IFCAState:
+    """The state with each client's assignment kept, whatever the execution plan allows: a
+    pinned client's round reads its cluster back."""
+    if state.assignment is not None:
+        return state
+    m = data.num_clients
+    return state._replace(assignment=jnp.full((m,), -1, jnp.int32),
+                          stable=jnp.zeros((m,), jnp.int32))
+
+
+def _check_split(model: Model, what: str) -> None:
     if not model.is_split:
-        raise ValueError("pretrained_trunk needs a split model (models.split_model).")
+        raise ValueError(f"{what} needs a split model (models.split_model).")
+
+
+def pretrained_trunk(model: Model, trunk_params, num_clusters: int):
+    """Cluster params with `trunk_params` in every cluster, each with its own random head
+    (`init_params` for `with_initial_params`: k whole models from one pretrained trunk).
+
+    Examples:
+      >>> import jax
+      >>> import jax.numpy as jnp
+      >>> from fedjax_sim.algorithms import pretrained_trunk
+      >>> from fedjax_sim.models import mlp_classifier
+      >>> model = mlp_classifier((4,), [8], 3, split=True)
+      >>> trunk = jax.jit(model.init)(jax.random.key(0))["trunk"]
+      >>> init_params = pretrained_trunk(model, trunk, num_clusters=2)
+      >>> params = jax.jit(init_params)(jax.random.key(1))
+      >>> jax.tree.map(jnp.shape, params["trunk"])  # the trunk, k times
+      {'Dense_0': {'bias': (2, 8), 'kernel': (2, 4, 8)}}
+    """
+    _check_split(model, "pretrained_trunk")
 
     def init_params(key):
         heads = jax.vmap(lambda kk: partition(model, model.init(kk))[1])(
@@ -458,9 +605,8 @@ def pretrained_trunk(model: Model, trunk_params, num_clusters: int):
     return init_params
 
 
-def with_balanced_init(algorithm: Algorithm, model: Model, *, num_clusters: int, tries: int,
-                       min_fraction: float, participation: float = 1.0,
-                       weight_sharing: bool = False) -> Algorithm:
+def with_balanced_init(algorithm: Algorithm, model: Model, *, tries: int, min_fraction: float,
+                       participation: float = 1.0) -> Algorithm:
     """IFCA's "find a good initializer" rule (docs/protocols.md#ifca-rotated-cifar).
 
     The official code re-initialises until every cluster model is chosen by at
@@ -468,26 +614,44 @@ def with_balanced_init(algorithm: Algorithm, model: Model, *, num_clusters: int,
     10 % for k = 4). Here `tries` inits are drawn at once (vmap) and the first
     that passes on a cohort drawn from the init key is kept (none passing: the
     most balanced one) [I: the cohort comes from the init key, not from round
-    0's, so init stays a function of (key, data)]. `model` and `weight_sharing` are
-    those the algorithm was built with.
+    0's, so init stays a function of (key, data)]. `model` is the one the
+    algorithm was built with.
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import ifca, sgd, with_balanced_init
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> model = linear_regression(3)
+      >>> alg = with_balanced_init(ifca(model, sgd(0.1), num_clusters=2), model, tries=4,
+      ...                          min_fraction=0.25)
+      >>> state = jax.jit(alg.init)(jax.random.key(1), data)  # the first of 4 draws that passes
+      >>> state.cluster_params.shape
+      (2, 3)
+
+    References:
+      The initialisation rule of the official code of Avishek Ghosh, Jichan Chung,
+      Dong Yin, Kannan Ramchandran, "An Efficient Framework for Clustered Federated
+      Learning", NeurIPS 2020, https://arxiv.org/abs/2006.04088.
     """
     check_steps("tries", tries)
-    check_fraction("min_fraction", min_fraction)
-    if not weight_sharing:
-        model = model.unsplit()
-    k = num_clusters
+    if not (0.0 < float(min_fraction) <= 1.0):
+        raise ValueError(f"min_fraction must be in (0, 1]; got {min_fraction!r}.")
 
     def init(key, data: FederatedData):
         states = jax.vmap(algorithm.init, in_axes=(0, None))(jax.random.split(key, tries), data)
         m = data.num_clients
+        k = jax.tree.leaves(states.cluster_params)[0].shape[1]
         cohort: Cohort = sample_cohort(jax.random.fold_in(key, tries), m,
-                                       cohort_size(m, participation))
+                                       max(1, int(round(participation * m))))
         members = take(cohort, data)
         active = members.active()
 
         def smallest_share(state):
-            losses = cluster_losses(model, state.cluster_params, members,
-                                    shared=state.shared_params)
+            losses = cluster_losses(_net(model, state), state.cluster_params, members,
+                                    shared=_trunk(state))
             counts = jax.ops.segment_sum(active.astype(jnp.float32),
                                          jnp.where(active, assign_clusters(losses), k), k)
             return jnp.min(counts) / jnp.maximum(jnp.sum(active), 1)

@@ -7,26 +7,18 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
     check_inputs,
-    check_steps,
-    client_optimizer,
     mean_over,
     per_client_fields,
 )
+from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
-from fedjax_sim.ops import (
-    check_client_chunk,
-    check_sampling,
-    client_keys,
-    local_update,
-    map_client_chunks,
-)
+from fedjax_sim.ops import client_keys, map_client_chunks
 
 # Clients' own inits are drawn this many parameter bytes at a time: drawing all m at once
 # holds the random bits and temporaries of every model together (2.8 GB of XLA temp for
@@ -65,37 +57,43 @@ class LocalState(NamedTuple):
     round: jax.Array  # int32
 
 
-def local_models(
-    model: Model,
-    optimizer: optax.GradientTransformation | None = None,
-    *,
-    learning_rate=None,
-    local_steps: int = 1,
-    batch_size: int | None = None,
-    shared_init: bool = True,
-    client_chunk: int | None = None,
-    sampling: str = "with_replacement",
-) -> Algorithm:
+def local_models(model: Model, training: ClientTraining, *, shared_init: bool = True
+                 ) -> Algorithm:
     """Builds the local-only baseline: one "round" is τ local steps on every client.
 
     Args:
+      model: the model each client trains alone.
+      training: how each client trains (`ClientTraining`).
       shared_init: start every client from the same `model.init(key)` (as the
         one-shot baseline needs, so local models are comparable); otherwise
         client i starts from `model.init(fold_in(key, i))`.
-      client_chunk: None trains (and evaluates) all clients at once; else this
-        many at a time, so gradients, optimizer states and activations exist
-        for one chunk only (the state itself is [m, ...] either way).
-      sampling: minibatches "with_replacement" or in "epochs" (`ops.client_update`).
 
     A client without data keeps its initial model and has weight 0 in every
     average.
+
+    Returns:
+      Algorithm with state LocalState (`params` on the client axis, leaves [m, ...]).
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import local_models, sgd
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = local_models(linear_regression(3), sgd(0.1, steps=5))
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.params.shape  # one model per client, [m, d]
+      (8, 3)
+      >>> jax.jit(alg.evaluate)(state, data)["client_loss"].shape
+      (8,)
+
+    References:
+      The "local model" baseline of Avishek Ghosh, Jichan Chung, Dong Yin, Kannan
+      Ramchandran, "An Efficient Framework for Clustered Federated Learning",
+      NeurIPS 2020, https://arxiv.org/abs/2006.04088.
     """
-    check_steps("local_steps", local_steps)
-    if batch_size is not None:
-        check_steps("batch_size", batch_size)
-    check_client_chunk(client_chunk)
-    check_sampling(sampling)
-    opt = client_optimizer(optimizer, learning_rate)
+    check_training("local_models", training)
 
     def init(key, data: FederatedData) -> LocalState:
         m = data.num_clients
@@ -109,17 +107,15 @@ def local_models(
 
     def round_(state: LocalState, data: FederatedData, key):
         ids = jnp.arange(data.num_clients)
-        params, _, losses = local_update(
-            model, opt, state.params, data, client_keys(key, ids),
-            num_steps=local_steps, batch_size=batch_size, client_chunk=client_chunk,
-            sampling=sampling,
-        )
+        params, _, losses = training.update_clients(model, state.params, data,
+                                                    client_keys(key, ids))
         return LocalState(params, state.round + 1), {
-            "train_loss": mean_over(losses[:, 0], data.active())}
+            "cohort_loss": mean_over(losses[:, 0], data.active())}
 
     def evaluate(state: LocalState, data: FederatedData) -> dict:
         def evaluate_part(part) -> dict:
-            params, x, y, n = part
+            params, rows = part
+            x, y, n = rows.x, rows.y, rows.num_examples
 
             def per_client(fn):
                 return jax.vmap(lambda p, x, y, n: fn(model, p, x, y, n))(params, x, y, n)
@@ -133,7 +129,6 @@ def local_models(
                 out["client_accuracy"] = per_client(client_accuracy)
             return out
 
-        clients = (state.params, data.x, data.y, data.num_examples)
-        return map_client_chunks(evaluate_part, clients, client_chunk)
+        return map_client_chunks(evaluate_part, (state.params, data))
 
     return Algorithm(init, round_, evaluate, per_client_fields("params"))

@@ -9,7 +9,8 @@ The mixed objective is f(x) = w_f f_f(x) + w_c f_c(x): f_f the federated loss
 a datacenter dataset (minibatches drawn on the server, `ServerData` arrays
 {"x": [n_c, ...], "y": [n_c, ...]}) or an extra loss term such as a
 regularizer (`central_loss(params, server_arrays, key) -> scalar`). Three
-ways to train it (docs/protocols.md#mixed-fl-algorithms, reconstructed; K = local_steps):
+ways to train it (docs/protocols.md#mixed-fl-algorithms, reconstructed; K = the clients'
+training steps):
 
 `mixed(model, ..., variant=...)` builds every variant from one body (the
 registry's `mixed_parallel`, `mixed_gt1`, `mixed_gt2` fix the variant); the
@@ -33,8 +34,8 @@ notes):
 * `transfer` (2-GT's ĝ_f): "current" (the central steps run after the
   clients report and use this round's ĝ_f) or "stale" (they use last round's
   ĝ_f, zeros in round 0, so the two branches can run concurrently).
-* The central steps use the client optimizer unless `central_optimizer` is
-  given (the paper: the same η).
+* The central steps use the client optimizer unless `central` gives another
+  training (the paper: the same η).
 
 Every round logs, at the round-start model x^(t), the sampled dissimilarity
 estimates (docs/protocols.md) from ∇̃f_f = the cohort's mean first-step gradient and
@@ -59,18 +60,18 @@ from fedjax_sim.algorithms.base import (
     Algorithm,
     check_choice,
     check_inputs,
-    check_steps,
-    client_optimizer,
+    check_participation,
+    check_weighting,
     client_weights,
+    draw_cohort,
     mean_over,
     num_params,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
+from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
 from fedjax_sim.data.federated import FederatedData, ServerData
 from fedjax_sim.models.core import Model
 from fedjax_sim.ops import (
-    check_client_chunk,
-    client_update,
     cohort_sums,
     mean_or_keep,
     sample_batch,
@@ -79,7 +80,6 @@ from fedjax_sim.ops import (
     weighted_sum,
 )
 
-WEIGHTINGS = ("uniform", "examples")
 COMBINES = ("half", "mixing")
 TRANSFERS = ("current", "stale")
 VARIANTS = ("parallel", "gt1", "gt2", "centralized")
@@ -106,9 +106,9 @@ class DrawnLoss(NamedTuple):
 
 class MixedState(NamedTuple):
     params: object  # pytree, one model x^(t)
-    server_opt_state: object  # the server optimizer's state (pytree)
     grad_f: object  # pytree like params: last round's ĝ_f (2-GT "stale" reads it)
     round: jax.Array  # int32
+    server_state: object = ()  # `with_server_optimizer`'s state; () without one
 
 
 def split_inputs(inputs) -> tuple[FederatedData, ServerData | None]:
@@ -273,80 +273,64 @@ def _check_weight(name: str, value) -> None:
         raise ValueError(f"{name} must be a finite number >= 0; got {value!r}.")
 
 
-def mixed(
-    model: Model,
-    optimizer: optax.GradientTransformation | None = None,
-    *,
-    variant: str,
-    learning_rate=None,
-    server_optimizer=None,
-    server_learning_rate=1.0,
-    central_optimizer=None,
-    w_f=0.5,
-    w_c=0.5,
-    local_steps: int = 1,
-    central_steps: int | None = None,
-    batch_size: int | None = None,
-    central_batch_size: int | None = None,
-    clients_per_round: int | None = None,
-    weighting: str = "uniform",
-    central_loss: CentralLoss | None = None,
-    combine: str = "half",
-    transfer: str = "current",
-    client_chunk: int | None = None,
-) -> Algorithm:
+def mixed(model: Model, training: ClientTraining, *, variant: str,
+          central: ClientTraining | None = None, w_f=0.5, w_c=0.5,
+          participation: float = 1.0, weighting: str = "uniform",
+          central_loss: CentralLoss | None = None, combine: str = "half",
+          transfer: str = "current", server_lr=None) -> Algorithm:
     """Mixed FL, one body for every variant: "parallel" (PT), "gt1" (1-GT), "gt2" (2-GT) or
     "centralized" (the oracle); `mixed_parallel`, `mixed_gt1`, `mixed_gt2` and
     `mixed_centralized` are this with the variant fixed.
 
     A setting that the variant does not read is refused rather than ignored:
-    combine and transfer are 2-GT's; 1-GT takes no central_steps or
-    central_optimizer (its server computes one gradient); the oracle has no
-    client_chunk. variant: one of VARIANTS; combine: 2-GT's α, "half" or
-    "mixing"; transfer: 2-GT's ĝ_f, "current" or "stale" (the module's
-    docstring); the other settings below.
+    combine and transfer are 2-GT's. variant: one of VARIANTS; combine: 2-GT's
+    α, "half" or "mixing"; transfer: 2-GT's ĝ_f, "current" or "stale" (the
+    module's docstring); the other settings below.
     """
     check_choice("variant", variant, VARIANTS)
     unread = []
     if variant != "gt2":
         unread += [name for name, changed in (("combine", combine != "half"),
                                               ("transfer", transfer != "current")) if changed]
-    if variant == "gt1":
-        unread += [name for name, value in (("central_steps", central_steps),
-                                            ("central_optimizer", central_optimizer))
-                   if value is not None]
-    if variant == "centralized" and client_chunk is not None:
-        unread.append("client_chunk")
     if unread:
         raise ValueError(f"mixed variant {variant!r} does not read {', '.join(unread)}; "
                          "leave them unset.")
-    check_steps("local_steps", local_steps)
-    central_steps = local_steps if central_steps is None else central_steps
-    check_steps("central_steps", central_steps)
-    for name, value in (("batch_size", batch_size), ("central_batch_size", central_batch_size),
-                        ("clients_per_round", clients_per_round)):
-        if value is not None:
-            check_steps(name, value)
+    check_training(f"mixed_{variant}", training)
+    if central is None:  # the clients' optimizer and K on every row; the clients' sampling
+        # mode is theirs alone (the datacenter's batches are drawn afresh)
+        central = training.replace(batch_size=None, sampling="with_replacement")
+    check_training(f"mixed_{variant}", central, "central")
+    if central.sampling != "with_replacement":
+        raise ValueError("the central steps draw each datacenter batch afresh: central "
+                         f"sampling must be with_replacement; got {central.sampling!r}.")
+    local_steps, batch_size = training.steps, training.batch_size
+    central_steps, central_batch_size = central.steps, central.batch_size
+    check_participation(participation)
     _check_weight("w_f", w_f)
     _check_weight("w_c", w_c)
     if all(isinstance(w, (int, float, np.number)) for w in (w_f, w_c)) and w_f + w_c == 0:
         raise ValueError("w_f and w_c must not both be 0 (f = w_f f_f + w_c f_c would be 0).")
-    check_choice("weighting", weighting, WEIGHTINGS)
+    check_weighting(weighting)
     check_choice("combine", combine, COMBINES)
     check_choice("transfer", transfer, TRANSFERS)
-    check_client_chunk(client_chunk)
     if central_loss is not None and not callable(central_loss):
         raise ValueError(
             "central_loss must be None (a datacenter dataset in ServerData) or a callable "
             f"(params, server_arrays, key) -> scalar; got {central_loss!r}."
         )
-    opt = client_optimizer(optimizer, learning_rate)
-    central_opt = opt if central_optimizer is None else central_optimizer
-    server_opt = server_optimizer if server_optimizer is not None else optax.sgd(
-        server_learning_rate)
+    server_lr = 1.0 if server_lr is None else server_lr
+    check_learning_rate("server_lr", server_lr)
+    opt = training.optimizer
+    # 1-GT's server takes one gradient and the oracle steps with the clients' optimizer:
+    # they read only the central batch size.
+    central_opt = opt if variant in ("gt1", "centralized") else central.optimizer
+    if variant in ("gt1", "centralized"):
+        central_steps = local_steps
+    # ServerOpt on −Δ: SGD at η_s (another: `with_server_optimizer` around server_lr = 1).
+    server_opt = optax.sgd(server_lr)
     f_c = central_loss if central_loss is not None else datacenter_loss(model, central_batch_size)
     # A plain central loss draws nothing apart: its step input is the step's key.
-    central = f_c if isinstance(f_c, DrawnLoss) else DrawnLoss(lambda arrays, key: key, f_c)
+    drawn = f_c if isinstance(f_c, DrawnLoss) else DrawnLoss(lambda arrays, key: key, f_c)
 
     def server_arrays(server):
         if central_loss is None:
@@ -360,28 +344,21 @@ def mixed(
             return server.arrays
         return None if server is None else server.arrays
 
-    def cohort_of(m: int) -> int:
-        s = m if clients_per_round is None else clients_per_round
-        if s > m:
-            raise ValueError(f"clients_per_round={s} exceeds the {m} clients.")
-        return s
-
     def init(key, inputs) -> MixedState:
         data, server = split_inputs(inputs)
         server_arrays(server)
-        cohort_of(data.num_clients)
         params = model.init(key)
         check_inputs(model, params, data)
-        return MixedState(params, server_opt.init(params), optax.tree.zeros_like(params),
+        return MixedState(params, optax.tree.zeros_like(params),
                           jnp.zeros((), jnp.int32))
 
     def central_input(arrays, key):
         """One central step's input: f_c's draw."""
-        return central.draw(arrays, key)
+        return drawn.draw(arrays, key)
 
     def central_grad(arrays):
         """(params, central step input) -> (loss, grad) of f_c."""
-        return jax.value_and_grad(lambda p, step: central.loss(p, arrays, step))
+        return jax.value_and_grad(lambda p, step: drawn.loss(p, arrays, step))
 
     def round_(state: MixedState, inputs, key):
         data, server = split_inputs(inputs)
@@ -390,7 +367,7 @@ def mixed(
         # The cohort and its slots' keys come from the round key exactly as in FedAvg, so
         # with w_c = 0 the client side is FedAvg's round draw for draw; the server's keys
         # are a separate stream folded off the same key.
-        cohort = sample_cohort(key, data.num_clients, cohort_of(data.num_clients))
+        cohort = draw_cohort(key, data, participation)
         central_keys = jax.random.split(jax.random.fold_in(key, CENTRAL_STREAM), central_steps)
         g_c = central_grad(arrays)
 
@@ -413,9 +390,8 @@ def mixed(
 
         def client_step(batch):
             def one(x, y, n, k):
-                end, _, losses, g0 = client_update(
-                    model, opt, x_t, x, y, n, k, num_steps=local_steps, batch_size=batch_size,
-                    direction=client_direction, keep_first_grad=True)
+                end, _, losses, g0 = training.update(
+                    model, x_t, x, y, n, k, direction=client_direction, keep_first_grad=True)
                 return optax.tree.sub(end, x_t), g0, losses[0]
 
             deltas, grads0, losses0 = jax.vmap(one)(batch.data.x, batch.data.y,
@@ -426,7 +402,7 @@ def mixed(
             return sums, (losses0, batch.active)
 
         (delta_total, grad_total, weight), (losses0, active) = cohort_sums(
-            client_step, data, cohort, client_chunk=client_chunk)
+            client_step, data, cohort)
         zeros = optax.tree.zeros_like(x_t)
         delta_f = mean_or_keep(delta_total, weight, zeros)
         hat_g_f = mean_or_keep(grad_total, weight, zeros)  # ∇̃f_f at x^(t)
@@ -445,24 +421,24 @@ def mixed(
             delta = optax.tree.add(optax.tree.scale(alpha, delta_f),
                                    optax.tree.scale(1.0 - alpha, optax.tree.sub(y_c, x_t)))
 
-        updates, server_state = server_opt.update(optax.tree.scale(-1.0, delta),
-                                                  state.server_opt_state, x_t)
+        updates, _ = server_opt.update(optax.tree.scale(-1.0, delta), server_opt.init(x_t),
+                                       x_t)
         params = optax.apply_updates(x_t, updates)
         g_tilde, b_tilde = dissimilarity(hat_g_f, hat_g_c, w_f, w_c)
-        train_loss = mean_over(losses0, active)
+        cohort_loss = mean_over(losses0, active)
         d = float(num_params(x_t))
         down = 2 * d if variant in ("gt1", "gt2") else d
         up = 2 * d if variant == "gt2" else d
         metrics = {
-            "train_loss": train_loss,
+            "cohort_loss": cohort_loss,
             "central_loss": loss_c,
-            "mixed_loss": w_f * train_loss + w_c * loss_c,
+            "mixed_loss": w_f * cohort_loss + w_c * loss_c,
             "G_tilde": g_tilde,
             "B_tilde": b_tilde,
             "floats_down": jnp.float32(down),
             "floats_up": jnp.float32(up),
         }
-        return MixedState(params, server_state, hat_g_f, state.round + 1), metrics
+        return state._replace(params=params, grad_f=hat_g_f, round=state.round + 1), metrics
 
     def _centralized_round(state, data, g_c, central_input_of, cohort, central_keys):
         """The oracle: K steps of minibatch SGD on the mixed loss with all data on the server.
@@ -493,12 +469,11 @@ def mixed(
 
         end, _, (loss_f, loss_c, grad_f, grad_c) = descend(mixed_grad, central_opt, x_t,
                                                             central_keys)
-        updates, server_state = server_opt.update(optax.tree.sub(x_t, end),
-                                                  state.server_opt_state, x_t)
+        updates, _ = server_opt.update(optax.tree.sub(x_t, end), server_opt.init(x_t), x_t)
         params = optax.apply_updates(x_t, updates)
         g_tilde, b_tilde = dissimilarity(grad_f, grad_c, w_f, w_c)
         metrics = {
-            "train_loss": loss_f,
+            "cohort_loss": loss_f,
             "central_loss": loss_c,
             "mixed_loss": w_f * loss_f + w_c * loss_c,
             "G_tilde": g_tilde,
@@ -506,11 +481,11 @@ def mixed(
             "floats_down": jnp.float32(0.0),
             "floats_up": jnp.float32(0.0),
         }
-        return MixedState(params, server_state, grad_f, state.round + 1), metrics
+        return state._replace(params=params, grad_f=grad_f, round=state.round + 1), metrics
 
     def evaluate(state: MixedState, inputs) -> dict:
         data, _ = split_inputs(inputs)
-        return evaluate_shared(model, state.params, data, client_chunk)
+        return evaluate_shared(model, state.params, data)
 
     return Algorithm(init, round_, evaluate)
 
@@ -518,94 +493,161 @@ def mixed(
 _DOC_ARGS = """
     Args:
       model: the shared model.
-      optimizer: client optimizer (default SGD at learning_rate); also the
-        central steps' optimizer unless central_optimizer is given.
-      learning_rate: client lr η when optimizer is None; may be traced.
-      server_optimizer: ServerOpt applied to −Δ (default SGD at
-        server_learning_rate).
-      server_learning_rate: η_s of the default server SGD.
-      central_optimizer: the optimizer of the server's central steps.
+      training: the clients' K local steps (`ClientTraining`: optimizer, K,
+        minibatch size, sampling).
+      central: the server's central steps on f_c (PT, 2-GT): its optimizer, its
+        number of steps and its datacenter minibatch size (None: every row each
+        step); default: `training`'s optimizer and K, every row. 1-GT (one central
+        gradient) and the oracle (the clients' optimizer and K) read only its
+        batch size.
       w_f, w_c: mixing weights of f = w_f f_f + w_c f_c (>= 0; need not sum to 1).
-      local_steps: K, the clients' steps per round.
-      central_steps: the server's steps per round (default K).
-      batch_size: client minibatch size (None: full batch).
-      central_batch_size: datacenter minibatch size (None: all rows).
-      clients_per_round: S, uniformly without replacement (None: all m).
+      participation: the fraction of clients per round, uniformly without
+        replacement.
       weighting: "uniform" or "examples": how clients' deltas and gradients
         are averaged (f_f's convex combination).
       central_loss: None: a datacenter dataset in ServerData arrays
         {"x", "y"}; else (params, server_arrays, key) -> scalar computed on
         the server (a regularizer; the inputs may then be FederatedData alone).
-      client_chunk: None trains the whole cohort at once; else this many
-        clients at a time.
+      server_lr: η_s of the server's SGD on −Δ (None: 1, x + Δ); another server
+        optimizer is `with_server_optimizer` around the algorithm at server_lr = 1.
 """
 
 
-def mixed_parallel(model: Model, optimizer=None, *, learning_rate=None, server_optimizer=None,
-                   server_learning_rate=1.0, central_optimizer=None, w_f=0.5, w_c=0.5,
-                   local_steps: int = 1, central_steps: int | None = None,
-                   batch_size: int | None = None, central_batch_size: int | None = None,
-                   clients_per_round: int | None = None, weighting: str = "uniform",
+def mixed_parallel(model: Model, training: ClientTraining, *,
+                   central: ClientTraining | None = None, w_f=0.5, w_c=0.5,
+                   participation: float = 1.0, weighting: str = "uniform",
                    central_loss: CentralLoss | None = None,
-                   client_chunk: int | None = None) -> Algorithm:
-    """Mixed FL by parallel training (PT): client and server steps from x^(t), deltas mixed."""
-    return mixed(model, optimizer, variant="parallel", learning_rate=learning_rate,
-                  server_optimizer=server_optimizer, server_learning_rate=server_learning_rate,
-                  central_optimizer=central_optimizer, w_f=w_f, w_c=w_c, local_steps=local_steps,
-                  central_steps=central_steps, batch_size=batch_size,
-                  central_batch_size=central_batch_size, clients_per_round=clients_per_round,
-                  weighting=weighting, central_loss=central_loss, combine="half",
-                  transfer="current", client_chunk=client_chunk)
+                   server_lr=None) -> Algorithm:
+    """Mixed FL by parallel training (PT): client and server steps from x^(t), deltas mixed.
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import mixed_parallel, sgd
+      >>> from fedjax_sim.data import ServerData, linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> rng = np.random.default_rng(0)  # a datacenter set: 32 rows, no client axis
+      >>> server = ServerData({"x": rng.normal(size=(32, 3)).astype(np.float32),
+      ...                      "y": rng.normal(size=32).astype(np.float32)})
+      >>> alg = mixed_parallel(linear_regression(3), sgd(0.02, steps=5), w_f=0.5, w_c=0.5)
+      >>> state = alg.init(jax.random.key(1), (data, server))
+      >>> state, metrics = jax.jit(alg.round)(state, (data, server), jax.random.key(2))
+      >>> state.params.shape, int(state.round)
+      ((3,), 1)
+      >>> jax.jit(alg.evaluate)(state, (data, server))["client_loss"].shape  # the clients'
+      (8,)
+
+    References:
+      Sean Augenstein, Andrew Hard, Lin Ning, Karan Singhal, Satyen Kale, Kurt
+      Partridge, Rajiv Mathews, "Mixed Federated Learning: Joint Decentralized and
+      Centralized Learning", arXiv 2022, https://arxiv.org/abs/2205.13655.
+    """
+    return mixed(model, training, variant="parallel", central=central, w_f=w_f, w_c=w_c,
+                 participation=participation, weighting=weighting, central_loss=central_loss,
+                 server_lr=server_lr)
 
 
-def mixed_gt1(model: Model, optimizer=None, *, learning_rate=None, server_optimizer=None,
-              server_learning_rate=1.0, w_f=0.5, w_c=0.5, local_steps: int = 1,
-              batch_size: int | None = None, central_batch_size: int | None = None,
-              clients_per_round: int | None = None, weighting: str = "uniform",
+def mixed_gt1(model: Model, training: ClientTraining, *,
+              central: ClientTraining | None = None, w_f=0.5, w_c=0.5,
+              participation: float = 1.0, weighting: str = "uniform",
               central_loss: CentralLoss | None = None,
-              client_chunk: int | None = None) -> Algorithm:
-    """Mixed FL by one-way gradient transfer (1-GT): clients step on w_f g_i + w_c ĝ_c."""
-    return mixed(model, optimizer, variant="gt1", learning_rate=learning_rate,
-                  server_optimizer=server_optimizer, server_learning_rate=server_learning_rate,
-                  central_optimizer=None, w_f=w_f, w_c=w_c, local_steps=local_steps,
-                  central_steps=None, batch_size=batch_size,
-                  central_batch_size=central_batch_size, clients_per_round=clients_per_round,
-                  weighting=weighting, central_loss=central_loss, combine="half",
-                  transfer="current", client_chunk=client_chunk)
+              server_lr=None) -> Algorithm:
+    """Mixed FL by one-way gradient transfer (1-GT): clients step on w_f g_i + w_c ĝ_c.
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import mixed_gt1, sgd
+      >>> from fedjax_sim.data import ServerData, linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> rng = np.random.default_rng(0)  # a datacenter set: 32 rows, no client axis
+      >>> server = ServerData({"x": rng.normal(size=(32, 3)).astype(np.float32),
+      ...                      "y": rng.normal(size=32).astype(np.float32)})
+      >>> alg = mixed_gt1(linear_regression(3), sgd(0.02, steps=5),
+      ...                 central=sgd(0.02, batch_size=16))  # ĝ_c on 16 datacenter rows
+      >>> state = alg.init(jax.random.key(1), (data, server))
+      >>> state, metrics = jax.jit(alg.round)(state, (data, server), jax.random.key(2))
+      >>> state.params.shape, int(state.round)
+      ((3,), 1)
+
+    References:
+      Sean Augenstein, Andrew Hard, Lin Ning, Karan Singhal, Satyen Kale, Kurt
+      Partridge, Rajiv Mathews, "Mixed Federated Learning: Joint Decentralized and
+      Centralized Learning", arXiv 2022, https://arxiv.org/abs/2205.13655.
+    """
+    return mixed(model, training, variant="gt1", central=central, w_f=w_f, w_c=w_c,
+                 participation=participation, weighting=weighting, central_loss=central_loss,
+                 server_lr=server_lr)
 
 
-def mixed_gt2(model: Model, optimizer=None, *, learning_rate=None, server_optimizer=None,
-              server_learning_rate=1.0, central_optimizer=None, w_f=0.5, w_c=0.5,
-              local_steps: int = 1, central_steps: int | None = None,
-              batch_size: int | None = None, central_batch_size: int | None = None,
-              clients_per_round: int | None = None, weighting: str = "uniform",
+def mixed_gt2(model: Model, training: ClientTraining, *,
+              central: ClientTraining | None = None, w_f=0.5, w_c=0.5,
+              participation: float = 1.0, weighting: str = "uniform",
               central_loss: CentralLoss | None = None, combine: str = "half",
-              transfer: str = "current", client_chunk: int | None = None) -> Algorithm:
-    """Mixed FL by two-way gradient transfer (2-GT): both sides step on the mixed gradient."""
-    return mixed(model, optimizer, variant="gt2", learning_rate=learning_rate,
-                  server_optimizer=server_optimizer, server_learning_rate=server_learning_rate,
-                  central_optimizer=central_optimizer, w_f=w_f, w_c=w_c, local_steps=local_steps,
-                  central_steps=central_steps, batch_size=batch_size,
-                  central_batch_size=central_batch_size, clients_per_round=clients_per_round,
-                  weighting=weighting, central_loss=central_loss, combine=combine,
-                  transfer=transfer, client_chunk=client_chunk)
+              transfer: str = "current", server_lr=None) -> Algorithm:
+    """Mixed FL by two-way gradient transfer (2-GT): both sides step on the mixed gradient.
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import mixed_gt2, sgd
+      >>> from fedjax_sim.data import ServerData, linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> rng = np.random.default_rng(0)  # a datacenter set: 32 rows, no client axis
+      >>> server = ServerData({"x": rng.normal(size=(32, 3)).astype(np.float32),
+      ...                      "y": rng.normal(size=32).astype(np.float32)})
+      >>> alg = mixed_gt2(linear_regression(3), sgd(0.02, steps=5), w_f=0.5, w_c=0.5,
+      ...                 central=sgd(0.02, steps=5, batch_size=32))
+      >>> state = alg.init(jax.random.key(1), (data, server))
+      >>> state, metrics = jax.jit(alg.round)(state, (data, server), jax.random.key(2))
+      >>> state.params.shape, int(state.round)
+      ((3,), 1)
+
+    References:
+      Sean Augenstein, Andrew Hard, Lin Ning, Karan Singhal, Satyen Kale, Kurt
+      Partridge, Rajiv Mathews, "Mixed Federated Learning: Joint Decentralized and
+      Centralized Learning", arXiv 2022, https://arxiv.org/abs/2205.13655.
+    """
+    return mixed(model, training, variant="gt2", central=central, w_f=w_f, w_c=w_c,
+                 participation=participation, weighting=weighting, central_loss=central_loss,
+                 combine=combine, transfer=transfer, server_lr=server_lr)
 
 
-def mixed_centralized(model: Model, optimizer=None, *, learning_rate=None,
-                      server_optimizer=None, server_learning_rate=1.0, w_f=0.5, w_c=0.5,
-                      local_steps: int = 1, batch_size: int | None = None,
-                      central_batch_size: int | None = None,
-                      clients_per_round: int | None = None, weighting: str = "uniform",
-                      central_loss: CentralLoss | None = None) -> Algorithm:
+def mixed_centralized(model: Model, training: ClientTraining, *,
+                      central: ClientTraining | None = None, w_f=0.5, w_c=0.5,
+                      participation: float = 1.0, weighting: str = "uniform",
+                      central_loss: CentralLoss | None = None,
+                      server_lr=None) -> Algorithm:
     """The centrally trained oracle: K minibatch-SGD steps per round on the mixed loss, all
-    data pooled on the server (each step a fresh cohort's batches and a central batch)."""
-    return mixed(model, optimizer, variant="centralized", learning_rate=learning_rate,
-                  server_optimizer=server_optimizer, server_learning_rate=server_learning_rate,
-                  central_optimizer=None, w_f=w_f, w_c=w_c, local_steps=local_steps,
-                  central_steps=None, batch_size=batch_size,
-                  central_batch_size=central_batch_size, clients_per_round=clients_per_round,
-                  weighting=weighting, central_loss=central_loss, combine="half",
-                  transfer="current", client_chunk=None)
+    data pooled on the server (each step a fresh cohort's batches and a central batch).
+
+    Examples:
+      >>> import jax
+      >>> import numpy as np
+      >>> from fedjax_sim.algorithms import mixed_centralized, sgd
+      >>> from fedjax_sim.data import ServerData, linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> rng = np.random.default_rng(0)  # a datacenter set: 32 rows, no client axis
+      >>> server = ServerData({"x": rng.normal(size=(32, 3)).astype(np.float32),
+      ...                      "y": rng.normal(size=32).astype(np.float32)})
+      >>> alg = mixed_centralized(linear_regression(3), sgd(0.02, steps=5))
+      >>> state = alg.init(jax.random.key(1), (data, server))
+      >>> state, metrics = jax.jit(alg.round)(state, (data, server), jax.random.key(2))
+      >>> state.params.shape, int(state.round)
+      ((3,), 1)
+
+    References:
+      Sean Augenstein, Andrew Hard, Lin Ning, Karan Singhal, Satyen Kale, Kurt
+      Partridge, Rajiv Mathews, "Mixed Federated Learning: Joint Decentralized and
+      Centralized Learning", arXiv 2022, https://arxiv.org/abs/2205.13655.
+    """
+    return mixed(model, training, variant="centralized", central=central, w_f=w_f, w_c=w_c,
+                 participation=participation, weighting=weighting, central_loss=central_loss,
+                 server_lr=server_lr)
 
 
 for _factory in (mixed, mixed_parallel, mixed_gt1, mixed_gt2, mixed_centralized):

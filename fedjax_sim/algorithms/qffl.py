@@ -32,33 +32,29 @@ Choices, following the authors' code (`flearn/trainers/qffedavg.py`) [I]:
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from fedjax_sim.algorithms.base import (
     Algorithm,
-    check_fraction,
     check_inputs,
-    check_steps,
-    client_optimizer,
-    cohort_size,
+    check_participation,
+    draw_cohort,
     mean_over,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
+from fedjax_sim.algorithms.training import (
+    ClientTraining,
+    check_learning_rate,
+    check_training,
+    sgd_rate,
+)
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_loss
-from fedjax_sim.ops import (
-    check_client_chunk,
-    client_update,
-    cohort_sums,
-    sample_cohort,
-    weighted_sum,
-)
+from fedjax_sim.ops import cohort_sums, weighted_sum
 
 DEFAULT_Q = 1.0  # from the paper's grid (q ∈ {0.001, …, 1, 2, 5, 15}); tune it
 LOSS_FLOOR = 1e-10  # the authors' code: np.float_power(loss + 1e-10, q)
@@ -69,53 +65,51 @@ class QFFLState(NamedTuple):
     round: jax.Array  # int32
 
 
-def _check_number(name: str, value, *, zero_allowed: bool) -> None:
-    """A concrete value must be finite and >= 0 (> 0 unless zero_allowed); traced ones pass."""
-    if value is None:
-        raise ValueError(f"{name} must be given.")
-    if isinstance(value, (int, float, np.number)) and not (
-        math.isfinite(float(value)) and (value >= 0 if zero_allowed else value > 0)
-    ):
-        bound = ">= 0" if zero_allowed else "> 0"
-        raise ValueError(f"{name} must be a finite number {bound}; got {value!r}.")
-
-
-def qffl(
-    model: Model,
-    *,
-    q=DEFAULT_Q,
-    learning_rate,
-    local_steps: int = 1,
-    batch_size: int | None = None,
-    participation: float = 1.0,
-    client_chunk: int | None = None,
-) -> Algorithm:
+def qffl(model: Model, training: ClientTraining, *, q=DEFAULT_Q,
+         participation: float = 1.0) -> Algorithm:
     """Builds q-FedAvg.
 
     Args:
       model: the shared model.
+      training: the clients' local steps, plain SGD at η > 0 (`sgd(η, ...)`): the
+        Lipschitz estimate is L = 1/η.
       q: q ≥ 0, the fairness exponent (0: FedAvg); may be traced.
-      learning_rate: η > 0, the clients' SGD step; L = 1/η. May be traced.
-      local_steps: τ.
-      batch_size: None for full-batch local steps, else the minibatch size.
       participation: |S_t| / N, uniform without replacement.
-      client_chunk: None: the whole cohort at once; else this many clients at
-        a time (Σ Δ_k and Σ h_k accumulated).
 
     Returns:
       Algorithm(init, round, evaluate) with state QFFLState. Round metrics:
-      train_loss (the cohort's mean F_k(w_t)) and fair_weight_max (the largest
+      cohort_loss (the cohort's mean F_k(w_t)) and fair_weight_max (the largest
       share F_k^q / Σ_S F^q of a cohort client).
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import qffl, sgd
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = qffl(linear_regression(3), sgd(0.1, steps=5), q=1.0)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.params.shape, int(state.round)
+      ((3,), 1)
+
+      Its maths assume plain SGD at a known rate:
+
+      >>> import optax
+      >>> from fedjax_sim.algorithms import ClientTraining
+      >>> qffl(linear_regression(3), ClientTraining(optax.adam(0.1)))
+      Traceback (most recent call last):
+      ...
+      ValueError: qffl trains its clients with plain SGD (...): give training=sgd(...).
+
+    References:
+      Tian Li, Maziar Sanjabi, Ahmad Beirami, Virginia Smith, "Fair Resource
+      Allocation in Federated Learning", ICLR 2020, https://arxiv.org/abs/1905.10497.
     """
-    _check_number("q", q, zero_allowed=True)
-    _check_number("learning_rate", learning_rate, zero_allowed=False)  # L = 1/η
-    check_steps("local_steps", local_steps)
-    if batch_size is not None:
-        check_steps("batch_size", batch_size)
-    check_fraction("participation", participation)
-    check_client_chunk(client_chunk)
-    sgd = client_optimizer(None, learning_rate)
-    lipschitz = 1.0 / learning_rate
+    check_training("qffl", training)
+    check_learning_rate("q", q)
+    lipschitz = 1.0 / sgd_rate(training, "qffl", "its Lipschitz estimate is L = 1/η")
+    check_participation(participation)
 
     def init(key, data: FederatedData) -> QFFLState:
         params = model.init(key)
@@ -124,16 +118,14 @@ def qffl(
 
     def client(w, x, y, count, key):  # one client's Δ_k, h_k and F_k^q
         loss = client_loss(model, w, x, y, count) + LOSS_FLOOR
-        trained, _, _ = client_update(model, sgd, w, x, y, count, key,
-                                      num_steps=local_steps, batch_size=batch_size)
+        trained, _, _ = training.update(model, w, x, y, count, key)
         delta_w = jax.tree.map(lambda a, b: lipschitz * (a - b), w, trained)
         fq = loss**q
         h = q * loss ** (q - 1.0) * optax.tree.norm(delta_w, squared=True) + lipschitz * fq
         return optax.tree.scale(fq, delta_w), h, fq, loss - LOSS_FLOOR
 
     def round_(state: QFFLState, data: FederatedData, key):
-        m = data.num_clients
-        cohort = sample_cohort(key, m, cohort_size(m, participation))
+        cohort = draw_cohort(key, data, participation)
 
         def client_step(batch):
             delta, h, fq, loss = jax.vmap(client, in_axes=(None, 0, 0, 0, 0))(
@@ -144,19 +136,19 @@ def qffl(
             return sums, (loss, fq, batch.active)
 
         (delta_total, h_total, fq_total), (losses, fq, active) = cohort_sums(
-            client_step, data, cohort, client_chunk=client_chunk)
+            client_step, data, cohort)
         # w_{t+1} = w_t − Σ Δ_k / Σ h_k (kept when no client with data took part)
         params = jax.tree.map(
             lambda w, d: jnp.where(h_total > 0, w - d / jnp.maximum(h_total, 1e-30), w),
             state.params, delta_total)
         metrics = {
-            "train_loss": mean_over(losses, active),
+            "cohort_loss": mean_over(losses, active),
             "fair_weight_max": jnp.max(jnp.where(active, fq, 0.0))
             / jnp.maximum(fq_total, 1e-30),
         }
         return QFFLState(params, state.round + 1), metrics
 
     def evaluate(state: QFFLState, data: FederatedData) -> dict:
-        return evaluate_shared(model, state.params, data, client_chunk)
+        return evaluate_shared(model, state.params, data)
 
     return Algorithm(init, round_, evaluate)

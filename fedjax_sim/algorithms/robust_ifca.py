@@ -53,31 +53,25 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 
 from fedjax_sim.algorithms.base import (
     Algorithm,
-    check_fraction,
     check_inputs,
-    check_steps,
-    client_optimizer,
-    cohort_size,
+    check_participation,
+    draw_cohort,
     mean_over,
     per_client_fields,
 )
 from fedjax_sim.algorithms.ifca import evaluate_clusters
+from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model
 from fedjax_sim.ops import (
     assign_clusters,
-    check_client_chunk,
     cluster_losses,
     cohort_sums,
     divide_segments,
-    local_update,
     put,
-    sample_cohort,
     segment_totals,
     take,
 )
@@ -91,57 +85,54 @@ class RobustIFCAState(NamedTuple):
     round: jax.Array  # int32
 
 
-def robust_ifca(
-    model: Model,
-    optimizer: optax.GradientTransformation | None = None,
-    *,
-    num_clusters: int,
-    learning_rate=None,
-    local_steps: int = 1,
-    batch_size: int | None = None,
-    participation: float = 1.0,
-    lambda_lr=0.01,
-    init_params=None,
-    client_chunk: int | None = None,
-) -> Algorithm:
+def robust_ifca(model: Model, training: ClientTraining, *, num_clusters: int,
+                participation: float = 1.0, lambda_lr=0.01) -> Algorithm:
     """Builds robust IFCA: IFCA option II with a DRFA λ inside every cluster.
 
     Args:
       model: the model of every cluster.
-      optimizer: client optimizer (default SGD at learning_rate).
+      training: how each client trains (τ steps from its cluster's model).
       num_clusters: k.
-      learning_rate: η when optimizer is None; may be traced.
-      local_steps: τ.
-      batch_size: None for full-batch local steps, else the minibatch size.
       participation: fraction of clients per round, uniform without replacement.
       lambda_lr: γ, the λ step (may be traced); 0 gives IFCA option II.
-      init_params: optional key -> cluster params (leaves [k, ...]); default
-        k independent `model.init` draws (IFCA's).
-      client_chunk: None trains the whole cohort at once; else this many
-        clients at a time.
+
+    Start from given cluster models with `ifca.with_initial_params`.
 
     Returns:
       Algorithm with state RobustIFCAState; evaluate adds `client_lambda` [m].
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import robust_ifca, sgd
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = robust_ifca(linear_regression(3), sgd(0.1, steps=5), num_clusters=2)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.cluster_params.shape, state.lam.shape  # [k, d]; λ over the m clients
+      ((2, 3), (8,))
+      >>> jax.jit(alg.evaluate)(state, data)["client_lambda"].shape
+      (8,)
+
+    References:
+      New in fedjax_sim: IFCA's cluster choice (Avishek Ghosh, Jichan Chung, Dong
+      Yin, Kannan Ramchandran, "An Efficient Framework for Clustered Federated
+      Learning", NeurIPS 2020, https://arxiv.org/abs/2006.04088) with DRFA's
+      min-max inside each cluster (Yuyang Deng, Mohammad Mahdi Kamani, Mehrdad
+      Mahdavi, "Distributionally Robust Federated Averaging", NeurIPS 2020,
+      https://arxiv.org/abs/2102.12660).
     """
+    check_training("robust_ifca", training)
     if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:
         raise ValueError(f"num_clusters (k) must be an integer >= 1; got {num_clusters!r}.")
-    check_steps("local_steps", local_steps)
-    if batch_size is not None:
-        check_steps("batch_size", batch_size)
-    check_fraction("participation", participation)
-    check_client_chunk(client_chunk)
-    if isinstance(lambda_lr, (int, float, np.number)) and not (
-            np.isfinite(lambda_lr) and lambda_lr >= 0):
-        raise ValueError(f"lambda_lr must be a finite number >= 0; got {lambda_lr!r}.")
+    check_participation(participation)
+    check_learning_rate("lambda_lr", lambda_lr)
     model = model.unsplit()
     k = num_clusters
-    opt = client_optimizer(optimizer, learning_rate)
 
     def init(key, data: FederatedData) -> RobustIFCAState:
-        if init_params is None:
-            params = jax.vmap(model.init)(jax.random.split(key, k))
-        else:
-            params = init_params(key)
+        params = jax.vmap(model.init)(jax.random.split(key, k))
         check_inputs(model, jax.tree.map(lambda p: p[0], params), data)
         m = data.num_clients
         return RobustIFCAState(params, jnp.full((m,), -1, jnp.int32),
@@ -154,7 +145,7 @@ def robust_ifca(
 
     def round_(state: RobustIFCAState, data: FederatedData, key):
         m = data.num_clients
-        cohort = sample_cohort(key, m, cohort_size(m, participation))
+        cohort = draw_cohort(key, data, participation)
         prev, lam_prev = take(cohort, (state.assignment, state.lam))
         entry_weight = 1.0 / jnp.maximum(members(state.assignment), 1.0)  # [k]
 
@@ -163,15 +154,14 @@ def robust_ifca(
             losses = cluster_losses(model, state.cluster_params, batch.data)
             chosen = assign_clusters(losses)
             start = jax.tree.map(lambda p: p[chosen], state.cluster_params)
-            trained, _, _ = local_update(model, opt, start, batch.data, batch.keys,
-                                         num_steps=local_steps, batch_size=batch_size)
+            trained, _, _ = training.update_clients(model, start, batch.data, batch.keys)
             weight = jnp.where(chosen == prev_b, lam_b, entry_weight[chosen])
             weight = jnp.where(batch.active, weight, 0.0)
             segment = jnp.where(batch.active, chosen, k)  # id k is dropped
             return segment_totals(trained, segment, k, weight), (losses, chosen, weight)
 
         (totals, cluster_weight), (losses, chosen, weight) = cohort_sums(
-            client_step, data, cohort, inputs=(prev, lam_prev), client_chunk=client_chunk)
+            client_step, data, cohort, inputs=(prev, lam_prev))
         params = divide_segments(totals, cluster_weight, fallback=state.cluster_params)
 
         active = take(cohort, data.active())
@@ -186,10 +176,10 @@ def robust_ifca(
                                         jnp.where(active, chosen, k), k + 1)[:k]
         scale = members(assignment)[chosen] / jnp.maximum(in_cohort[chosen], 1.0)
         v = put(cohort, jnp.zeros((m,), jnp.float32), jnp.where(active, scale * chosen_loss, 0.0))
-        lam = project_segments(lam + lambda_lr * local_steps * v,
+        lam = project_segments(lam + lambda_lr * training.steps * v,
                                jnp.where(assignment >= 0, assignment, -1), k)
         metrics = {
-            "train_loss": mean_over(chosen_loss, active),
+            "cohort_loss": mean_over(chosen_loss, active),
             "worst_client_loss": jnp.max(jnp.where(active, chosen_loss, 0.0)),
             "cluster_sizes": in_cohort.astype(jnp.int32),
             "lambda_max": jnp.max(lam),
@@ -197,7 +187,7 @@ def robust_ifca(
         return RobustIFCAState(params, assignment, lam, state.round + 1), metrics
 
     def evaluate(state: RobustIFCAState, data: FederatedData) -> dict:
-        out = evaluate_clusters(model, state.cluster_params, data, client_chunk)
+        out = evaluate_clusters(model, state.cluster_params, data)
         out["client_lambda"] = state.lam
         return out
 

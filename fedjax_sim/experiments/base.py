@@ -9,6 +9,7 @@ run directories, sweeps and comparisons; nothing else needs editing to add one.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import sys
@@ -21,8 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim import backend, compare, parallel
+from fedjax_sim.algorithms import ClientTraining, sgd
 from fedjax_sim.algorithms.base import NOT_PER_CLIENT, Algorithm
 from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.experiments import methods as catalog
 from fedjax_sim.experiments.settings import Setting
 
 
@@ -195,6 +198,13 @@ class Experiment:
     log_metrics: tuple[str, ...] = ()
     #: method -> label in plot legends (default: the method's name).
     labels: dict | None = None
+    #: the methods it can train: `methods.METHODS`, with its own entries where its
+    #: protocol trains a method its own way.
+    method_table = catalog.METHODS
+    #: what its data provide to the methods (`methods.SERVER_DATA`, `methods.SPLIT_MODEL`).
+    provides: frozenset = frozenset()
+    #: the kinds of method its metrics evaluate (`methods.KINDS`).
+    kinds: tuple[str, ...] = catalog.KINDS
 
     @property
     def declared(self) -> dict[str, Setting]:
@@ -243,6 +253,61 @@ class Experiment:
         """Method `name` over s["seeds"] vmapped seeds, ready to train."""
         raise NotImplementedError(f"{self.name} declares no comparison.")
 
+    def available(self) -> tuple[str, ...]:
+        """The methods of its table that fit its data: its declared ones first."""
+        fitting = [n for n, m in self.method_table.items()
+                   if catalog.fits(m, self.provides) is None and m.kind in self.kinds]
+        return tuple(dict.fromkeys([*(n for n in self.methods if n in fitting or self.own(n)),
+                                    *fitting]))
+
+    def own(self, name: str) -> bool:
+        """Whether `name` is a method of its own, outside the method table, that its
+        `method_run` builds itself."""
+        return name in self.methods and name not in self.method_table
+
+    def check_method(self, name: str) -> None:
+        """ValueError in one line when method `name` cannot be trained here, saying why."""
+        if self.own(name):
+            return
+        if name not in self.method_table:
+            raise ValueError(f"unknown method {name!r}; {self.name} can train "
+                             f"{', '.join(self.available())}.")
+        method = self.method_table[name]
+        why = catalog.fits(method, self.provides)
+        if why is None and method.kind not in self.kinds:
+            why = (f"its {method.kind} models evaluated, but this experiment's metrics read "
+                   f"{' or '.join(self.kinds)} models only")
+        if why is not None:
+            raise ValueError(f"method {name} needs {why}, which {self.name} does not have; "
+                             f"it can train {', '.join(self.available())}.")
+
+    def client_training(self, s: dict, learning_rate) -> ClientTraining:
+        """How its clients train at `learning_rate`: plain SGD (declared linear in its
+        gradients) with its local_steps, batch_size (0: full batch) and sampling."""
+        return sgd(learning_rate, steps=s["local_steps"], batch_size=s.get("batch_size") or None,
+                   sampling=s.get("sampling", "with_replacement"))
+
+    def training_of(self, name: str, s: dict, learning_rate=None) -> ClientTraining:
+        """Method `name`'s client training: at its own learning rate (or `learning_rate`);
+        plain SGD at it for a method whose maths assume it."""
+        method = self.method_table[name]
+        if learning_rate is None:
+            learning_rate = s[catalog.setting_of(method, "lr", s)]
+        training = self.client_training(s, learning_rate)
+        if method.sgd:
+            training = sgd(learning_rate, steps=training.steps, batch_size=training.batch_size,
+                           sampling=training.sampling)
+        return training
+
+    def build_method(self, name: str, s: dict, model, learning_rate=None, **extra) -> Algorithm:
+        """Method `name` (unvmapped) with these settings, through the one method table."""
+        self.check_method(name)
+        return catalog.build(name, self.method_table, model,
+                                  self.training_of(name, s, learning_rate), s, **extra)
+
+    def method_rounds(self, name: str, s: dict) -> int:
+        return s[catalog.setting_of(self.method_table[name], "rounds", s)]
+
     def compared(self, s: dict) -> tuple[str, ...]:
         """The methods a comparison trains, the baseline among them: the `methods` setting
         (a narrowed or reordered list, `methods_setting`) where the experiment takes one,
@@ -256,6 +321,8 @@ class Experiment:
         if chosen is None:
             return tuple(self.methods)
         names = (chosen,) if isinstance(chosen, str) else tuple(chosen)
+        for name in names:
+            self.check_method(name)
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(f"setting methods names {', '.join(repeated)} twice; give each "
@@ -266,13 +333,43 @@ class Experiment:
                 f"differences are taken to it); got {','.join(names)}.")
         return names
 
+    #: per-experiment defaults of the method settings it gains (`methods.METHOD_SETTINGS`)
+    method_defaults: dict = {}
+    #: its own settings that its problem reads too (IFCA's k: the clusters of the data as
+    #: well as the cluster models), so they are never scoped to the methods that read them
+    unscoped: tuple[str, ...] = ()
+
     def declare_methods_setting(self) -> None:
-        """Adds the `methods` setting (`methods_setting`) to an experiment that compares
-        methods through `method_run` and does not declare one itself (a `Preset` calls
-        this), so `--set methods=a,b` narrows and orders every comparison."""
-        if (self.methods and all(st.name != "methods" for st in self.settings)
-                and type(self).method_run is not Experiment.method_run):
-            self.settings = (*self.settings, methods_setting(tuple(self.methods)))
+        """Completes the settings of an experiment that compares methods through
+        `method_run` (a `Preset` calls this): the `methods` setting (any method of its
+        table may be named; one that does not fit is refused saying why), the settings of
+        every method it can train that it does not declare itself
+        (`methods.METHOD_SETTINGS`), and the methods that read each method setting
+        (`Setting.methods`), so `describe` marks them and the runner refuses them where
+        no trained method reads them."""
+        if (not self.methods or type(self).method_run is Experiment.method_run
+                or self.__dict__.get("_methods_declared")):
+            return
+        self.__dict__["_methods_declared"] = True
+        available = self.available()
+        names = {st.name for st in self.settings}
+        readers = catalog.readers({n: self.method_table[n] for n in available
+                                   if not self.own(n)})
+        added = [dataclasses.replace(st, default=self.method_defaults.get(st.name, st.default))
+                 for name, st in catalog.METHOD_SETTINGS.items()
+                 if name in readers and name not in names]
+
+        def scoped(st: Setting) -> Setting:
+            if st.name in readers and st.methods is None and st.name not in self.unscoped:
+                return dataclasses.replace(st, methods=readers[st.name])
+            return st
+
+        settings = [scoped(st) for st in (*self.settings, *added)]
+        if "methods" not in names:
+            settings.append(methods_setting(
+                (*(n for n in self.methods if self.own(n)), *self.method_table),
+                tuple(self.methods)))
+        self.settings = tuple(settings)
 
     def table(self, s: dict) -> list[str]:
         """The metrics of results.csv, in order."""
@@ -287,7 +384,12 @@ class Experiment:
 
     def compare(self, s: dict, ctx: RunContext | None = None) -> Comparison:
         """Every compared method over s["seeds"] seeds, in memory (no files): the Python
-        API of `fedjax-sim compare` (which also checkpoints and writes its directory)."""
+        API of `fedjax-sim compare` (which also checkpoints and writes its directory).
+
+        Diverged seeds are reported as the command reports them: one line on stderr
+        for the whole comparison (`compare.divergence_summary`); each seed's round and
+        metric are in the returned `results[method].diverged`.
+        """
         ctx = ctx or RunContext(progress=False)
         problem = self.problem(s)
         table = self.table(s)
@@ -297,6 +399,11 @@ class Experiment:
             on_method=lambda r: ctx.on_method(
                 r.name, compare.table_per_seed({r.name: r}, table)[r.name],
                 r.seed_mean_rows()))
+        summary = compare.divergence_summary(results)
+        if summary is not None:
+            print(f"fedjax-sim: comparison finished with diverged seeds: {summary}; they are "
+                  "left out of means and differences (results[method].diverged gives each "
+                  "seed's round and metric)", file=sys.stderr)
         return Comparison(compare.table_per_seed(results, table),
                           {n: r.seed_mean_rows() for n, r in results.items()}, table,
                           self.baseline, self.notes(s, problem, results), results)
@@ -306,7 +413,10 @@ class Experiment:
 
         metrics.csv gets one row per (round, seed); summary.json each final
         metric per seed and its mean over the seeds that did not diverge. The
-        run has diverged (exit 3) when every seed has.
+        run has diverged (exit 3) when every seed has: the runner's
+        `simulate.Diverged` is then its one line. When only some seeds have, one
+        line on stderr says how many and where the first went (summary.json's
+        "diverged" holds each seed's round and metric), never one per seed.
         """
         name = s["method"]
         spec = self.method_run(name, s, self.problem(s))
@@ -323,14 +433,19 @@ class Experiment:
             name, spec, seeds, checkpoint_dir=ctx.checkpoint_dir,
             checkpoint_every=s.get("checkpoint_every") or None, resume=ctx.resume,
             progress=ctx.progress, mesh=ctx.mesh,
-            on_rows=stream if spec.seed_rows is None else None)
+            on_rows=stream if spec.seed_rows is None else None, timing=ctx.timing)
         ctx.timing.update(result.timing)
         rows = [{"seed": r.pop("seed"), **{k: v for k, v in r.items() if k != "method"}}
                 for r in result.long_rows()]
         if spec.seed_rows is not None:
             ctx.on_rows(rows)
-        for line in compare.divergence_lines(result):
-            print(line, file=sys.stderr)
+        if 0 < result.diverged_seeds < seeds:
+            _, seed, first = compare.first_divergence({name: result})
+            print(f"fedjax-sim: method {name} diverged in {result.diverged_seeds} of {seeds} "
+                  f"seeds, the first at round {first['round']} (seed {seed}: "
+                  f"{first['metric']} is {first['value']}); they are left out of "
+                  "summary.json's final_mean (its \"diverged\" gives each seed's round and "
+                  "metric)", file=sys.stderr)
         seconds = result.timing.get("run_seconds") or 0.0
         summary = {
             "method": name,
@@ -378,6 +493,12 @@ class Experiment:
 
     def seeds_per_chunk(self, cell: dict) -> int:
         return 1
+
+    def trials_per_program(self, group: list[dict]) -> int:
+        """How many trials (cell × seed) of this group of cells one compiled sweep program
+        holds: XLA compiles programs of other sizes differently, so the numbers may depend
+        on it (in their last bits), and a resume keeps it. Default: `seeds_per_chunk`."""
+        return self.seeds_per_chunk(group[0])
 
     def cell_cost(self, cell: dict) -> float:
         """Relative cost of one seed of a cell (for the sweep's ETA)."""

@@ -28,7 +28,13 @@ from fedjax_sim.experiments.ifca_synthetic import (
     rows_by_cell,
     success_threshold,
 )
-from fedjax_sim.experiments.settings import Setting, count, seed_setting
+from fedjax_sim.experiments.settings import (
+    Setting,
+    count,
+    rounds_setting,
+    seed_setting,
+    seeds_setting,
+)
 
 
 class SuccessSweep(Experiment):
@@ -40,9 +46,9 @@ class SuccessSweep(Experiment):
         *SHAPE,
         Setting("lr", float, 1.0, "the learning-rate grid searched within each cell "
                 "(a comma list)", minimum=0.0, traced=True, listable=True),
-        count("rounds", 300, "iterations of option I"),
+        rounds_setting(300, "iterations of option I"),
         count("restarts", 10, "random initialisations per (data seed, lr)", maximum=10_000),
-        count("seeds", 40, "data seeds per cell", maximum=100_000),
+        seeds_setting(40, "data seeds per cell", maximum=100_000),
         seed_setting(),
         Setting("threshold_offset", float, 0.0, "success when best min_dist < 0.6σ + offset",
                 minimum=0.0),

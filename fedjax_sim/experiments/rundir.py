@@ -2,10 +2,11 @@
 
 `_prepare_out` refuses an --out that is another command's output, already used
 or unwritable; `_check_resumable` refuses a resume whose result-affecting
-settings differ; `_config` is the config.json every command writes first;
-`_reports_kept` tells the CLI what a directory keeps when an OS error or an
-interrupt stops a command. `load_config` and `_base_settings` read a
-config.json back for --config and --resume.
+settings differ, and `_plan_refused` one whose memory plan would change;
+`_config` is the config.json every command writes first; `_reports_kept` tells
+the CLI what a directory keeps when an OS error or an interrupt stops a command.
+`load_config` and `_base_settings` read a config.json back for --config and
+--resume.
 """
 
 from __future__ import annotations
@@ -229,11 +230,45 @@ def _check_resumable(out_dir: Path, settings: dict, declared, command: str) -> d
     return config
 
 
-def load_config(path, command: str | None = None) -> tuple[str, dict]:
+BUDGET = "memory_budget_gb"
+
+
+def _plan_refused(out_dir: Path, command: str, subject: str, there: str, now: str,
+                  saved: dict, settings: dict) -> ValueError:
+    """The one-line refusal of a resume whose memory plan differs from the one the command
+    started with (config.json's "plan", or its checkpoints').
+
+    The plan (how many clients a round processes at once; a sweep's trials per compiled
+    program) follows memory_budget_gb and this machine; the numbers depend on it in their
+    last bits (chunks' partial sums are added in another order; XLA compiles a program of
+    other shapes differently), so a resume keeps it.
+
+    Args:
+      subject: what is planned, ending in ": " ("method fedavg: "), or "".
+      there, now: the plan the command started with and this resume's, in words.
+      saved, settings: the settings of config.json and of this resume.
+    """
+    if BUDGET in settings:
+        was, new = saved.get(BUDGET, settings[BUDGET]), settings[BUDGET]
+        plans = (f"{BUDGET}={new} plans {now} on this machine" if was == new
+                 else f"{BUDGET}={new} (config.json: {was}) plans {now}")
+        fix = f"resume with {BUDGET}={was} on a machine like the one it started on"
+    else:
+        plans, fix = f"this machine plans {now}", "resume on a machine like the one it started on"
+    return ValueError(
+        f"cannot resume {out_dir}: {subject}{plans} where the {command} started with {there}, "
+        f"and its numbers depend on that plan in their last bits; a resume may change {BUDGET} "
+        f"only to a value that keeps the plan: {fix}, or start a new {command} in another "
+        "--out.")
+
+
+def load_config(path, command: str | None = None, resume: bool = False) -> tuple[str, dict]:
     """(preset name, settings) of an output directory's config.json, for `--config`.
 
     command: the command that will use it; a config.json of a sweep holds lists
-    that only a sweep reads, so only a sweep may take one.
+    that only a sweep reads, so only a sweep may take one (the refusal names the
+    preset and the sweep command to use). resume: it is the --out of a
+    `--resume` (the refusal says so).
     """
     path = Path(path)
     if path.is_dir():
@@ -250,8 +285,13 @@ def load_config(path, command: str | None = None) -> tuple[str, dict]:
                          f"{type(config['settings']).__name__} and "
                          f"{type(config['preset']).__name__}.")
     if command is not None and config.get("command") == SWEEP and command != SWEEP:
-        raise ValueError(f"--config {path} records a sweep (settings with lists); use it with "
-                         "`fedjax-sim sweep --config`.")
+        if resume:
+            raise ValueError(
+                f"--out {path.parent} holds a sweep of preset {config['preset']}, not a "
+                f"{command}; continue it with `fedjax-sim sweep --resume --out {path.parent}`.")
+        raise ValueError(
+            f"--config {path} records a sweep of preset {config['preset']} (settings with "
+            f"lists), not a {command}; rerun it with `fedjax-sim sweep --config {path}`.")
     return config["preset"], config["settings"]
 
 
@@ -270,7 +310,7 @@ def _base_settings(command: str, name, config, out_dir, resume: bool) -> tuple[s
             raise ValueError(
                 f"cannot resume: {out_dir} holds no config.json (no {command} was started "
                 "there).")
-        saved_name, base = load_config(path, command)
+        saved_name, base = load_config(path, command, resume=True)
         if name is not None and name != saved_name:
             raise ValueError(f"cannot resume {out_dir}: it holds preset {saved_name}, not {name}.")
         return saved_name, base

@@ -19,6 +19,7 @@ from pathlib import Path
 import jax
 
 from fedjax_sim import compare, parallel, simulate
+from fedjax_sim.execution import PlanChanged, describe_chunk, plan_record
 from fedjax_sim.experiments.base import RunContext
 from fedjax_sim.experiments.outputs import _after_first_rows, _rows_writer, _write_comparison
 from fedjax_sim.experiments.registry import Preset, get_preset
@@ -31,6 +32,7 @@ from fedjax_sim.experiments.rundir import (
     _check_resumable,
     _config,
     _now,
+    _plan_refused,
     _prepare_out,
     _reports_kept,
     default_out_dir,
@@ -39,7 +41,6 @@ from fedjax_sim.experiments.settings import parse_assignments, resolve
 from fedjax_sim.io import (
     append_csv,
     read_csv,
-    read_json,
     remove_temporaries,
     write_csv,
     write_json,
@@ -97,14 +98,46 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN,
             if len(set(map(str, settings[axis]))) != len(settings[axis]):
                 raise ValueError(f"setting {axis} repeats a value: {settings[axis]!r}.")
     else:
-        for key, value in settings.items():
-            if isinstance(value, list) and not experiment.declared[key].listable:
-                raise ValueError(
-                    f"setting {key} takes one value here (a list makes a sweep axis: use "
-                    f"`fedjax-sim sweep`); got {value!r}."
-                )
+        _refuse_axes(preset, settings, overrides or {}, base or {}, command)
+        if command == COMPARE and experiment.methods:
+            experiment.compared(settings)  # each named method fits (or is refused, saying why)
+        elif "method" in experiment.declared and experiment.methods:
+            experiment.check_method(settings["method"])
         experiment.validate(settings, command)
     return settings
+
+
+def _refuse_axes(preset: Preset, settings: dict, overrides: dict, base: dict,
+                 command: str) -> None:
+    """Refuses a list for a setting that takes one value outside a sweep, saying where the
+    list came from: the user's own (--set, the Python API), the recorded settings of
+    --config or --resume (a sweep's), or the preset's defaults (a sweep-only preset,
+    whose grid axes are lists: it names the preset and `fedjax-sim sweep PRESET`)."""
+    lists = [k for k, v in settings.items()
+             if isinstance(v, list) and not preset.experiment.declared[k].listable]
+    for key in lists:
+        if key in overrides:
+            raise ValueError(
+                f"setting {key} takes one value here (a list makes a sweep axis: use "
+                f"`fedjax-sim sweep`); got {settings[key]!r}.")
+    recorded = [k for k in lists if k in base]
+    if recorded:
+        raise ValueError(
+            f"the recorded settings give {_names(recorded)} several values, as a sweep's "
+            f"config.json does; a {command} takes one value each: use `fedjax-sim sweep "
+            f"--config DIR/config.json` (preset {preset.name}), or --set "
+            + " ".join(f"{k}={settings[k][0]}" for k in recorded) + ".")
+    if lists:
+        one = " ".join(f"{k}={settings[k][0]}" for k in lists)
+        raise ValueError(
+            f"preset {preset.name} is a sweep preset: its defaults give {_names(lists)} "
+            f"several values (the axes of its grid); use `fedjax-sim sweep {preset.name}`, "
+            f"or give each one value to {command} one cell (e.g. --set {one}).")
+
+
+def _names(keys: list[str]) -> str:
+    """Setting names as a phrase: "R", "R and sigma", "R, sigma and lr"."""
+    return keys[0] if len(keys) == 1 else f"{', '.join(keys[:-1])} and {keys[-1]}"
 
 
 def _trained(experiment, settings: dict, command: str) -> tuple[str, ...] | None:
@@ -160,6 +193,7 @@ def run_preset(name, overrides=None, out_dir=None, progress: bool = True,
     primary = parallel.is_primary()
     checkpoint_dir = out_dir / "checkpoints" if settings.get("checkpoint_every") else None
     record = _config(preset, RUN, settings, mesh)
+    previous = {}
     # Every process checks (so all of them stop on a bad --out or --resume)
     # before process 0 rewrites the config.json the others read.
     if resume:
@@ -171,25 +205,35 @@ def run_preset(name, overrides=None, out_dir=None, progress: bool = True,
     parallel.sync_processes("fedjax_sim: run directory checked")
     on_rows, close = (_rows_writer(out_dir, tensorboard) if primary
                       else (lambda rows: None, lambda: None))
+    timing: dict = {}
 
     def write_config():
         if resume:  # the temporary files a killed write left go as the resume starts writing
             remove_temporaries(out_dir)
+        if "client_chunk" in timing:  # the plan, known once the rounds start
+            record["plan"] = {"client_chunk": timing["client_chunk"]}
         write_json(out_dir / "config.json", record)
 
-    if primary and resume:
-        # Rewritten only once a checkpoint has restored (the first rows come then), so a
-        # refused resume (no intact checkpoint) leaves the directory as it was.
+    if primary:
+        # (Re)written once a checkpoint has restored (the first rows come then), with the
+        # plan the rounds run under, so a refused resume (no intact checkpoint, another
+        # plan) leaves the directory as it was.
+        if not resume:
+            write_config()
         on_rows = _after_first_rows(on_rows, write_config)
-    elif primary:
-        write_config()
     ctx = RunContext(mesh=mesh, progress=progress and primary, checkpoint_dir=checkpoint_dir,
-                     resume=resume, on_rows=on_rows)
+                     resume=resume, on_rows=on_rows, timing=timing)
+    refused = False
     try:
         rows, summary = preset.experiment.run(settings, ctx)
+    except PlanChanged as err:
+        refused = True
+        raise _plan_refused(out_dir, RUN, "", describe_chunk(err.saved.get("client_chunk")),
+                            describe_chunk(err.now.get("client_chunk")),
+                            previous.get("settings", {}), settings) from None
     finally:
         close()
-        if primary and ctx.timing.get("kernel_form") is not None:
+        if primary and not refused and ctx.timing.get("kernel_form") is not None:
             record["kernel_form"] = ctx.timing["kernel_form"]  # the form the rounds ran in
             write_json(out_dir / "config.json", record)
     if primary:
@@ -268,19 +312,11 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
     mesh = choose_mesh(devices)
     out_dir = Path(out_dir) if out_dir else default_out_dir(preset.name)
     primary = parallel.is_primary()
+    previous = {}
     if resume:
-        _check_resumable(out_dir, settings, experiment.declared, SWEEP)
+        previous = _check_resumable(out_dir, settings, experiment.declared, SWEEP)
     else:
         _prepare_out(out_dir, SWEEP)
-    if primary:
-        record = _config(preset, SWEEP, settings, mesh)
-        record["axes"] = axes
-        if resume:
-            previous = read_json(out_dir / "config.json")
-            record["started"] = previous.get("started", record["started"])
-            record["resumed"] = [*previous.get("resumed", []), _now()]
-            remove_temporaries(out_dir)  # a killed write's (the sweep's first write)
-        write_json(out_dir / "config.json", record)
     columns = experiment.trial_columns(axes)
     trials_path = out_dir / "trials.csv"
     existing = read_csv(trials_path)
@@ -289,6 +325,16 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
     groups = _group_cells(experiment, cells)
     todo = [(group, sorted({s for c in group for s in range(c["seeds"])
                             if (c["cell_id"], s) not in done})) for group in groups]
+    plan = _sweep_plan(experiment, todo, axes, out_dir, previous, settings)
+    if primary:
+        record = _config(preset, SWEEP, settings, mesh)
+        record["axes"] = axes
+        record["plan"] = plan
+        if resume:
+            record["started"] = previous.get("started", record["started"])
+            record["resumed"] = [*previous.get("resumed", []), _now()]
+            remove_temporaries(out_dir)  # a killed write's (the sweep's first write)
+        write_json(out_dir / "config.json", record)
     wanted = {(c["cell_id"], s) for c in cells for s in range(c["seeds"])}
     total_cost = sum(experiment.cell_cost(c) for c in cells for s in range(c["seeds"])
                      if (c["cell_id"], s) not in done)
@@ -323,6 +369,33 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
     return out_dir
 
 
+def _sweep_plan(experiment, todo, axes: list[str], out_dir: Path, previous: dict,
+                settings: dict) -> dict:
+    """config.json's "plan" of a sweep: how many trials (cell × seed) one compiled program
+    holds, per group of cells (keyed by its first cell's id; `trials_per_program`).
+
+    On a resume, every group with trials left must plan what config.json recorded:
+    otherwise it is refused, before anything is written.
+    """
+    saved = (previous.get("plan") or {}).get("trials_per_program", {})
+    plans = {}
+    for group, seeds in todo:
+        key = group[0]["cell_id"]
+        plans[key] = experiment.trials_per_program(group)
+        if not seeds and key in saved:
+            plans[key] = saved[key]  # done: as it ran
+        elif key in saved and saved[key] != plans[key]:
+            shared = [f"{a}={group[0][a]}" for a in axes if len({str(c[a]) for c in group}) == 1]
+            what = f"cell{'s' if len(group) > 1 else ''} {', '.join(shared)}: " if shared else ""
+            raise _plan_refused(out_dir, SWEEP, what, _trials(saved[key]),
+                                _trials(plans[key]), previous.get("settings", {}), settings)
+    return {"trials_per_program": plans}
+
+
+def _trials(count: int) -> str:
+    return f"{count} trial{'' if count == 1 else 's'} per compiled program"
+
+
 # ----------------------------------------------------------------------------- comparisons
 
 
@@ -348,7 +421,8 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
 
     Raises:
       compare.MethodsDiverged: a method diverged in some seed, after every
-        output is written (exit code 3).
+        output is written (exit code 3); its message is the one line that says
+        what diverged (nothing is printed per seed).
     """
     name, base = _base_settings(COMPARE, name, config, out_dir, resume)
     preset = get_preset(name, COMPARE)
@@ -363,6 +437,7 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
     methods = tuple(experiment.compared(settings))
     record = {**_config(preset, COMPARE, settings), "methods": list(methods),
               "baseline": experiment.baseline}
+    previous = {}
     if resume:
         previous = _check_resumable(out_dir, settings, experiment.declared, COMPARE)
         record["started"] = previous.get("started", record["started"])
@@ -377,6 +452,7 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
     builds[methods[0]] = lambda: first
     mesh = choose_mesh(devices, compare.method_clients(first), "clients")
     record["mesh_devices"] = 1 if mesh is None else mesh.size
+    record["plan"] = _method_plans(builds, methods, first, out_dir, resume, previous, settings)
     if primary:
         if resume:
             remove_temporaries(out_dir)  # a killed write's (the comparison's first write)
@@ -393,8 +469,30 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
     if primary:
         _write_comparison(preset, settings, problem, results, out_dir, tensorboard)
     if any(r.diverged_seeds for r in results.values()):
-        raise compare.MethodsDiverged(results)
+        raise compare.MethodsDiverged(results, out_dir)
     return out_dir
+
+
+def _method_plans(builds, methods, first, out_dir: Path, resume: bool, previous: dict,
+                  settings: dict) -> dict:
+    """config.json's "plan": each method's `execution.plan_record` (its client chunk).
+
+    On a resume, every method still to train (in flight or not started) must plan what
+    config.json recorded: otherwise it is refused, before anything is written. Finished
+    methods keep their record (they are not rebuilt).
+    """
+    saved = previous.get("plan") or {}
+    plans = dict(saved)
+    for name in methods:
+        if resume and (out_dir / "methods" / f"{name}.json").exists():
+            continue
+        plans[name] = plan_record((first if name == methods[0] else builds[name]()).data)
+        if name in saved and saved[name] != plans[name]:
+            raise _plan_refused(out_dir, COMPARE, f"method {name}: ",
+                                describe_chunk(saved[name].get("client_chunk")),
+                                describe_chunk(plans[name]["client_chunk"]),
+                                previous.get("settings", {}), settings)
+    return {name: plans[name] for name in methods if name in plans}
 
 
 def describe_preset(name: str) -> str:

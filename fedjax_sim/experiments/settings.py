@@ -116,6 +116,54 @@ def count(name: str, default: int, help: str, minimum: int = 1, maximum: int = M
     return Setting(name, int, default, help, minimum=minimum, maximum=maximum, **kw)
 
 
+# The settings every experiment shares, declared here once; an experiment gives its own
+# default and, where it says more about its protocol, its own help line.
+
+
+def lr_setting(default: float, help: str = "client learning rate", **kw) -> Setting:
+    """The clients' learning rate (`lr`): a float >= 0."""
+    return Setting("lr", float, default, help, minimum=0.0, **kw)
+
+
+def rounds_setting(default: int, help: str = "communication rounds", **kw) -> Setting:
+    return count("rounds", default, help, **kw)
+
+
+def seeds_setting(default: int, help: str = "seeds compared side by side (one vmapped axis)",
+                  maximum: int = 10_000, **kw) -> Setting:
+    """How many seeds a comparison (or each sweep cell) runs as one vmapped axis."""
+    return count("seeds", default, help, maximum=maximum, **kw)
+
+
+def local_steps_setting(default: int, help: str = "local steps τ per round",
+                        maximum: int = 10**5, **kw) -> Setting:
+    return count("local_steps", default, help, maximum=maximum, **kw)
+
+
+def eval_every_setting(default: int, help: str = "evaluate every this many rounds",
+                       **kw) -> Setting:
+    return count("eval_every", default, help, **kw)
+
+
+def participation_setting(default: float = 1.0, help: str = "fraction of clients per round",
+                          minimum: float = 1e-9, **kw) -> Setting:
+    return Setting("participation", float, default, help, minimum=minimum, maximum=1.0, **kw)
+
+
+def batch_size_setting(default: int = 0, help: str = "local minibatch size; 0: full batch",
+                       minimum: int = 0, **kw) -> Setting:
+    return count("batch_size", default, help, minimum=minimum, maximum=10**6, **kw)
+
+
+def sampling_setting(default: str = "with_replacement", help: str | None = None,
+                     **kw) -> Setting:
+    """How local minibatches are drawn (`algorithms.SAMPLINGS`)."""
+    return Setting("sampling", str, default, help or (
+        "local minibatches: with_replacement (each step draws its own) or epochs (every row "
+        "once per epoch, a fresh permutation each)"), choices=("with_replacement", "epochs"),
+        **kw)
+
+
 def checkpoint_setting(default: int = 50) -> Setting:
     """Rounds between checkpoints (a run's, or each method's of a comparison)."""
     return count("checkpoint_every", default, "rounds between checkpoints (each method's, in a "

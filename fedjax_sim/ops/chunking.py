@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sim.data.federated import FederatedData, is_client_source
+from fedjax_sim.execution import plan_of, with_plan
 
 
 def split_sources(clients):
@@ -50,6 +51,14 @@ def materialize(clients):
         return clients
     return jax.tree.map(lambda n: n.materialize() if is_client_source(n) else n, clients,
                         is_leaf=is_client_source)
+
+
+def unchunked(clients):
+    """`clients` with no chunk in their execution plan: what a chunk's step sees (it is
+    one chunk already, and its ops must not split it again)."""
+    if plan_of(clients).client_chunk is None:
+        return clients
+    return with_plan(clients, plan_of(clients).replace(client_chunk=None))
 
 
 def check_client_chunk(client_chunk) -> None:
@@ -206,8 +215,11 @@ def _scan_contiguous(fn, carry, part_of, clients_of, out_shape, m, chunk, num_ch
     return carry, outs
 
 
-def map_client_chunks(fn, clients, client_chunk: int | None):
-    """fn over the client axis, all at once (None) or `client_chunk` clients at a time.
+def map_client_chunks(fn, clients, client_chunk: int | None = None):
+    """fn over the client axis, all at once or `client_chunk` clients at a time.
+
+    client_chunk: None takes the chunk of the clients' execution plan
+    (`execution.Plan.client_chunk`; None there too: all at once).
 
     A client source may ask for smaller chunks (`ClientSource.map_chunk`:
     generated clients are drawn a cache-sized block at a time); the smaller
@@ -223,10 +235,13 @@ def map_client_chunks(fn, clients, client_chunk: int | None):
     Returns:
       fn(clients), computed chunk by chunk when a chunk applies.
     """
+    if client_chunk is None:
+        client_chunk = plan_of(clients).client_chunk
     client_chunk = mapped_chunk(clients, client_chunk)
     if client_chunk is None:
-        return fn(materialize(clients))
-    _, outs = scan_client_chunks(lambda c, part, _: (c, fn(part)), (), clients, client_chunk)
+        return fn(unchunked(materialize(clients)))
+    _, outs = scan_client_chunks(lambda c, part, _: (c, fn(unchunked(part))), (), clients,
+                                 client_chunk)
     return outs
 
 

@@ -14,7 +14,9 @@ its paper's pseudocode; the plumbing lives here, once:
 - processing the cohort in chunks under a memory budget (a `lax.scan` over
   chunks, padding the last one, strided chunks on a device mesh, see
   `chunking.scan_client_chunks`), accumulating additive sums so m trained
-  models never exist at once.
+  models never exist at once. The chunk is the executor's choice, carried by
+  the data's execution plan (`execution.Plan.client_chunk`): no algorithm
+  names it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import optax
 from flax import struct
 
 from fedjax_sim.data.federated import ClientSource, FederatedData
-from fedjax_sim.ops.chunking import materialize, scan_client_chunks, take_clients
+from fedjax_sim.execution import plan_of
+from fedjax_sim.ops.chunking import materialize, scan_client_chunks, take_clients, unchunked
 from fedjax_sim.ops.local_update import client_keys
 from fedjax_sim.ops.sampling import sample_uniform, sample_weighted
 
@@ -122,8 +125,7 @@ class CohortBatch:
     real: jax.Array
 
 
-def cohort_sums(client_step, data: ClientSource, cohort: Cohort, *, inputs=(),
-                client_chunk: int | None = None):
+def cohort_sums(client_step, data: ClientSource, cohort: Cohort, *, inputs=()):
     """Runs `client_step` over the cohort and adds up what it returns.
 
     Args:
@@ -136,19 +138,22 @@ def cohort_sums(client_step, data: ClientSource, cohort: Cohort, *, inputs=(),
       cohort: from `sample_cohort`.
       inputs: per-slot values for the step (leaves [s, ...]), e.g.
         `take(cohort, state.assignment)`.
-      client_chunk: None: the whole cohort at once; else at most this many
-        slots at a time (a `lax.scan`, so peak memory is O(client_chunk ×
-        model)); same result up to float summation order.
+
+    How many slots are processed at once is the data's execution plan
+    (`execution.Plan.client_chunk`, set by the executor): None, the whole cohort;
+    else at most that many at a time (a `lax.scan`, so peak memory is O(chunk ×
+    model)), with the same result up to float summation order.
 
     Returns:
       (sums, outputs with leaves [s, ...]).
     """
 
     def whole_cohort():
-        members = take(cohort, data)
+        members = unchunked(take(cohort, data))
         return client_step(CohortBatch(members, cohort.keys, inputs, members.active(),
                                        jnp.ones((cohort.size,), bool)))
 
+    client_chunk = plan_of(data).client_chunk
     if client_chunk is None:
         return whole_cohort()
 
@@ -156,6 +161,7 @@ def cohort_sums(client_step, data: ClientSource, cohort: Cohort, *, inputs=(),
         data_c, ids_c, keys_c, inputs_c = part
         if data_c is None:  # a sampled cohort gathers its rows by id
             data_c = data.take(ids_c)
+        data_c = unchunked(data_c)
         batch = CohortBatch(data_c, keys_c, inputs_c, valid & data_c.active(), valid)
         sums, out = client_step(batch)
         return optax.tree.add(acc, sums), out

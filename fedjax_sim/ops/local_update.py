@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fedjax_sim.execution import plan_of
 from fedjax_sim.models.core import Model
 from fedjax_sim.ops.chunking import map_client_chunks
 
@@ -341,9 +342,7 @@ def client_update(
 
 @functools.partial(
     jax.jit,
-    static_argnames=(
-        "model", "optimizer", "num_steps", "batch_size", "batch_loss", "client_chunk", "sampling"
-    ),
+    static_argnames=("model", "optimizer", "num_steps", "batch_size", "batch_loss", "sampling"),
 )
 def local_update(
     model: Model,
@@ -356,18 +355,18 @@ def local_update(
     batch_size: int | None = None,
     snapshot_step=None,
     batch_loss=None,
-    client_chunk: int | None = None,
     sampling: str = "with_replacement",
 ):
     """`client_update` on every client of `data`, each from its own params.
+
+    With a `client_chunk` in the data's execution plan the clients train that
+    many at a time: the gradients, optimizer states and activations then exist
+    for one chunk only (the [m, ...] inputs and outputs still do).
 
     Args:
       params: pytree, leaves [m, ...] (client i starts from params[i]).
       data: FederatedData with m clients.
       keys: [m] PRNG keys, one per client.
-      client_chunk: None trains all clients at once; else this many at a time
-        (static): the gradients, optimizer states and activations then exist
-        for one chunk only (the [m, ...] inputs and outputs still do).
       (the rest as in `client_update`; snapshot_step is shared by all clients)
 
     Returns:
@@ -386,7 +385,7 @@ def local_update(
     return map_client_chunks(
         lambda part: jax.vmap(one)(*part),
         (params, data.x, data.y, data.num_examples, keys),
-        client_chunk,
+        plan_of(data).client_chunk,
     )
 
 

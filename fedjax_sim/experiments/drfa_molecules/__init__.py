@@ -4,10 +4,10 @@ docs/protocols.md#drflm-experiments. The methods trained side by side over seeds
 one vmapped axis, the same federation and initial weights for every method
 within a seed:
 
-One package: `methods` (each method built from the registered algorithms),
-`data` (the federations: molecules or noisy synthetic clients), `metrics`
-(test RMSE, losses, λ), and `experiment` (settings, checks, notes, plots and
-the presets).
+One package: `data` (the federations: molecules or noisy synthetic clients),
+`metrics` (test RMSE, losses, λ), and `experiment` (settings, checks, notes,
+plots and the presets); the methods come from the one method table
+(`experiments.methods`).
 """
 
 from fedjax_sim.experiments.drfa_molecules.data import (
@@ -18,11 +18,11 @@ from fedjax_sim.experiments.drfa_molecules.data import (
 )
 from fedjax_sim.experiments.drfa_molecules.experiment import (
     EXPERIMENT,
+    METHODS,
     PAPER_ESOL_WORST,
     PRESETS,
     DRFAExperiment,
 )
-from fedjax_sim.experiments.drfa_molecules.methods import METHODS, build_method
 from fedjax_sim.experiments.drfa_molecules.metrics import (
     FINAL_METRICS,
     final_metrics,
@@ -30,5 +30,5 @@ from fedjax_sim.experiments.drfa_molecules.metrics import (
 )
 
 __all__ = ["DATASET_NAMES", "EXPERIMENT", "FINAL_METRICS", "METHODS", "MOLECULES",
-           "PAPER_ESOL_WORST", "PRESETS", "DRFAExperiment", "Problem", "build_method",
-           "build_problem", "final_metrics", "metrics_fn"]
+           "PAPER_ESOL_WORST", "PRESETS", "DRFAExperiment", "Problem", "build_problem",
+           "final_metrics", "metrics_fn"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import optax
 
-from fedjax_sim.algorithms import with_seeds
+from fedjax_sim.algorithms import ClientTraining, with_seeds
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.experiments.base import (
     ROUNDS,
@@ -21,24 +22,35 @@ from fedjax_sim.experiments.drfa_molecules.data import (
     Problem,
     build_problem,
 )
-from fedjax_sim.experiments.drfa_molecules.methods import METHODS, build_method
 from fedjax_sim.experiments.drfa_molecules.metrics import final_metrics, metrics_fn
+from fedjax_sim.experiments.methods import FLOAT_TARGETS
+from fedjax_sim.experiments.methods import METHODS as TABLE
 from fedjax_sim.experiments.settings import (
     Setting,
+    batch_size_setting,
     checkpoint_setting,
     count,
+    eval_every_setting,
+    local_steps_setting,
+    lr_setting,
     method_setting,
+    participation_setting,
+    rounds_setting,
     seed_setting,
+    seeds_setting,
 )
 from fedjax_sim.extras import require
 
 # The paper's ESOL worst-client test RMSE (arXiv 2204.07742; docs/protocols.md#drflm-experiments).
 PAPER_ESOL_WORST = {"drfa": 1.357, "fedavg": 1.232, "drflm": 1.121}
+METHODS = ("fedavg", "drfa", "drflm", "fedavg_mixup", "afl", "qffl")
 # The methods that read a method-scoped setting (`Setting.methods`: another value for a
-# run or comparison of none of them is refused). q-FFL steps plain SGD at qffl_lr.
-_CLIENT_OPTIMIZER = tuple(m for m in METHODS if m != "qffl")
-_DRFA_FORM = ("drfa", "drflm", "fedavg_mixup")  # lambda_floor, official_code
-_MIXUP = ("drflm", "fedavg_mixup")
+# run or comparison of none of them is refused) where the method table does not say it:
+# the client optimizer and its lr (not q-FFL, which steps plain SGD at qffl_lr), mixup's β.
+_CLIENT_OPTIMIZER = tuple(m for m, method in TABLE.items() if not method.sgd)
+# Every method but q-FFL trains at lr (SCAFFOLD too; local models: no local_lr here).
+_CLIENT_LR = tuple(m for m, method in TABLE.items() if method.lr != "qffl_lr")
+_MIXUP = tuple(m for m, method in TABLE.items() if "mixup_alpha" in method.reads)
 # Settings of one kind of data (`Setting.when`).
 _ON_MOLECULES = ("dataset", MOLECULES)
 _SYNTHETIC = ("dataset", ("synthetic",))
@@ -49,47 +61,45 @@ class DRFAExperiment(Experiment):
     description = "FedAvg, DRFA, DRFLM and FedAvg+mixup on molecules or noisy synthetic clients."
     supports_sweep = False
     methods = METHODS
+    provides = frozenset({FLOAT_TARGETS})
     baseline = "fedavg"
     headline = "drflm"
     settings = (
         Setting("dataset", str, "esol", "molecules (scaffold clients, a GIN) or synthetic "
                 "(noisy linear clients)", choices=DATASET_NAMES),
         count("num_clients", 8, "N, the number of clients", minimum=2, maximum=100_000),
-        Setting("participation", float, 0.5, "m / N: the size of C_s and of U_s (and FedAvg's "
-                "cohort)", minimum=1e-6, maximum=1.0),
-        count("rounds", 100, "communication rounds S", maximum=10**6),
-        count("local_steps", 10, "τ local minibatch SGD steps per sampled client",
-              maximum=10**4),
-        count("batch_size", 32, "minibatch size (local steps and the λ probe)"),
+        participation_setting(0.5, "m / N: the size of C_s and of U_s (and FedAvg's cohort)",
+                              minimum=1e-6),
+        rounds_setting(100, "communication rounds S", maximum=10**6),
+        local_steps_setting(10, "τ local minibatch SGD steps per sampled client",
+                            maximum=10**4),
+        batch_size_setting(32, "minibatch size (local steps and the λ probe)", minimum=1),
         Setting("optimizer", str, "adam", "client optimizer (fresh state every round)",
                 choices=("adam", "sgd"), methods=_CLIENT_OPTIMIZER),
-        Setting("lr", float, 0.001, "client learning rate η", minimum=0.0,
-                methods=_CLIENT_OPTIMIZER),
-        Setting("lambda_lr", float, 0.002, "λ step size γ of DRFA / DRFLM / AFL", minimum=0.0,
-                methods=("drfa", "drflm", "afl")),
-        Setting("q", float, 1.0, "q-FFL's fairness exponent q (0: FedAvg)", minimum=0.0,
-                methods=("qffl",)),
+        lr_setting(0.001, "client learning rate η", methods=_CLIENT_LR),
+        Setting("lambda_lr", float, 0.002, "λ step size γ of DRFA / DRFLM / AFL", minimum=0.0),
+        Setting("q", float, 1.0, "q-FFL's fairness exponent q (0: FedAvg)", minimum=0.0),
         Setting("qffl_lr", float, 0.05, "q-FFL's client SGD step (its Lipschitz estimate is "
-                "1/qffl_lr; it takes no Adam)", minimum=1e-9, methods=("qffl",)),
+                "1/qffl_lr; it takes no Adam)", minimum=1e-9),
         Setting("lambda_floor", float, 0.0, "lower bound on every λ_i (exact floored "
                 "projection; 0: none; official_code: 1e-3 clipped when 0)", minimum=0.0,
-                maximum=0.5, methods=_DRFA_FORM),
+                maximum=0.5),
         Setting("weighting", str, "examples", "FedAvg's (and FedAvg+mixup's) client weights: "
                 "examples (∝ training rows, DRFLM's objective) or uniform",
-                choices=("examples", "uniform"), methods=("fedavg", "fedavg_mixup")),
+                choices=("examples", "uniform")),
         Setting("official_code", bool, False, "reproduce FedTorch's deviations (docs/"
-                "protocols.md#drfa-fedtorch) instead of the paper form", methods=_DRFA_FORM),
+                "protocols.md#drfa-fedtorch) instead of the paper form"),
         Setting("mixup_alpha", float, 1.0, "α of γ ~ Beta(α, β) (DRFLM, FedAvg+mixup)",
-                minimum=1e-6, methods=_MIXUP),
+                minimum=1e-6),
         Setting("mixup_beta", float, 1.0, "β of γ ~ Beta(α, β)", minimum=1e-6, methods=_MIXUP),
         Setting("lambda_loss", str, "mixup", "DRFLM's λ probe loss (FedAvg+mixup logs it): "
-                "mixup (its objective) or clean", choices=("mixup", "clean"), methods=_MIXUP),
-        count("seeds", 10, "seeds, one vmapped axis (same federation and init across methods "
-              "within a seed)", maximum=10_000),
+                "mixup (its objective) or clean", choices=("mixup", "clean")),
+        seeds_setting(10, "seeds, one vmapped axis (same federation and init across methods "
+                      "within a seed)"),
         seed_setting(),
-        count("eval_every", 10, "evaluate (and log λ) every this many rounds"),
+        eval_every_setting(10, "evaluate (and log λ) every this many rounds"),
         checkpoint_setting(50),
-        method_setting(METHODS, "drflm"),
+        method_setting(tuple(TABLE), "drflm"),
         Setting("resplit_per_seed", bool, True, "a new federation (80/20 split, noise; the "
                 "Dirichlet split) per seed; false: one federation for every seed"),
         Setting("noisy_clients", int, 0, "the last this many clients get label noise on their "
@@ -142,14 +152,23 @@ class DRFAExperiment(Experiment):
     def problem(self, s: dict) -> Problem:
         return build_problem(s)
 
+    def client_training(self, s: dict, learning_rate) -> ClientTraining:
+        """The setting optimizer (Adam or plain SGD) at the setting lr, τ = local_steps,
+        minibatches of batch_size (a fresh optimizer state on every client every round)."""
+        optimizer = (optax.adam if s["optimizer"] == "adam" else optax.sgd)(learning_rate)
+        return ClientTraining(optimizer, s["local_steps"], s["batch_size"])
+
     def method_run(self, name: str, s: dict, problem: Problem) -> MethodRun:
         """Method `name` on every seed: the same federation and initial weights as the others."""
-        algorithm = with_seeds(build_method(name, s, problem.model), s["seeds"],
+        algorithm = with_seeds(self.build_method(name, s, problem.model), s["seeds"],
                                shared_data=problem.shared)
+        method = self.method_table[name]
+        # The client weights a method without λ reports: its fixed ones (none: q-FFL's change).
+        weighting = (None if method.adaptive_weights else s["weighting"]
+                     if "weighting" in method.reads else "uniform")
         return MethodRun(algorithm, problem.train,
                          stream_key(s["seed"], ROUNDS), s["rounds"],
-                         metrics_fn(algorithm, problem, s["weighting"] if name == "fedavg"
-                                     else None if name == "qffl" else "uniform"),
+                         metrics_fn(algorithm, problem, weighting),
                          s["eval_every"], data_copies=0 if problem.shared else 1)
 
     def table(self, s: dict) -> list[str]:

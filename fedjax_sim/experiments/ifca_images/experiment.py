@@ -10,27 +10,32 @@ from fedjax_sim.algorithms import with_seeds
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.data import FederatedData, copy_at
 from fedjax_sim.data.images import default_rotations
-from fedjax_sim.experiments.base import ROUNDS, Comparison, Experiment, methods_setting, stream_key
+from fedjax_sim.execution import planned
+from fedjax_sim.experiments.base import ROUNDS, Comparison, Experiment, stream_key
 from fedjax_sim.experiments.ifca_images.data import (
     DATASETS,
     build_model,
     build_problem,
     load_split_images,
 )
-from fedjax_sim.experiments.ifca_images.methods import (
-    CLUSTERING,
-    METHOD_HELP,
-    PER_CLIENT_MODELS,
-    SHARING,
-    build_method,
-)
-from fedjax_sim.experiments.ifca_images.metrics import TABLE, first_round_at_one, metrics_fn
+from fedjax_sim.experiments.ifca_images.methods import CLUSTERING, TABLE, client_training
+from fedjax_sim.experiments.ifca_images.metrics import TABLE as RESULTS
+from fedjax_sim.experiments.ifca_images.metrics import first_round_at_one, metrics_fn
+from fedjax_sim.experiments.methods import SPLIT_MODEL, with_lr_decay
 from fedjax_sim.experiments.settings import (
     Setting,
+    batch_size_setting,
     checkpoint_setting,
     count,
+    eval_every_setting,
+    local_steps_setting,
+    lr_setting,
     method_setting,
+    participation_setting,
+    rounds_setting,
+    sampling_setting,
     seed_setting,
+    seeds_setting,
 )
 from fedjax_sim.models.zoo import WEIGHT_INITS
 
@@ -49,6 +54,9 @@ class RotatedImages(Experiment):
     """IFCA and its baselines on a rotated image set: compare, or run one method."""
 
     supports_sweep = False
+    method_table = TABLE
+    provides = frozenset({SPLIT_MODEL})
+    unscoped = ("k",)  # the rotations / mixture components as well as the cluster models
     baseline = "fedavg"
     headline = "ifca"
     panels = (
@@ -69,22 +77,20 @@ class RotatedImages(Experiment):
         Setting("weight_init", str, "flax", "MLP initialisation (mnist/digits): flax (nn.Dense: "
                 "LeCun-normal weights, zero biases) or torch (torch.nn.Linear: weights and biases "
                 "U(±1/√fan_in), as the official code)", choices=WEIGHT_INITS, when=_MLP_DATA),
-        Setting("lr", float, 0.1, "client learning rate", minimum=0.0),
+        lr_setting(0.1),
         Setting("lr_decay", float, 1.0, "lr of round t: lr·lr_decay^t (cifar: 0.99)",
                 minimum=0.0, maximum=1.0),
         Setting("augment", bool, False, "cifar: train on the tutorial's distorted views "
                 "(random 24×24 crop, flip, brightness, contrast); the preset sets it"),
         Setting("weight_decay", float, 0.004, "cifar: L2 weight decay on fc1/fc2 (tutorial)",
                 minimum=0.0, when=_CIFAR),
-        count("local_steps", 10, "local steps τ per round (cifar: 5 epochs × 10 batches = 50)",
-              maximum=10**5),
-        count("batch_size", 0, "local minibatch size; 0: full batch", minimum=0, maximum=10**6),
-        Setting("sampling", str, "with_replacement", "local minibatches: with_replacement "
-                "(each step draws its own) or epochs (every image once per epoch, a fresh "
-                "permutation each; cifar)", choices=("with_replacement", "epochs")),
-        Setting("participation", float, 1.0, "fraction of clients per round", minimum=1e-9,
-                maximum=1.0),
-        count("rounds", 300, "communication rounds"),
+        local_steps_setting(10, "local steps τ per round (cifar: 5 epochs × 10 batches = 50)"),
+        batch_size_setting(),
+        sampling_setting(help="local minibatches: with_replacement (each step draws its own) "
+                         "or epochs (every image once per epoch, a fresh permutation each; "
+                         "cifar)"),
+        participation_setting(),
+        rounds_setting(300),
         count("local_rounds", 10, "local baseline: rounds of τ steps (official: 10 → 100 steps);"
               " one-shot pretrains as long", methods=("local", "oneshot")),
         count("pretrain_rounds", 50, "ifca_frozen: FedAvg rounds that pretrain the trunk",
@@ -105,10 +111,10 @@ class RotatedImages(Experiment):
         Setting("selection", str, "test_loss", "a test client's cluster: lowest loss on its "
                 "test data (official MNIST/CIFAR) or its training twin's (FEMNIST)",
                 choices=("test_loss", "train_loss")),
-        count("seeds", 5, "seeds (data permutation and init), one vmapped axis", maximum=1000),
+        seeds_setting(5, "seeds (data permutation and init), one vmapped axis", maximum=1000),
         seed_setting(),
-        count("eval_every", 10, "full evaluation every this many rounds (cluster identity: "
-              "every round)"),
+        eval_every_setting(10, "full evaluation every this many rounds (cluster identity: "
+                           "every round)"),
         checkpoint_setting(50),
         Setting("cache_dir", str, "", "archive/decoded-array cache (default: $FEDJAX_SIM_CACHE "
                 "or ~/.cache/fedjax_sim)", result=False),
@@ -129,8 +135,7 @@ class RotatedImages(Experiment):
         self.description = description
         self.methods = methods
         headline = "ifca" if "ifca" in methods else methods[0]
-        self.settings = (*self.settings, method_setting(tuple(METHOD_HELP), headline),
-                         methods_setting(tuple(METHOD_HELP), methods))
+        self.settings = (*self.settings, method_setting(tuple(TABLE), headline))
 
     def validate(self, s: dict, command: str = "compare") -> None:
         """Settings and data, before anything is written (the runner calls this first)."""
@@ -157,11 +162,12 @@ class RotatedImages(Experiment):
         """The method's client_chunk: from memory_budget_gb; else, on a CPU, the clients of
         `memory.CPU_ROUND_WORK_BYTES` of working memory at a time; elsewhere None, except
         for per-client models (local, oneshot), which train `memory.PER_CLIENT_MODELS_BYTES`
-        at a time (`memory.working_memory_chunk`). Chunks do not change results."""
+        at a time (`memory.working_memory_chunk`). Chunks change the cross-client sums in
+        their last bits (per-client results not at all), so a resume keeps the chunk."""
         # One seed's clients as stored copies: for views this counts their rows as
         # resident (an overestimate: views hold indices and the images once).
         shapes = jax.eval_shape(lambda d: _as_copies(copy_at(d, 0)), problem["train"])
-        per_client_models = name in PER_CLIENT_MODELS
+        per_client_models = TABLE[name].kind in ("personal", "fixed")
         if s["memory_budget_gb"]:
             return memory.choose_client_chunk(
                 model, shapes, s["memory_budget_gb"] * 2**30, num_clusters=s["k"],
@@ -190,16 +196,25 @@ class RotatedImages(Experiment):
         eval_every rounds (cluster identity every round). On CPU a scan of several
         rounds ran ~3× slower per round than single rounds here (digits MLP, 2 cores).
         """
-        model = problem["models"][name in SHARING]
-        algorithm, rounds = build_method(name, model, s,
-                                         self.client_chunk(s, problem, model, name))
+        self.check_method(name)
+        model = problem["models"][SPLIT_MODEL in TABLE[name].needs]
+        chunk = self.client_chunk(s, problem, model, name)
+        problem = {**problem, **{split: planned(problem[split], client_chunk=chunk)
+                                 for split in ("train", "test", "paired")}}
+        algorithm = with_lr_decay(lambda lr: self.build_method(name, s, model, lr), s["lr"],
+                                  s["lr_decay"])
         algorithm = with_seeds(algorithm, s["seeds"])
+        rounds = self.method_rounds(name, s)
         key = stream_key(s["seed"], ROUNDS)
         return MethodRun(algorithm, problem["train"], key, rounds,
-                         metrics_fn(name, algorithm, model, problem, s, rounds), eval_every=1)
+                         metrics_fn(TABLE[name], algorithm, model, problem, s, rounds),
+                         eval_every=1)
+
+    def client_training(self, s: dict, learning_rate):
+        return client_training(s, learning_rate)
 
     def table(self, s: dict) -> list[str]:
-        return list(TABLE)
+        return list(RESULTS)
 
     def notes(self, s: dict, problem, results: dict) -> dict:
         identity_rounds = {name: first_round_at_one(r.rows, s["seeds"])
@@ -248,9 +263,9 @@ class RotatedImages(Experiment):
                        "then fixed; tested on each client's paired test client",
             "accuracy units": "fractions in [0, 1] (the paper's Table 1 is in %)",
         }
-        if "local" not in self.methods:
+        if "local" not in results:
             del notes["local"]
-        if "oneshot" not in self.methods:
+        if "oneshot" not in results:
             del notes["one-shot"]
         per, per_test = m // s["k"], mt // s["k"]
         notes["paired test clients"] = (
@@ -264,13 +279,13 @@ class RotatedImages(Experiment):
             notes[f"{name} identity 1.0"] = (
                 f"{len(reached)}/{len(first)} seeds reached cluster-identity accuracy 1.0; first "
                 f"round per seed: {', '.join('never' if r is None else str(r) for r in first)}")
-        if "hypcluster" in self.methods and "ifca" in self.methods:
+        if "hypcluster" in results and "ifca" in results:
             notes["hypcluster"] = (
                 "HypCluster's round is IFCA option II's but for its client weights (rows; "
                 "IFCA: uniform), and its cluster models are served to test clients as IFCA's "
                 "are (setting selection): with clients of equal size both give the same "
                 "numbers from the same init")
-        if "cfl" in self.methods:
+        if "cfl" in results:
             notes["cfl"] = (
                 f"CFL splits a cluster when its mean client update norm is below cfl_eps1 = "
                 f"{s['cfl_eps1']:g} and its largest above cfl_eps2 = {s['cfl_eps2']:g} (paper: "
@@ -280,7 +295,7 @@ class RotatedImages(Experiment):
                     "over its 20 rounds, so 1.6 never splits; the preset sets 0.5, between the "
                     "mean (~0.2) and the largest norms of its first rounds"
                     if s["dataset"] == "digits" else ""))
-        if "ifca_frozen" in self.methods:
+        if "ifca_frozen" in results:
             notes["ifca_frozen"] = (
                 f"FedAvg pretrains {s['pretrain_rounds']} rounds; its trunk is frozen in every "
                 f"cluster, only the last layer is clustered; warm start: {s['warm_start_rounds']} "
@@ -300,6 +315,6 @@ class RotatedImages(Experiment):
             rows, out_dir / "cluster_identity.png",
             [("cluster_accuracy", "cluster-identity accuracy")],
             title="cluster identity per round", auto_log=False,
-            methods=[m for m in self.methods if m in CLUSTERING],
-            colors=plots.method_colors(self.methods))
+            methods=[m for m in comparison.histories if m in CLUSTERING],
+            colors=plots.method_colors(list(comparison.histories)))
 

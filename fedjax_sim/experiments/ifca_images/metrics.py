@@ -15,7 +15,7 @@ from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.algorithms.ifca import evaluate_clusters
 from fedjax_sim.data import FederatedData, copies_axes
 from fedjax_sim.experiments.base import client_mean
-from fedjax_sim.experiments.ifca_images.methods import CLUSTERING
+from fedjax_sim.experiments.methods import Method
 from fedjax_sim.metrics import cluster_identity_accuracy
 
 TABLE = ["test_accuracy", "local_paired_accuracy", "cluster_accuracy", "train_loss",
@@ -98,15 +98,21 @@ def local_on_cluster_tests(model, test_of_client, per_test: int, k: int):
     return official
 
 
-def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_rounds: int):
-    """state -> {metric: [seeds]} for one method (vmapped over seeds).
+def metrics_fn(method: Method, algorithm: Algorithm, model, problem, s: dict,
+               total_rounds: int):
+    """state -> {metric: [seeds]} for one method (vmapped over seeds), by its kind.
 
     Clustering methods: cluster_accuracy from the state's assignment (each
     client's most recent choice, over the clients that have taken part:
     `participant_identity_accuracy`, Fig. 4) on every call; the accuracy and loss metrics
     of every method only every eval_every rounds and at the last round (other
     calls return no more). All evaluations of a call are one compiled function.
+    Test data: a global model every test client; cluster models as IFCA serves them
+    (setting selection); per-client models and fixed clusters each training client's
+    paired test client; per-client models also the official local-baseline accuracy
+    (each on all test data of its cluster).
     """
+    kind = method.kind
     train, test, paired = problem["train"], problem["test"], problem["paired"]
     truth = np.asarray(train.cluster)
     k = s["k"]
@@ -118,46 +124,44 @@ def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_r
         return {"loss": (out["client_loss"], out["client_weight"]),
                 "accuracy": (out["client_accuracy"], n)}
 
-    if name == "local":
+    if kind == "personal":
         official = local_on_cluster_tests(model, problem["test_of_client"], per_test, k)
+
+    def served(st, d, a=None):  # cluster models as IFCA serves them, on their trunk if any
+        trunk = st.frozen_params if jax.tree.leaves(getattr(st, "frozen_params", {})) else (
+            getattr(st, "shared_params", {}))
+        net = model if jax.tree.leaves(trunk) else model.unsplit()
+        return evaluate_clusters(net, st.cluster_params, d, shared=trunk, assignment=a)
 
     @jax.jit
     def evaluate_all(state, train, test, paired):
         tr = algorithm.evaluate(state, train)
         out = {"train": summary(tr, train)}
-        if name in ("oneshot", "local"):  # per-client models or fixed clusters: the test twin
+        if kind in ("personal", "fixed"):  # per-client models or fixed clusters: the test twin
             out["test"] = summary(algorithm.evaluate(state, paired), paired)
-        elif name in ("hypcluster", "cfl"):  # their cluster models, served as IFCA's are
-            def pick(st, d, a=None):
-                return evaluate_clusters(model, st.cluster_params, d, assignment=a)
-            if s["selection"] == "train_loss":
-                out["test"] = summary(jax.vmap(pick, in_axes=(0, copies_axes(paired), 0))(
-                    state, paired, tr["assignment"]), paired)
-            else:
-                out["test"] = summary(jax.vmap(pick, in_axes=(0, copies_axes(test)))(state, test),
-                                      test)
-        elif name in CLUSTERING and s["selection"] == "train_loss":
-            def by_train(st, d, a):
-                return evaluate_clusters(model, st.cluster_params, d, shared=st.shared_params,
-                                         assignment=a)
-            out["test"] = summary(jax.vmap(by_train, in_axes=(0, copies_axes(paired), 0))(
+        elif kind == "clustered" and s["selection"] == "train_loss":
+            out["test"] = summary(jax.vmap(served, in_axes=(0, copies_axes(paired), 0))(
                 state, paired, tr["assignment"]), paired)
+        elif kind == "clustered":
+            out["test"] = summary(jax.vmap(served, in_axes=(0, copies_axes(test)))(state, test),
+                                  test)
         else:
             out["test"] = summary(algorithm.evaluate(state, test), test)
-        if name == "local":
-            out["official"] = jax.vmap(official, in_axes=(0, copies_axes(test)))(state.params,
-                                                                                 test)
+        if kind == "personal":
+            out["official"] = jax.vmap(official, in_axes=(0, copies_axes(test)))(
+                getattr(state, method.personal), test)
         return out
 
     def identity(state):
-        # CFL's clusters are its state's cluster ids; every other clustering method's assignment.
-        assignment = np.asarray(state.cluster_id if name == "cfl" else state.assignment)
+        assignment = np.asarray(state.assignment)
         return np.array([participant_identity_accuracy(a, t, k)
                          for a, t in zip(assignment, truth, strict=True)])
 
+    clustering = kind in ("clustered", "fixed")
+
     def metrics(state):
         out = {}
-        if name in CLUSTERING:
+        if clustering:
             out["cluster_accuracy"] = identity(state)
         done = int(np.asarray(state.round).ravel()[0])
         if done % s["eval_every"] and done < total_rounds:
@@ -166,7 +170,7 @@ def metrics_fn(name: str, algorithm: Algorithm, model, problem, s: dict, total_r
         for split in ("train", "test"):
             out[f"{split}_loss"] = client_mean(*ev[split]["loss"])
             out[f"{split}_accuracy"] = client_mean(*ev[split]["accuracy"])
-        if name == "local":
+        if kind == "personal":
             out["local_paired_accuracy"] = out["test_accuracy"]
             correct, weight = (np.asarray(a, np.float64) for a in ev["official"])
             out["test_accuracy"] = correct.sum(-1) / weight.sum(-1)

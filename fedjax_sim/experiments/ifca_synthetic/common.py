@@ -1,7 +1,7 @@
 """The synthetic mixture of linear regressions and what every command on it shares.
 
-Data (`make_problem`), the algorithms with the experiment's settings
-(`build_algorithm`), their metrics (`metrics_fn`: losses, cluster identity,
+Data (`make_problem`), the methods of the one method table with the experiment's
+settings (`build_algorithm`), their metrics (`metrics_fn`: losses, cluster identity,
 min_dist to θ*), the choice of the restart to report, and the shape settings.
 """
 
@@ -15,9 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim import backend, logs, parallel
-from fedjax_sim.algorithms import cfl, fedavg, hypcluster, ifca, local_models, one_shot_clustering
+from fedjax_sim.algorithms import sgd
 from fedjax_sim.data import generated_mixture, linear_mixture
+from fedjax_sim.execution import planned
 from fedjax_sim.experiments.base import client_mean, evaluate_in_chunks
+from fedjax_sim.experiments.methods import FLOAT_TARGETS, METHODS, build, fits, setting_of
 from fedjax_sim.experiments.settings import Setting, count
 from fedjax_sim.metrics import (
     cluster_identity_accuracies,
@@ -27,10 +29,9 @@ from fedjax_sim.metrics import (
 )
 from fedjax_sim.models import linear_regression
 
-ALGORITHM_NAMES = ("ifca", "fedavg", "local", "oneshot", "hypcluster", "cfl")
+ALGORITHM_NAMES = ("ifca", "fedavg", "local", "oneshot", "hypcluster", "cfl")  # compared
 TRIAL_METRICS = ("train_loss", "test_loss", "cluster_accuracy", "min_dist")
-CLUSTERING = ("ifca", "oneshot", "hypcluster", "cfl")
-PER_CLIENT_MODELS = ("local", "oneshot")  # the state holds one model per client
+PROVIDES = frozenset({FLOAT_TARGETS})
 
 
 def success_threshold(sigma: float, offset: float = 0.0) -> float:
@@ -93,58 +94,66 @@ def make_problem(s: dict, key, mesh=None):
     )
 
 
-# The step-size setting each algorithm reads: a local model fits n < d rows alone, whose
-# Hessian 2XᵀX/n has eigenvalues up to ~2(√d + √n)²/n (35 at d = 1000, n = 100), so the
-# IFCA/FedAvg step γ = 0.1, stable for cluster-pooled data, diverges there.
-LR_SETTING = {"ifca": "lr", "fedavg": "lr", "local": "local_lr", "hypcluster": "lr", "cfl": "lr"}
+# The method table (`experiments.methods`): every method fits the linear mixture (a
+# regression, no server data, no split model). Each reads its own step-size setting where
+# it has one: a local model fits n < d rows alone, whose Hessian 2XᵀX/n has eigenvalues up
+# to ~2(√d + √n)²/n (35 at d = 1000, n = 100), so the IFCA/FedAvg step γ = 0.1, stable for
+# cluster-pooled data, diverges there (`local_lr`; one-shot's pre-training: `oneshot_lr`).
+TABLE = {name: m for name, m in METHODS.items() if fits(m, PROVIDES) is None}
+
+
+def kind_of(name: str) -> str:
+    """How method `name` is evaluated (`methods.KINDS`)."""
+    return TABLE[name].kind
+
+
+def clustering(name: str) -> bool:
+    """Whether method `name` assigns clients to clusters (cluster identity is measured)."""
+    return kind_of(name) in ("clustered", "fixed")
+
+
+def per_client_models(name: str) -> bool:
+    """Whether method `name`'s clients keep (or pre-train) models of their own."""
+    return kind_of(name) in ("personal", "fixed")
 
 
 def trains_locally(name: str, s: dict) -> bool:
-    """Whether clients of algorithm `name` train their own model copies (what memory
+    """Whether clients of method `name` train their own model copies (what memory
     planning counts): all but IFCA's option I, whose gradients are summed over clients."""
-    return not (name == "ifca" and s["option"] == "gradient")
+    return not (TABLE[name].algorithm == "ifca" and s["option"] == "gradient")
 
 
-def build_algorithm(name: str, s: dict, client_chunk=None):
-    """The registered algorithm `name` with the experiment's settings (its own step size)."""
-    model = linear_regression(s["d"])
-    if name in LR_SETTING and LR_SETTING[name] in s:
-        s = {**s, "lr": s[LR_SETTING[name]]}
-    if name == "ifca":
-        local = {"local_steps": s["local_steps"]} if s["option"] == "model" else {
-            "divide_by": s["divide_by"]}
-        # With every client in every round no round reads a client's previous cluster (the
-        # metrics take it from the evaluation): the state then holds nothing per client.
-        return ifca(model, num_clusters=s["k"], learning_rate=s["lr"], option=s["option"],
-                    participation=s["participation"], client_chunk=client_chunk,
-                    keep_assignments=s["participation"] < 1.0, **local)
-    if name == "fedavg":
-        return fedavg(model, learning_rate=s["lr"], local_steps=s["local_steps"],
-                      participation=s["participation"], client_chunk=client_chunk)
-    if name == "local":
-        return local_models(model, learning_rate=s["lr"], local_steps=s["local_steps"],
-                            client_chunk=client_chunk)
-    if name == "oneshot":
-        return one_shot_clustering(
-            model, num_clusters=s["k"], learning_rate=s["lr"], local_steps=s["local_steps"],
-            pretrain_steps=s["pretrain_steps"], participation=s["participation"],
-            client_chunk=client_chunk, pretrain_learning_rate=s.get("oneshot_lr"))
-    if name == "hypcluster":  # k hypotheses, each client trains the one of lowest loss
-        return hypcluster(model, num_clusters=s["k"], learning_rate=s["lr"],
-                          local_steps=s["local_steps"], participation=s["participation"],
-                          client_chunk=client_chunk)
-    if name == "cfl":  # up to k clusters by recursive bi-partitioning (its ε₁, ε₂ defaults)
-        return cfl(model, learning_rate=s["lr"], max_clusters=s["k"],
-                   local_steps=s["local_steps"], participation=s["participation"],
-                   client_chunk=client_chunk)
-    raise ValueError(f"setting algorithm must be one of {ALGORITHM_NAMES}; got {name!r}.")
+def client_training(name: str, s: dict):
+    """Method `name`'s local training: full-batch SGD at its own step size, local_steps
+    steps (IFCA option I: one gradient, `methods.Method.training`)."""
+    method = TABLE[name]
+    return sgd(s[setting_of(method, "lr", s)], steps=s["local_steps"])
+
+
+def build_algorithm(name: str, s: dict):
+    """Method `name` of the table with the experiment's settings (its own step size)."""
+    if name not in TABLE:
+        raise ValueError(f"setting algorithm must be one of {', '.join(TABLE)}; got {name!r}.")
+    return build(name, TABLE, linear_regression(s["d"]), client_training(name, s), s)
+
+
+def planned_problem(problem, s: dict, client_chunk):
+    """The problem's clients with the executor's plan: the chunk, and whether per-client
+    state no round reads back may be dropped (with every client in every round IFCA reads
+    no client's previous cluster: the metrics take it from the evaluation)."""
+    keep = s["participation"] < 1.0
+    return problem._replace(
+        train=planned(problem.train, client_chunk=client_chunk, keep_client_state=keep),
+        test=planned(problem.test, client_chunk=client_chunk))
 
 
 def cluster_models(name: str, state):
-    """[..., k, d] models to measure min_dist on; None for local models."""
-    if name in CLUSTERING:
+    """[..., k, d] models to measure min_dist on (a global model as k = 1); None for
+    methods of per-client models."""
+    kind = kind_of(name)
+    if kind in ("clustered", "fixed"):
         return state.cluster_params
-    if name == "fedavg":
+    if kind == "global":
         return state.params[..., None, :]
     return None
 
@@ -177,7 +186,7 @@ def metrics_fn(name: str, algorithm, problem, k: int, client_chunk: int | None =
         train, test = algorithm.evaluate(state, train_data), algorithm.evaluate(state, test_data)
         out = {split: (e["client_loss"], e["client_weight"])
                for split, e in (("train", train), ("test", test))}
-        if name in CLUSTERING:
+        if clustering(name):
             out["assignment"] = train["assignment"]
         models = cluster_models(name, state)
         if models is not None:
@@ -198,7 +207,7 @@ def metrics_fn(name: str, algorithm, problem, k: int, client_chunk: int | None =
         out = {}
         out["train_loss"], out["train_loss_worst"] = averages(*found["train"])
         out["test_loss"], out["test_loss_worst"] = averages(*found["test"])
-        if name in CLUSTERING:
+        if clustering(name):
             assignment = found["assignment"]
             shape = truth.shape[:-1] + (1,) * (assignment.ndim - truth.ndim) + truth.shape[-1:]
             truths = np.broadcast_to(truth.reshape(shape), assignment.shape)
@@ -276,11 +285,11 @@ def chunked_metrics_fn(name: str, algorithm, problem, k: int, client_chunk: int,
 
     def metrics(state):
         out = {}
-        clustering = name in CLUSTERING
+        clustered = clustering(name)
         out["train_loss"], out["train_loss_worst"], accuracy = summed(train_chunks, state,
-                                                                      clustering, "train")
+                                                                      clustered, "train")
         out["test_loss"], out["test_loss_worst"], _ = summed(test_chunks, state, False, "test")
-        if clustering:
+        if clustered:
             out["cluster_accuracy"] = accuracy
         distance = _cluster_distance(name, state, problem.theta_star)
         if distance is not None:

@@ -9,6 +9,7 @@ over `seeds` seeds; `sweep` takes any setting as an axis (`sweep.group_trials`).
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import jax
@@ -16,31 +17,47 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim import logs, memory, plots, simulate
-from fedjax_sim.algorithms import with_restarts, with_seeds
+from fedjax_sim.algorithms import ALGORITHMS, with_restarts, with_seeds
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.data import check_mixture_settings, generated_mixture
+from fedjax_sim.execution import planned
 from fedjax_sim.experiments.base import DATA, ROUNDS, Experiment, Preset, RunContext, stream_key
 from fedjax_sim.experiments.ifca_synthetic import sweep
 from fedjax_sim.experiments.ifca_synthetic.common import (
     ALGORITHM_NAMES,
-    CLUSTERING,
     COMPARE_METRICS,
-    PER_CLIENT_MODELS,
+    PROVIDES,
     SHAPE,
+    TABLE,
     best_restart,
     best_restart_rows,
     build_algorithm,
     client_sample_shapes,
     generated,
+    kind_of,
     least_squares_floor,
     make_problem,
     metrics_fn,
+    per_client_models,
     per_restart_rows,
+    planned_problem,
     problem_shapes,
     success_threshold,
     trains_locally,
 )
-from fedjax_sim.experiments.settings import MAX_COUNT, Setting, count, seed_setting
+from fedjax_sim.experiments.methods import METHODS, readers
+from fedjax_sim.experiments.settings import (
+    MAX_COUNT,
+    Setting,
+    count,
+    eval_every_setting,
+    local_steps_setting,
+    lr_setting,
+    participation_setting,
+    rounds_setting,
+    seed_setting,
+    seeds_setting,
+)
 from fedjax_sim.models import linear_regression
 
 # Building stored copies in one jitted draw peaks at about this many times their bytes.
@@ -53,6 +70,7 @@ def state_bytes(name: str, s: dict, copies: int) -> int:
     data = jax.eval_shape(lambda key: generated_mixture(
         key, k=s["k"], m=s["m"], n=s["n"], d=s["d"], sigma=0.0, R=0.0).train,
         jax.random.key(0))
+    data = planned(data, keep_client_state=s["participation"] < 1.0)  # as the run plans it
     algorithm = with_restarts(build_algorithm(name, s), copies)
     return memory.tree_bytes(jax.eval_shape(algorithm.init, jax.random.key(0), data))
 
@@ -62,16 +80,15 @@ def state_bytes(name: str, s: dict, copies: int) -> int:
 # remembers clients, e.g. with participation < 1, which the planner counts).
 MAX_GENERATED_M = 10**9
 
-# Which algorithms read each setting that not every algorithm reads; a value
-# other than the default for an algorithm that would ignore it is refused.
+# Which methods read each setting that not every method reads (from the method table); a
+# value other than the default for a method that would ignore it is refused.
+_OWN = ("local_lr", "oneshot_lr", "option", "divide_by", "pretrain_steps")
 _READ_BY = {
-    "lr": ("ifca", "fedavg", "oneshot", "hypcluster", "cfl"),
-    "local_lr": ("local",),
-    "oneshot_lr": ("oneshot",),
-    "option": ("ifca",),
-    "divide_by": ("ifca",),
-    "pretrain_steps": ("oneshot",),
-    "participation": ("ifca", "fedavg", "oneshot", "hypcluster", "cfl"),
+    **{k: v for k, v in readers(TABLE).items() if k in _OWN},
+    "lr": tuple(n for n, m in TABLE.items() if m.lr not in _OWN),
+    "participation": tuple(n for n, m in TABLE.items()
+                           if "participation" in inspect.signature(
+                               ALGORITHMS[m.algorithm]).parameters),
 }
 
 
@@ -79,8 +96,8 @@ class SyntheticRun(Experiment):
     name = "ifca_synthetic"
     description = "IFCA and its baselines on the synthetic mixture of linear regressions."
     settings = (
-        Setting("algorithm", str, "ifca", "the algorithm of a run", choices=ALGORITHM_NAMES,
-                commands=("run", "sweep")),
+        Setting("algorithm", str, "ifca", "the method of a run (any of the method table that "
+                "fits)", choices=tuple(METHODS), commands=("run", "sweep")),
         *(count("m", st.default, st.help + f" (up to {MAX_GENERATED_M:.0e} with clients="
                 "generated)", maximum=MAX_GENERATED_M) if st.name == "m" else st
           for st in SHAPE),
@@ -89,37 +106,37 @@ class SyntheticRun(Experiment):
                 "(nothing per client stored; the same numbers); auto: copies where they fit "
                 "this machine (and memory_budget_gb), else generated",
                 choices=("auto", "copies", "generated"), commands=("run",), result=False),
-        Setting("lr", float, 0.1, "learning rate γ of IFCA and FedAvg (option I step; local "
-                "SGD otherwise)", minimum=0.0, traced=True),
+        lr_setting(0.1, "learning rate γ of IFCA and FedAvg (option I step; local SGD "
+                   "otherwise)", traced=True),
         Setting("local_lr", float, 0.02, "learning rate of the local-models baseline (one "
                 "client's n rows alone need a smaller step than cluster-pooled data)",
                 minimum=0.0, traced=True),
         Setting("oneshot_lr", float, 0.02, "learning rate of one-shot clustering's local "
                 "pretraining (it fits one client's rows alone; its clustered rounds use lr)",
                 minimum=0.0, traced=True),
-        count("rounds", 300, "communication rounds (option I: iterations)"),
+        rounds_setting(300, "communication rounds (option I: iterations)"),
         count("restarts", 10, "random initialisations trained at once; the lowest final "
               "training loss is reported", maximum=10_000),
-        count("seeds", 5, "seeds of a comparison or sweep (seed, seed+1, ... as folded keys)",
-              maximum=10_000, commands=("compare", "sweep")),
+        seeds_setting(5, "seeds of a comparison or sweep (seed, seed+1, ... as folded keys)",
+                      commands=("compare", "sweep")),
         seed_setting(),
-        count("eval_every", 10, "evaluate every this many rounds"),
+        eval_every_setting(10),
         count("n_test", 100, "test examples per client (its test twin)"),
         Setting("option", str, "gradient", "IFCA option: gradient (I) or model (II) averaging",
                 choices=("gradient", "model")),
         Setting("divide_by", str, "m", "IFCA option I divisor: the paper's m or the cohort size",
                 choices=("m", "cohort")),
-        count("local_steps", 1, "local steps τ per round (option II, FedAvg, local, one-shot)",
-              maximum=10**5),
+        local_steps_setting(1, "local steps τ per round (option II, FedAvg, local, one-shot)"),
         count("pretrain_steps", 100, "one-shot: local steps before k-means", maximum=10**6),
-        Setting("participation", float, 1.0, "fraction of clients per round", minimum=1e-9,
-                maximum=1.0),
+        participation_setting(),
         count("checkpoint_every", 50, "rounds between checkpoints; 0: none", minimum=0,
               result=False),
         Setting("memory_budget_gb", float, 0.0, "GiB for the client axis; 0: no limit (the "
                 "machine's memory)", minimum=0.0, result=False),
     )
     methods = ALGORITHM_NAMES
+    provides = PROVIDES
+    unscoped = ("k",)  # the rotations / mixture components as well as the cluster models
     baseline = "fedavg"
     panels = (
         ("train_loss", "train loss (avg client)"),
@@ -143,17 +160,19 @@ class SyntheticRun(Experiment):
                 "stored); set clients=generated (run only) to draw the clients inside the "
                 "round.")
         defaults = self.defaults()
+        if command != "compare":
+            self.check_method(s["algorithm"])
         if command == "compare":  # every method runs: each setting is read by one of them
             # (`algorithm`, the method of a run, is the one setting compare does not read.)
-            for name in self.methods:
+            for name in self.compared(s):
                 self.client_chunk(s, copies=s["restarts"] * s["seeds"], algorithm=name,
                                   command=command)
             return
-        for key, readers in _READ_BY.items():
-            if s[key] != defaults[key] and s["algorithm"] not in readers:
+        for key, reading in _READ_BY.items():
+            if s[key] != defaults[key] and s["algorithm"] not in reading:
                 raise ValueError(
                     f"setting {key} is not read by algorithm {s['algorithm']} (only by "
-                    f"{', '.join(readers)}); leave it at {defaults[key]!r}."
+                    f"{', '.join(reading)}); leave it at {defaults[key]!r}."
                 )
         if s["algorithm"] == "ifca":
             if s["option"] == "gradient" and s["local_steps"] != 1:
@@ -206,13 +225,13 @@ class SyntheticRun(Experiment):
             # whose run settings carry clients=None).
             if command == "run" and s.get("clients") == "copies":
                 remedy += ", or set clients=generated (nothing per client stored)"
-        per_client_models = name in PER_CLIENT_MODELS
+        per_client = per_client_models(name)
         return memory.client_chunk_within_machine(
             linear_regression(s["d"]), data, s.get("memory_budget_gb", 0.0) * 2**30,
-            copies=copies, per_client_models=per_client_models,
+            copies=copies, per_client_models=per_client,
             local_training=trains_locally(name, s), num_clusters=s["k"],
             extra_resident_bytes=extra, eval_data=test,
-            state_bytes=0 if per_client_models else state_bytes(name, s, copies),
+            state_bytes=0 if per_client else state_bytes(name, s, copies),
             describe=f"m={s['m']}, n={s['n']}, n_test={s.get('n_test', 0)}, d={s['d']}, "
                      f"{copies} copies: restarts × seeds"
                      + (", generated clients" if generated(s) else ""),
@@ -230,7 +249,8 @@ class SyntheticRun(Experiment):
         problem = make_problem(s, jax.random.fold_in(key, DATA), ctx.mesh)
         name = s["algorithm"]
         client_chunk = self.client_chunk(s, copies=s["restarts"])
-        algorithm = with_restarts(build_algorithm(name, s, client_chunk), s["restarts"])
+        problem = planned_problem(problem, s, client_chunk)
+        algorithm = with_restarts(build_algorithm(name, s), s["restarts"])
         every = s["checkpoint_every"]
         diverged = None
         try:
@@ -258,7 +278,7 @@ class SyntheticRun(Experiment):
             "best_restart": best,
             "client_chunk": client_chunk,
             "final": rows[-1] if best is not None else None,
-            "success": bool(best is not None and name in CLUSTERING + ("fedavg",)
+            "success": bool(best is not None and kind_of(name) != "personal"
                             and rows[-1].get("min_dist", math.inf) < threshold),
             "success_threshold": threshold,
             "diverged": bool(diverged is not None or best is None),
@@ -309,7 +329,8 @@ class SyntheticRun(Experiment):
         it keeps its restart of lowest final training loss (as `run` does)."""
         chunk = self.client_chunk(s, copies=s["restarts"] * s["seeds"], algorithm=name,
                                   command="compare")
-        algorithm = with_seeds(with_restarts(build_algorithm(name, s, chunk), s["restarts"]),
+        problem = planned_problem(problem, s, chunk)
+        algorithm = with_seeds(with_restarts(build_algorithm(name, s), s["restarts"]),
                                s["seeds"])
         return MethodRun(
             algorithm, problem.train, stream_key(s["seed"], ROUNDS),
@@ -336,6 +357,9 @@ class SyntheticRun(Experiment):
         """trials.csv rows of every (cell, seed) as one vmapped program (`sweep.group_trials`)."""
         del mesh  # the pairs axis is small; clients are not sharded here
         return sweep.group_trials(self.declared, cells, seed_ids)
+
+    def trials_per_program(self, group):
+        return sweep.pairs_per_program(group, self.seeds_per_chunk(group[0]))
 
     def cell_cost(self, cell):
         return cell["m"] * cell["n"] * cell["d"] * cell["k"] * cell["rounds"] * cell["restarts"]

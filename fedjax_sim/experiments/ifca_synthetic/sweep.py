@@ -17,15 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim import backend, memory, simulate
-from fedjax_sim.algorithms import ifca, with_restarts
+from fedjax_sim.algorithms import ifca, sgd, with_restarts
 from fedjax_sim.data import linear_mixture
 from fedjax_sim.experiments.base import DATA, INIT, ROUNDS, client_mean
 from fedjax_sim.experiments.ifca_synthetic.common import (
-    CLUSTERING,
     TRIAL_METRICS,
     best_restart,
     build_algorithm,
     cluster_models,
+    clustering,
     make_problem,
     problem_shapes,
     trains_locally,
@@ -57,8 +57,7 @@ def group_trials(declared: dict, cells: list[dict], seed_ids: list[int]) -> list
     static = tuple(sorted((k, v) for k, v in base.items()
                           if k in declared and k not in traced and k != "seeds"
                           and "sweep" in (declared[k].commands or ("sweep",))))
-    size = memory.items_per_chunk(len(pairs), pair_bytes(base),
-                                  base["memory_budget_gb"] * 2**30)
+    size = pairs_per_program(cells, len(seed_ids))
     rows = []
     for start in range(0, len(pairs), size):
         chunk = pairs[start : start + size]
@@ -96,6 +95,13 @@ def rows_by_cell(trials, cells):
         rows = [r for r in by_cell.get(cell["cell_id"], [])
                 if int(r["data_seed"]) < cell["seeds"]]
         yield cell, rows
+
+
+def pairs_per_program(cells: list[dict], seeds: int) -> int:
+    """(cell, seed) pairs per compiled program of `group_trials` over `seeds` seeds of
+    `cells`: as many as fit memory_budget_gb (0: half the machine), at least 1."""
+    return memory.items_per_chunk(len(cells) * seeds, pair_bytes(cells[0]),
+                                  cells[0]["memory_budget_gb"] * 2**30)
 
 
 def pair_bytes(s: dict) -> int:
@@ -148,7 +154,7 @@ def _trial_row(name: str, k: int, out: dict) -> dict:
     final = {"train_loss": client_mean(*out["train"]), "test_loss": client_mean(*out["test"])}
     if "min_dist" in out:
         final["min_dist"] = out["min_dist"].astype(np.float64)
-    if name in CLUSTERING:
+    if clustering(name):
         final["cluster_accuracy"] = np.array([
             cluster_identity_accuracy(a, out["truth"], k) for a in out["assignment"]])
     best, _ = best_restart(final)
@@ -198,7 +204,7 @@ def _cell_min_dist(seed_key, seed_ids, sigma, R, lrs, *, k, m, n, d, rounds, res
         )
 
         def one_run(lr, restart):
-            algorithm = ifca(model, num_clusters=k, learning_rate=lr)
+            algorithm = ifca(model, sgd(lr), num_clusters=k)
             state = algorithm.init(jax.random.fold_in(init_key, restart), problem.train)
             state, _ = simulate.scan_rounds(algorithm, state, problem.train, round_key, 0, rounds)
             return min_dist(state.cluster_params, problem.theta_star)

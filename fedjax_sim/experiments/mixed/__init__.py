@@ -14,7 +14,6 @@ from fedjax_sim.experiments.mixed.base import (
     METHODS,
     MIXED,
     MixedTask,
-    build_method,
     rounds_to_target,
     with_objective,
 )
@@ -50,7 +49,6 @@ __all__ = [
     "MixedSynthetic",
     "MixedTask",
     "binary_auc",
-    "build_method",
     "costs",
     "digits_label_imbalance",
     "mixed_linear",

@@ -28,25 +28,25 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim import compare, plots
-from fedjax_sim.algorithms import fedavg, with_seeds
+from fedjax_sim.algorithms import with_seeds
 from fedjax_sim.algorithms.base import Algorithm
-from fedjax_sim.algorithms.mixed import (
-    COMBINES,
-    TRANSFERS,
-    mixed_centralized,
-    mixed_gt1,
-    mixed_gt2,
-    mixed_parallel,
-    on_federated_data,
-)
+from fedjax_sim.algorithms.mixed import COMBINES, TRANSFERS, on_federated_data
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.experiments.base import Comparison, Experiment
+from fedjax_sim.experiments.methods import METHODS as TABLE
+from fedjax_sim.experiments.methods import SERVER_DATA
 from fedjax_sim.experiments.settings import (
     Setting,
+    batch_size_setting,
     checkpoint_setting,
     count,
+    eval_every_setting,
+    local_steps_setting,
+    lr_setting,
     method_setting,
+    rounds_setting,
     seed_setting,
+    seeds_setting,
 )
 
 # Stream ids folded into the user's seed, so data and rounds never share keys.
@@ -78,8 +78,11 @@ def with_objective(algorithm: Algorithm, objective) -> Algorithm:
 
 def rounds_to_target(values: np.ndarray, target: float) -> np.ndarray:
     """[rounds, seeds] values of the model after rounds 1, 2, ... -> per seed the first round
-    with value <= target (NaN when never)."""
-    hit = values <= target
+    with value <= target (NaN when never, and for every seed when no round is kept: a
+    comparison whose every seed diverged in its first chunk of rounds)."""
+    hit = np.asarray(values) <= target
+    if hit.shape[0] == 0:
+        return np.full(hit.shape[1:], np.nan)
     first = np.argmax(hit, axis=0).astype(np.float64) + 1
     return np.where(hit.any(axis=0), first, np.nan)
 
@@ -103,15 +106,13 @@ def shared_settings(**defaults) -> tuple[Setting, ...]:
     return (
         Setting("w_f", float, d["w_f"], "weight of the federated loss f_f in f", minimum=0.0),
         Setting("w_c", float, d["w_c"], "weight of the centralized loss f_c in f", minimum=0.0),
-        Setting("lr", float, d["lr"], "client (and central-step) SGD learning rate η",
-                minimum=0.0),
-        Setting("server_lr", float, 1.0, "server SGD learning rate η_s on −Δ", minimum=0.0,
-                methods=SERVER_STEP),
-        count("local_steps", d["local_steps"], "K: client steps (and central steps) per round",
-              maximum=10**5),
+        lr_setting(d["lr"], "client (and central-step) SGD learning rate η"),
+        Setting("server_lr", float, 0.0, "server learning rate η_s on −Δ; 0: the server "
+                "optimizer's own default (the Mixed FL methods' SGD: 1)", minimum=0.0),
+        local_steps_setting(d["local_steps"], "K: client steps (and central steps) per round"),
         count("clients_per_round", d["clients_per_round"], "S, the cohort size; 0: every client",
               minimum=0),
-        count("batch_size", d["batch_size"], "client minibatch; 0: full batch", minimum=0),
+        batch_size_setting(d["batch_size"], "client minibatch; 0: full batch"),
         count("central_batch_size", d["central_batch_size"],
               "datacenter minibatch drawn on the server; 0: every row", minimum=0,
               methods=SERVER_STEP),
@@ -120,39 +121,13 @@ def shared_settings(**defaults) -> tuple[Setting, ...]:
         Setting("transfer", str, "current", "2-GT's ĝ_f in the central steps: current "
                 "(this round's) or stale (last round's; zeros in round 0)", choices=TRANSFERS,
                 methods=("mixed_gt2",)),
-        count("rounds", d["rounds"], "communication rounds"),
-        count("seeds", d["seeds"], "seeds compared side by side (one vmapped axis)",
-              maximum=1000),
+        rounds_setting(d["rounds"]),
+        seeds_setting(d["seeds"], maximum=1000),
         seed_setting(),
-        count("eval_every", d["eval_every"], "evaluate every this many rounds"),
+        eval_every_setting(d["eval_every"]),
         checkpoint_setting(d.get("checkpoint_every", 50)),
-        method_setting(METHODS, "mixed_gt2"),
+        method_setting(tuple(TABLE), "mixed_gt2"),
     )
-
-
-def none_if_zero(value: int):
-    return None if value == 0 else value
-
-
-def build_method(name: str, s: dict, model, central_loss=None) -> Algorithm:
-    """The method `name` of a mixed-FL comparison with the experiment's settings."""
-    common = dict(learning_rate=s["lr"], local_steps=s["local_steps"],
-                  batch_size=none_if_zero(s["batch_size"]))
-    mixed = dict(common, server_learning_rate=s["server_lr"], w_f=s["w_f"], w_c=s["w_c"],
-                 central_batch_size=none_if_zero(s["central_batch_size"]),
-                 clients_per_round=none_if_zero(s["clients_per_round"]),
-                 central_loss=central_loss)
-    if name == "fedavg":
-        return on_federated_data(fedavg(model, **common, participation=s["participation"]))
-    if name == "mixed_parallel":
-        return mixed_parallel(model, **mixed)
-    if name == "mixed_gt1":
-        return mixed_gt1(model, **mixed)
-    if name == "mixed_gt2":
-        return mixed_gt2(model, **mixed, combine=s["combine"], transfer=s["transfer"])
-    if name == "oracle":
-        return mixed_centralized(model, **mixed)
-    raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}.")
 
 
 def split_extra(algorithm: Algorithm) -> Algorithm:
@@ -197,9 +172,12 @@ class MixedTask(Experiment):
     are one vmapped axis, every round's metrics are kept (G̃/B̃ statistics,
     rounds-to-target), and seed i's data comes from the seed's DATA stream.
     """
+    unscoped = ("w_f", "w_c")  # the mixed objective every method is evaluated on
 
     supports_sweep = False
     methods = METHODS
+    provides = frozenset({SERVER_DATA})
+    kinds = ("global",)  # the objective and the metrics read one global model
     baseline = "fedavg"
     headline = "mixed_gt2"
     labels = LABELS
@@ -258,8 +236,11 @@ class MixedTask(Experiment):
     def method_run(self, name: str, s: dict, problem: MixedProblem) -> MethodRun:
         """Method `name` over the problem's seeds: the same data and keys as the others."""
         s = {**s, "participation": self.participation(s)}
+        built = self.build_method(name, s, problem.model, central_loss=problem.central_loss)
+        if SERVER_DATA not in self.method_table[name].needs:  # FL only: the clients alone
+            built = on_federated_data(built)
         # The inputs are (clients, server, metric-only extras): the method sees the pair.
-        method = split_extra(build_method(name, s, problem.model, problem.central_loss))
+        method = split_extra(built)
         algorithm = with_seeds(with_objective(method, problem.objective), problem.seeds)
 
         def evaluate(state):

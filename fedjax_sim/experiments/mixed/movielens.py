@@ -16,7 +16,6 @@ from fedjax_sim.experiments.mixed.base import (
     MixedTask,
     broadcast_seeds,
     cache_dir,
-    none_if_zero,
     shared_settings,
 )
 from fedjax_sim.experiments.settings import Setting, count
@@ -136,7 +135,7 @@ class MixedMovieLens(MixedTask):
         s_round = s["clients_per_round"] or data.num_clients
         cohort = np.random.default_rng(s["seed"]).choice(data.num_clients, s_round,
                                                          replace=False)
-        batch = none_if_zero(s["batch_size"])
+        batch = s["batch_size"] or None
         counts = {name: costs(
             clients.num_client_items[cohort], clients.n_train[cohort],
             num_items=clients.num_items, dim=s["dim"], context_len=s["context_len"],

@@ -1,0 +1,179 @@
+"""How a client trains: one object, validated once, taken by every algorithm that trains clients.
+
+A `ClientTraining` is the client optimizer, the number of local steps, the batch
+size and how minibatches are drawn. Every factory that trains clients takes one
+(`fedavg(model, sgd(0.1, steps=5, batch_size=32))`), so every method of a
+comparison can be given the same local training, and every algorithm honours
+every sampling mode. The steps themselves are `ops.client_update`'s: a
+`lax.scan` over split keys, one client's maths, vmapped once.
+
+Sampling modes (`SAMPLINGS`):
+
+- "with_replacement": each step draws its minibatch afresh (distinct rows
+  within a batch; a row may come back in the next batch before others were
+  seen). The default.
+- "epochs": the steps go through the client's rows without replacement, epoch
+  after epoch, each a fresh permutation (the "E local epochs of batch b" of a
+  protocol: ⌈n / b⌉ steps an epoch).
+
+A full-batch step (`batch_size=None`) reads every real row, whatever the mode.
+
+Examples:
+  >>> import optax
+  >>> from fedjax_sim.algorithms import ClientTraining, sgd
+  >>> training = sgd(0.1, steps=5, batch_size=32)
+  >>> training.steps, training.batch_size, training.sampling, training.learning_rate
+  (5, 32, 'with_replacement', 0.1)
+  >>> ClientTraining(optax.adam(1e-3), steps=10, batch_size=16, sampling="epochs").steps
+  10
+  >>> sgd(0.1, steps=0)
+  Traceback (most recent call last):
+  ...
+  ValueError: ClientTraining steps (local steps) must be an integer >= 1; got 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import optax
+
+from fedjax_sim.ops import SAMPLINGS, client_update, linear_in_gradients, local_update
+
+
+def _check_count(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"ClientTraining {name} must be an integer >= 1; got {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ClientTraining:
+    """A client's local training: `steps` optimizer steps on minibatches of its rows.
+
+    Attributes:
+      optimizer: the client optimizer (an optax transformation; a fresh state
+        on every client every round, as in FedAvg).
+      steps: local steps τ per round (static).
+      batch_size: rows per step; None for full-batch steps (static).
+      sampling: how minibatches are drawn, one of `SAMPLINGS` (static).
+      learning_rate: the step size when `optimizer` is plain SGD (`sgd` sets it; may
+        be traced); None for any other optimizer. Algorithms whose maths assume SGD at
+        a known rate (SCAFFOLD's control variates, q-FFL's Lipschitz estimate) read it
+        and refuse other optimizers.
+    """
+
+    optimizer: optax.GradientTransformation
+    steps: int = 1
+    batch_size: int | None = None
+    sampling: str = "with_replacement"
+    learning_rate: object = None
+
+    def __post_init__(self):
+        if not (hasattr(self.optimizer, "init") and hasattr(self.optimizer, "update")):
+            raise ValueError(f"ClientTraining optimizer must be an optax "
+                             f"GradientTransformation; got {self.optimizer!r}.")
+        _check_count("steps (local steps)", self.steps)
+        if self.batch_size is not None:
+            _check_count("batch_size", self.batch_size)
+        if self.sampling not in SAMPLINGS:
+            raise ValueError(f"ClientTraining sampling must be one of "
+                             f"{', '.join(SAMPLINGS)}; got {self.sampling!r}.")
+
+    def replace(self, **changes) -> ClientTraining:
+        """A copy with some fields changed (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+    def update(self, model, params, x, y, num_examples, key, **hooks):
+        """One client's local steps from `params` (`ops.client_update`).
+
+        hooks: client_update's `snapshot_step`, `batch_loss`, `direction`,
+        `keep_first_grad`. Returns (params, snapshot or None, [steps] losses), and
+        with keep_first_grad the first step's gradient.
+        """
+        return client_update(model, self.optimizer, params, x, y, num_examples, key,
+                             num_steps=self.steps, batch_size=self.batch_size,
+                             sampling=self.sampling, **hooks)
+
+    def update_clients(self, model, params, data, keys, **hooks):
+        """Every client of `data` from its own params (leaves [c, ...]), one key each.
+
+        Returns (params [c, ...], snapshots or None, losses [c, steps])
+        (`ops.local_update`; hooks: `snapshot_step`, `batch_loss`).
+        """
+        return local_update(model, self.optimizer, params, data, keys, num_steps=self.steps,
+                            batch_size=self.batch_size, sampling=self.sampling, **hooks)
+
+    def minibatch(self, max_examples: int) -> int:
+        """Rows of one minibatch of a client padded to `max_examples` rows."""
+        return max_examples if self.batch_size is None else min(self.batch_size,
+                                                                 max_examples)
+
+
+def check_training(algorithm: str, training, name: str = "training") -> ClientTraining:
+    """`training`, or ValueError naming the algorithm when it is no ClientTraining (an
+    optax optimizer where the training belongs, say)."""
+    if not isinstance(training, ClientTraining):
+        hint = (" (an optax optimizer goes inside: ClientTraining(optimizer, steps=...))"
+                if hasattr(training, "update") else "")
+        raise ValueError(f"{algorithm}'s {name} must be a ClientTraining, e.g. sgd(0.1, "
+                         f"steps=5); got {training!r}{hint}.")
+    return training
+
+
+def check_learning_rate(name: str, value, positive: bool = False) -> None:
+    """ValueError unless a concrete `value` is a finite number >= 0 (> 0 with `positive`);
+    a traced value (a sweep vmaps over it) passes."""
+    if isinstance(value, jax.core.Tracer) or isinstance(value, jax.Array) and value.ndim:
+        return
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number; got {value!r}.") from None
+    if not math.isfinite(number) or number < 0 or (positive and number == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be a finite number {bound}; got {value!r}.")
+
+
+def sgd(learning_rate, *, steps: int = 1, batch_size: int | None = None,
+        sampling: str = "with_replacement") -> ClientTraining:
+    """Plain SGD at `learning_rate` (may be traced), declared linear in its gradients
+    (`ops.linear_in_gradients`: a model's dense input layer may then train in the span of
+    its client's rows, the same maths at fewer multiply-adds).
+
+    Args:
+      learning_rate: the step size η >= 0 (a float, or a traced value a sweep vmaps).
+      steps: local steps τ per round.
+      batch_size: rows per step; None: every real row of the client (full batch).
+      sampling: how minibatches are drawn, one of `SAMPLINGS` ("with_replacement":
+        afresh each step; "epochs": through the rows epoch after epoch).
+
+    Returns:
+      A ClientTraining whose `learning_rate` is set (SCAFFOLD and q-FFL read it).
+
+    Examples:
+      >>> from fedjax_sim.algorithms import sgd
+      >>> training = sgd(0.1, steps=5, batch_size=32, sampling="epochs")
+      >>> training.steps, training.batch_size, training.sampling, training.learning_rate
+      (5, 32, 'epochs', 0.1)
+      >>> training.replace(steps=1, batch_size=None).batch_size is None  # full batch
+      True
+      >>> sgd(0.1, sampling="shuffled")
+      Traceback (most recent call last):
+      ...
+      ValueError: ClientTraining sampling must be one of with_replacement, epochs; got 'shuffled'.
+    """
+    check_learning_rate("learning_rate", learning_rate)
+    return ClientTraining(linear_in_gradients(optax.sgd(learning_rate)), steps, batch_size,
+                          sampling, learning_rate=learning_rate)
+
+
+def sgd_rate(training: ClientTraining, algorithm: str, why: str, positive: bool = True):
+    """`training.learning_rate`, for an algorithm whose maths assume plain SGD at a known
+    rate; ValueError naming the algorithm and why otherwise."""
+    if training.learning_rate is None:
+        raise ValueError(f"{algorithm} trains its clients with plain SGD ({why}): give "
+                         "training=sgd(learning_rate, ...).")
+    check_learning_rate(f"{algorithm}'s learning_rate", training.learning_rate, positive)
+    return training.learning_rate

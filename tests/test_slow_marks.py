@@ -1,0 +1,49 @@
+"""The tests conftest.py marks slow by name exist, so a rename cannot quietly move a slow
+test back into the default run (or drop a mark that no longer matches anything)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _root_conftest():
+    spec = importlib.util.spec_from_file_location("fedjax_sim_root_conftest", ROOT / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _test_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {node.name for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.name.startswith("test")}
+
+
+def test_every_slow_entry_names_an_existing_test():
+    missing = []
+    for entry in _root_conftest().SLOW:
+        path, _, test = entry.partition("::")
+        if not (ROOT / path).is_file():
+            missing.append(entry)
+        elif test and test.split("[")[0] not in _test_names(ROOT / path):
+            missing.append(entry)
+    assert not missing, f"conftest.py SLOW names no such test: {missing}"
+
+
+def test_listed_tests_are_matched_with_and_without_parameters():
+    conftest = _root_conftest()
+    assert conftest._listed_slow(
+        "tests/test_faults.py::test_ctrl_c_is_exit_130_and_one_line[run-x]")
+    assert conftest._listed_slow("notebooks/mixed_fl.ipynb::mixed_fl.ipynb")
+    assert conftest._listed_slow(
+        "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read[mixed-synthetic]")
+    assert not conftest._listed_slow(
+        "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read[hetero-digits]")
+    assert not conftest._listed_slow("notebooks/quickstart.ipynb::quickstart.ipynb")
