@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,3 +50,38 @@ def test_listed_tests_are_matched_with_and_without_parameters():
     assert not conftest._listed_slow(
         "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read[hetero-digits]")
     assert not conftest._listed_slow("notebooks/quickstart.ipynb::quickstart.ipynb")
+
+
+def _ci_pytest_commands() -> list[list[str]]:
+    """Each `python -m pytest ...` line of .ci/run (continuations joined), as the
+    arguments after `pytest`, with the environment assignments that precede it."""
+    text = (ROOT / ".ci" / "run").read_text().replace("\\\n", " ")
+    commands = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("#") or "-m pytest" not in line:
+            continue
+        words = shlex.split(line)
+        commands.append(words)
+    return commands
+
+
+def test_every_pytest_step_of_ci_selects_tests():
+    # A step whose tests are all marked slow and that lacks --run-slow selects nothing
+    # and pytest exits 5: the packaging step once did exactly that.
+    commands = _ci_pytest_commands()
+    assert len(commands) >= 3, commands
+    for words in commands:
+        env = dict(os.environ)
+        while "=" in words[0] and not words[0].startswith("-"):
+            key, _, value = words.pop(0).partition("=")
+            env[key] = value
+        args = words[words.index("pytest") + 1:]
+        for flag in ("-n", "--dist"):  # collection alone, in this process
+            if flag in args:
+                del args[args.index(flag):args.index(flag) + 2]
+        done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only",
+                               "-p", "no:xdist", *args],
+                              cwd=ROOT, env=env, capture_output=True, text=True)
+        # Exit 5: nothing selected (--collect-only exits so too); 0: at least one test.
+        assert done.returncode == 0, (words, done.stdout[-2000:], done.stderr[-2000:])
