@@ -94,6 +94,9 @@ ALGORITHM_INFO = {
                                  "per-cluster weights", "new in fedjax_sim", "—"),
     "fedprox": AlgorithmInfo("FedProx", "Li et al., MLSys", "2020",
                              "https://arxiv.org/abs/1812.06127"),
+    "fednova": AlgorithmInfo("FedNova: FedAvg with each update normalised by its local work",
+                             "Wang, Liu, Liang, Joshi, Poor, NeurIPS", "2020",
+                             "https://arxiv.org/abs/2007.07481"),
     "scaffold": AlgorithmInfo("SCAFFOLD", "Karimireddy et al., ICML", "2020",
                               "https://arxiv.org/abs/1910.06378"),
     "qffl": AlgorithmInfo("q-FFL (q-FedAvg)", "Li, Sanjabi, Beirami, Smith, ICLR", "2020",
@@ -489,7 +492,8 @@ def api_algorithms_page() -> str:
            "::: fedjax_sim.algorithms.get_algorithm", "    options:", "      heading_level: 3",
            "", "## The algorithm type and its wrappers", ""]
     quiet = ["      docstring_options:", "        warnings: false"]
-    for name in ("Algorithm", "with_restarts", "with_seeds", "with_server_optimizer"):
+    for name in ("Algorithm", "with_restarts", "with_seeds", "with_server_optimizer",
+                 "with_systems"):
         out += [f"::: fedjax_sim.algorithms.base.{name}", "    options:",
                 "      heading_level: 3", *quiet, ""]
     out += ["## How clients train", ""]

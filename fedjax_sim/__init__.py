@@ -20,6 +20,7 @@ from fedjax_sim.algorithms import (  # noqa: E402
     fedadam,
     fedavg,
     fedavgm,
+    fednova,
     fedprox,
     fedyogi,
     hypcluster,
@@ -36,9 +37,12 @@ from fedjax_sim.algorithms import (  # noqa: E402
     sgd,
     with_restarts,
     with_seeds,
+    with_systems,
 )
 from fedjax_sim.data import FederatedData, ServerData, linear_mixture  # noqa: E402
 from fedjax_sim.models import Model, linear_regression, mlp_classifier  # noqa: E402
+from fedjax_sim.ops.work import Work  # noqa: E402
+from fedjax_sim.systems import Systems  # noqa: E402
 
 __all__ = [
     "ALGORITHMS",
@@ -47,6 +51,8 @@ __all__ = [
     "FederatedData",
     "Model",
     "ServerData",
+    "Systems",
+    "Work",
     "afl",
     "algorithms",
     "cfl",
@@ -58,6 +64,7 @@ __all__ = [
     "fedadam",
     "fedavg",
     "fedavgm",
+    "fednova",
     "fedprox",
     "fedyogi",
     "hypcluster",
@@ -81,4 +88,5 @@ __all__ = [
     "simulate",
     "with_restarts",
     "with_seeds",
+    "with_systems",
 ]

@@ -67,6 +67,14 @@ ALGORITHM_KWARGS = {
     "scaffold": [{"training": TRAIN, "participation": 0.5, "client_chunk": 2,
                   "server_lr": 0.8}],
     "qffl": [{"training": TRAIN, "participation": 0.5, "q": 2.0, "client_chunk": 3}],
+    # Heterogeneous systems: "work" is the training's `Work(**value)`, "systems" wraps the
+    # algorithm in `with_systems(Systems(**value))`: the same masks on 1 and 4 devices.
+    "fednova": [{"training": {"learning_rate": 0.1, "steps": 4, "batch_size": 3},
+                 "work": {"low": 1, "per_round": True}, "participation": 0.5,
+                 "systems": {"availability": 0.7, "dropout": 0.2, "stragglers": 0.5}},
+                {"training": TRAIN, "work": {"per_client": [2, 0, 1, 2, 1, 2, 2, 1]},
+                 "momentum": 0.5, "client_chunk": 3,
+                 "systems": {"stragglers": 0.5, "straggler_policy": "drop"}}],
 }
 
 SCRIPT = textwrap.dedent(
@@ -75,7 +83,8 @@ SCRIPT = textwrap.dedent(
     import jax, numpy as np
     from fedjax_sim import ALGORITHMS, simulate
     from federations import eight_clients, evaluate_as_run
-    from fedjax_sim.algorithms import sgd, with_server_optimizer
+    from fedjax_sim.algorithms import Work, sgd, with_server_optimizer, with_systems
+    from fedjax_sim.systems import Systems
     from fedjax_sim.execution import planned
     from fedjax_sim.parallel import make_mesh
     from fedjax_sim.algorithms.mixed import l2_regularizer
@@ -85,14 +94,20 @@ SCRIPT = textwrap.dedent(
         chunk = kwargs.pop("client_chunk", None)
         server = kwargs.pop("server_optimizer", None)
         server_lr = kwargs.pop("server_lr", None) if server else None
+        work = kwargs.pop("work", None)
+        systems = kwargs.pop("systems", None)
         for field in ("training", "pretraining", "personal", "central"):
             if field in kwargs:
                 kwargs[field] = sgd(**kwargs[field])
+        if work is not None:
+            kwargs["training"] = kwargs["training"].replace(work=Work(**work))
         if name.startswith("mixed_"):
             kwargs["central_loss"] = l2_regularizer(0.1)
         algorithm = ALGORITHMS[name](model, kwargs.pop("training"), **kwargs)
         if server:
             algorithm = with_server_optimizer(algorithm, server, server_lr)
+        if systems is not None:
+            algorithm = with_systems(algorithm, Systems(**systems))
         return algorithm, (data if chunk is None else planned(data, client_chunk=chunk))
 
     cases = json.loads(sys.argv[1])

@@ -13,11 +13,13 @@ from fedjax_sim.algorithms.base import (
     with_restarts,
     with_seeds,
     with_server_optimizer,
+    with_systems,
 )
 from fedjax_sim.algorithms.cfl import CFLState, cfl
 from fedjax_sim.algorithms.ditto import DittoState, ditto
 from fedjax_sim.algorithms.drfa import DRFAState, drfa, drflm
 from fedjax_sim.algorithms.fedavg import FedAvgState, fedavg
+from fedjax_sim.algorithms.fednova import fednova
 from fedjax_sim.algorithms.fedprox import fedprox
 from fedjax_sim.algorithms.hypcluster import HypClusterState, hypcluster
 from fedjax_sim.algorithms.ifca import (
@@ -45,6 +47,7 @@ from fedjax_sim.algorithms.recipes import fedadagrad, fedadam, fedavgm, fedyogi
 from fedjax_sim.algorithms.robust_ifca import RobustIFCAState, robust_ifca
 from fedjax_sim.algorithms.scaffold import ScaffoldState, scaffold
 from fedjax_sim.algorithms.training import SAMPLINGS, ClientTraining, sgd
+from fedjax_sim.ops.work import Work
 
 # name -> factory: factory(model, training, **its settings) -> Algorithm.
 ALGORITHMS = {
@@ -64,6 +67,7 @@ ALGORITHMS = {
     "ditto": ditto,
     "robust_ifca": robust_ifca,
     "fedprox": fedprox,
+    "fednova": fednova,
     "scaffold": scaffold,
     "qffl": qffl,
     "fedavgm": fedavgm,
@@ -99,6 +103,7 @@ __all__ = [
     "QFFLState",
     "RobustIFCAState",
     "SAMPLINGS",
+    "Work",
     "ScaffoldState",
     "afl",
     "cfl",
@@ -110,6 +115,7 @@ __all__ = [
     "fedavg",
     "fedavgm",
     "fedprox",
+    "fednova",
     "fedyogi",
     "get_algorithm",
     "hypcluster",
@@ -132,6 +138,7 @@ __all__ = [
     "with_restarts",
     "with_seeds",
     "with_server_optimizer",
+    "with_systems",
     "with_warm_start",
     "with_weight_sharing",
 ]

@@ -149,7 +149,8 @@ def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
 
         def client_step(batch):  # τ steps from w; F_i(w) is the first step's loss
             start = broadcast_to_clients(state.params, batch.keys.shape[0])
-            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys)
+            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys,
+                                                            **batch.work())
             weights = jnp.where(batch.active, batch.inputs, 0.0)
             return (weighted_sum(trained, weights), jnp.sum(weights)), (losses[:, 0],
                                                                        batch.active)

@@ -4,7 +4,7 @@ This module also holds what every factory shares, so that a factory is its own
 maths: the checks of the settings every algorithm takes (`participation`,
 `weighting`), the round's cohort draw (`draw_cohort`), the weighted means over a
 cohort, and the combinators that wrap a whole algorithm (`with_restarts`,
-`with_seeds`, `with_server_optimizer`). How a client trains is
+`with_seeds`, `with_server_optimizer`, `with_systems`). How a client trains is
 `training.ClientTraining`; how a round is executed (chunks, kernel forms) is the
 executor's (`fedjax_sim.execution`) and appears in no factory.
 """
@@ -23,6 +23,8 @@ from fedjax_sim.algorithms.server import apply_server_update, make_server_optimi
 from fedjax_sim.data.federated import copies_axes
 from fedjax_sim.models.core import Model, check_model_data
 from fedjax_sim.ops import sample_cohort
+from fedjax_sim.systems import Systems, systems_of
+from fedjax_sim.systems import with_systems as attach_systems
 
 State = Any
 NOT_PER_CLIENT = -1
@@ -105,9 +107,11 @@ def check_weighting(weighting) -> None:
 def draw_cohort(key, data, participation: float, *, weights=None):
     """The round's cohort: `cohort_size(m, participation)` of the m clients, drawn uniformly
     without replacement (every client, in order, at participation 1), or i.i.d. with
-    replacement ∝ `weights` ([m]); a key per slot (`ops.sample_cohort`)."""
+    replacement ∝ `weights` ([m]); a key per slot (`ops.sample_cohort`). The data's
+    `Systems` (`with_systems`) decide who is available, reports and straggles."""
     m = data.num_clients
-    return sample_cohort(key, m, cohort_size(m, participation), weights=weights)
+    return sample_cohort(key, m, cohort_size(m, participation), weights=weights,
+                         systems=systems_of(data))
 
 
 def check_inputs(model: Model, params, data) -> None:
@@ -248,6 +252,39 @@ def _server_field(state) -> str:
 def _moved(delta) -> jax.Array:
     """Whether a server model changed in the round (some client holding data trained)."""
     return jnp.any(jnp.stack([jnp.any(d != 0) for d in jax.tree.leaves(delta)]))
+
+
+def with_systems(algorithm: Algorithm, systems) -> Algorithm:
+    """The algorithm over clients that behave as `systems` says (`fedjax_sim.systems`).
+
+    Every round's cohort is drawn among the clients available that round; a
+    chosen client may drop out (its update never arrives) or straggle (a
+    uniform 1..τ_i of its local steps; kept or dropped by the policy). All of
+    it is masks inside the one compiled round, drawn from the round's keys, so
+    two methods of a comparison wrapped with the same `Systems` see the same
+    clients available, dropping and straggling. Evaluation is unchanged.
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import fedavg, sgd, with_systems
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> from fedjax_sim.systems import Systems
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = with_systems(fedavg(linear_regression(3), sgd(0.1, steps=5)),
+      ...                    Systems(availability=0.5, stragglers=0.5, straggler_policy="drop"))
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> int(state.round)
+      1
+    """
+    if not isinstance(systems, Systems):
+        raise ValueError(f"with_systems takes a fedjax_sim.systems.Systems; got {systems!r}.")
+
+    def round_(state, data, key):
+        return algorithm.round(state, attach_systems(data, systems), key)
+
+    return algorithm._replace(round=round_)
 
 
 def with_server_optimizer(algorithm: Algorithm, optimizer, server_lr=None) -> Algorithm:

@@ -165,7 +165,8 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
 
         def client_step(batch):  # Δθ_i = LocalUpdate(θ_c(i)) − θ_c(i)
             start = jax.tree.map(lambda p: p[batch.inputs], state.cluster_params)
-            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys)
+            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys,
+                                                            **batch.work())
             c = batch.keys.shape[0]
             delta = _flat(trained, c) - _flat(start, c)
             weights = client_weights(batch.active, batch.data.num_examples, weighting)

@@ -118,7 +118,8 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
 
         def client_step(batch):
             start = broadcast_to_clients(w, batch.keys.shape[0])
-            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys)
+            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys,
+                                                            **batch.work())
 
             def personalize(v, x, y, n, k):
                 v_new, _, _ = personal_training.update(

@@ -285,13 +285,14 @@ def _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
             c = batch.keys.shape[0]
             t_snap, weight = batch.inputs
 
-            def one(p, x, y, count, k, t):
+            def one(p, x, y, count, k, t, work):
                 return training.update(model, p, x, y, count, k, snapshot_step=t,
-                                       batch_loss=mixed_loss)
+                                       batch_loss=mixed_loss, **work)
 
             start = broadcast_to_clients(state.params, c)
             trained, snaps, losses = jax.vmap(one)(
-                start, batch.data.x, batch.data.y, batch.data.num_examples, batch.keys, t_snap)
+                start, batch.data.x, batch.data.y, batch.data.num_examples, batch.keys, t_snap,
+                batch.slot_work())
             # A client without data takes no part (its weight is 0).
             active = batch.active.astype(jnp.float32)
             sums = (weighted_sum(trained, active * weight), jnp.sum(active * weight),

@@ -111,7 +111,8 @@ def fedavg(model: Model, training: ClientTraining, *, participation: float = 1.0
 
         def client_step(batch):  # τ local steps from the global model, weighted sum
             start = broadcast_to_clients(state.params, batch.keys.shape[0])
-            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys)
+            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys,
+                                                            **batch.work())
             weights = client_weights(batch.active, batch.data.num_examples, weighting)
             sums = (weighted_sum(trained, weights), jnp.sum(weights))
             return sums, (losses[:, 0], batch.active)

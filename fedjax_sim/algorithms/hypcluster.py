@@ -174,7 +174,8 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
             losses = cluster_losses(model, state.cluster_params, batch.data)
             chosen = assign_clusters(losses)
             start = jax.tree.map(lambda p: p[chosen], state.cluster_params)
-            trained, _, _ = training.update_clients(model, start, batch.data, batch.keys)
+            trained, _, _ = training.update_clients(model, start, batch.data, batch.keys,
+                                                     **batch.work())
             weights = client_weights(batch.active, batch.data.num_examples, weighting)
             segment = jnp.where(batch.active, chosen, k)  # id k is dropped
             return segment_totals(trained, segment, k, weights), (losses, chosen)

@@ -323,13 +323,15 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
         if jax.tree.leaves(frozen):  # the trunk's features once, then τ steps on the head alone
             features = jax.vmap(lambda x: net.features(frozen, x))(batch.data.x)
             trained, _, _ = training.update_clients(head_model, start,
-                                                    batch.data.replace(x=features), batch.keys)
+                                                    batch.data.replace(x=features), batch.keys,
+                                                    **batch.work())
             trunks = {}
         else:
             sharing = bool(jax.tree.leaves(shared))
             if sharing:
                 start = combine(net, broadcast_to_clients(shared, assignment.shape[0]), start)
-            trained, _, _ = training.update_clients(net, start, batch.data, batch.keys)
+            trained, _, _ = training.update_clients(net, start, batch.data, batch.keys,
+                                                    **batch.work())
             trunks, trained = partition(net, trained) if sharing else ({}, trained)
         weights = client_weights(batch.active, batch.data.num_examples, weighting)
         segment = jnp.where(batch.active, assignment, k)  # id k is dropped

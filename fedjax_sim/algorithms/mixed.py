@@ -389,13 +389,15 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
             client_direction = None
 
         def client_step(batch):
-            def one(x, y, n, k):
+            def one(x, y, n, k, work):
                 end, _, losses, g0 = training.update(
-                    model, x_t, x, y, n, k, direction=client_direction, keep_first_grad=True)
+                    model, x_t, x, y, n, k, direction=client_direction, keep_first_grad=True,
+                    **work)
                 return optax.tree.sub(end, x_t), g0, losses[0]
 
             deltas, grads0, losses0 = jax.vmap(one)(batch.data.x, batch.data.y,
-                                                    batch.data.num_examples, batch.keys)
+                                                    batch.data.num_examples, batch.keys,
+                                                    batch.slot_work())
             weights = client_weights(batch.active, batch.data.num_examples, weighting)
             sums = (weighted_sum(deltas, weights), weighted_sum(grads0, weights),
                     jnp.sum(weights))

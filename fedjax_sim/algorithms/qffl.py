@@ -116,9 +116,9 @@ def qffl(model: Model, training: ClientTraining, *, q=DEFAULT_Q,
         check_inputs(model, params, data)
         return QFFLState(params, jnp.zeros((), jnp.int32))
 
-    def client(w, x, y, count, key):  # one client's Δ_k, h_k and F_k^q
+    def client(w, x, y, count, key, work):  # one client's Δ_k, h_k and F_k^q
         loss = client_loss(model, w, x, y, count) + LOSS_FLOOR
-        trained, _, _ = training.update(model, w, x, y, count, key)
+        trained, _, _ = training.update(model, w, x, y, count, key, **work)
         delta_w = jax.tree.map(lambda a, b: lipschitz * (a - b), w, trained)
         fq = loss**q
         h = q * loss ** (q - 1.0) * optax.tree.norm(delta_w, squared=True) + lipschitz * fq
@@ -128,8 +128,9 @@ def qffl(model: Model, training: ClientTraining, *, q=DEFAULT_Q,
         cohort = draw_cohort(key, data, participation)
 
         def client_step(batch):
-            delta, h, fq, loss = jax.vmap(client, in_axes=(None, 0, 0, 0, 0))(
-                state.params, batch.data.x, batch.data.y, batch.data.num_examples, batch.keys)
+            delta, h, fq, loss = jax.vmap(client, in_axes=(None, 0, 0, 0, 0, 0))(
+                state.params, batch.data.x, batch.data.y, batch.data.num_examples, batch.keys,
+                batch.slot_work())
             taking_part = batch.active.astype(jnp.float32)
             sums = (weighted_sum(delta, taking_part), jnp.sum(taking_part * h),
                     jnp.sum(taking_part * fq))

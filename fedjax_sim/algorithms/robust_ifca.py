@@ -154,7 +154,8 @@ def robust_ifca(model: Model, training: ClientTraining, *, num_clusters: int,
             losses = cluster_losses(model, state.cluster_params, batch.data)
             chosen = assign_clusters(losses)
             start = jax.tree.map(lambda p: p[chosen], state.cluster_params)
-            trained, _, _ = training.update_clients(model, start, batch.data, batch.keys)
+            trained, _, _ = training.update_clients(model, start, batch.data, batch.keys,
+                                                     **batch.work())
             weight = jnp.where(chosen == prev_b, lam_b, entry_weight[chosen])
             weight = jnp.where(batch.active, weight, 0.0)
             segment = jnp.where(batch.active, chosen, k)  # id k is dropped

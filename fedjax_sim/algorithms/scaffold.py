@@ -28,6 +28,8 @@ Choices [I]:
   i by its examples in both sums, c ← c + Σ_{i∈S} p_i Δc_i with p_i its share
   of all examples, so c stays Σ_i p_i c_i; "uniform" (default) is the paper's.
 - c_i and c start at 0 (the paper allows any start; its experiments use 0).
+- With per-client work (`ClientTraining.work`, stragglers) K is the client's
+  own number of steps K_i; a client that took none keeps its c_i (Δc_i = 0).
 """
 
 from __future__ import annotations
@@ -125,14 +127,18 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
         return ScaffoldState(params, zeros, broadcast_to_clients(zeros, data.num_clients),
                              jnp.zeros((), jnp.int32))
 
-    def client(x, c, c_i, features, y, count, key):  # one client: K corrected steps, option II
+    def client(x, c, c_i, features, y, count, key, work):  # one client: K corrected steps
         corrected = training.replace(optimizer=optax.chain(
             add_correction(optax.tree.sub(c, c_i)), optax.sgd(learning_rate)))
-        y_i, _, losses = corrected.update(model, x, features, y, count, key)
+        y_i, _, losses = corrected.update(model, x, features, y, count, key, **work)
         delta_y = optax.tree.sub(y_i, x)
-        # Δc_i = c_i⁺ − c_i = −c + (x − y_i) / (K η_l)
-        delta_c = jax.tree.map(lambda c, d: -c - d / (training.steps * learning_rate), c,
-                               delta_y)
+        # Δc_i = c_i⁺ − c_i = −c + (x − y_i) / (K_i η_l), K_i the steps it took (τ_i of
+        # per-client work; a client that took none learns nothing: Δc_i = 0)
+        steps = corrected.client_steps(key, work["client_id"], count, work["straggles"])
+        steps = training.steps if steps is None else steps
+        delta_c = jax.tree.map(
+            lambda c, d: jnp.where(steps > 0, -c - d / (jnp.maximum(steps, 1) * learning_rate),
+                                   0.0), c, delta_y)
         return delta_y, delta_c, losses[0]
 
     def round_(state: ScaffoldState, data: FederatedData, key):
@@ -140,9 +146,9 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
 
         def client_step(batch):
             delta_y, delta_c, first_loss = jax.vmap(
-                client, in_axes=(None, None, 0, 0, 0, 0, 0))(
+                client, in_axes=(None, None, 0, 0, 0, 0, 0, 0))(
                 state.params, state.control, batch.inputs, batch.data.x, batch.data.y,
-                batch.data.num_examples, batch.keys)
+                batch.data.num_examples, batch.keys, batch.slot_work())
             weights = client_weights(batch.active, batch.data.num_examples, weighting)
             new_c_i = jax.tree.map(  # c_i ← c_i⁺ for the clients holding data
                 lambda c_i, d: jnp.where(_rows(batch.active, d), c_i + d, c_i),

@@ -18,6 +18,12 @@ Sampling modes (`SAMPLINGS`):
 
 A full-batch step (`batch_size=None`) reads every real row, whatever the mode.
 
+Per-client work (`work=`, an `ops.work.Work`): client i takes τ_i ≤ `steps`
+steps (drawn once per client, redrawn every round, read from a per-client
+table, or E epochs of its own rows), masked inside the one scan of `steps`.
+A straggler of the round (`fedjax_sim.systems.Systems`) takes a uniform
+1, …, τ_i of them.
+
 Examples:
   >>> import optax
   >>> from fedjax_sim.algorithms import ClientTraining, sgd
@@ -38,9 +44,11 @@ import dataclasses
 import math
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from fedjax_sim.ops import SAMPLINGS, client_update, linear_in_gradients, local_update
+from fedjax_sim.ops.work import UNIFORM_WORK, Work, straggler_steps
 
 
 def _check_count(name: str, value) -> None:
@@ -62,6 +70,8 @@ class ClientTraining:
         be traced); None for any other optimizer. Algorithms whose maths assume SGD at
         a known rate (SCAFFOLD's control variates, q-FFL's Lipschitz estimate) read it
         and refuse other optimizers.
+      work: how many of the `steps` each client takes (`ops.work.Work`; static);
+        the default: all of them.
     """
 
     optimizer: optax.GradientTransformation
@@ -69,6 +79,7 @@ class ClientTraining:
     batch_size: int | None = None
     sampling: str = "with_replacement"
     learning_rate: object = None
+    work: Work = UNIFORM_WORK
 
     def __post_init__(self):
         if not (hasattr(self.optimizer, "init") and hasattr(self.optimizer, "update")):
@@ -80,30 +91,74 @@ class ClientTraining:
         if self.sampling not in SAMPLINGS:
             raise ValueError(f"ClientTraining sampling must be one of "
                              f"{', '.join(SAMPLINGS)}; got {self.sampling!r}.")
+        if not isinstance(self.work, Work):
+            raise ValueError(f"ClientTraining work must be an ops.work.Work; got {self.work!r}.")
+        self.work.check(self.steps)
 
     def replace(self, **changes) -> ClientTraining:
         """A copy with some fields changed (checked again)."""
         return dataclasses.replace(self, **changes)
 
-    def update(self, model, params, x, y, num_examples, key, **hooks):
+    @property
+    def uniform_work(self) -> bool:
+        """Every client takes all `steps` in every round (no straggler can change that)."""
+        return self.work.uniform
+
+    def client_steps(self, key, client_id, num_examples, straggles=None):
+        """τ_i of one client this round (int32), or None when it is all `steps` (no
+        straggler and uniform work: the scan then needs no mask)."""
+        if self.work.uniform and straggles is None:
+            return None
+        tau = self.work.steps_of(key, client_id, num_examples, self.steps, self.batch_size)
+        if straggles is not None:
+            tau = jnp.where(straggles, straggler_steps(key, tau), tau)
+        return tau
+
+    def steps_taken(self, data, keys, *, ids=None, straggles=None):
+        """[c] int32: the steps each client of `data` takes this round (τ_i, or a
+        straggler's share of it; `steps` for all under uniform work), drawn as
+        `update_clients` draws them from the same keys, ids and flags."""
+        if self.work.uniform and straggles is None:
+            return jnp.full(keys.shape[:1], self.steps, jnp.int32)
+        if ids is None:
+            if self.work.needs_ids():
+                raise ValueError("this ClientTraining's work draws τ_i per client, from its "
+                                 "id: pass ids= (a cohort batch's `batch.work()`).")
+            ids = jnp.zeros(keys.shape[:1], jnp.int32)  # unread
+        flags = jnp.zeros(keys.shape[:1], bool) if straggles is None else straggles
+        return jax.vmap(lambda k, i, n, f: self.client_steps(k, i, n, f))(
+            keys, ids, data.num_examples, flags)
+
+    def update(self, model, params, x, y, num_examples, key, *, client_id=None,
+               straggles=None, **hooks):
         """One client's local steps from `params` (`ops.client_update`).
 
+        client_id, straggles: the slot's client id and straggler flag (a cohort
+        batch's `ids` and `straggles`), read by per-client work and stragglers.
         hooks: client_update's `snapshot_step`, `batch_loss`, `direction`,
         `keep_first_grad`. Returns (params, snapshot or None, [steps] losses), and
         with keep_first_grad the first step's gradient.
         """
         return client_update(model, self.optimizer, params, x, y, num_examples, key,
                              num_steps=self.steps, batch_size=self.batch_size,
-                             sampling=self.sampling, **hooks)
+                             sampling=self.sampling,
+                             active_steps=self.client_steps(key, client_id, num_examples,
+                                                            straggles), **hooks)
 
-    def update_clients(self, model, params, data, keys, **hooks):
+    def update_clients(self, model, params, data, keys, *, ids=None, straggles=None,
+                       **hooks):
         """Every client of `data` from its own params (leaves [c, ...]), one key each.
 
+        ids, straggles: [c] client ids and straggler flags (`CohortBatch.work()`).
         Returns (params [c, ...], snapshots or None, losses [c, steps])
         (`ops.local_update`; hooks: `snapshot_step`, `batch_loss`).
         """
+        active = None
+        if not (self.work.uniform and straggles is None):
+            active = self.steps_taken(data, keys, ids=ids, straggles=straggles)
         return local_update(model, self.optimizer, params, data, keys, num_steps=self.steps,
-                            batch_size=self.batch_size, sampling=self.sampling, **hooks)
+                            batch_size=self.batch_size, sampling=self.sampling,
+                            active_steps=active, **hooks)
 
     def minibatch(self, max_examples: int) -> int:
         """Rows of one minibatch of a client padded to `max_examples` rows."""
@@ -137,7 +192,7 @@ def check_learning_rate(name: str, value, positive: bool = False) -> None:
 
 
 def sgd(learning_rate, *, steps: int = 1, batch_size: int | None = None,
-        sampling: str = "with_replacement") -> ClientTraining:
+        sampling: str = "with_replacement", work: Work = UNIFORM_WORK) -> ClientTraining:
     """Plain SGD at `learning_rate` (may be traced), declared linear in its gradients
     (`ops.linear_in_gradients`: a model's dense input layer may then train in the span of
     its client's rows, the same maths at fewer multiply-adds).
@@ -148,6 +203,7 @@ def sgd(learning_rate, *, steps: int = 1, batch_size: int | None = None,
       batch_size: rows per step; None: every real row of the client (full batch).
       sampling: how minibatches are drawn, one of `SAMPLINGS` ("with_replacement":
         afresh each step; "epochs": through the rows epoch after epoch).
+      work: how many of the steps each client takes (`ops.work.Work`); default all.
 
     Returns:
       A ClientTraining whose `learning_rate` is set (SCAFFOLD and q-FFL read it).
@@ -166,7 +222,7 @@ def sgd(learning_rate, *, steps: int = 1, batch_size: int | None = None,
     """
     check_learning_rate("learning_rate", learning_rate)
     return ClientTraining(linear_in_gradients(optax.sgd(learning_rate)), steps, batch_size,
-                          sampling, learning_rate=learning_rate)
+                          sampling, learning_rate=learning_rate, work=work)
 
 
 def sgd_rate(training: ClientTraining, algorithm: str, why: str, positive: bool = True):

@@ -42,6 +42,7 @@ import numpy as np
 from flax import struct
 
 from fedjax_sim.execution import DEFAULT_PLAN, Plan
+from fedjax_sim.systems import NO_SYSTEMS, Systems
 
 
 def _to_device(a: np.ndarray, name: str, rows: np.ndarray) -> jax.Array:
@@ -84,6 +85,12 @@ class ClientSource:
     def with_plan(self, plan: Plan) -> ClientSource:
         """These clients with the executor's `plan` (static: part of jit's cache key)."""
         return self.replace(plan=plan)
+
+    # ... and a static field `systems` (`fedjax_sim.systems.Systems`): whether clients show
+    # up, report and straggle. The cohort path reads it (`ops.sample_cohort`).
+    def with_systems(self, systems: Systems) -> ClientSource:
+        """These clients behaving as `systems` says (static: part of jit's cache key)."""
+        return self.replace(systems=systems)
 
     def client_leaves(self):
         """The per-client part: a pytree of [m, ...] arrays (sliced by chunks, sharded)."""
@@ -177,6 +184,7 @@ class FederatedData(ClientSource):
     num_examples: jax.Array
     cluster: jax.Array
     plan: Plan = struct.field(pytree_node=False, default=DEFAULT_PLAN)
+    systems: Systems = struct.field(pytree_node=False, default=NO_SYSTEMS)
 
     @property
     def num_clients(self) -> int:
@@ -367,6 +375,7 @@ class ClientViews(ClientSource):
     maps: jax.Array | None = None
     shared_base: bool = struct.field(pytree_node=False, default=False)
     plan: Plan = struct.field(pytree_node=False, default=DEFAULT_PLAN)
+    systems: Systems = struct.field(pytree_node=False, default=NO_SYSTEMS)
 
     @property
     def num_clients(self) -> int:
@@ -416,7 +425,8 @@ class ClientViews(ClientSource):
         # The rows as a buffer of their own, as a stored copy's chunk is: fused into its
         # consumers, the gather would let XLA reorder their sums (a loss 1 ulp off).
         x, y = jax.lax.optimization_barrier((x, rows_of(self.base_y)))
-        return FederatedData(x=x, y=y, num_examples=count, cluster=cluster, plan=self.plan)
+        return FederatedData(x=x, y=y, num_examples=count, cluster=cluster, plan=self.plan,
+                             systems=self.systems)
 
     def materialize(self) -> FederatedData:
         # The per-client leaves as they are (no gather by 0..m-1): on a mesh the rows

@@ -24,6 +24,7 @@ from flax import struct
 
 from fedjax_sim.data.federated import ClientSource, FederatedData
 from fedjax_sim.execution import DEFAULT_PLAN, Plan
+from fedjax_sim.systems import NO_SYSTEMS, Systems
 
 
 class LinearMixture(NamedTuple):
@@ -179,6 +180,7 @@ class GeneratedClients(ClientSource):
     n: int = struct.field(pytree_node=False)
     ids: jax.Array | None = None
     plan: Plan = struct.field(pytree_node=False, default=DEFAULT_PLAN)
+    systems: Systems = struct.field(pytree_node=False, default=NO_SYSTEMS)
 
     never_empty = True
 
@@ -227,7 +229,7 @@ class GeneratedClients(ClientSource):
         # A subset's leaves are its problem ids at `ids`; the whole problem has none.
         ids = jnp.asarray(ids) if self.ids is None else leaves
         return _draw(self.key, ids, self.theta_star, self.sigma, m=self.m,
-                     n=self.n).with_plan(self.plan)
+                     n=self.n).replace(plan=self.plan, systems=self.systems)
 
     def subset(self, ids) -> GeneratedClients:
         """The clients `ids` ([s] ints) still generated: their rows are drawn when needed."""

@@ -197,6 +197,8 @@ METHODS: dict[str, Method] = {
     "fedyogi": Method("fedyogi", "FedYogi (FedOpt)", reads=_FEDOPT),
     "fedadagrad": Method("fedadagrad", "FedAdagrad (FedOpt)", reads=_FEDOPT),
     "fedprox": Method("fedprox", "FedProx", reads={"prox_mu": "mu"}),
+    "fednova": Method("fednova", "FedNova (each client's update normalised by its local "
+                      "work τ_i)", reads={"weighting": "weighting"}, sgd=True),
     "scaffold": Method("scaffold", "SCAFFOLD (option II variates)", sgd=True),
     "qffl": Method("qffl", "q-FFL (q-FedAvg)", reads={"q": "q"}, lr="qffl_lr", sgd=True,
                    adaptive_weights=True),

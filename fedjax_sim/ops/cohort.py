@@ -11,6 +11,10 @@ its paper's pseudocode; the plumbing lives here, once:
 - gathering the cohort's rows (`take`, and `put` to write per-client state
   back); client data may be any `ClientSource` (stored copies, views into a
   shared dataset, generated clients), whose rows are built here, per chunk;
+- systems heterogeneity (`fedjax_sim.systems.Systems`, riding on the data):
+  the cohort drawn among the clients available this round, and each slot's
+  flags: whether it straggles and whether it reports. A slot that does not
+  report is inactive in every sum (`CohortBatch.active`);
 - processing the cohort in chunks under a memory budget (a `lax.scan` over
   chunks, padding the last one, strided chunks on a device mesh, see
   `chunking.scan_client_chunks`), accumulating additive sums so m trained
@@ -33,6 +37,8 @@ from fedjax_sim.execution import plan_of
 from fedjax_sim.ops.chunking import materialize, scan_client_chunks, take_clients, unchunked
 from fedjax_sim.ops.local_update import client_keys
 from fedjax_sim.ops.sampling import sample_uniform, sample_weighted
+from fedjax_sim.ops.work import available, slot_flags
+from fedjax_sim.systems import NO_SYSTEMS, Systems
 
 
 @struct.dataclass
@@ -45,18 +51,25 @@ class Cohort:
       keys: [s] PRNG keys, one per slot.
       everyone: static; True when the cohort is all m clients in order (then
         `take`/`put` are the identity and nothing is gathered).
+      reports: [s] bool, the slots whose update reaches the server (an available
+        client that neither dropped out nor straggled under the "drop" policy);
+        None: every slot (no `Systems`).
+      straggles: [s] bool, the slots that do part of their local work; None: none.
     """
 
     ids: jax.Array
     keys: jax.Array
     everyone: bool = struct.field(pytree_node=False, default=False)
+    reports: jax.Array | None = None
+    straggles: jax.Array | None = None
 
     @property
     def size(self) -> int:
         return self.ids.shape[0]
 
 
-def sample_cohort(key, num_clients: int, size: int, *, weights=None) -> Cohort:
+def sample_cohort(key, num_clients: int, size: int, *, weights=None,
+                  systems: Systems = NO_SYSTEMS) -> Cohort:
     """A cohort of `size` slots.
 
     Args:
@@ -66,17 +79,42 @@ def sample_cohort(key, num_clients: int, size: int, *, weights=None) -> Cohort:
       weights: None: uniform without replacement; else [m] non-negative
         sampling probabilities, drawn i.i.d. with replacement (a client drawn
         twice appears twice, with two keys).
+      systems: availability, dropout and stragglers (`fedjax_sim.systems`).
+        With availability < 1 the cohort is drawn among the available clients
+        only (∝ weights restricted to them); when fewer than s are available,
+        the remaining slots hold unavailable clients and do not report. Every
+        client taking part (s = m, no weights) is every available one.
     """
     key_ids, key_slots = jax.random.split(key)
     everyone = weights is None and size == num_clients
-    if everyone:
-        ids = jnp.arange(num_clients, dtype=jnp.int32)
-    elif weights is None:
-        ids = sample_uniform(key_ids, num_clients, size)
+    reports = straggles = None
+    if systems.always_available:
+        if everyone:
+            ids = jnp.arange(num_clients, dtype=jnp.int32)
+        elif weights is None:
+            ids = sample_uniform(key_ids, num_clients, size)
+        else:
+            ids = sample_weighted(key_ids, jnp.asarray(weights), size)
     else:
-        ids = sample_weighted(key_ids, jnp.asarray(weights), size)
+        here = available(key_ids, num_clients, systems)
+        if everyone:
+            ids = jnp.arange(num_clients, dtype=jnp.int32)
+        elif weights is None:  # uniform without replacement among the available first
+            scores = jnp.where(here, jax.random.uniform(key_ids, (num_clients,)), 2.0)
+            ids = jnp.argsort(scores)[:size].astype(jnp.int32)
+        else:
+            w = jnp.where(here, jnp.asarray(weights, jnp.float32), 0.0)
+            total = jnp.sum(w)
+            p = jnp.where(total > 0, w / jnp.maximum(total, 1e-30), 1.0 / num_clients)
+            ids = sample_weighted(key_ids, p, size)
+        reports = here[ids]
     keys = client_keys(key_slots, jnp.arange(size))
-    return Cohort(ids, keys, everyone)
+    if not systems.trivial:
+        straggles, reported = slot_flags(keys, systems)
+        reports = reported if reports is None else reports & reported
+        if systems.stragglers == 0.0:
+            straggles = None  # no straggler: the local steps need no mask
+    return Cohort(ids, keys, everyone, reports, straggles)
 
 
 def take(cohort: Cohort, per_client):
@@ -112,10 +150,13 @@ class CohortBatch:
       keys: [c] per-slot keys.
       inputs: the per-slot values the round passed (leaves [c, ...]).
       active: [c] bool: a real slot (not chunk padding) whose client holds
-        data. An inactive slot must get weight 0 in every sum.
+        data and reports (`Cohort.reports`). An inactive slot must get weight 0
+        in every sum.
       real: [c] bool: a real slot, not chunk padding (a constant True
         without chunks, which XLA folds away). Enough as a weight where a
         client without data contributes exactly 0 anyway (a masked gradient).
+      ids: [c] int32 client ids of the slots.
+      straggles: [c] bool, the slots that do part of their work; None: none.
     """
 
     data: FederatedData
@@ -123,6 +164,18 @@ class CohortBatch:
     inputs: Any
     active: jax.Array
     real: jax.Array
+    ids: jax.Array
+    straggles: jax.Array | None = None
+
+    def work(self) -> dict:
+        """What a `ClientTraining` needs of the slots beyond their data and keys:
+        `training.update_clients(model, params, batch.data, batch.keys, **batch.work())`."""
+        return {"ids": self.ids, "straggles": self.straggles}
+
+    def slot_work(self) -> dict:
+        """The same per slot (leaves [c]), for a round that vmaps `training.update` itself:
+        `jax.vmap(lambda ..., work: training.update(..., **work))(..., batch.slot_work())`."""
+        return {"client_id": self.ids, "straggles": self.straggles}
 
 
 def cohort_sums(client_step, data: ClientSource, cohort: Cohort, *, inputs=()):
@@ -148,21 +201,28 @@ def cohort_sums(client_step, data: ClientSource, cohort: Cohort, *, inputs=()):
       (sums, outputs with leaves [s, ...]).
     """
 
+    def reporting(active, reports):
+        return active if reports is None else active & reports
+
     def whole_cohort():
         members = unchunked(take(cohort, data))
-        return client_step(CohortBatch(members, cohort.keys, inputs, members.active(),
-                                       jnp.ones((cohort.size,), bool)))
+        return client_step(CohortBatch(members, cohort.keys, inputs,
+                                       reporting(members.active(), cohort.reports),
+                                       jnp.ones((cohort.size,), bool), cohort.ids,
+                                       cohort.straggles))
 
     client_chunk = plan_of(data).client_chunk
     if client_chunk is None:
         return whole_cohort()
 
     def add_chunk(acc, part, valid):
-        data_c, ids_c, keys_c, inputs_c = part
+        data_c, ids_c, keys_c, inputs_c, reports_c, straggles_c = part
         if data_c is None:  # a sampled cohort gathers its rows by id
             data_c = data.take(ids_c)
         data_c = unchunked(data_c)
-        batch = CohortBatch(data_c, keys_c, inputs_c, valid & data_c.active(), valid)
+        batch = CohortBatch(data_c, keys_c, inputs_c, reporting(valid & data_c.active(),
+                                                                reports_c), valid, ids_c,
+                            straggles_c)
         sums, out = client_step(batch)
         return optax.tree.add(acc, sums), out
 
@@ -170,5 +230,6 @@ def cohort_sums(client_step, data: ClientSource, cohort: Cohort, *, inputs=()):
     zero = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), jax.eval_shape(whole_cohort)[0])
     # With everyone taking part the chunks slice `data` itself, so on a device
     # mesh each chunk reads its rows where they live.
-    slots = (data if cohort.everyone else None, cohort.ids, cohort.keys, inputs)
+    slots = (data if cohort.everyone else None, cohort.ids, cohort.keys, inputs,
+             cohort.reports, cohort.straggles)
     return scan_client_chunks(add_chunk, zero, slots, client_chunk)

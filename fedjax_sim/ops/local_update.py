@@ -171,7 +171,16 @@ def _input_span_applies(model, optimizer, params, x, batch_size, num_steps,
     return input_span_pays(n_max, batch, math.prod(x.shape[1:]), h, num_steps)
 
 
-def _input_span_steps(model, optimizer, params, x, y, num_examples, batches, num_steps):
+def _step_if(t, active_steps, stepped, held):
+    """`stepped` where step t is one of the client's first `active_steps`, else `held`."""
+    if active_steps is None:
+        return stepped
+    go = t < active_steps
+    return jax.tree.map(lambda a, b: jnp.where(go, a, b), stepped, held)
+
+
+def _input_span_steps(model, optimizer, params, x, y, num_examples, batches, num_steps,
+                      active_steps=None):
     """`client_update`'s steps with the dense input layer kept as W₀ + Xᵀ C.
 
     A step's kernel gradient is X_bᵀ g_z (g_z: the loss's gradient at the
@@ -199,8 +208,9 @@ def _input_span_steps(model, optimizer, params, x, y, num_examples, batches, num
         losses = model.example_loss(spec.rest(r, z), yb)
         return jnp.sum(mb * losses) / jnp.maximum(jnp.sum(mb), 1.0)
 
-    def step(carry, batch):
+    def step(carry, inputs):
         coef, r, opt_state = carry
+        t, batch = inputs
         if batch is None:
             z = through + gram @ coef
             yb, mb = y, (jnp.arange(n_max) < num_examples).astype(jnp.float32)
@@ -210,12 +220,13 @@ def _input_span_steps(model, optimizer, params, x, y, num_examples, batches, num
             yb, mb = y[idx], bmask.astype(jnp.float32)
         loss, (g_z, g_rest) = jax.value_and_grad(loss_fn, argnums=(0, 1))(z, r, yb, mb)
         g_coef = g_z if batch is None else jnp.zeros_like(coef).at[batch[0]].add(g_z)
-        updates, opt_state = optimizer.update((g_coef, g_rest), opt_state, (coef, r))
-        coef, r = optax.apply_updates((coef, r), updates)
-        return (coef, r, opt_state), loss
+        updates, new_state = optimizer.update((g_coef, g_rest), opt_state, (coef, r))
+        stepped = (*optax.apply_updates((coef, r), updates), new_state)
+        return _step_if(t, active_steps, stepped, (coef, r, opt_state)), loss
 
     carry = (coef, rest, optimizer.init((coef, rest)))
-    (coef, rest, _), losses = jax.lax.scan(step, carry, batches, length=num_steps)
+    (coef, rest, _), losses = jax.lax.scan(step, carry, (jnp.arange(num_steps), batches),
+                                           length=num_steps)
     return spec.with_kernel(rest, kernel + rows.T @ coef), None, losses
 
 
@@ -235,6 +246,7 @@ def client_update(
     direction=None,
     keep_first_grad: bool = False,
     sampling: str = "with_replacement",
+    active_steps=None,
 ):
     """Runs num_steps optimizer steps on one client, from `params`.
 
@@ -261,6 +273,10 @@ def client_update(
         in the next batch before others were seen); "epochs": the steps go
         through the rows in epochs, each a fresh permutation (`epoch_batches`,
         the "E local epochs of batch b" of a protocol: ⌈n / b⌉ steps an epoch).
+      active_steps: optional traced int τ_i in [0, num_steps]: the client steps
+        only that many times (`ops.work`); the remaining iterations of the scan
+        carry its params and optimizer state unchanged (their losses are those of
+        the params reached). None: all num_steps.
 
     The input layer in the span of the rows: when the model declares a dense
     input layer (`Model.dense_input`), the optimizer is declared linear
@@ -299,7 +315,7 @@ def client_update(
                        and not keep_first_grad)
     if _input_span_applies(model, optimizer, params, x, batch_size, num_steps, plain_step_only):
         return _input_span_steps(model, optimizer, params, x, y, num_examples, batches,
-                                 num_steps)
+                                 num_steps, active_steps)
 
     def advance(carry, inputs):
         """One step: (carry, (its loss, its gradient before `direction`))."""
@@ -316,8 +332,9 @@ def client_update(
             xb = model.augment(jax.random.fold_in(k, AUGMENT_STREAM), xb)
         loss, grads = jax.value_and_grad(loss_fn)(p, xb, yb, mb, kl)
         along = grads if direction is None else direction(grads)
-        updates, opt_state = optimizer.update(along, opt_state, p)
-        p = optax.apply_updates(p, updates)
+        updates, new_state = optimizer.update(along, opt_state, p)
+        p, opt_state = _step_if(t, active_steps, (optax.apply_updates(p, updates), new_state),
+                                (p, opt_state))
         if snapshot_step is not None:
             snap = jax.tree.map(lambda s, q: jnp.where(t + 1 == snapshot_step, q, s), snap, p)
         return (p, opt_state, snap), (loss, grads)
@@ -356,6 +373,7 @@ def local_update(
     snapshot_step=None,
     batch_loss=None,
     sampling: str = "with_replacement",
+    active_steps=None,
 ):
     """`client_update` on every client of `data`, each from its own params.
 
@@ -367,6 +385,7 @@ def local_update(
       params: pytree, leaves [m, ...] (client i starts from params[i]).
       data: FederatedData with m clients.
       keys: [m] PRNG keys, one per client.
+      active_steps: None, or [m] int32: each client's τ_i (`client_update`).
       (the rest as in `client_update`; snapshot_step is shared by all clients)
 
     Returns:
@@ -382,9 +401,16 @@ def local_update(
         batch_loss=batch_loss,
         sampling=sampling,
     )
+    if active_steps is None:
+        return map_client_chunks(
+            lambda part: jax.vmap(one)(*part),
+            (params, data.x, data.y, data.num_examples, keys),
+            plan_of(data).client_chunk,
+        )
     return map_client_chunks(
-        lambda part: jax.vmap(one)(*part),
-        (params, data.x, data.y, data.num_examples, keys),
+        lambda part: jax.vmap(lambda p, x, y, n, k, a: one(p, x, y, n, k, active_steps=a))(
+            *part),
+        (params, data.x, data.y, data.num_examples, keys, active_steps),
         plan_of(data).client_chunk,
     )
 

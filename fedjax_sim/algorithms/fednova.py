@@ -1,0 +1,171 @@
+"""FedNova: FedAvg with each client's update normalised by its own amount of local work.
+
+Jianyu Wang, Qinghua Liu, Hao Liang, Gauri Joshi, H. Vincent Poor. "Tackling
+the Objective Inconsistency Problem in Heterogeneous Federated
+Optimization". NeurIPS 2020, arXiv:2007.07481.
+
+With heterogeneous local steps τ_i, FedAvg's average Σ p_i Δ_i weighs client
+i by how much it computed, and converges to the optimum of a surrogate
+objective (clients weighted ∝ p_i τ_i), not of F = Σ p_i F_i. FedNova divides
+each client's cumulative update by the ℓ₁ norm of its aggregation vector a_i
+(the coefficients of its local gradients in Δ_i) and rescales the average by
+τ_eff (the paper's Eq. 6–7):
+
+    S    ← a cohort; p_i ∝ n_i (weighting="examples") or 1, normalised over S
+    each i ∈ S:  y_i ← τ_i local steps from x        (SGD, momentum ρ, proximal μ)
+                 d_i ← (x − y_i) / ‖a_i‖₁
+    τ_eff ← Σ_{i∈S} p_i ‖a_i‖₁
+    x    ← x − τ_eff Σ_{i∈S} p_i d_i
+
+‖a_i‖₁ for the local solvers of the paper's Appendix (η the client step):
+
+    SGD                  τ_i
+    momentum SGD ρ       [τ_i − ρ (1 − ρ^τ_i) / (1 − ρ)] / (1 − ρ)
+    proximal μ (FedProx) [1 − (1 − ημ)^τ_i] / (ημ)
+
+With equal τ_i every ‖a_i‖₁ is equal, τ_eff = ‖a‖₁ and FedNova is FedAvg.
+
+Choices [I]:
+- τ_i is the client's own steps this round (`ClientTraining.work`, and a
+  straggler's share under `Systems`): the same draws its local steps used.
+- The client optimizer is the paper's: plain SGD at `training.learning_rate`,
+  with momentum ρ (a fresh buffer every round) and/or the proximal term μ;
+  momentum and proximal together are refused (the paper gives no ‖a‖₁ for it).
+- A client without data, or with τ_i = 0, adds nothing and weighs 0 in p and
+  τ_eff; a round in which nobody contributes keeps x.
+- The paper's default weighting is by examples (p_i = n_i / n).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import optax
+
+from fedjax_sim.algorithms.base import (
+    Algorithm,
+    broadcast_to_clients,
+    check_inputs,
+    check_participation,
+    check_weighting,
+    client_weights,
+    draw_cohort,
+    mean_over,
+)
+from fedjax_sim.algorithms.fedavg import FedAvgState, evaluate_shared
+from fedjax_sim.algorithms.fedprox import proximal_term
+from fedjax_sim.algorithms.training import (
+    ClientTraining,
+    check_learning_rate,
+    check_training,
+    sgd_rate,
+)
+from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.models.core import Model
+from fedjax_sim.ops import cohort_sums, weighted_sum
+
+
+def work_norm(steps, *, learning_rate=0.0, momentum=0.0, mu=0.0):
+    """‖a_i‖₁ of τ_i = `steps` local steps (float32, elementwise over `steps`)."""
+    tau = jnp.asarray(steps, jnp.float32)
+    if momentum:
+        rho = momentum
+        return (tau - rho * (1.0 - rho**tau) / (1.0 - rho)) / (1.0 - rho)
+    if isinstance(mu, int | float) and mu == 0:
+        return tau
+    decay = learning_rate * mu
+    # [1 − (1 − ημ)^τ] / (ημ), → τ as ημ → 0
+    return jnp.where(decay > 0, (1.0 - (1.0 - decay) ** tau) / jnp.maximum(decay, 1e-30), tau)
+
+
+def fednova(model: Model, training: ClientTraining, *, momentum: float = 0.0, mu=0.0,
+            participation: float = 1.0, weighting: str = "examples") -> Algorithm:
+    """Builds FedNova (normalised averaging).
+
+    Args:
+      model: the shared model.
+      training: how each client trains: `sgd(lr, steps=, batch_size=, work=)`;
+        its `work` (or stragglers) gives the clients their different τ_i.
+      momentum: ρ in [0, 1), the client's momentum (a fresh buffer every round).
+      mu: μ >= 0, a proximal term μ/2 ‖y − x‖² in every local step (FedNova over
+        FedProx's solver); may be traced.
+      participation: fraction of clients per round, uniform without replacement.
+      weighting: "examples" (p_i ∝ n_i, the paper's) or "uniform".
+
+    Returns:
+      Algorithm(init, round, evaluate) with state FedAvgState.
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import fednova, sgd
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> from fedjax_sim.ops.work import Work
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> training = sgd(0.05, steps=8, work=Work(low=1))  # τ_i uniform on 1..8, per client
+      >>> alg = fednova(linear_regression(3), training)
+      >>> state = alg.init(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> sorted(metrics)
+      ['cohort_loss', 'tau_eff']
+
+    References:
+      Jianyu Wang, Qinghua Liu, Hao Liang, Gauri Joshi, H. Vincent Poor, "Tackling the
+      Objective Inconsistency Problem in Heterogeneous Federated Optimization",
+      NeurIPS 2020, https://arxiv.org/abs/2007.07481.
+    """
+    check_training("fednova", training)
+    lr = sgd_rate(training, "fednova", "‖a_i‖₁ is that of plain SGD's steps")
+    check_participation(participation)
+    check_weighting(weighting)
+    if not (isinstance(momentum, int | float) and 0.0 <= momentum < 1.0):
+        raise ValueError(f"fednova's momentum must be a number in [0, 1); got {momentum!r}.")
+    check_learning_rate("fednova's mu", mu)
+    if momentum and not (isinstance(mu, int | float) and mu == 0):
+        raise ValueError("fednova takes momentum or mu, not both (the paper gives ‖a_i‖₁ "
+                         "for each alone).")
+    if momentum:
+        local = training.replace(optimizer=optax.sgd(lr, momentum=momentum))
+    elif isinstance(mu, int | float) and mu == 0:
+        local = training
+    else:
+        local = training.replace(optimizer=optax.chain(proximal_term(mu), optax.sgd(lr)))
+
+    def init(key, data: FederatedData) -> FedAvgState:
+        params = model.init(key)
+        check_inputs(model, params, data)
+        return FedAvgState(params, jnp.zeros((), jnp.int32))
+
+    def round_(state: FedAvgState, data: FederatedData, key):
+        cohort = draw_cohort(key, data, participation)
+
+        def client_step(batch):
+            start = broadcast_to_clients(state.params, batch.keys.shape[0])
+            trained, _, losses = local.update_clients(model, start, batch.data, batch.keys,
+                                                      **batch.work())
+            tau = local.steps_taken(batch.data, batch.keys, **batch.work())
+            norm = work_norm(tau, learning_rate=lr, momentum=momentum, mu=mu)  # ‖a_i‖₁
+            p = client_weights(batch.active, batch.data.num_examples, weighting)
+            p = jnp.where(tau > 0, p, 0.0)
+            delta = optax.tree.sub(start, trained)  # x − y_i
+            scale = p / jnp.maximum(norm, 1e-30)  # p_i / ‖a_i‖₁ (unnormalised p)
+            sums = (weighted_sum(delta, scale), jnp.sum(p * norm), jnp.sum(p))
+            return sums, (losses[:, 0], batch.active)
+
+        (d_total, pa_total, p_total), (first_losses, active) = cohort_sums(
+            client_step, data, cohort)
+        # x ← x − τ_eff Σ p_i d_i, with p normalised over the contributors:
+        # τ_eff = Σ p_i ‖a_i‖₁ / Σ p_i and Σ p_i d_i = d_total / Σ p_i.
+        some = p_total > 0
+        total = jnp.maximum(p_total, 1e-30)
+        tau_eff = pa_total / total
+        params = optax.tree.where(
+            some, optax.tree.add_scale(state.params, -tau_eff / total, d_total), state.params)
+        metrics = {"cohort_loss": mean_over(first_losses, active),
+                   "tau_eff": jnp.where(some, tau_eff, 0.0)}
+        return state._replace(params=params, round=state.round + 1), metrics
+
+    def evaluate(state: FedAvgState, data: FederatedData) -> dict:
+        return evaluate_shared(model, state.params, data)
+
+    return Algorithm(init, round_, evaluate)
+

@@ -1,0 +1,150 @@
+"""How many local steps each client takes in a round, and the per-slot draws of `Systems`.
+
+A client's local steps are one `lax.scan` of `steps` (static) iterations; a
+client whose own work τ_i is smaller stops stepping at τ_i (its params and
+optimizer state are carried unchanged through the remaining iterations). So
+per-client work costs no Python loop and no extra program per distinct τ_i,
+and a round costs about what a uniform round of `steps` steps costs.
+
+Every draw here comes from a key the round already has, on its own stream:
+
+- a slot's key (`Cohort.keys`) folded with `WORK_STREAM` (τ_i redrawn every
+  round), `STRAGGLE_STREAM` (whether it straggles), `STRAGGLE_WORK_STREAM`
+  (how much of its work a straggler does), `REPORT_STREAM` (dropout);
+- `PRNGKey(work.seed)` folded with the client's id: τ_i drawn once per
+  client, the same every round, for every method of a comparison.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+WORK_STREAM = 3
+STRAGGLE_STREAM = 4
+STRAGGLE_WORK_STREAM = 5
+REPORT_STREAM = 6
+AVAILABILITY_STREAM = 7
+
+
+@dataclass(frozen=True)
+class Work:
+    """τ_i, the local steps of client i in a round, at most `ClientTraining.steps`.
+
+    Exactly one of three forms (or none of them: every client takes all the steps):
+
+    - `low`: τ_i uniform on {low, ..., steps}, drawn once per client from its id
+      and `seed` (a client's speed), or afresh every round with `per_round`;
+    - `per_client`: τ_i read from a table with one entry per client (length m);
+    - `epochs`: τ_i = ⌈epochs · n_i / b⌉, the steps of `epochs` passes over the
+      client's n_i rows in batches of b (FedNova's heterogeneous τ_i; b is the
+      batch size, or n_i for full-batch steps), capped at `steps`.
+
+    Examples:
+      >>> from fedjax_sim.ops.work import Work
+      >>> Work(low=1).uniform, Work().uniform
+      (False, True)
+      >>> Work(low=2, per_client=(1, 2))
+      Traceback (most recent call last):
+      ...
+      ValueError: Work takes one of low, per_client or epochs; got low and per_client.
+    """
+
+    low: int | None = None
+    per_round: bool = False
+    per_client: tuple[int, ...] | None = None
+    epochs: float | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        given = [n for n in ("low", "per_client", "epochs") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"Work takes one of low, per_client or epochs; got "
+                             f"{' and '.join(given)}.")
+        if self.low is not None and (not isinstance(self.low, int) or isinstance(self.low, bool)
+                                     or self.low < 0):
+            raise ValueError(f"Work low (the fewest local steps) must be an integer >= 0; "
+                             f"got {self.low!r}.")
+        if self.per_client is not None:
+            table = tuple(self.per_client)
+            if not table or any(not isinstance(t, int) or isinstance(t, bool) or t < 0
+                                for t in table):
+                raise ValueError("Work per_client must be a non-empty sequence of integers "
+                                 f">= 0 (local steps, one per client); got {self.per_client!r}.")
+            object.__setattr__(self, "per_client", table)
+        if self.epochs is not None and not (isinstance(self.epochs, int | float)
+                                            and self.epochs > 0):
+            raise ValueError(f"Work epochs must be a number > 0; got {self.epochs!r}.")
+        if self.per_round and self.low is None:
+            raise ValueError("Work per_round redraws τ_i uniform on {low, ..., steps} every "
+                             "round: give low too.")
+
+    @property
+    def uniform(self) -> bool:
+        """Every client takes all the steps (the scan needs no mask)."""
+        return self.low is None and self.per_client is None and self.epochs is None
+
+    def check(self, steps: int) -> None:
+        """ValueError unless this work fits `steps` local steps."""
+        if self.low is not None and self.low > steps:
+            raise ValueError(f"Work low={self.low} exceeds the local steps ({steps}).")
+        if self.per_client is not None and max(self.per_client) > steps:
+            raise ValueError(f"Work per_client holds {max(self.per_client)} local steps, more "
+                             f"than the training's steps ({steps}): raise steps to at least "
+                             "that (it is the scan's length).")
+
+    def needs_ids(self) -> bool:
+        return self.per_client is not None or (self.low is not None and not self.per_round)
+
+    def steps_of(self, key, client_id, num_examples, steps: int, batch_size: int | None):
+        """τ_i (int32 scalar) of one client: its slot `key`, its `client_id`."""
+        if self.uniform:
+            return jnp.asarray(steps, jnp.int32)
+        if self.epochs is not None:
+            n = num_examples.astype(jnp.float32)
+            b = n if batch_size is None else jnp.minimum(float(batch_size), n)
+            tau = jnp.ceil(self.epochs * n / jnp.maximum(b, 1.0))
+            return jnp.minimum(tau, steps).astype(jnp.int32)
+        if client_id is None:
+            raise ValueError("this Work draws τ_i per client, from its id, and the caller "
+                             "passed none (client_id=)")
+        if self.per_client is not None:
+            return jnp.asarray(self.per_client, jnp.int32)[client_id]
+        draw = (jax.random.fold_in(key, WORK_STREAM) if self.per_round
+                else jax.random.fold_in(jax.random.key(self.seed), client_id))
+        return jax.random.randint(draw, (), self.low, steps + 1, jnp.int32)
+
+
+UNIFORM_WORK = Work()
+
+
+def straggler_steps(key, tau):
+    """A straggler's steps: uniform on {1, ..., τ_i} (0 when τ_i = 0)."""
+    u = jax.random.uniform(jax.random.fold_in(key, STRAGGLE_WORK_STREAM))
+    return jnp.where(tau > 0, 1 + jnp.floor(u * tau).astype(jnp.int32), 0).clip(max=tau)
+
+
+def slot_flags(keys, systems):
+    """(straggles [s], reports [s]) of a cohort's slots under `systems`, from their keys."""
+    def one(k):
+        straggles = jax.random.uniform(jax.random.fold_in(k, STRAGGLE_STREAM)) < systems.stragglers
+        reports = jax.random.uniform(jax.random.fold_in(k, REPORT_STREAM)) >= systems.dropout
+        if systems.straggler_policy == "drop":
+            reports = reports & ~straggles
+        return straggles, reports
+
+    return jax.vmap(one)(keys)
+
+
+def available(key, num_clients: int, systems):
+    """[m] bool: which clients are available this round (`systems.availability`)."""
+    p = systems.availability
+    if isinstance(p, tuple):
+        if len(p) != num_clients:
+            raise ValueError(f"Systems availability holds {len(p)} probabilities for "
+                             f"{num_clients} clients: give one per client.")
+        p = jnp.asarray(p, jnp.float32)
+    u = jax.random.uniform(jax.random.fold_in(key, AVAILABILITY_STREAM), (num_clients,))
+    return u < p

@@ -1,0 +1,135 @@
+"""Systems heterogeneity: whether clients show up, report, or straggle, as masks of a round.
+
+Statistical heterogeneity lives in the data; *systems* heterogeneity is how
+the clients behave as machines. A `Systems` value says it, and rides on the
+client data as static pytree data (like the executor's `execution.Plan`), so
+that the one cohort path (`ops.sample_cohort`, `ops.cohort_sums`) applies it
+in every algorithm's round without any algorithm naming it. Attach it with
+`algorithms.with_systems(algorithm, systems)` (or `with_systems` here, on
+data). In a round:
+
+    A    ← {i : u_i < availability_i}          (u_i ~ U[0, 1), fresh each round)
+    S    ← the cohort, drawn among A only      (uniform without replacement, or ∝ weights)
+    each slot j ∈ S:
+         straggles_j ← v_j < stragglers         (it does part of its local work)
+         reports_j   ← w_j ≥ dropout            (it sends its update back)
+                       and not (straggles_j and straggler_policy = "drop")
+
+A slot that does not report, or whose client is unavailable (when fewer
+than |S| clients are available, the remaining slots are empty), gets weight
+0 in every sum of the round (`CohortBatch.active`), exactly as a client
+without data does; a straggler that is kept trains a uniformly drawn
+1, …, τ_i of its τ_i local steps (`ClientTraining`), and its partial update
+counts like any other.
+
+This module imports nothing from fedjax_sim: the data layer carries it
+without knowing what it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import jax
+
+POLICIES = ("keep", "drop")
+
+
+def _fraction(name: str, value, *, open_top: bool = False) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"Systems {name} must be a number in [0, 1]; got {value!r}.") from None
+    if not 0.0 <= number <= 1.0 or (open_top and number == 1.0):
+        allowed = "[0, 1)" if open_top else "[0, 1]"
+        raise ValueError(f"Systems {name} must be a number in {allowed}; got {value!r}.")
+    return number
+
+
+@dataclass(frozen=True)
+class Systems:
+    """How the clients behave as machines (hashable: part of jit's cache key).
+
+    Attributes:
+      availability: the probability that a client is available in a round: one
+        number for every client, or a tuple with one per client (length m).
+      dropout: the probability that a chosen client fails to report its update
+        after training, in [0, 1).
+      stragglers: the probability that a chosen client straggles in a round
+        (the expected fraction of the cohort), in [0, 1].
+      straggler_policy: "keep": a straggler's partial work (a uniform 1..τ_i of
+        its steps) is aggregated like any update (FedProx's rule); "drop": a
+        straggler's update is discarded (FedAvg's rule in the FedProx paper).
+
+    Examples:
+      >>> from fedjax_sim.systems import Systems
+      >>> Systems(availability=0.5, stragglers=0.9, straggler_policy="drop").trivial
+      False
+      >>> Systems().trivial
+      True
+      >>> Systems(dropout=1.0)
+      Traceback (most recent call last):
+      ...
+      ValueError: Systems dropout must be a number in [0, 1); got 1.0.
+    """
+
+    availability: float | tuple[float, ...] = 1.0
+    dropout: float = 0.0
+    stragglers: float = 0.0
+    straggler_policy: str = "keep"
+
+    def __post_init__(self):
+        if isinstance(self.availability, tuple | list):
+            values = tuple(_fraction("availability", a) for a in self.availability)
+            if not values:
+                raise ValueError("Systems availability per client must hold one "
+                                 "probability per client; got an empty tuple.")
+            object.__setattr__(self, "availability", values)
+        else:
+            object.__setattr__(self, "availability",
+                               _fraction("availability", self.availability))
+        object.__setattr__(self, "dropout", _fraction("dropout", self.dropout, open_top=True))
+        object.__setattr__(self, "stragglers", _fraction("stragglers", self.stragglers))
+        if self.straggler_policy not in POLICIES:
+            raise ValueError(f"Systems straggler_policy must be one of {', '.join(POLICIES)}; "
+                             f"got {self.straggler_policy!r}.")
+
+    @property
+    def always_available(self) -> bool:
+        return self.availability == 1.0
+
+    @property
+    def trivial(self) -> bool:
+        """Every client available, reporting, never straggling: the round as without it."""
+        return self.always_available and self.dropout == 0.0 and self.stragglers == 0.0
+
+    def replace(self, **changes) -> Systems:
+        return replace(self, **changes)
+
+
+NO_SYSTEMS = Systems()
+
+
+def _is_carrier(node) -> bool:
+    return hasattr(node, "systems") and hasattr(node, "with_systems")
+
+
+def systems_of(data) -> Systems:
+    """The Systems of a client source, or of the first one in a pytree (NO_SYSTEMS if none)."""
+    if _is_carrier(data):
+        return data.systems
+    for node in jax.tree.leaves(data, is_leaf=_is_carrier):
+        if _is_carrier(node):
+            return node.systems
+    return NO_SYSTEMS
+
+
+def with_systems(data, systems: Systems):
+    """`data` (a client source, or a pytree holding them) with every client source's
+    systems set to `systems`; other nodes as they are."""
+    if not isinstance(systems, Systems):
+        raise ValueError(f"systems must be a fedjax_sim.systems.Systems; got {systems!r}.")
+    if _is_carrier(data):
+        return data.with_systems(systems)
+    return jax.tree.map(lambda n: n.with_systems(systems) if _is_carrier(n) else n, data,
+                        is_leaf=_is_carrier)

@@ -1,0 +1,437 @@
+"""Heterogeneous systems: per-client local work, stragglers, availability, dropout, FedNova.
+
+Each vectorized round is checked against a float64 per-client loop written here from
+the papers: client i takes exactly τ_i full-batch gradient steps, and the server
+averages what arrived. The loops take the round's random draws (which clients, which
+τ_i, who straggles or reports) from the cohort op, whose sampling is tested on its own
+below; the maths is the loop's.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import numpy as np
+import pytest
+
+from fedjax_sim.algorithms import (
+    Work,
+    fedavg,
+    fednova,
+    fedprox,
+    ifca,
+    local_models,
+    scaffold,
+    sgd,
+    with_systems,
+)
+from fedjax_sim.algorithms.base import cohort_size
+from fedjax_sim.algorithms.fednova import work_norm
+from fedjax_sim.execution import planned
+from fedjax_sim.ops import client_update, sample_cohort
+from fedjax_sim.ops.work import available, straggler_steps
+from fedjax_sim.systems import Systems
+
+RTOL, ATOL = 1e-4, 1e-5
+LR, STEPS = 0.05, 4
+
+
+def _np(data):
+    return np.asarray(data.x), np.asarray(data.y), np.asarray(data.num_examples)
+
+
+def _table(m):
+    """τ_i per client: every value 0..STEPS, a client with none among them."""
+    return tuple(int(t) for t in np.arange(m) % (STEPS + 1))
+
+
+def _gd(ref, theta, x, y, n, steps, extra=lambda th: 0.0):
+    theta = np.asarray(theta, np.float64).copy()
+    for _ in range(int(steps)):
+        theta = theta - LR * (ref.grad(theta, x, y, n) + extra(theta))
+    return theta
+
+
+def _mean(values, weights, fallback):
+    total = sum(weights)
+    return fallback if total == 0 else sum(w * v for w, v in zip(weights, values)) / total
+
+
+def _slots(key, m, participation, systems=Systems()):
+    """The round's slots as the cohort op draws them: (ids, slot keys, reports, straggles)."""
+    c = sample_cohort(key, m, cohort_size(m, participation), systems=systems)
+    s = c.ids.shape[0]
+    reports = np.ones(s, bool) if c.reports is None else np.asarray(c.reports)
+    straggles = np.zeros(s, bool) if c.straggles is None else np.asarray(c.straggles)
+    return np.asarray(c.ids).tolist(), c.keys, reports, straggles
+
+
+def _steps(table, keys, straggles):
+    """τ of each slot: the table's, or a straggler's uniform 1..τ_i."""
+    return [int(straggler_steps(k, t)) if f else t
+            for t, k, f in zip(table, keys, straggles)]
+
+
+# --------------------------------------------------------------------------- per-client work
+
+
+@pytest.mark.parametrize("participation,weighting", [(1.0, "uniform"), (0.6, "examples")])
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedprox"])
+def test_per_client_work_rounds_equal_loop(ragged, linear_model, ref, participation,
+                                           weighting, algorithm):
+    """Client i takes exactly τ_i of the 4 steps (one takes none: it sends w back)."""
+    m = ragged.num_clients
+    table = _table(m)
+    training = sgd(LR, steps=STEPS, work=Work(per_client=table))
+    mu = 0.5 if algorithm == "fedprox" else 0.0
+    kw = dict(participation=participation, weighting=weighting)
+    alg = (fedprox(linear_model, training, mu=mu, **kw) if algorithm == "fedprox"
+           else fedavg(linear_model, training, **kw))
+    state = alg.init(jax.random.key(0), ragged)
+    x, y, n = _np(ragged)
+    w = np.asarray(state.params, np.float64)
+    for key in jax.random.split(jax.random.key(1), 3):
+        state, _ = jax.jit(alg.round)(state, ragged, key)
+        ids, *_ = _slots(key, m, participation)
+        trained = [_gd(ref, w, x[i], y[i], n[i], table[i],
+                       extra=lambda th, w_t=w: mu * (th - w_t)) for i in ids]
+        weights = [float(n[i] > 0) * (n[i] if weighting == "examples" else 1.0) for i in ids]
+        w = _mean(trained, weights, w)
+        np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
+
+
+def test_per_client_work_scaffold_uses_each_clients_steps(ragged, linear_model, ref):
+    """Option II with K_i: c_i⁺ = c_i − c + (x − y_i)/(K_i η); a client with K_i = 0 keeps c_i."""
+    m = ragged.num_clients
+    table = _table(m)
+    alg = scaffold(linear_model, sgd(LR, steps=STEPS, work=Work(per_client=table)))
+    state = alg.init(jax.random.key(0), ragged)
+    x, y, n = _np(ragged)
+    holding = [i for i in range(m) if n[i] > 0]
+    xs = np.asarray(state.params, np.float64)
+    c, ci = np.zeros_like(xs), np.zeros((m, xs.size))
+    for key in jax.random.split(jax.random.key(1), 3):
+        state, _ = jax.jit(alg.round)(state, ragged, key)
+        new_ci, dys, dcs = ci.copy(), [], []
+        for i in holding:
+            yi = _gd(ref, xs, x[i], y[i], n[i], table[i], extra=lambda th, i=i: c - ci[i])
+            if table[i] > 0:
+                new_ci[i] = ci[i] - c + (xs - yi) / (table[i] * LR)
+            dys.append(yi - xs)
+            dcs.append(new_ci[i] - ci[i])
+        xs = xs + np.mean(dys, axis=0)
+        c = c + np.mean(dcs, axis=0)
+        ci = new_ci
+        np.testing.assert_allclose(state.params, xs, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(state.client_controls, ci, rtol=RTOL, atol=ATOL)
+
+
+def test_per_client_work_local_models(ragged, linear_model, ref):
+    table = _table(ragged.num_clients)
+    alg = local_models(linear_model, sgd(LR, steps=STEPS, work=Work(per_client=table)))
+    state = alg.init(jax.random.key(0), ragged)
+    start = np.asarray(state.params, np.float64)
+    state, _ = jax.jit(alg.round)(state, ragged, jax.random.key(1))
+    x, y, n = _np(ragged)
+    for i, tau in enumerate(table):
+        np.testing.assert_allclose(state.params[i], _gd(ref, start[i], x[i], y[i], n[i], tau),
+                                   rtol=RTOL, atol=ATOL)
+
+
+def test_per_client_work_ifca_model_averaging(ragged, linear_model, ref):
+    """IFCA option II: each client picks its lowest-loss model, takes τ_i steps, and the
+    cluster models become their members' means."""
+    m, k = ragged.num_clients, 2
+    table = _table(m)
+    alg = ifca(linear_model, sgd(LR, steps=STEPS, work=Work(per_client=table)), num_clusters=k,
+               option="model")
+    state = alg.init(jax.random.key(0), ragged)
+    x, y, n = _np(ragged)
+    models = np.asarray(state.cluster_params, np.float64)
+    for key in jax.random.split(jax.random.key(1), 2):
+        state, _ = jax.jit(alg.round)(state, ragged, key)
+        members = {j: [] for j in range(k)}
+        for i in range(m):
+            if n[i] == 0:
+                continue
+            j = int(np.argmin([ref.loss(models[j], x[i], y[i], n[i]) for j in range(k)]))
+            members[j].append(_gd(ref, models[j], x[i], y[i], n[i], table[i]))
+        models = np.stack([np.mean(members[j], axis=0) if members[j] else models[j]
+                           for j in range(k)])
+        np.testing.assert_allclose(state.cluster_params, models, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("batch_size,sampling", [(2, "with_replacement"), (2, "epochs"),
+                                                 (None, "with_replacement")])
+def test_masked_steps_are_the_first_steps_of_the_full_scan(ragged, linear_model, batch_size,
+                                                            sampling):
+    """τ_i masked steps of a `steps`-long scan are exactly its first τ_i steps (the same
+    minibatches): the params after them equal the full scan's snapshot at τ_i."""
+    training = sgd(LR, steps=STEPS, batch_size=batch_size, sampling=sampling)
+    params = linear_model.init(jax.random.key(0))
+    x, y, n = ragged.x[3], ragged.y[3], ragged.num_examples[3]
+    key = jax.random.key(5)
+    for tau in range(STEPS + 1):
+        masked, _, _ = client_update(linear_model, training.optimizer, params, x, y, n, key,
+                                     num_steps=STEPS, batch_size=batch_size, sampling=sampling,
+                                     active_steps=tau)
+        _, snap, _ = client_update(linear_model, training.optimizer, params, x, y, n, key,
+                                   num_steps=STEPS, batch_size=batch_size, sampling=sampling,
+                                   snapshot_step=tau)
+        chex.assert_trees_all_close(masked, snap, rtol=1e-6, atol=1e-7)
+
+
+def test_work_drawn_once_per_client_or_every_round():
+    once = sgd(LR, steps=8, work=Work(low=1, seed=3))
+    fresh = sgd(LR, steps=8, work=Work(low=1, per_round=True))
+    ids = jax.numpy.arange(64)
+    counts = jax.numpy.full((64,), 10)
+
+    def taus(training, round_key):
+        keys = jax.vmap(lambda i: jax.random.fold_in(round_key, i))(ids)
+        data = type("D", (), {"num_examples": counts})()
+        return np.asarray(training.steps_taken(data, keys, ids=ids))
+
+    a, b = taus(once, jax.random.key(1)), taus(once, jax.random.key(2))
+    np.testing.assert_array_equal(a, b)  # a client's speed, the same every round
+    assert set(a.tolist()) <= set(range(1, 9)) and len(set(a.tolist())) >= 6
+    c, d = taus(fresh, jax.random.key(1)), taus(fresh, jax.random.key(2))
+    assert (c != d).mean() > 0.5 and set(c.tolist()) <= set(range(1, 9))
+
+
+def test_epochs_work_counts_each_clients_batches(ragged, linear_model):
+    training = sgd(LR, steps=6, batch_size=2, work=Work(epochs=1))
+    n = np.asarray(ragged.num_examples)
+    keys = jax.random.split(jax.random.key(0), ragged.num_clients)
+    got = np.asarray(training.steps_taken(ragged, keys))
+    np.testing.assert_array_equal(got, np.minimum(np.ceil(n / 2), 6).astype(int))
+
+
+# --------------------------------------------------------------------------- systems
+
+
+def test_cohort_among_available_clients_and_flag_rates():
+    """Over many rounds: unavailable clients never report, availability, dropout and
+    straggling happen at their rates, and a partial cohort is drawn among the available."""
+    m, systems = 40, Systems(availability=0.6, dropout=0.25, stragglers=0.3)
+    seen, reported, straggled, slots = 0, 0, 0, 0
+    for r in range(200):
+        key = jax.random.key(r)
+        here = np.asarray(available(jax.random.split(key)[0], m, systems))
+        seen += here.sum()
+        ids, _, reports, straggles = _slots(key, m, 0.25, systems)
+        assert all(here[i] for i, rep in zip(ids, reports) if rep)
+        assert len(set(ids)) == len(ids)
+        # Ten slots among ≈ 24 available clients: every slot is an available client.
+        if here.sum() >= len(ids):
+            assert all(here[i] for i in ids)
+        reported += reports.sum()
+        straggled += straggles.sum()
+        slots += len(ids)
+    assert abs(seen / (200 * m) - 0.6) < 0.03
+    assert abs(straggled / slots - 0.3) < 0.04
+    assert abs(reported / slots - 0.75) < 0.04  # available slots x (1 − dropout)
+
+
+def test_per_client_availability_and_everyone_taking_part():
+    m = 6
+    systems = Systems(availability=(1.0, 0.0, 1.0, 0.0, 0.5, 1.0))
+    for r in range(20):
+        ids, _, reports, _ = _slots(jax.random.key(r), m, 1.0, systems)
+        assert ids == list(range(m))
+        assert reports[0] and reports[2] and reports[5] and not reports[1] and not reports[3]
+
+
+@pytest.mark.parametrize("policy", ["keep", "drop"])
+@pytest.mark.parametrize("participation", [1.0, 0.6])
+def test_fedavg_under_systems_equals_loop(ragged, linear_model, ref, policy, participation):
+    """Only reporting clients are averaged; a kept straggler's partial update counts, a
+    dropped one's does not; unavailable and dropped-out clients add nothing."""
+    m = ragged.num_clients
+    table = _table(m)
+    systems = Systems(availability=0.8, dropout=0.2, stragglers=0.5, straggler_policy=policy)
+    training = sgd(LR, steps=STEPS, work=Work(per_client=table))
+    alg = with_systems(fedavg(linear_model, training, participation=participation), systems)
+    state = alg.init(jax.random.key(0), ragged)
+    x, y, n = _np(ragged)
+    w = np.asarray(state.params, np.float64)
+    kept_partial = 0
+    for key in jax.random.split(jax.random.key(1), 6):
+        state, _ = jax.jit(alg.round)(state, ragged, key)
+        ids, keys, reports, straggles = _slots(key, m, participation, systems)
+        taus = _steps([table[i] for i in ids], keys, straggles)
+        trained = [_gd(ref, w, x[i], y[i], n[i], t) for i, t in zip(ids, taus)]
+        weights = [float(n[i] > 0 and rep) for i, rep in zip(ids, reports)]
+        kept_partial += sum(1 for f, rep, i in zip(straggles, reports, ids)
+                            if f and rep and table[i] > 1)
+        w = _mean(trained, weights, w)
+        np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
+    assert (kept_partial > 0) == (policy == "keep")
+
+
+def test_systems_rounds_chunked_equal_whole(ragged, linear_model):
+    systems = Systems(availability=0.7, dropout=0.2, stragglers=0.5)
+    training = sgd(LR, steps=STEPS, batch_size=2, work=Work(low=0, per_round=True))
+    alg = with_systems(fedavg(linear_model, training, participation=0.6), systems)
+    a, b = ragged, planned(ragged, client_chunk=2)
+    sa, sb = alg.init(jax.random.key(0), a), alg.init(jax.random.key(0), b)
+    for key in jax.random.split(jax.random.key(1), 3):
+        sa, _ = jax.jit(alg.round)(sa, a, key)
+        sb, _ = jax.jit(alg.round)(sb, b, key)
+    chex.assert_trees_all_close(sa.params, sb.params, rtol=1e-5, atol=1e-6)
+
+
+def test_trivial_systems_and_uniform_work_are_bit_for_bit_the_plain_round(ragged, linear_model):
+    training = sgd(LR, steps=STEPS, batch_size=2)
+    plain = fedavg(linear_model, training, participation=0.6)
+    wrapped = with_systems(fedavg(linear_model, training.replace(work=Work()),
+                                  participation=0.6), Systems())
+    sa, sb = plain.init(jax.random.key(0), ragged), wrapped.init(jax.random.key(0), ragged)
+    for key in jax.random.split(jax.random.key(1), 3):
+        sa, ma = jax.jit(plain.round)(sa, ragged, key)
+        sb, mb = jax.jit(wrapped.round)(sb, ragged, key)
+        chex.assert_trees_all_equal((sa, ma), (sb, mb))
+
+
+# --------------------------------------------------------------------------- FedNova
+
+
+@pytest.mark.parametrize("solver", [{}, {"momentum": 0.5}, {"mu": 0.5}])
+@pytest.mark.parametrize("participation", [1.0, 0.6])
+def test_fednova_rounds_equal_loop(ragged, linear_model, ref, solver, participation):
+    """d_i = (x − y_i)/‖a_i‖₁, τ_eff = Σ p_i ‖a_i‖₁, x ← x − τ_eff Σ p_i d_i (p_i ∝ n_i over
+    the contributors), ‖a_i‖₁ of the paper's Appendix for SGD, momentum and proximal steps."""
+    m = ragged.num_clients
+    table = _table(m)
+    rho, mu = solver.get("momentum", 0.0), solver.get("mu", 0.0)
+    alg = fednova(linear_model, sgd(LR, steps=STEPS, work=Work(per_client=table)),
+                  participation=participation, **solver)
+    state = alg.init(jax.random.key(0), ragged)
+    x, y, n = _np(ragged)
+    w = np.asarray(state.params, np.float64)
+
+    def local(i, tau):  # heavy-ball SGD / proximal SGD, float64
+        theta, buf = w.copy(), np.zeros_like(w)
+        for _ in range(tau):
+            g = ref.grad(theta, x[i], y[i], n[i]) + mu * (theta - w)
+            buf = rho * buf + g
+            theta = theta - LR * buf
+        return theta
+
+    def norm(tau):
+        if rho:
+            return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
+        if mu:
+            return (1 - (1 - LR * mu) ** tau) / (LR * mu)
+        return float(tau)
+
+    for key in jax.random.split(jax.random.key(1), 3):
+        state, metrics = jax.jit(alg.round)(state, ragged, key)
+        ids, *_ = _slots(key, m, participation)
+        parts = [i for i in ids if n[i] > 0 and table[i] > 0]
+        p = np.array([n[i] for i in parts], np.float64)
+        p = p / p.sum()
+        d = [(w - local(i, table[i])) / norm(table[i]) for i in parts]
+        tau_eff = sum(pi * norm(table[i]) for pi, i in zip(p, parts))
+        w = w - tau_eff * sum(pi * di for pi, di in zip(p, d))
+        np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(metrics["tau_eff"], tau_eff, rtol=1e-5)
+
+
+def test_work_norm_matches_its_sums():
+    """‖a‖₁ closed forms equal the sums of the aggregation vectors' entries."""
+    for tau in range(0, 7):
+        a_mom = [sum(0.5**j for j in range(t + 1)) for t in range(tau)]  # (1 − ρ^{t+1})/(1 − ρ)
+        a_prox = [(1 - 0.1 * 0.5) ** t for t in range(tau)]
+        np.testing.assert_allclose(work_norm(tau, momentum=0.5), sum(a_mom), rtol=1e-6)
+        np.testing.assert_allclose(work_norm(tau, learning_rate=0.1, mu=0.5), sum(a_prox),
+                                   rtol=1e-6, atol=1e-7)
+        assert float(work_norm(tau)) == tau
+
+
+def test_fednova_with_equal_work_is_fedavg(ragged, linear_model):
+    training = sgd(LR, steps=3, batch_size=2)
+    kw = dict(participation=0.6, weighting="examples")
+    a, b = fednova(linear_model, training, **kw), fedavg(linear_model, training, **kw)
+    sa, sb = a.init(jax.random.key(0), ragged), b.init(jax.random.key(0), ragged)
+    for key in jax.random.split(jax.random.key(1), 4):
+        sa, _ = jax.jit(a.round)(sa, ragged, key)
+        sb, _ = jax.jit(b.round)(sb, ragged, key)
+        np.testing.assert_allclose(sa.params, sb.params, rtol=1e-5, atol=1e-6)
+
+
+def test_fednova_reaches_the_true_optimum_fedavg_the_work_weighted_one(linear_model):
+    """Quadratic clients F_i(w) = mean (x·w − y)² with very different τ_i, full-batch GD:
+    FedAvg's fixed point is near argmin Σ p_i τ_i F_i (the surrogate the paper's Theorem 1
+    names), FedNova's near argmin Σ p_i F_i, the example-weighted objective."""
+    from conftest import make_ragged
+
+    sizes, clusters = (8, 8, 8, 8), (0, 1, 0, 1)
+    data = make_ragged(seed=3, sizes=sizes, clusters=clusters)
+    table = (1, 10, 1, 10)
+    training = sgd(0.01, steps=10, work=Work(per_client=table))
+    x, y, n = _np(data)
+    p = n / n.sum()
+
+    def argmin(weights):
+        a = sum(wi * x[i].T @ x[i] / n[i] for i, wi in enumerate(weights))
+        b = sum(wi * x[i].T @ y[i] / n[i] for i, wi in enumerate(weights))
+        return np.linalg.solve(a, b)
+
+    truth, surrogate = argmin(p), argmin(p * np.asarray(table))
+    finals = {}
+    for name, factory in (("fedavg", fedavg), ("fednova", fednova)):
+        alg = factory(linear_model, training, weighting="examples")
+        state = alg.init(jax.random.key(0), data)
+        step = jax.jit(alg.round)
+        for r in range(400):
+            state, _ = step(state, data, jax.random.key(r))
+        finals[name] = np.asarray(state.params, np.float64)
+    gap = np.linalg.norm(truth - surrogate)
+    assert gap > 0.1  # the two objectives are far apart here
+    assert np.linalg.norm(finals["fednova"] - truth) < 0.05 * gap
+    assert np.linalg.norm(finals["fedavg"] - surrogate) < 0.25 * gap
+    assert np.linalg.norm(finals["fedavg"] - truth) > 0.5 * gap
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"low": -1}, "low"), ({"low": 1, "per_client": (1,)}, "one of"),
+    ({"per_client": (1, -2)}, "per_client"), ({"epochs": 0}, "epochs"),
+    ({"per_round": True}, "give low"),
+])
+def test_work_rejects_bad_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Work(**kwargs)
+
+
+def test_work_larger_than_steps_is_refused():
+    with pytest.raises(ValueError, match="raise steps"):
+        sgd(0.1, steps=2, work=Work(per_client=(1, 3)))
+    with pytest.raises(ValueError, match="exceeds"):
+        sgd(0.1, steps=2, work=Work(low=3))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"availability": 1.5}, "availability"), ({"dropout": 1.0}, r"\[0, 1\)"),
+    ({"stragglers": -0.1}, "stragglers"), ({"straggler_policy": "wait"}, "keep, drop"),
+    ({"availability": ()}, "one probability per client"),
+])
+def test_systems_rejects_bad_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Systems(**kwargs)
+
+
+def test_fednova_rejects_bad_settings(linear_model):
+    import optax
+
+    from fedjax_sim.algorithms import ClientTraining
+
+    with pytest.raises(ValueError, match="plain SGD"):
+        fednova(linear_model, ClientTraining(optax.adam(0.1)))
+    with pytest.raises(ValueError, match="momentum"):
+        fednova(linear_model, sgd(0.1), momentum=1.0)
+    with pytest.raises(ValueError, match="not both"):
+        fednova(linear_model, sgd(0.1), momentum=0.5, mu=0.1)
