@@ -30,7 +30,7 @@ from fedjax_sim.algorithms.fednova import work_norm
 from fedjax_sim.execution import planned
 from fedjax_sim.ops import client_update, sample_cohort
 from fedjax_sim.ops.work import available, straggler_steps
-from fedjax_sim.systems import Systems
+from fedjax_sim.systems import NO_SYSTEMS, Systems
 
 RTOL, ATOL = 1e-4, 1e-5
 LR, STEPS = 0.05, 4
@@ -54,10 +54,12 @@ def _gd(ref, theta, x, y, n, steps, extra=lambda th: 0.0):
 
 def _mean(values, weights, fallback):
     total = sum(weights)
-    return fallback if total == 0 else sum(w * v for w, v in zip(weights, values)) / total
+    if total == 0:
+        return fallback
+    return sum(w * v for w, v in zip(weights, values, strict=True)) / total
 
 
-def _slots(key, m, participation, systems=Systems()):
+def _slots(key, m, participation, systems=NO_SYSTEMS):
     """The round's slots as the cohort op draws them: (ids, slot keys, reports, straggles)."""
     c = sample_cohort(key, m, cohort_size(m, participation), systems=systems)
     s = c.ids.shape[0]
@@ -69,7 +71,7 @@ def _slots(key, m, participation, systems=Systems()):
 def _steps(table, keys, straggles):
     """τ of each slot: the table's, or a straggler's uniform 1..τ_i."""
     return [int(straggler_steps(k, t)) if f else t
-            for t, k, f in zip(table, keys, straggles)]
+            for t, k, f in zip(table, keys, straggles, strict=True)]
 
 
 # --------------------------------------------------------------------------- per-client work
@@ -220,7 +222,7 @@ def test_cohort_among_available_clients_and_flag_rates():
         here = np.asarray(available(jax.random.split(key)[0], m, systems))
         seen += here.sum()
         ids, _, reports, straggles = _slots(key, m, 0.25, systems)
-        assert all(here[i] for i, rep in zip(ids, reports) if rep)
+        assert all(here[i] for i, rep in zip(ids, reports, strict=True) if rep)
         assert len(set(ids)) == len(ids)
         # Ten slots among ≈ 24 available clients: every slot is an available client.
         if here.sum() >= len(ids):
@@ -260,9 +262,9 @@ def test_fedavg_under_systems_equals_loop(ragged, linear_model, ref, policy, par
         state, _ = jax.jit(alg.round)(state, ragged, key)
         ids, keys, reports, straggles = _slots(key, m, participation, systems)
         taus = _steps([table[i] for i in ids], keys, straggles)
-        trained = [_gd(ref, w, x[i], y[i], n[i], t) for i, t in zip(ids, taus)]
-        weights = [float(n[i] > 0 and rep) for i, rep in zip(ids, reports)]
-        kept_partial += sum(1 for f, rep, i in zip(straggles, reports, ids)
+        trained = [_gd(ref, w, x[i], y[i], n[i], t) for i, t in zip(ids, taus, strict=True)]
+        weights = [float(n[i] > 0 and rep) for i, rep in zip(ids, reports, strict=True)]
+        kept_partial += sum(1 for f, rep, i in zip(straggles, reports, ids, strict=True)
                             if f and rep and table[i] > 1)
         w = _mean(trained, weights, w)
         np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
@@ -332,8 +334,8 @@ def test_fednova_rounds_equal_loop(ragged, linear_model, ref, solver, participat
         p = np.array([n[i] for i in parts], np.float64)
         p = p / p.sum()
         d = [(w - local(i, table[i])) / norm(table[i]) for i in parts]
-        tau_eff = sum(pi * norm(table[i]) for pi, i in zip(p, parts))
-        w = w - tau_eff * sum(pi * di for pi, di in zip(p, d))
+        tau_eff = sum(pi * norm(table[i]) for pi, i in zip(p, parts, strict=True))
+        w = w - tau_eff * sum(pi * di for pi, di in zip(p, d, strict=True))
         np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
         np.testing.assert_allclose(metrics["tau_eff"], tau_eff, rtol=1e-5)
 
