@@ -271,6 +271,41 @@ def test_fedavg_under_systems_equals_loop(ragged, linear_model, ref, policy, par
     assert (kept_partial > 0) == (policy == "keep")
 
 
+@pytest.mark.parametrize("name", ["fedavg", "ifca", "ditto", "scaffold", "hypcluster"])
+def test_participants_metric_and_per_client_state_of_non_reporting_clients(ragged, linear_model,
+                                                                         name):
+    """Under Systems a round reports how many slots held data and reported; a client that
+    did not report keeps its per-client state (assignment, personal model, control variate).
+    Without Systems the metric is absent."""
+    from fedjax_sim.algorithms import ditto, hypcluster
+
+    m = ragged.num_clients
+    training = sgd(LR, steps=2)
+    factory = {"fedavg": lambda: fedavg(linear_model, training),
+               "ifca": lambda: ifca(linear_model, training, num_clusters=2, option="model"),
+               "ditto": lambda: ditto(linear_model, training),
+               "scaffold": lambda: scaffold(linear_model, training),
+               "hypcluster": lambda: hypcluster(linear_model, training, num_clusters=2)}[name]
+    systems = Systems(dropout=0.5)
+    alg = with_systems(factory(), systems)
+    state = alg.init(jax.random.key(0), ragged)
+    per_client = {"ifca": "assignment", "ditto": "personal", "scaffold": "client_controls",
+                  "hypcluster": "assignment"}.get(name)
+    n = np.asarray(ragged.num_examples)
+    for key in jax.random.split(jax.random.key(1), 3):
+        before = None if per_client is None else np.asarray(getattr(state, per_client))
+        state, metrics = jax.jit(alg.round)(state, ragged, key)
+        _, _, reports, _ = _slots(key, m, 1.0, systems)
+        assert float(metrics["participants"]) == float(np.sum(reports & (n > 0)))
+        if per_client is not None:
+            after = np.asarray(getattr(state, per_client))
+            for i in np.flatnonzero(~reports):
+                np.testing.assert_array_equal(after[i], before[i])
+    _, plain = jax.jit(factory().round)(factory().init(jax.random.key(0), ragged), ragged,
+                                        jax.random.key(1))
+    assert "participants" not in plain
+
+
 def test_systems_rounds_chunked_equal_whole(ragged, linear_model):
     systems = Systems(availability=0.7, dropout=0.2, stragglers=0.5)
     training = sgd(LR, steps=STEPS, batch_size=2, work=Work(low=0, per_round=True))

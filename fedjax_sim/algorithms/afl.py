@@ -61,6 +61,7 @@ from fedjax_sim.algorithms.base import (
     check_participation,
     draw_cohort,
     mean_over,
+    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
@@ -164,6 +165,7 @@ def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
         lam_avg = running_mean(state.lam_avg, lam, state.round)
         metrics = {
             "cohort_loss": mean_over(losses, active),
+            **participants(data, active),
             "worst_client_loss": jnp.max(jnp.where(active, losses, 0.0)),
             "lambda_max": jnp.max(lam),
         }

@@ -132,6 +132,15 @@ def mean_over(values, weights):
     return total / jnp.maximum(weight, 1e-30)
 
 
+def participants(data, active) -> dict:
+    """The round metric `participants` (how many of the cohort's slots held data and
+    reported) where the data carry `Systems` (`with_systems`); {} otherwise, so a round
+    without them reports what it always did."""
+    if systems_of(data).trivial:
+        return {}
+    return {"participants": jnp.sum(active).astype(jnp.float32)}
+
+
 def client_weights(batch_active, num_examples, weighting: str):
     """[c] weights of a batch's clients in an average: 0 for inactive slots."""
     base = num_examples.astype(jnp.float32) if weighting == "examples" else 1.0

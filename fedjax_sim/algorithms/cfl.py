@@ -72,6 +72,7 @@ from fedjax_sim.algorithms.base import (
     client_weights,
     draw_cohort,
     mean_over,
+    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.ifca import evaluate_clusters
@@ -208,6 +209,7 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
         params = optax.tree.add(params, jax.vmap(unravel)(step))
         metrics = {
             "cohort_loss": mean_over(losses, active),
+            **participants(data, active),
             "num_clusters": used,
             "splits": used - state.num_clusters,
             "mean_update_norm": mean_norm,

@@ -39,6 +39,7 @@ from fedjax_sim.algorithms.base import (
     client_weights,
     draw_cohort,
     mean_over,
+    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
@@ -121,14 +122,14 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
             trained, _, losses = training.update_clients(model, start, batch.data, batch.keys,
                                                             **batch.work())
 
-            def personalize(v, x, y, n, k):
+            def personalize(v, x, y, n, k, taking_part):  # (a slot with data that reports)
                 v_new, _, _ = personal_training.update(
                     model, v, x, y, n, jax.random.fold_in(k, PERSONAL_STREAM),
                     batch_loss=personal_loss)
-                return jax.tree.map(lambda a, b: jnp.where(n > 0, a, b), v_new, v)
+                return jax.tree.map(lambda a, b: jnp.where(taking_part, a, b), v_new, v)
 
             personal = jax.vmap(personalize)(batch.inputs, batch.data.x, batch.data.y,
-                                             batch.data.num_examples, batch.keys)
+                                             batch.data.num_examples, batch.keys, batch.active)
             weights = client_weights(batch.active, batch.data.num_examples, weighting)
             return (weighted_sum(trained, weights), jnp.sum(weights)), (
                 personal, losses[:, 0], batch.active)
@@ -136,7 +137,7 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
         (total, weight), (personal, losses, active) = cohort_sums(
             client_step, data, cohort, inputs=take(cohort, state.personal))
         params = mean_or_keep(total, weight, w)
-        metrics = {"cohort_loss": mean_over(losses, active)}
+        metrics = {"cohort_loss": mean_over(losses, active), **participants(data, active)}
         return DittoState(params, put(cohort, state.personal, personal), state.round + 1), metrics
 
     def evaluate(state: DittoState, data: FederatedData) -> dict:

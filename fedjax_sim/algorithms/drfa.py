@@ -49,6 +49,7 @@ from fedjax_sim.algorithms.base import (
     cohort_size,
     draw_cohort,
     mean_over,
+    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
@@ -332,6 +333,7 @@ def _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
             jnp.ones((m,), jnp.int32), cohort.ids, num_segments=n)
         metrics = {
             "cohort_loss": mean_over(first_losses, active),
+            **participants(data, active),
             "lambda_max": jnp.max(lam),
             "lambda_entropy": -jnp.sum(jnp.where(lam > 0, lam * jnp.log(lam), 0.0)),
             "probe_loss_worst": jnp.max(probe_losses),

@@ -30,6 +30,7 @@ from fedjax_sim.algorithms.base import (
     client_weights,
     draw_cohort,
     mean_over,
+    participants,
 )
 from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
@@ -119,7 +120,7 @@ def fedavg(model: Model, training: ClientTraining, *, participation: float = 1.0
 
         (total, weight), (first_losses, active) = cohort_sums(client_step, data, cohort)
         params = mean_or_keep(total, weight, state.params)
-        metrics = {"cohort_loss": mean_over(first_losses, active)}
+        metrics = {"cohort_loss": mean_over(first_losses, active), **participants(data, active)}
         return state._replace(params=params, round=state.round + 1), metrics
 
     def evaluate(state: FedAvgState, data: FederatedData) -> dict:

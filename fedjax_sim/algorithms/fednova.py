@@ -50,6 +50,7 @@ from fedjax_sim.algorithms.base import (
     client_weights,
     draw_cohort,
     mean_over,
+    participants,
 )
 from fedjax_sim.algorithms.fedavg import FedAvgState, evaluate_shared
 from fedjax_sim.algorithms.fedprox import proximal_term
@@ -160,7 +161,7 @@ def fednova(model: Model, training: ClientTraining, *, momentum: float = 0.0, mu
         tau_eff = pa_total / total
         params = optax.tree.where(
             some, optax.tree.add_scale(state.params, -tau_eff / total, d_total), state.params)
-        metrics = {"cohort_loss": mean_over(first_losses, active),
+        metrics = {"cohort_loss": mean_over(first_losses, active), **participants(data, active),
                    "tau_eff": jnp.where(some, tau_eff, 0.0)}
         return state._replace(params=params, round=state.round + 1), metrics
 

@@ -63,6 +63,7 @@ from fedjax_sim.algorithms.base import (
     client_weights,
     draw_cohort,
     mean_over,
+    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.ifca import evaluate_clusters
@@ -79,6 +80,7 @@ from fedjax_sim.ops import (
     put,
     segment_totals,
     take,
+    taking_part,
 )
 
 INITS = ("random", "kmeans++")
@@ -183,11 +185,12 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
         (totals, cluster_weight), (losses, chosen) = cohort_sums(
             client_step, data, cohort)
         params = divide_segments(totals, cluster_weight, fallback=state.cluster_params)
-        active = take(cohort, data.active())
+        active = taking_part(cohort, data)
         assignment = jnp.where(active, chosen, take(cohort, state.assignment))
         chosen_loss = jnp.take_along_axis(losses, chosen[:, None], axis=1)[:, 0]
         counts = jax.ops.segment_sum(active.astype(jnp.int32), chosen, k)
-        metrics = {"cohort_loss": mean_over(chosen_loss, active), "cluster_sizes": counts}
+        metrics = {"cohort_loss": mean_over(chosen_loss, active), "cluster_sizes": counts,
+                   **participants(data, active)}
         return HypClusterState(params, put(cohort, state.assignment, assignment),
                                state.round + 1), metrics
 

@@ -59,6 +59,7 @@ from fedjax_sim.algorithms.base import (
     client_weights,
     draw_cohort,
     num_params,
+    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.training import ClientTraining, check_training
@@ -77,6 +78,7 @@ from fedjax_sim.ops import (
     sample_cohort,
     segment_totals,
     take,
+    taking_part,
     weighted_sum,
 )
 from fedjax_sim.ops.cohort import Cohort
@@ -366,10 +368,11 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
         (sums, metric_sums), assignment = cohort_sums(
             lambda batch: step(state, batch), data, cohort, inputs=(prev, stable))
         metrics, with_data = _round_metrics(metric_sums, state)
+        metrics.update(participants(data, with_data))  # (with_data: the slots that reported)
         params, shared, opt_state = server_update(state, sums, data, cohort, with_data)
         new_assignment, new_stable = state.assignment, state.stable
         if state.assignment is not None:
-            active = take(cohort, data.active())
+            active = taking_part(cohort, data)
             assignment = jnp.where(active, assignment, prev)  # a client without data takes no part
             stable = jnp.where(active, jnp.where(assignment == prev, prev_stable + 1, 0),
                                prev_stable)

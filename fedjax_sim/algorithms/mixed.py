@@ -66,6 +66,7 @@ from fedjax_sim.algorithms.base import (
     draw_cohort,
     mean_over,
     num_params,
+    participants,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
 from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
@@ -433,6 +434,7 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
         up = 2 * d if variant == "gt2" else d
         metrics = {
             "cohort_loss": cohort_loss,
+            **participants(data, active),
             "central_loss": loss_c,
             "mixed_loss": w_f * cohort_loss + w_c * loss_c,
             "G_tilde": g_tilde,

@@ -44,6 +44,7 @@ from fedjax_sim.algorithms.base import (
     check_participation,
     draw_cohort,
     mean_over,
+    participants,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
 from fedjax_sim.algorithms.training import (
@@ -144,6 +145,7 @@ def qffl(model: Model, training: ClientTraining, *, q=DEFAULT_Q,
             state.params, delta_total)
         metrics = {
             "cohort_loss": mean_over(losses, active),
+            **participants(data, active),
             "fair_weight_max": jnp.max(jnp.where(active, fq, 0.0))
             / jnp.maximum(fq_total, 1e-30),
         }

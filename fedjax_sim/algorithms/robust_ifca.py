@@ -60,6 +60,7 @@ from fedjax_sim.algorithms.base import (
     check_participation,
     draw_cohort,
     mean_over,
+    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.ifca import evaluate_clusters
@@ -74,6 +75,7 @@ from fedjax_sim.ops import (
     put,
     segment_totals,
     take,
+    taking_part,
 )
 from fedjax_sim.ops.simplex import project_segments
 
@@ -165,7 +167,7 @@ def robust_ifca(model: Model, training: ClientTraining, *, num_clusters: int,
             client_step, data, cohort, inputs=(prev, lam_prev))
         params = divide_segments(totals, cluster_weight, fallback=state.cluster_params)
 
-        active = take(cohort, data.active())
+        active = taking_part(cohort, data)
         assignment = put(cohort, state.assignment, jnp.where(active, chosen, prev))
         lam = put(cohort, state.lam, jnp.where(active, weight, lam_prev))
         segment = jnp.where(assignment >= 0, assignment, k)
@@ -181,6 +183,7 @@ def robust_ifca(model: Model, training: ClientTraining, *, num_clusters: int,
                                jnp.where(assignment >= 0, assignment, -1), k)
         metrics = {
             "cohort_loss": mean_over(chosen_loss, active),
+            **participants(data, active),
             "worst_client_loss": jnp.max(jnp.where(active, chosen_loss, 0.0)),
             "cluster_sizes": in_cohort.astype(jnp.int32),
             "lambda_max": jnp.max(lam),

@@ -49,6 +49,7 @@ from fedjax_sim.algorithms.base import (
     client_weights,
     draw_cohort,
     mean_over,
+    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
@@ -166,7 +167,7 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
         all_weight = jnp.sum(client_weights(data.active(), data.num_examples, weighting))
         control = jax.tree.map(lambda c, d: c + d / jnp.maximum(all_weight, 1e-30),
                                state.control, dc_total)
-        metrics = {"cohort_loss": mean_over(first_losses, active)}
+        metrics = {"cohort_loss": mean_over(first_losses, active), **participants(data, active)}
         return ScaffoldState(params, control, put(cohort, state.client_controls, client_controls),
                              state.round + 1), metrics
 

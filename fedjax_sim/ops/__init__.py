@@ -9,7 +9,15 @@ from fedjax_sim.ops.aggregation import (
 )
 from fedjax_sim.ops.chunking import check_client_chunk, map_client_chunks, scan_client_chunks
 from fedjax_sim.ops.clustering import assign_clusters, cluster_gradient_sums, cluster_losses
-from fedjax_sim.ops.cohort import Cohort, CohortBatch, cohort_sums, put, sample_cohort, take
+from fedjax_sim.ops.cohort import (
+    Cohort,
+    CohortBatch,
+    cohort_sums,
+    put,
+    sample_cohort,
+    take,
+    taking_part,
+)
 from fedjax_sim.ops.kmeans import kmeans
 from fedjax_sim.ops.local_update import (
     SAMPLINGS,
@@ -37,6 +45,7 @@ __all__ = [
     "put",
     "sample_cohort",
     "take",
+    "taking_part",
     "assign_clusters",
     "check_client_chunk",
     "check_sampling",

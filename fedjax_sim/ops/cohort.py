@@ -141,6 +141,13 @@ def put(cohort: Cohort, per_client, values):
     return jax.tree.map(lambda a, v: a.at[target].set(v, mode="drop"), per_client, values)
 
 
+def taking_part(cohort: Cohort, data) -> jax.Array:
+    """[s] bool: the slots whose client holds data and reports (`Cohort.reports`), the
+    clients whose per-client state a round may change."""
+    active = take(cohort, data.active())
+    return active if cohort.reports is None else active & cohort.reports
+
+
 @struct.dataclass
 class CohortBatch:
     """Some slots of a cohort, as a round's client step sees them.
