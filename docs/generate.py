@@ -217,6 +217,10 @@ PRESET_INFO = {
                                 "partitions of 8×8 digits", "—", MINUTES, "baselines"),
     "hetero-mnist": PresetInfo("the same baselines on the MNIST subset", "—", MINUTES,
                                "baselines"),
+    "hetero-systems-digits": PresetInfo("systems heterogeneity: stragglers and per-client "
+                                        "local work, FedAvg dropping or keeping them, FedProx, "
+                                        "FedNova, SCAFFOLD", "FedProx paper, Fig. 1", MINUTES,
+                                        "systems"),
     "robust-clusters-digits": PresetInfo("`robust_ifca` against IFCA, DRFA and FedAvg on "
                                          "clusters with noisy members", "—", MINUTES,
                                          "baselines"),

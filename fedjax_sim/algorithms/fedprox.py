@@ -18,8 +18,11 @@ Choices [I]:
   the client optimizer (`proximal_term`, an optax transformation whose state
   holds w_t, the params the client optimizer starts from), so any optax
   client optimizer minimises h_k; with SGD it is the paper's local solver.
-- Every client runs the same τ steps: the paper's systems heterogeneity
-  (stragglers doing fewer epochs, γ-inexact solutions) is not simulated.
+- Systems heterogeneity (the paper's stragglers doing fewer epochs, kept as
+  γ-inexact solutions) is the shared machinery of every algorithm:
+  per-client local work in the training (`ops.work.Work`) and stragglers
+  under `with_systems(fedprox(...), Systems(stragglers=..., straggler_policy=
+  "keep"))`; FedAvg dropping them is the policy "drop".
 - The cohort is uniform without replacement and the average uniform or by
   examples, as in `fedavg` (the paper samples ∝ p_k and averages uniformly;
   its code averages by examples). A server optimizer (FedOpt) may replace the

@@ -32,12 +32,15 @@ from fedjax_sim.algorithms import (
     sgd,
     with_balanced_init,
     with_frozen_trunk,
+    with_systems,
     with_warm_start,
     with_weight_sharing,
 )
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.experiments.settings import Setting
 from fedjax_sim.models.core import TRUNK, Model
+from fedjax_sim.ops.work import Work
+from fedjax_sim.systems import Systems
 
 KINDS = ("global", "clustered", "personal", "fixed")
 SERVER_DATA, SPLIT_MODEL, FLOAT_TARGETS = "server_data", "split_model", "float_targets"
@@ -80,6 +83,8 @@ class Method:
       personal: kind "personal": the state field holding the per-client models.
       adaptive_weights: its clients' weights change every round without a λ in its
         state (q-FFL): an experiment reporting client weights has none to report.
+      straggler_policy: "keep" or "drop": its own rule for stragglers whatever the
+        setting `straggler_policy` says (the FedProx paper's FedAvg drops them).
     """
 
     algorithm: str
@@ -95,6 +100,7 @@ class Method:
     wrap: Callable | None = None
     personal: str | None = None
     adaptive_weights: bool = False
+    straggler_policy: str | None = None
 
     def replace(self, **changes) -> Method:
         return dataclasses.replace(self, **changes)
@@ -196,6 +202,9 @@ METHODS: dict[str, Method] = {
     "fedadam": Method("fedadam", "FedAdam (FedOpt)", reads=_FEDOPT),
     "fedyogi": Method("fedyogi", "FedYogi (FedOpt)", reads=_FEDOPT),
     "fedadagrad": Method("fedadagrad", "FedAdagrad (FedOpt)", reads=_FEDOPT),
+    "fedavg_drop": Method("fedavg", "FedAvg dropping stragglers (the FedProx paper's FedAvg: "
+                          "a straggler's partial work is discarded)",
+                          reads={"weighting": "weighting"}, straggler_policy="drop"),
     "fedprox": Method("fedprox", "FedProx", reads={"prox_mu": "mu"}),
     "fednova": Method("fednova", "FedNova (each client's update normalised by its local "
                       "work τ_i)", reads={"weighting": "weighting"}, sgd=True),
@@ -267,6 +276,72 @@ METHOD_SETTINGS = {st.name: st for st in (
 )}
 
 
+# Systems heterogeneity (`fedjax_sim.systems`, `ops.work`), declared once: an experiment
+# that offers it adds these settings; `build` gives every method the same local work and
+# wraps it in the same `with_systems`, so the methods of a comparison see the same clients
+# available, dropping out and straggling in every round of a seed.
+LOCAL_WORK = ("uniform", "per_client", "per_round")
+SYSTEMS_SETTINGS = {st.name: st for st in (
+    Setting("local_work", str, "uniform", "how many of its local_steps a client takes: "
+            "uniform (all), per_client (τ_i uniform on min_local_steps..local_steps, drawn once "
+            "per client: its speed), per_round (drawn afresh every round)", choices=LOCAL_WORK),
+    Setting("min_local_steps", int, 1, "the fewest local steps under local_work per_client or "
+            "per_round", minimum=0, when=("local_work", ("per_client", "per_round"))),
+    Setting("stragglers", float, 0.0, "probability that a chosen client straggles in a round "
+            "(does a uniform 1..τ_i of its steps)", minimum=0.0, maximum=1.0),
+    Setting("straggler_policy", str, "keep", "keep: a straggler's partial update is averaged "
+            "(FedProx); drop: it is discarded (fedavg_drop drops whatever this says)",
+            choices=("keep", "drop")),
+    Setting("availability", float, 1.0, "probability that a client is available in a round; "
+            "the cohort is drawn among the available", minimum=0.0, maximum=1.0),
+    Setting("dropout", float, 0.0, "probability that a chosen client fails to report after "
+            "training", minimum=0.0, maximum=0.99),
+)}
+
+
+def work_of(s: dict, training: ClientTraining) -> ClientTraining:
+    """`training` with the local work the settings ask for (as it is where they do not)."""
+    kind = s.get("local_work", "uniform")
+    if kind == "uniform":
+        return training
+    low = s["min_local_steps"]
+    if low > training.steps:
+        raise ValueError(f"setting min_local_steps={low} exceeds local_steps="
+                         f"{training.steps}.")
+    return training.replace(work=Work(low=low, per_round=kind == "per_round",
+                                      seed=s.get("seed", 0)))
+
+
+def systems_of_settings(s: dict, method: Method) -> Systems | None:
+    """The `Systems` the settings ask for (None: none), with the method's own policy."""
+    if not any(k in s for k in ("stragglers", "availability", "dropout")):
+        return None
+    systems = Systems(availability=s.get("availability", 1.0), dropout=s.get("dropout", 0.0),
+                      stragglers=s.get("stragglers", 0.0),
+                      straggler_policy=method.straggler_policy
+                      or s.get("straggler_policy", "keep"))
+    return None if systems.trivial else systems
+
+
+def systems_note(s: dict) -> str:
+    """The systems settings of a comparison in words ("" when it simulates none)."""
+    parts = []
+    if s.get("local_work", "uniform") != "uniform":
+        when = "once per client" if s["local_work"] == "per_client" else "every round"
+        parts.append(f"local work τ_i uniform on {s['min_local_steps']}..{s['local_steps']} "
+                     f"steps, drawn {when}")
+    if s.get("availability", 1.0) < 1.0:
+        parts.append(f"each client available with probability {s['availability']}, the cohort "
+                     "drawn among the available")
+    if s.get("dropout", 0.0) > 0.0:
+        parts.append(f"a chosen client fails to report with probability {s['dropout']}")
+    if s.get("stragglers", 0.0) > 0.0:
+        parts.append(f"a chosen client straggles with probability {s['stragglers']} (a "
+                     f"uniform 1..τ_i of its steps; policy {s['straggler_policy']}, "
+                     "fedavg_drop always drops)")
+    return "; ".join(parts)
+
+
 def fits(method: Method, provides: frozenset) -> str | None:
     """None when an experiment providing `provides` can train `method`; else why not."""
     missing = sorted(method.needs - provides)
@@ -304,6 +379,7 @@ def build(name: str, table: Mapping[str, Method], model: Model, training: Client
     every factory that takes them (Mixed FL's `central_loss`).
     """
     method = table[name]
+    training = work_of(s, training)
     b = Build(model, training, s, table)
     if method.training is not None:
         training = method.training(training, b)
@@ -321,7 +397,9 @@ def build(name: str, table: Mapping[str, Method], model: Model, training: Client
         kwargs.setdefault("participation", s["participation"])
     kwargs.update({k: v for k, v in extra.items() if _takes(factory, k)})
     algorithm = factory(model, training, **kwargs)
-    return method.wrap(algorithm, b) if method.wrap is not None else algorithm
+    algorithm = method.wrap(algorithm, b) if method.wrap is not None else algorithm
+    systems = systems_of_settings(s, method)
+    return algorithm if systems is None else with_systems(algorithm, systems)
 
 
 def _takes(factory, keyword: str) -> bool:

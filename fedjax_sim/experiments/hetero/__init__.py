@@ -8,6 +8,11 @@
 - `robust-clusters-digits`: rotation clusters with clients of unequal
   difficulty inside (label noise on the last few clients of every cluster):
   IFCA, robust_ifca, DRFA and FedAvg on worst-client and mean test loss per cluster.
+- `hetero-systems-digits`: systems heterogeneity (per-client local work,
+  stragglers, availability, dropout: the settings of `experiments.methods.
+  SYSTEMS_SETTINGS`, which every preset here takes): FedAvg dropping
+  stragglers against FedAvg and FedProx keeping their partial work, FedNova
+  and SCAFFOLD, as in the FedProx paper's Figure 1.
 
 One package: `data` (the clients: partitions, rotations, noise, test splits),
 `metrics`, and `experiment` (settings, checks, results table, notes and the
@@ -21,9 +26,12 @@ from fedjax_sim.experiments.hetero.experiment import (
     PRESETS,
     ROBUST,
     ROBUST_METHODS,
+    SYSTEMS,
+    SYSTEMS_METHODS,
     Hetero,
 )
 from fedjax_sim.experiments.hetero.metrics import metrics_fn
 
-__all__ = ["HETERO", "HETERO_METHODS", "PRESETS", "ROBUST", "ROBUST_METHODS", "Hetero",
+__all__ = ["HETERO", "HETERO_METHODS", "PRESETS", "ROBUST", "ROBUST_METHODS", "SYSTEMS",
+           "SYSTEMS_METHODS", "Hetero",
            "build_problem", "client_indices", "metrics_fn", "seed_clients"]

