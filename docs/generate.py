@@ -157,7 +157,7 @@ class PresetInfo:
     anchor: str  # section of docs/protocols.md
 
 
-IFCA, DRFLM, MIXED = "IFCA", "DRFLM", "Mixed FL"
+IFCA, DRFLM, MIXED, FEDNOVA = "IFCA", "DRFLM", "Mixed FL", "FedNova"
 
 PRESET_INFO = {
     "ifca-synthetic": PresetInfo("IFCA on the mixture of linear regressions (k = 2, d = 1000), "
@@ -224,6 +224,10 @@ PRESET_INFO = {
     "robust-clusters-digits": PresetInfo("`robust_ifca` against IFCA, DRFA and FedAvg on "
                                          "clusters with noisy members", "—", MINUTES,
                                          "baselines"),
+    "fednova-quadratic": PresetInfo("objective inconsistency: FedAvg, FedNova and FedProx with "
+                                    "heterogeneous local work τ_i on quadratic clients, against "
+                                    "the closed-form optima", f"{FEDNOVA} §3 (the quadratic "
+                                    "case study)", SECONDS, "fednova-quadratic"),
 }
 
 

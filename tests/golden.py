@@ -47,6 +47,8 @@ _ESOL = ["num_clients=4", "batch_size=8", "local_steps=2", "rounds=2", "eval_eve
 _MIXED = ["rounds=4", "eval_every=2", "seeds=2", "local_steps=2"]
 _HETERO = ["rounds=2", "eval_every=1", "seeds=2", "num_clients=6", "hidden=8",
            "local_steps=2"]
+_NOVA = ["rounds=20", "eval_every=10", "seeds=2", "num_clients=4", "n_max=20", "tau_max=5",
+         "lr=0.05"]
 _EVERY_HETERO = ("methods=fedavg,fedavgm,fedadam,fedyogi,fedadagrad,fedprox,scaffold,qffl,afl,"
                  "ditto,hypcluster,cfl,ifca,robust_ifca,drfa,local")
 
@@ -92,6 +94,8 @@ CASES = {
     "robust-clusters-digits-compare": ("compare", "robust-clusters-digits",
                                        [*[x for x in _HETERO if x != "num_clients=6"],
                                         "num_clients=8", "k=2"]),
+    "fednova-quadratic-run": ("run", "fednova-quadratic", _NOVA),
+    "fednova-quadratic-compare": ("compare", "fednova-quadratic", _NOVA),
     "mixed-charlm-compare": ("compare", "mixed-charlm",
                              ["rounds=2", "eval_every=1", "seeds=2", "local_steps=1",
                               "max_clients=8", "max_per_client=2", "seq_len=10",

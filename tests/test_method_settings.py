@@ -83,6 +83,10 @@ CASES = {
         {"server_lr": ({}, 0.5), "central_batch_size": ({}, 50),
          "combine": ({"w_f": 0.3}, "mixing"), "transfer": ({}, "stale"),
          **{k: COMMON[k] for k in ("prox_mu", "q", "lambda_lr")}}),
+    "fednova-quadratic": (
+        {"seeds": 1, "rounds": 2, "num_clients": 4, "tau_max": 4},
+        {"weighting": ({}, "uniform"),
+         **{k: v for k, v in COMMON.items() if k != "ditto_lambda"}}),
 }
 
 

@@ -289,14 +289,15 @@ class Experiment:
 
     def training_of(self, name: str, s: dict, learning_rate=None) -> ClientTraining:
         """Method `name`'s client training: at its own learning rate (or `learning_rate`);
-        plain SGD at it for a method whose maths assume it."""
+        plain SGD at it, with the same steps, batches and per-client work, for a method
+        whose maths assume it."""
         method = self.method_table[name]
         if learning_rate is None:
             learning_rate = s[catalog.setting_of(method, "lr", s)]
         training = self.client_training(s, learning_rate)
         if method.sgd:
             training = sgd(learning_rate, steps=training.steps, batch_size=training.batch_size,
-                           sampling=training.sampling)
+                           sampling=training.sampling, work=training.work)
         return training
 
     def build_method(self, name: str, s: dict, model, learning_rate=None, **extra) -> Algorithm:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fedjax_sim.experiments import (
     drfa_molecules,
+    fednova_quadratic,
     hetero,
     ifca_images,
     ifca_success,
@@ -20,6 +21,7 @@ _EXPERIMENT_MODULES = (
     drfa_molecules,
     mixed,
     hetero,
+    fednova_quadratic,
 )
 
 
