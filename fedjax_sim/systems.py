@@ -8,12 +8,17 @@ in every algorithm's round without any algorithm naming it. Attach it with
 `algorithms.with_systems(algorithm, systems)` (or `with_systems` here, on
 data). In a round:
 
-    A    ← {i : u_i < availability_i}          (u_i ~ U[0, 1), fresh each round)
+    A    ← {i : u_i < p_i(t)}                   (u_i ~ U[0, 1), fresh each round)
     S    ← the cohort, drawn among A only      (uniform without replacement, or ∝ weights)
     each slot j ∈ S:
          straggles_j ← v_j < stragglers         (it does part of its local work)
          reports_j   ← w_j ≥ dropout            (it sends its update back)
                        and not (straggles_j and straggler_policy = "drop")
+
+p_i(t) is `availability` (one number, or one per client), or with a `period`
+a day/night cycle: client i lives in time zone z_i = ⌊i · period / m⌋ and is
+in its day when (t + z_i) mod period < period / 2, available then with
+probability availability_i and with probability `night` otherwise.
 
 A slot that does not report, or whose client is unavailable (when fewer
 than |S| clients are available, the remaining slots are empty), gets weight
@@ -51,8 +56,12 @@ class Systems:
     """How the clients behave as machines (hashable: part of jit's cache key).
 
     Attributes:
-      availability: the probability that a client is available in a round: one
-        number for every client, or a tuple with one per client (length m).
+      availability: the probability that a client is available in a round (by
+        day, with a `period`): one number for every client, or a tuple with one
+        per client (length m).
+      period: 0: availability is constant; else the rounds of one day/night cycle
+        (an integer >= 2), the clients' time zones spread evenly over it.
+      night: the probability that a client is available at night (with a period).
       dropout: the probability that a chosen client fails to report its update
         after training, in [0, 1).
       stragglers: the probability that a chosen client straggles in a round
@@ -67,6 +76,8 @@ class Systems:
       False
       >>> Systems().trivial
       True
+      >>> Systems(availability=0.9, period=24, night=0.1).always_available
+      False
       >>> Systems(dropout=1.0)
       Traceback (most recent call last):
       ...
@@ -74,6 +85,8 @@ class Systems:
     """
 
     availability: float | tuple[float, ...] = 1.0
+    period: int = 0
+    night: float = 0.0
     dropout: float = 0.0
     stragglers: float = 0.0
     straggler_policy: str = "keep"
@@ -88,6 +101,11 @@ class Systems:
         else:
             object.__setattr__(self, "availability",
                                _fraction("availability", self.availability))
+        if (not isinstance(self.period, int) or isinstance(self.period, bool) or self.period < 0
+                or self.period == 1):
+            raise ValueError(f"Systems period must be 0 (constant availability) or an integer "
+                             f">= 2 (rounds per day/night cycle); got {self.period!r}.")
+        object.__setattr__(self, "night", _fraction("night", self.night))
         object.__setattr__(self, "dropout", _fraction("dropout", self.dropout, open_top=True))
         object.__setattr__(self, "stragglers", _fraction("stragglers", self.stragglers))
         if self.straggler_policy not in POLICIES:
@@ -96,7 +114,7 @@ class Systems:
 
     @property
     def always_available(self) -> bool:
-        return self.availability == 1.0
+        return self.availability == 1.0 and (self.period == 0 or self.night == 1.0)
 
     @property
     def trivial(self) -> bool:

@@ -235,6 +235,35 @@ def test_cohort_among_available_clients_and_flag_rates():
     assert abs(reported / slots - 0.75) < 0.04  # available slots x (1 − dropout)
 
 
+def test_day_night_availability_follows_each_clients_time_zone():
+    """period 4, 8 clients: zone z_i = ⌊i·4/8⌋; day when (t + z_i) mod 4 < 2; available with
+    probability 1 by day and 0 by night, so the mask is the day table itself."""
+    m, systems = 8, Systems(availability=1.0, period=4, night=0.0)
+    for t in range(8):
+        here = np.asarray(available(jax.random.key(t), m, systems, t))
+        zones = np.arange(m) * 4 // m
+        np.testing.assert_array_equal(here, (t + zones) % 4 < 2)
+    with pytest.raises(ValueError, match="need the round"):
+        available(jax.random.key(0), m, systems)
+    with pytest.raises(ValueError, match="period"):
+        Systems(period=1)
+    # Through an algorithm: the round's clients are the ones in their day.
+    from conftest import make_ragged
+
+    data = make_ragged(sizes=(3,) * 8, clusters=(0,) * 8)
+    alg = with_systems(fedavg(linear_model_of(data), sgd(LR)), systems)
+    state = alg.init(jax.random.key(0), data)
+    for t in range(4):
+        state, metrics = jax.jit(alg.round)(state, data, jax.random.key(t))
+        assert float(metrics["participants"]) == float(np.sum((t + zones) % 4 < 2))
+
+
+def linear_model_of(data):
+    from fedjax_sim.models import linear_regression
+
+    return linear_regression(data.x.shape[-1])
+
+
 def test_per_client_availability_and_everyone_taking_part():
     m = 6
     systems = Systems(availability=(1.0, 0.0, 1.0, 0.0, 0.5, 1.0))

@@ -145,7 +145,7 @@ def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
 
     def round_(state: AFLState, data: FederatedData, key):
         m = data.num_clients
-        cohort = draw_cohort(key, data, participation)
+        cohort = draw_cohort(key, data, participation, round=state.round)
         s = cohort.size
 
         def client_step(batch):  # τ steps from w; F_i(w) is the first step's loss

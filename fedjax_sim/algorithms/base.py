@@ -104,14 +104,15 @@ def check_weighting(weighting) -> None:
     check_choice("weighting", weighting, WEIGHTINGS)
 
 
-def draw_cohort(key, data, participation: float, *, weights=None):
+def draw_cohort(key, data, participation: float, *, weights=None, round=None):  # noqa: A002
     """The round's cohort: `cohort_size(m, participation)` of the m clients, drawn uniformly
     without replacement (every client, in order, at participation 1), or i.i.d. with
     replacement ∝ `weights` ([m]); a key per slot (`ops.sample_cohort`). The data's
-    `Systems` (`with_systems`) decide who is available, reports and straggles."""
+    `Systems` (`with_systems`) decide who is available (in `round`, for a day/night
+    cycle), reports and straggles."""
     m = data.num_clients
     return sample_cohort(key, m, cohort_size(m, participation), weights=weights,
-                         systems=systems_of(data))
+                         systems=systems_of(data), round_=round)
 
 
 def check_inputs(model: Model, params, data) -> None:

@@ -161,7 +161,7 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
                         jnp.zeros((), jnp.int32))
 
     def round_(state: CFLState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation)
+        cohort = draw_cohort(key, data, participation, round=state.round)
         ids = take(cohort, state.assignment)
 
         def client_step(batch):  # Δθ_i = LocalUpdate(θ_c(i)) − θ_c(i)

@@ -109,7 +109,7 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
                           jnp.zeros((), jnp.int32))
 
     def round_(state: DittoState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation)
+        cohort = draw_cohort(key, data, participation, round=state.round)
         w = state.params
 
         def personal_loss(v, xb, yb, mb, _key):  # F_k(v) + (λ/2)‖v − w^t‖² on a minibatch

@@ -272,13 +272,13 @@ def _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
 
         # --- C_s: τ local steps, keeping the snapshot at t'
         if official_code:
-            cohort = draw_cohort(key_c, data, participation)
+            cohort = draw_cohort(key_c, data, participation, round=state.round)
             # FedTorch copies the model when its step counter reaches k, before that step's
             # update: the snapshot is the model after k − 1 updates.
             snap_steps = jax.random.randint(key_t, (m,), 1, local_steps) - 1
             slot_weight = take(cohort, state.lam) * (n / m)
         else:
-            cohort = draw_cohort(key_c, data, participation, weights=state.lam)
+            cohort = draw_cohort(key_c, data, participation, weights=state.lam, round=state.round)
             snap_steps = jnp.full((m,), jax.random.randint(key_t, (), 1, local_steps + 1))
             slot_weight = jnp.ones((m,), jnp.float32)
 
@@ -309,7 +309,7 @@ def _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
         w_tilde = mean_or_keep(snap_sum, count, state.params)
 
         # --- U_s: each returns the loss of w̃ on one minibatch; the λ step
-        lam_cohort = draw_cohort(key_u, data, participation)
+        lam_cohort = draw_cohort(key_u, data, participation, round=state.round)
         lam_loss = mixed_loss if lambda_loss == "mixup" else clean_loss
 
         def probe(batch):

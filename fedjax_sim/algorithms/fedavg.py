@@ -108,7 +108,7 @@ def fedavg(model: Model, training: ClientTraining, *, participation: float = 1.0
         return FedAvgState(params, jnp.zeros((), jnp.int32))
 
     def round_(state: FedAvgState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation)
+        cohort = draw_cohort(key, data, participation, round=state.round)
 
         def client_step(batch):  # τ local steps from the global model, weighted sum
             start = broadcast_to_clients(state.params, batch.keys.shape[0])

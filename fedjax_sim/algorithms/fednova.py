@@ -137,7 +137,7 @@ def fednova(model: Model, training: ClientTraining, *, momentum: float = 0.0, mu
         return FedAvgState(params, jnp.zeros((), jnp.int32))
 
     def round_(state: FedAvgState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation)
+        cohort = draw_cohort(key, data, participation, round=state.round)
 
         def client_step(batch):
             start = broadcast_to_clients(state.params, batch.keys.shape[0])

@@ -170,7 +170,7 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
         return HypClusterState(params, jnp.full((m,), -1, jnp.int32), jnp.zeros((), jnp.int32))
 
     def round_(state: HypClusterState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation)
+        cohort = draw_cohort(key, data, participation, round=state.round)
 
         def client_step(batch):  # f(i) = argmin_j F_i(h_j), then τ steps from h_f(i)
             losses = cluster_losses(model, state.cluster_params, batch.data)

@@ -358,7 +358,7 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
         return (sums, _metric_sums(losses, assignment, batch, _pinned(state, batch))), kept
 
     def round_(state: IFCAState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation)
+        cohort = draw_cohort(key, data, participation, round=state.round)
         prev = prev_stable = None  # no per-client state: nobody remembers a cluster
         if state.assignment is not None:
             prev, prev_stable = take(cohort, (state.assignment, state.stable))

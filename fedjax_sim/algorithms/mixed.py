@@ -368,7 +368,7 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
         # The cohort and its slots' keys come from the round key exactly as in FedAvg, so
         # with w_c = 0 the client side is FedAvg's round draw for draw; the server's keys
         # are a separate stream folded off the same key.
-        cohort = draw_cohort(key, data, participation)
+        cohort = draw_cohort(key, data, participation, round=state.round)
         central_keys = jax.random.split(jax.random.fold_in(key, CENTRAL_STREAM), central_steps)
         g_c = central_grad(arrays)
 

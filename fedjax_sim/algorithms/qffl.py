@@ -126,7 +126,7 @@ def qffl(model: Model, training: ClientTraining, *, q=DEFAULT_Q,
         return optax.tree.scale(fq, delta_w), h, fq, loss - LOSS_FLOOR
 
     def round_(state: QFFLState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation)
+        cohort = draw_cohort(key, data, participation, round=state.round)
 
         def client_step(batch):
             delta, h, fq, loss = jax.vmap(client, in_axes=(None, 0, 0, 0, 0, 0))(

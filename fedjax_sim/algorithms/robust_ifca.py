@@ -147,7 +147,7 @@ def robust_ifca(model: Model, training: ClientTraining, *, num_clusters: int,
 
     def round_(state: RobustIFCAState, data: FederatedData, key):
         m = data.num_clients
-        cohort = draw_cohort(key, data, participation)
+        cohort = draw_cohort(key, data, participation, round=state.round)
         prev, lam_prev = take(cohort, (state.assignment, state.lam))
         entry_weight = 1.0 / jnp.maximum(members(state.assignment), 1.0)  # [k]
 

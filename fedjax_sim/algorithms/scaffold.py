@@ -143,7 +143,7 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
         return delta_y, delta_c, losses[0]
 
     def round_(state: ScaffoldState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation)
+        cohort = draw_cohort(key, data, participation, round=state.round)
 
         def client_step(batch):
             delta_y, delta_c, first_loss = jax.vmap(

@@ -294,6 +294,11 @@ SYSTEMS_SETTINGS = {st.name: st for st in (
             choices=("keep", "drop")),
     Setting("availability", float, 1.0, "probability that a client is available in a round; "
             "the cohort is drawn among the available", minimum=0.0, maximum=1.0),
+    Setting("availability_period", int, 0, "0: availability is constant; else rounds per "
+            "day/night cycle, the clients' time zones spread over it (available with "
+            "probability availability by day, night_availability by night)", minimum=0),
+    Setting("night_availability", float, 0.0, "probability that a client is available at "
+            "night (with an availability_period)", minimum=0.0, maximum=1.0),
     Setting("dropout", float, 0.0, "probability that a chosen client fails to report after "
             "training", minimum=0.0, maximum=0.99),
 )}
@@ -316,7 +321,12 @@ def systems_of_settings(s: dict, method: Method) -> Systems | None:
     """The `Systems` the settings ask for (None: none), with the method's own policy."""
     if not any(k in s for k in ("stragglers", "availability", "dropout")):
         return None
-    systems = Systems(availability=s.get("availability", 1.0), dropout=s.get("dropout", 0.0),
+    period = s.get("availability_period", 0)
+    if period == 1:
+        raise ValueError("setting availability_period must be 0 (constant) or at least 2 "
+                         "rounds; got 1.")
+    systems = Systems(availability=s.get("availability", 1.0), period=period,
+                      night=s.get("night_availability", 0.0), dropout=s.get("dropout", 0.0),
                       stragglers=s.get("stragglers", 0.0),
                       straggler_policy=method.straggler_policy
                       or s.get("straggler_policy", "keep"))
@@ -330,7 +340,11 @@ def systems_note(s: dict) -> str:
         when = "once per client" if s["local_work"] == "per_client" else "every round"
         parts.append(f"local work τ_i uniform on {s['min_local_steps']}..{s['local_steps']} "
                      f"steps, drawn {when}")
-    if s.get("availability", 1.0) < 1.0:
+    if s.get("availability_period", 0):
+        parts.append(f"a day/night cycle of {s['availability_period']} rounds: each client "
+                     f"available with probability {s['availability']} by day and "
+                     f"{s['night_availability']} by night, the cohort drawn among the available")
+    elif s.get("availability", 1.0) < 1.0:
         parts.append(f"each client available with probability {s['availability']}, the cohort "
                      "drawn among the available")
     if s.get("dropout", 0.0) > 0.0:

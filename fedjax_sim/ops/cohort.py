@@ -69,7 +69,7 @@ class Cohort:
 
 
 def sample_cohort(key, num_clients: int, size: int, *, weights=None,
-                  systems: Systems = NO_SYSTEMS) -> Cohort:
+                  systems: Systems = NO_SYSTEMS, round_=None) -> Cohort:
     """A cohort of `size` slots.
 
     Args:
@@ -84,6 +84,7 @@ def sample_cohort(key, num_clients: int, size: int, *, weights=None,
         only (∝ weights restricted to them); when fewer than s are available,
         the remaining slots hold unavailable clients and do not report. Every
         client taking part (s = m, no weights) is every available one.
+      round_: the round (int32), read by a day/night availability cycle.
     """
     key_ids, key_slots = jax.random.split(key)
     everyone = weights is None and size == num_clients
@@ -96,7 +97,7 @@ def sample_cohort(key, num_clients: int, size: int, *, weights=None,
         else:
             ids = sample_weighted(key_ids, jnp.asarray(weights), size)
     else:
-        here = available(key_ids, num_clients, systems)
+        here = available(key_ids, num_clients, systems, round_)
         if everyone:
             ids = jnp.arange(num_clients, dtype=jnp.int32)
         elif weights is None:  # uniform without replacement among the available first

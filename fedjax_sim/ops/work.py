@@ -138,13 +138,21 @@ def slot_flags(keys, systems):
     return jax.vmap(one)(keys)
 
 
-def available(key, num_clients: int, systems):
-    """[m] bool: which clients are available this round (`systems.availability`)."""
+def available(key, num_clients: int, systems, round_=None):
+    """[m] bool: which clients are available in round `round_` (`systems.availability`;
+    its day/night cycle needs the round)."""
     p = systems.availability
     if isinstance(p, tuple):
         if len(p) != num_clients:
             raise ValueError(f"Systems availability holds {len(p)} probabilities for "
                              f"{num_clients} clients: give one per client.")
         p = jnp.asarray(p, jnp.float32)
+    if systems.period:
+        if round_ is None:
+            raise ValueError("Systems with a period (a day/night cycle) need the round: "
+                             "draw_cohort(..., round=state.round).")
+        zone = jnp.arange(num_clients) * systems.period // num_clients
+        day = (round_ + zone) % systems.period < systems.period / 2
+        p = jnp.where(day, p, systems.night)
     u = jax.random.uniform(jax.random.fold_in(key, AVAILABILITY_STREAM), (num_clients,))
     return u < p
