@@ -122,14 +122,15 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
             trained, _, losses = training.update_clients(model, start, batch.data, batch.keys,
                                                             **batch.work())
 
-            def personalize(v, x, y, n, k, taking_part):  # (a slot with data that reports)
+            def personalize(v, x, y, n, k, taking_part, work):  # (a slot with data that reports)
                 v_new, _, _ = personal_training.update(
                     model, v, x, y, n, jax.random.fold_in(k, PERSONAL_STREAM),
-                    batch_loss=personal_loss)
+                    batch_loss=personal_loss, **work)
                 return jax.tree.map(lambda a, b: jnp.where(taking_part, a, b), v_new, v)
 
             personal = jax.vmap(personalize)(batch.inputs, batch.data.x, batch.data.y,
-                                             batch.data.num_examples, batch.keys, batch.active)
+                                             batch.data.num_examples, batch.keys, batch.active,
+                                             batch.slot_work())
             weights = client_weights(batch.active, batch.data.num_examples, weighting)
             return (weighted_sum(trained, weights), jnp.sum(weights)), (
                 personal, losses[:, 0], batch.active)

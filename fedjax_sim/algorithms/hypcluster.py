@@ -82,6 +82,7 @@ from fedjax_sim.ops import (
     take,
     taking_part,
 )
+from fedjax_sim.ops.work import UNIFORM_WORK
 
 INITS = ("random", "kmeans++")
 
@@ -135,7 +136,9 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
     check_participation(participation)
     check_weighting(weighting)
     check_choice("init", init, INITS)
-    seeding = training if init_steps is None else training.replace(steps=init_steps)
+    # (an explicit init_steps: every client that many steps, whatever the training's work)
+    seeding = (training if init_steps is None
+               else training.replace(steps=init_steps, work=UNIFORM_WORK))
     model = model.unsplit()
     k = num_clusters
 
@@ -145,7 +148,8 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
         m = data.num_clients
         start = broadcast_to_clients(model.init(key_model), m)
         trained, _, _ = seeding.update_clients(model, start, data,
-                                               client_keys(key_train, jnp.arange(m)))
+                                               client_keys(key_train, jnp.arange(m)),
+                                               ids=jnp.arange(m))
         active = data.active()
         first = jax.random.choice(key_first, m, p=active / jnp.maximum(jnp.sum(active), 1))
         centers, best = [first], jnp.full((m,), jnp.inf)
