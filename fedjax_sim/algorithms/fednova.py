@@ -34,6 +34,11 @@ Choices [I]:
 - A client without data, or with τ_i = 0, adds nothing and weighs 0 in p and
   τ_eff; a round in which nobody contributes keeps x.
 - The paper's default weighting is by examples (p_i = n_i / n).
+- The paper's normalisation covers local solvers whose update is a fixed
+  linear combination of the local gradients: plain, momentum and proximal SGD
+  are implemented (`momentum`, `mu`: FedNova over FedProx's solver). SCAFFOLD's
+  corrected steps are not normalised here; `scaffold` itself uses each client's
+  own K_i in its control variates.
 """
 
 from __future__ import annotations
