@@ -70,6 +70,12 @@ def test_held_out_clients_are_the_seeds_own_and_never_trained_on():
         np.testing.assert_array_equal(tx[i], fx[i, seen])
         np.testing.assert_array_equal(un[i], fn[i, unseen[i]])
         np.testing.assert_array_equal(uy[i], fy[i, unseen[i]])
+    # Stored copies hold out the same clients with the same rows as views.
+    copies = experiment.problem({**s, "clients": "copies"})
+    np.testing.assert_array_equal(copies["unseen"], unseen)
+    for part in ("train", "test", "unseen_train", "unseen_test"):
+        for a, b in zip(_host(copies[part]), _host(problem[part]), strict=True):
+            np.testing.assert_array_equal(a, b)
     # Every method of the comparison trains on those clients only (a cohort of
     # participation 1 is every client of its data): the same data for each.
     for name in ("fedavg", "fedavg_ft", "ditto", "ifca", "hypcluster"):

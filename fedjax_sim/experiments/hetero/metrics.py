@@ -100,9 +100,8 @@ def metrics_fn(algorithm, model, problem: dict, s: dict, method: Method | None =
     """
     train, test = problem["train"], problem["test"]
     kind = method.kind if method is not None else None
-    seeds = s["seeds"]
-    keys = jax.random.split(stream_key(s["seed"], ADAPT), seeds)
-    m = train.num_clients
+    seeds, m = np.shape(train.num_examples)
+    keys = jax.random.split(stream_key(s.get("seed", 0), ADAPT), seeds)
     seen_ids = jnp.asarray(problem.get("seen", np.broadcast_to(np.arange(m), (seeds, m))),
                            jnp.int32)
 
