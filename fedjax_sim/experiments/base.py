@@ -54,8 +54,9 @@ class RunContext:
 
 
 # Streams folded into the user's seed, so data, inits and rounds never share keys: every
-# experiment derives its keys as fold_in(key(seed), stream).
-DATA, INIT, ROUNDS = 0, 1, 2
+# experiment derives its keys as fold_in(key(seed), stream); ADAPT: the minibatches of an
+# evaluation that trains clients first (fine-tuning, adapting unseen clients).
+DATA, INIT, ROUNDS, ADAPT = 0, 1, 2, 3
 
 
 def stream_key(seed: int, stream: int):
@@ -203,8 +204,9 @@ class Experiment:
     method_table = catalog.METHODS
     #: what its data provide to the methods (`methods.SERVER_DATA`, `methods.SPLIT_MODEL`).
     provides: frozenset = frozenset()
-    #: the kinds of method its metrics evaluate (`methods.KINDS`).
-    kinds: tuple[str, ...] = catalog.KINDS
+    #: the kinds of method its metrics evaluate (`methods.KINDS`; fine-tuned methods only
+    #: where it declares them).
+    kinds: tuple[str, ...] = catalog.BASIC_KINDS
 
     @property
     def declared(self) -> dict[str, Setting]:

@@ -42,7 +42,10 @@ from fedjax_sim.models.core import TRUNK, Model
 from fedjax_sim.ops.work import Work
 from fedjax_sim.systems import Systems
 
-KINDS = ("global", "clustered", "personal", "fixed")
+KINDS = ("global", "clustered", "personal", "fixed", "fine_tuned")
+# What an experiment's metrics read unless it says more (`Experiment.kinds`): a fine-tuned
+# method's evaluation trains every client first, which an experiment must offer itself.
+BASIC_KINDS = KINDS[:4]
 SERVER_DATA, SPLIT_MODEL, FLOAT_TARGETS = "server_data", "split_model", "float_targets"
 
 
@@ -67,8 +70,10 @@ class Method:
         declares the setting; a value may be a callable (value, Build) -> {keyword:
         value} for a setting that needs converting (0 meaning "the default", ...).
       kind: how it is evaluated: "global" (one model), "clustered" (cluster
-        models and each client's assignment), "personal" (a model per client)
-        or "fixed" (clusters fixed at init: one-shot).
+        models and each client's assignment), "personal" (a model per client),
+        "fixed" (clusters fixed at init: one-shot) or "fine_tuned" (one global
+        model, each client's copy fine-tuned on its training data before it is
+        tested: `adapt_steps` local steps of its client training).
       needs: what it needs of an experiment: SERVER_DATA (a datacenter set beside
         the clients), SPLIT_MODEL (a model split into trunk and head),
         FLOAT_TARGETS (targets it can mix: regression, or one-hot labels).
@@ -205,6 +210,9 @@ METHODS: dict[str, Method] = {
     "fedavg_drop": Method("fedavg", "FedAvg dropping stragglers (the FedProx paper's FedAvg: "
                           "a straggler's partial work is discarded)",
                           reads={"weighting": "weighting"}, straggler_policy="drop"),
+    "fedavg_ft": Method("fedavg", "FedAvg + fine-tuning (each client tested after adapt_steps "
+                        "local steps from the global model on its training data)",
+                        reads={"weighting": "weighting"}, kind="fine_tuned"),
     "fedprox": Method("fedprox", "FedProx", reads={"prox_mu": "mu"}),
     "fednova": Method("fednova", "FedNova (each client's update normalised by its local "
                       "work τ_i)", reads={"weighting": "weighting"}, sgd=True),

@@ -10,6 +10,12 @@ probability `label_noise`: its data is harder, not only mislabelled in
 training. Seed i draws its own partitions and noise (seed sequence [seed, i]);
 every method gets the same data, init keys and round keys per seed.
 
+Unseen clients (setting unseen_clients > 0): seed i holds out
+`unseen_count(s)` of its clients, drawn from its own stream (seed sequence
+[seed, i, UNSEEN_STREAM]) and the same for every method; the methods train on
+the other clients only, and the held-out ones keep their own train and test
+parts for the evaluation (`metrics.py`).
+
 Clients are stored copies, or (setting clients=views) `ClientViews`: each
 client's partition indices and its cluster's rotation into the images held
 once, gathered per cohort chunk inside the round, with the same numbers.
@@ -17,6 +23,7 @@ once, gathered per cohort chunk inside the round, with the same numbers.
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from fedjax_sim.data import partition
@@ -39,6 +46,10 @@ SIZE_FNS = {"linear": partition.linear_partition, "square": partition.square_par
 PARTITIONER_READS = {"alpha": "dirichlet", "min_partition_size": "dirichlet",
                      "classes_per_client": "pathological", "class_assignment": "pathological",
                      "shards_per_client": "shard", "size_fn": "size"}
+
+# The entropy word of the held-out clients' stream (seed i's: [seed, i, UNSEEN_STREAM]),
+# apart from the partitions' ([seed, i, c]) and the noise's ([seed, i]).
+UNSEEN_STREAM = 2**32 - 1
 
 _IMAGES: dict = {}
 
@@ -161,11 +172,17 @@ def _views(s: dict, per_seed: list[list[tuple]]) -> tuple:
 
 
 def build_problem(s: dict) -> dict:
-    """Train and test clients of every seed, stacked on a leading [seeds] axis.
+    """Train and test clients of every seed, stacked on a leading [seeds] axis, the
+    held-out clients apart (`hold_out`).
 
     clients=views: `ClientViews` (partition indices and a rotation into the images,
     gathered per cohort chunk inside the round) with the same numbers as the copies.
     """
+    return hold_out(s, _all_clients(s))
+
+
+def _all_clients(s: dict) -> dict:
+    """Every client of every seed (`build_problem` before the held-out clients go)."""
     images, _ = load_images(s)
     if s.get("clients", "views") == "views":
         per_seed = [seed_parts(s, i) for i in range(s["seeds"])]
@@ -186,3 +203,61 @@ def build_problem(s: dict) -> dict:
     return {"train": stack(0, max(widths)), "test": stack(2, max(test_widths)),
             "cluster": np.array([c[4] for c in first]), "noisy": np.array([c[5] for c in first]),
             "input_shape": first[0][0].shape[1:]}
+
+
+def unseen_count(s: dict) -> int:
+    """The clients held out of training: unseen_clients · num_clients rounded, at least 1
+    when unseen_clients > 0 (0 when it is 0).
+
+    Raises:
+      ValueError: that leaves no client to train on.
+    """
+    share, m = s.get("unseen_clients", 0.0), s["num_clients"]
+    if not share:
+        return 0
+    count = max(1, round(share * m))
+    if count >= m:
+        raise ValueError(f"setting unseen_clients={share} holds out {count} of num_clients={m} "
+                         "clients, leaving none to train on; give a smaller share or more "
+                         "clients.")
+    return count
+
+
+def unseen_ids(s: dict, i: int) -> np.ndarray:
+    """Seed i's held-out clients (sorted ids, `unseen_count(s)` of them): a draw without
+    replacement from the seed's own stream, whatever the methods."""
+    rng = np.random.default_rng([s["seed"], i, UNSEEN_STREAM])
+    return np.sort(rng.choice(s["num_clients"], unseen_count(s), replace=False))
+
+
+def pick_clients(data, ids: np.ndarray):
+    """Seed-stacked clients ([seeds, m, ...] leaves) at per-seed ids ([seeds, c]): copies
+    or views of the same base (nothing is gathered)."""
+    seeds = np.arange(ids.shape[0])[:, None]
+    if isinstance(data, ClientViews):
+        rows, transform, count, cluster = (a[seeds, ids] for a in data.client_leaves())
+        return data.replace(rows=rows, transform=transform, num_examples=count,
+                            cluster=cluster)
+    return jax.tree.map(lambda a: a[seeds, ids], data)
+
+
+def hold_out(s: dict, problem: dict) -> dict:
+    """`problem` with each seed's `unseen_ids` moved out of "train" and "test" into
+    "unseen_train" and "unseen_test"; "cluster" and "noisy" become [seeds, seen] (and
+    "unseen_cluster", "unseen_noisy" [seeds, unseen]), and "unseen" [seeds, unseen] holds
+    the ids. As it is when unseen_clients is 0."""
+    if not unseen_count(s):
+        return problem
+    m = s["num_clients"]
+    unseen = np.stack([unseen_ids(s, i) for i in range(s["seeds"])])
+    seen = np.stack([np.setdiff1d(np.arange(m), u) for u in unseen])
+    cluster = np.broadcast_to(problem["cluster"], (s["seeds"], m))
+    noisy = np.broadcast_to(problem["noisy"], (s["seeds"], m))
+    rows = np.arange(s["seeds"])[:, None]
+    return {**problem, "train": pick_clients(problem["train"], seen),
+            "test": pick_clients(problem["test"], seen),
+            "unseen_train": pick_clients(problem["train"], unseen),
+            "unseen_test": pick_clients(problem["test"], unseen),
+            "cluster": cluster[rows, seen], "noisy": noisy[rows, seen],
+            "unseen_cluster": cluster[rows, unseen], "unseen_noisy": noisy[rows, unseen],
+            "seen": seen, "unseen": unseen}

@@ -20,9 +20,10 @@ from fedjax_sim.experiments.hetero.data import (
     build_problem,
     load_images,
     seed_clients,
+    unseen_count,
 )
 from fedjax_sim.experiments.hetero.metrics import metrics_fn
-from fedjax_sim.experiments.methods import METHODS, SYSTEMS_SETTINGS, systems_note
+from fedjax_sim.experiments.methods import KINDS, METHODS, SYSTEMS_SETTINGS, systems_note
 from fedjax_sim.experiments.settings import (
     Setting,
     batch_size_setting,
@@ -53,6 +54,7 @@ class Hetero(Experiment):
     """Methods of the table side by side on partitioned (optionally rotated) images."""
 
     method_table = TABLE
+    kinds = KINDS  # fine-tuned methods too: the metrics fine-tune every client
 
     supports_sweep = False
     panels = (("test_accuracy", "test accuracy (avg client)"),
@@ -88,6 +90,13 @@ class Hetero(Experiment):
                     "Linear/Square/ExponentialPartitioner)", choices=tuple(SIZE_FNS)),
             Setting("test_fraction", float, 0.2, "each client's held-out test share",
                     minimum=0.0, maximum=0.9),
+            Setting("unseen_clients", float, 0.0, "share of the clients held out of training "
+                    "(rounded, at least 1 when > 0; drawn per seed, the same for every "
+                    "method) and scored as unseen clients beside the seen ones; 0: none",
+                    minimum=0.0, maximum=0.9),
+            count("adapt_steps", 0, "local steps that fine-tune (fedavg_ft: every client) or "
+                  "adapt (personal methods: an unseen client) the global model before a "
+                  "test; 0: local_steps", minimum=0, maximum=10**5),
             Setting("rotations", int, 1, "rotation clusters (1, 2 or 4: 0/90/180/270°)",
                     choices=None, minimum=1, maximum=4),
             count("noisy_clients", 0, "the last this many clients of every cluster get label "
@@ -147,6 +156,11 @@ class Hetero(Experiment):
                              f"{s['num_clients'] // s['rotations']} clients of a cluster.")
         if s["k"] > s["num_clients"]:
             raise ValueError(f"setting k={s['k']} exceeds num_clients={s['num_clients']}.")
+        seen = s["num_clients"] - unseen_count(s)
+        if s["k"] > seen:
+            raise ValueError(f"setting k={s['k']} exceeds the {seen} training clients left by "
+                             f"unseen_clients={s['unseen_clients']} of num_clients="
+                             f"{s['num_clients']}.")
         seed_clients(s, 0)
 
     def problem(self, s: dict) -> dict:
@@ -159,12 +173,19 @@ class Hetero(Experiment):
         return ClientTraining(optax.sgd(learning_rate), s["local_steps"],
                               s["batch_size"] or None)
 
+    def adapt_training(self, name: str, s: dict) -> ClientTraining:
+        """Method `name`'s client training with adapt_steps steps (0: local_steps), every
+        client taking all of them: how its evaluation fine-tunes or adapts a client."""
+        return self.training_of(name, s).replace(steps=s["adapt_steps"] or s["local_steps"])
+
     def method_run(self, name: str, s: dict, problem) -> MethodRun:
-        """Method `name` over every seed: the same data, init and round keys as the others."""
+        """Method `name` over every seed: the same data, init and round keys as the others
+        (and the same held-out clients: they are not in `problem["train"]`)."""
         algorithm = self.build_method(name, s, problem["model"])
         return MethodRun(with_seeds(algorithm, s["seeds"]), problem["train"],
                          stream_key(s["seed"], ROUNDS), s["rounds"],
-                         metrics_fn(algorithm, problem["model"], problem, s), s["eval_every"])
+                         metrics_fn(algorithm, problem["model"], problem, s, TABLE[name],
+                                    self.adapt_training(name, s)), s["eval_every"])
 
     def table(self, s: dict) -> list[str]:
         out = ["test_accuracy", "test_accuracy_worst", "train_loss", "test_loss",
@@ -175,6 +196,9 @@ class Hetero(Experiment):
                     *(f"test_loss_c{c}" for c in range(s["rotations"]))]
         if s["noisy_clients"]:
             out += ["test_loss_noisy", "test_loss_clean"]
+        if s["unseen_clients"]:
+            out += ["unseen_test_accuracy", "unseen_test_accuracy_worst", "unseen_test_loss",
+                    "unseen_test_loss_worst", "participation_gap"]
         return out
 
     def notes(self, s: dict, problem, results: dict) -> dict:
@@ -205,6 +229,21 @@ class Hetero(Experiment):
             "evaluation": "averages are unweighted over clients with data; clustered methods "
                           "serve a client's test set with the cluster its training data picks",
         }
+        if s["unseen_clients"]:
+            held = unseen_count(s)
+            steps = s["adapt_steps"] or s["local_steps"]
+            notes["unseen"] = (
+                f"{held} of {s['num_clients']} clients per seed held out of training (drawn "
+                f"from the seed's stream, the same for every method) and scored beside the "
+                f"seen ones (unseen_*): global models as they are; clustered ones by the "
+                f"cluster of lowest loss on the client's training part; personal ones "
+                f"adapted by {steps} local steps from the global model (local models: the "
+                f"mean of the seen clients' models); participation_gap = test_accuracy − "
+                f"unseen_test_accuracy")
+        if any(TABLE[m].kind == "fine_tuned" for m in results):
+            notes["fine_tuning"] = (f"fedavg_ft: every client tested after "
+                                    f"{s['adapt_steps'] or s['local_steps']} local steps from "
+                                    f"the global model on its training data")
         systems = systems_note(s)
         if systems:
             notes["systems"] = systems
