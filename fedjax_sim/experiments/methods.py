@@ -199,7 +199,8 @@ _ROBUST = {**_LAMBDA, "lambda_floor": _none_if_zero("lambda_floor"),
            "official_code": "official_code"}
 _MIXED = {"w_f": "w_f", "w_c": "w_c", **_FEDOPT,
           "central_batch_size": _central}
-_IFCA = {**_K, "option": "option", "divide_by": "divide_by"}
+_IFCA = {**_K, "option": "option", "divide_by": "divide_by",
+         "stable_rounds": _none_if_zero("stable_rounds")}
 
 METHODS: dict[str, Method] = {
     "fedavg": Method("fedavg", "FedAvg (one global model)", reads={"weighting": "weighting"}),
@@ -271,6 +272,10 @@ METHODS: dict[str, Method] = {
 METHOD_SETTINGS = {st.name: st for st in (
     Setting("k", int, 2, "clustered methods: cluster models", minimum=1, maximum=1000),
     Setting("prox_mu", float, 0.01, "fedprox: proximal μ", minimum=0.0),
+    Setting("stable_rounds", int, 0, "ifca: pin a client to its cluster once its assignment "
+            "has been stable this many rounds (it then downloads one model, not k: the round "
+            "metric downlink_floats); 0: never (the paper's communication reduction is off)",
+            minimum=0),
     Setting("q", float, 1.0, "qffl: fairness exponent q (0: FedAvg)", minimum=0.0),
     Setting("ditto_lambda", float, 0.1, "ditto: λ pulling personal models to the global one",
             minimum=0.0),

@@ -137,11 +137,18 @@ def build_algorithm(name: str, s: dict):
     return build(name, TABLE, linear_regression(s["d"]), client_training(name, s), s)
 
 
+def keeps_client_state(s: dict) -> bool:
+    """Whether a run's rounds read the clients' previous clusters back (partial
+    participation, or IFCA's communication reduction)."""
+    return s["participation"] < 1.0 or bool(s.get("stable_rounds"))
+
+
 def planned_problem(problem, s: dict, client_chunk):
     """The problem's clients with the executor's plan: the chunk, and whether per-client
     state no round reads back may be dropped (with every client in every round IFCA reads
-    no client's previous cluster: the metrics take it from the evaluation)."""
-    keep = s["participation"] < 1.0
+    no client's previous cluster: the metrics take it from the evaluation; the
+    communication reduction, `stable_rounds`, reads it)."""
+    keep = keeps_client_state(s)
     return problem._replace(
         train=planned(problem.train, client_chunk=client_chunk, keep_client_state=keep),
         test=planned(problem.test, client_chunk=client_chunk))

@@ -34,6 +34,7 @@ from fedjax_sim.experiments.ifca_synthetic.common import (
     build_algorithm,
     client_sample_shapes,
     generated,
+    keeps_client_state,
     kind_of,
     least_squares_floor,
     make_problem,
@@ -70,7 +71,7 @@ def state_bytes(name: str, s: dict, copies: int) -> int:
     data = jax.eval_shape(lambda key: generated_mixture(
         key, k=s["k"], m=s["m"], n=s["n"], d=s["d"], sigma=0.0, R=0.0).train,
         jax.random.key(0))
-    data = planned(data, keep_client_state=s["participation"] < 1.0)  # as the run plans it
+    data = planned(data, keep_client_state=keeps_client_state(s))  # as the run plans it
     algorithm = with_restarts(build_algorithm(name, s), copies)
     return memory.tree_bytes(jax.eval_shape(algorithm.init, jax.random.key(0), data))
 
