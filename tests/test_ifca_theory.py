@@ -32,15 +32,19 @@ def test_linear_rate_recovers_a_geometric_phase_then_a_floor():
     assert ifca_theory.linear_rate(np.full(10, 0.5))[0] is None  # no phase above the floor
 
 
-def test_noiseless_rate_is_the_population_contraction():
-    # σ → 0 and many rows: the error contracts by 1 − 2γ/k per iteration (squared loss,
-    # gradient (2/m) Σ over the m/k clients of a cluster).
+@pytest.mark.parametrize("option,lr,want", [
+    ("gradient", 0.2, 1 - 2 * 0.2 / 2),  # 1 − 2γ/k: (γ/m)·Σ over a cluster's m/k clients
+    ("model", 0.05, (1 - 2 * 0.05) ** 2),  # (1 − 2γ)^τ: τ = 2 local steps, averaged
+])
+def test_noiseless_rate_is_the_population_contraction(option, lr, want):
+    # σ → 0 and many rows per client: the empirical Hessians are ≈ 2I (squared loss, no ½).
     s = {**ifca_theory.THEORY.defaults(), "k": 2, "m": 20, "n": 1000, "d": 5,
-         "sigma": 1e-6, "lr": 0.2, "rounds": 40}
+         "sigma": 1e-6, "lr": lr, "rounds": 40, "option": option, "local_steps": 2}
+    assert ifca_theory.population_contraction(s) == pytest.approx(want)
     errors = ifca_theory.trajectories(s, n=s["n"], deltas=[0.3], seeds=1, fresh=False)[0, 0]
     rate, fitted = ifca_theory.linear_rate(errors)
     assert fitted >= 20
-    assert rate == pytest.approx(1 - 2 * s["lr"] / s["k"], abs=0.01)
+    assert rate == pytest.approx(want, abs=0.01)
 
 
 def test_matched_error_against_numpy():
