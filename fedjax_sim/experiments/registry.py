@@ -9,6 +9,7 @@ from fedjax_sim.experiments import (
     ifca_images,
     ifca_success,
     ifca_synthetic,
+    ifca_theory,
     mixed,
 )
 from fedjax_sim.experiments.base import Preset
@@ -17,6 +18,7 @@ from fedjax_sim.experiments.base import Preset
 _EXPERIMENT_MODULES = (
     ifca_synthetic,
     ifca_success,
+    ifca_theory,
     ifca_images,
     drfa_molecules,
     mixed,
