@@ -18,8 +18,8 @@ import numpy as np
 from fedjax_sim.algorithms import ClientTraining
 from fedjax_sim.algorithms.base import broadcast_to_clients
 from fedjax_sim.data.federated import ClientViews
-from fedjax_sim.models.core import Model
-from fedjax_sim.ops import assign_clusters, client_keys, cluster_losses
+from fedjax_sim.models.core import Model, client_accuracy, client_loss
+from fedjax_sim.ops import assign_clusters, client_keys, cluster_losses, map_client_chunks
 
 # The entropy word of the held-out clients' stream (seed i's: [seed, i, UNSEEN_STREAM]),
 # apart from the experiments' own data streams ([seed, i, c], [seed, i], seed + i).
@@ -91,6 +91,26 @@ def adapt(model: Model, training: ClientTraining, params, data, key, ids) -> obj
     adapted, _, _ = training.update_clients(model, start, data.materialize(),
                                             client_keys(key, ids))
     return adapted
+
+
+def evaluate_each(model: Model, params, data) -> dict:
+    """Client i of `data` with its own model (params leaves [m, ...]): client_loss,
+    client_accuracy, client_weight (1 for a client holding data)."""
+
+    def evaluate_part(part) -> dict:
+        p, rows = part
+
+        def per_client(fn):
+            return jax.vmap(lambda p, x, y, n: fn(model, p, x, y, n))(
+                p, rows.x, rows.y, rows.num_examples)
+
+        out = {"client_loss": per_client(client_loss),
+               "client_weight": rows.active().astype(jnp.float32)}
+        if model.correct is not None:
+            out["client_accuracy"] = per_client(client_accuracy)
+        return out
+
+    return map_client_chunks(evaluate_part, (params, data))
 
 
 def adapt_start(method, state):

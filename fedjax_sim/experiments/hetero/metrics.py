@@ -36,29 +36,7 @@ from fedjax_sim.algorithms.ifca import evaluate_clusters
 from fedjax_sim.data import copies_axes
 from fedjax_sim.experiments.base import ADAPT, client_mean, stream_key
 from fedjax_sim.experiments.methods import Method
-from fedjax_sim.experiments.unseen import adapt, adapt_start, assign_unseen
-from fedjax_sim.models.core import Model, client_accuracy, client_loss
-from fedjax_sim.ops import map_client_chunks
-
-
-def evaluate_each(model: Model, params, data) -> dict:
-    """Client i of `data` with its own model (params leaves [m, ...]): client_loss,
-    client_accuracy, client_weight (1 for a client holding data)."""
-
-    def evaluate_part(part) -> dict:
-        p, rows = part
-
-        def per_client(fn):
-            return jax.vmap(lambda p, x, y, n: fn(model, p, x, y, n))(
-                p, rows.x, rows.y, rows.num_examples)
-
-        out = {"client_loss": per_client(client_loss),
-               "client_weight": rows.active().astype(jnp.float32)}
-        if model.correct is not None:
-            out["client_accuracy"] = per_client(client_accuracy)
-        return out
-
-    return map_client_chunks(evaluate_part, (params, data))
+from fedjax_sim.experiments.unseen import adapt, adapt_start, assign_unseen, evaluate_each
 
 
 def _outputs(ev: dict, out: dict) -> tuple:
