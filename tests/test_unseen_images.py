@@ -10,8 +10,9 @@ import csv
 import jax
 import numpy as np
 import pytest
+from federations import trained
 
-from fedjax_sim import cli, simulate
+from fedjax_sim import cli
 from fedjax_sim.experiments import get_preset, resolve_settings
 from fedjax_sim.experiments.unseen import assign_unseen
 from fedjax_sim.models.core import client_accuracy, client_loss
@@ -32,13 +33,8 @@ def _host(data):
 
 
 def _trained(name: str, s: dict):
-    experiment = get_preset(PRESET).experiment
-    problem = experiment.problem(s)
-    run = experiment.method_run(name, s, problem)
-    key_init, key_rounds = jax.random.split(run.key)
-    state = jax.jit(run.algorithm.init)(key_init, run.data)
-    state, _ = simulate.scan_rounds(run.algorithm, state, run.data, key_rounds, 0, run.rounds)
-    return problem, run, state
+    """(problem, the method's run, its state after s["rounds"] rounds)."""
+    return trained(PRESET, name, s)
 
 
 def test_held_out_clients_are_the_same_for_every_method_and_never_trained_on():
