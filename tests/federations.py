@@ -103,3 +103,20 @@ def assert_reported_as_finished(finished, comparison, methods):
         assert history == comparison.histories[name]
         for metric, values in comparison.per_seed[name].items():
             np.testing.assert_array_equal(per_seed[metric], values)
+
+
+def trained(preset: str, name: str, s: dict):
+    """(problem, the method's run, its state after s["rounds"] rounds) of `preset`'s
+    experiment with settings `s` (the runner's init and round keys)."""
+    import jax
+
+    from fedjax_sim import simulate
+    from fedjax_sim.experiments import get_preset
+
+    experiment = get_preset(preset).experiment
+    problem = experiment.problem(s)
+    run = experiment.method_run(name, s, problem)
+    key_init, key_rounds = jax.random.split(run.key)
+    state = jax.jit(run.algorithm.init)(key_init, run.data)
+    state, _ = simulate.scan_rounds(run.algorithm, state, run.data, key_rounds, 0, run.rounds)
+    return problem, run, state

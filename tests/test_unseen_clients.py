@@ -11,8 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from federations import trained
 
-from fedjax_sim import cli, simulate
+from fedjax_sim import cli
 from fedjax_sim.experiments import get_preset, hetero, resolve_settings
 from fedjax_sim.experiments.hetero import metrics as hetero_metrics
 from fedjax_sim.models.core import client_accuracy, client_loss
@@ -33,13 +34,7 @@ def _host(data):
 
 def _trained(name: str, s: dict):
     """(problem, the method's run, its state after s["rounds"] rounds)."""
-    experiment = get_preset("hetero-digits").experiment
-    problem = experiment.problem(s)
-    run = experiment.method_run(name, s, problem)
-    key_init, key_rounds = jax.random.split(run.key)
-    state = jax.jit(run.algorithm.init)(key_init, run.data)
-    state, _ = simulate.scan_rounds(run.algorithm, state, run.data, key_rounds, 0, run.rounds)
-    return problem, run, state
+    return trained("hetero-digits", name, s)
 
 
 def _mean_over_clients(values, counts) -> float:

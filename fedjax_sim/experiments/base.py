@@ -302,6 +302,12 @@ class Experiment:
                            sampling=training.sampling, work=training.work)
         return training
 
+    def adapt_training(self, name: str, s: dict) -> ClientTraining:
+        """Method `name`'s client training with adapt_steps steps (0: local_steps), every
+        client taking all of them: how its evaluation fine-tunes or adapts a client
+        (experiments with the setting adapt_steps)."""
+        return self.training_of(name, s).replace(steps=s["adapt_steps"] or s["local_steps"])
+
     def build_method(self, name: str, s: dict, model, learning_rate=None, **extra) -> Algorithm:
         """Method `name` (unvmapped) with these settings, through the one method table."""
         self.check_method(name)

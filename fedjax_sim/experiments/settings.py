@@ -181,6 +181,21 @@ def seed_setting(default: int = 0) -> Setting:
                    minimum=0, maximum=MAX_SEED)
 
 
+def unseen_clients_setting(clients: str = "clients") -> Setting:
+    """The share of the `clients` held out of training (`experiments.unseen`)."""
+    return Setting("unseen_clients", float, 0.0, f"share of the {clients} held out of "
+                   "training (rounded, at least 1 when > 0; drawn per seed, the same for every "
+                   "method) and scored as unseen clients beside the seen ones; 0: none",
+                   minimum=0.0, maximum=0.9)
+
+
+def adapt_steps_setting(help: str = "local steps that fine-tune (fedavg_ft: every client) or "
+                        "adapt (personal methods: an unseen client) the global model before "
+                        "a test; 0: local_steps") -> Setting:
+    """The local steps of an evaluation's fine-tuning or adaptation (`experiments.unseen`)."""
+    return count("adapt_steps", 0, help, minimum=0, maximum=10**5)
+
+
 def parse_assignments(items: list[str] | None) -> dict[str, str]:
     """["k=4", "R=0.1,0.2"] -> {"k": "4", "R": "0.1,0.2"}; a key given twice is refused."""
     out: dict[str, str] = {}

@@ -23,7 +23,6 @@ once, gathered per cohort chunk inside the round, with the same numbers.
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 
 from fedjax_sim.data import partition
@@ -37,6 +36,7 @@ from fedjax_sim.data.images import (
     rotation_maps,
 )
 from fedjax_sim.experiments.base import stack_seeds
+from fedjax_sim.experiments.unseen import held_out_count, held_out_ids, pick_clients, split_ids
 
 DATASETS = ("digits", "mnist")
 PARTITIONERS = ("iid", "dirichlet", "pathological", "shard", "size")
@@ -46,10 +46,6 @@ SIZE_FNS = {"linear": partition.linear_partition, "square": partition.square_par
 PARTITIONER_READS = {"alpha": "dirichlet", "min_partition_size": "dirichlet",
                      "classes_per_client": "pathological", "class_assignment": "pathological",
                      "shards_per_client": "shard", "size_fn": "size"}
-
-# The entropy word of the held-out clients' stream (seed i's: [seed, i, UNSEEN_STREAM]),
-# apart from the partitions' ([seed, i, c]) and the noise's ([seed, i]).
-UNSEEN_STREAM = 2**32 - 1
 
 _IMAGES: dict = {}
 
@@ -207,38 +203,14 @@ def _all_clients(s: dict) -> dict:
 
 def unseen_count(s: dict) -> int:
     """The clients held out of training: unseen_clients · num_clients rounded, at least 1
-    when unseen_clients > 0 (0 when it is 0).
-
-    Raises:
-      ValueError: that leaves no client to train on.
-    """
-    share, m = s.get("unseen_clients", 0.0), s["num_clients"]
-    if not share:
-        return 0
-    count = max(1, round(share * m))
-    if count >= m:
-        raise ValueError(f"setting unseen_clients={share} holds out {count} of num_clients={m} "
-                         "clients, leaving none to train on; give a smaller share or more "
-                         "clients.")
-    return count
+    when unseen_clients > 0 (`unseen.held_out_count`; ValueError when none is left)."""
+    return held_out_count(s.get("unseen_clients", 0.0), s["num_clients"])
 
 
 def unseen_ids(s: dict, i: int) -> np.ndarray:
     """Seed i's held-out clients (sorted ids, `unseen_count(s)` of them): a draw without
     replacement from the seed's own stream, whatever the methods."""
-    rng = np.random.default_rng([s["seed"], i, UNSEEN_STREAM])
-    return np.sort(rng.choice(s["num_clients"], unseen_count(s), replace=False))
-
-
-def pick_clients(data, ids: np.ndarray):
-    """Seed-stacked clients ([seeds, m, ...] leaves) at per-seed ids ([seeds, c]): copies
-    or views of the same base (nothing is gathered)."""
-    seeds = np.arange(ids.shape[0])[:, None]
-    if isinstance(data, ClientViews):
-        rows, transform, count, cluster = (a[seeds, ids] for a in data.client_leaves())
-        return data.replace(rows=rows, transform=transform, num_examples=count,
-                            cluster=cluster)
-    return jax.tree.map(lambda a: a[seeds, ids], data)
+    return held_out_ids(s["seed"], i, s["num_clients"], unseen_count(s))
 
 
 def hold_out(s: dict, problem: dict) -> dict:
@@ -249,8 +221,7 @@ def hold_out(s: dict, problem: dict) -> dict:
     if not unseen_count(s):
         return problem
     m = s["num_clients"]
-    unseen = np.stack([unseen_ids(s, i) for i in range(s["seeds"])])
-    seen = np.stack([np.setdiff1d(np.arange(m), u) for u in unseen])
+    seen, unseen = split_ids(s["seed"], s["seeds"], m, unseen_count(s))
     cluster = np.broadcast_to(problem["cluster"], (s["seeds"], m))
     noisy = np.broadcast_to(problem["noisy"], (s["seeds"], m))
     rows = np.arange(s["seeds"])[:, None]

@@ -26,6 +26,7 @@ from fedjax_sim.experiments.hetero.metrics import metrics_fn
 from fedjax_sim.experiments.methods import KINDS, METHODS, SYSTEMS_SETTINGS, systems_note
 from fedjax_sim.experiments.settings import (
     Setting,
+    adapt_steps_setting,
     batch_size_setting,
     checkpoint_setting,
     count,
@@ -37,6 +38,7 @@ from fedjax_sim.experiments.settings import (
     rounds_setting,
     seed_setting,
     seeds_setting,
+    unseen_clients_setting,
 )
 from fedjax_sim.models import mlp_classifier
 
@@ -90,13 +92,8 @@ class Hetero(Experiment):
                     "Linear/Square/ExponentialPartitioner)", choices=tuple(SIZE_FNS)),
             Setting("test_fraction", float, 0.2, "each client's held-out test share",
                     minimum=0.0, maximum=0.9),
-            Setting("unseen_clients", float, 0.0, "share of the clients held out of training "
-                    "(rounded, at least 1 when > 0; drawn per seed, the same for every "
-                    "method) and scored as unseen clients beside the seen ones; 0: none",
-                    minimum=0.0, maximum=0.9),
-            count("adapt_steps", 0, "local steps that fine-tune (fedavg_ft: every client) or "
-                  "adapt (personal methods: an unseen client) the global model before a "
-                  "test; 0: local_steps", minimum=0, maximum=10**5),
+            unseen_clients_setting(),
+            adapt_steps_setting(),
             Setting("rotations", int, 1, "rotation clusters (1, 2 or 4: 0/90/180/270°)",
                     choices=None, minimum=1, maximum=4),
             count("noisy_clients", 0, "the last this many clients of every cluster get label "
@@ -172,11 +169,6 @@ class Hetero(Experiment):
         """Plain SGD (optax.sgd) at the setting lr, τ = local_steps, batch_size (0: full)."""
         return ClientTraining(optax.sgd(learning_rate), s["local_steps"],
                               s["batch_size"] or None)
-
-    def adapt_training(self, name: str, s: dict) -> ClientTraining:
-        """Method `name`'s client training with adapt_steps steps (0: local_steps), every
-        client taking all of them: how its evaluation fine-tunes or adapts a client."""
-        return self.training_of(name, s).replace(steps=s["adapt_steps"] or s["local_steps"])
 
     def method_run(self, name: str, s: dict, problem) -> MethodRun:
         """Method `name` over every seed: the same data, init and round keys as the others

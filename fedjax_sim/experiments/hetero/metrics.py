@@ -32,56 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim.algorithms import ClientTraining
-from fedjax_sim.algorithms.base import broadcast_to_clients
 from fedjax_sim.algorithms.ifca import evaluate_clusters
 from fedjax_sim.data import copies_axes
 from fedjax_sim.experiments.base import ADAPT, client_mean, stream_key
 from fedjax_sim.experiments.methods import Method
-from fedjax_sim.models.core import Model, client_accuracy, client_loss
-from fedjax_sim.ops import assign_clusters, client_keys, cluster_losses, map_client_chunks
-
-
-def adapt(model: Model, training: ClientTraining, params, data, key, ids) -> object:
-    """Each client of `data` after `training`'s local steps from the one model `params`.
-
-    One vmapped `ClientTraining.update_clients` over the clients (their minibatches keyed
-    by `client_keys(key, ids)`, ids [m] the clients' own ids). Returns leaves [m, ...].
-    """
-    start = broadcast_to_clients(params, data.num_clients)
-    adapted, _, _ = training.update_clients(model, start, data.materialize(),
-                                            client_keys(key, ids))
-    return adapted
-
-
-def evaluate_each(model: Model, params, data) -> dict:
-    """Client i of `data` with its own model (params leaves [m, ...]): client_loss,
-    client_accuracy, client_weight (1 for a client holding data)."""
-
-    def evaluate_part(part) -> dict:
-        p, rows = part
-
-        def per_client(fn):
-            return jax.vmap(lambda p, x, y, n: fn(model, p, x, y, n))(
-                p, rows.x, rows.y, rows.num_examples)
-
-        out = {"client_loss": per_client(client_loss),
-               "client_weight": rows.active().astype(jnp.float32)}
-        if model.correct is not None:
-            out["client_accuracy"] = per_client(client_accuracy)
-        return out
-
-    return map_client_chunks(evaluate_part, (params, data))
-
-
-def assign_unseen(model: Model, state, train) -> jax.Array:
-    """[m] each client's cluster model of lowest loss on its training part `train` (ties:
-    the lowest index; CFL: among its clusters in use; -1 for a client without data)."""
-    shared = getattr(state, "shared_params", None)
-    losses = cluster_losses(model, state.cluster_params, train,
-                            shared={} if shared is None else shared)
-    if hasattr(state, "num_clusters"):  # CFL: slots num_clusters.. are not in use
-        losses = jnp.where(jnp.arange(losses.shape[1]) < state.num_clusters, losses, jnp.inf)
-    return jnp.where(train.active(), assign_clusters(losses), -1)
+from fedjax_sim.experiments.unseen import adapt, adapt_start, assign_unseen, evaluate_each
 
 
 def _outputs(ev: dict, out: dict) -> tuple:
@@ -120,10 +75,7 @@ def metrics_fn(algorithm, model, problem: dict, s: dict, method: Method | None =
 
     def per_unseen(state, tr, te, key, ids):
         if kind in ("personal", "fine_tuned"):
-            start = state.params
-            if method.personal == "params":  # local models: the mean of the seen clients'
-                start = jax.tree.map(lambda p: p.mean(0), state.params)
-            params = adapt(model, training, start, tr, key, ids)
+            params = adapt(model, training, adapt_start(method, state), tr, key, ids)
             return _outputs(evaluate_each(model, params, tr), evaluate_each(model, params, te))
         if hasattr(state, "cluster_params"):
             assignment = assign_unseen(model, state, tr)

@@ -4,6 +4,12 @@
 cuts it into k rotated clusters of clients for every seed (seeds stacked on a
 leading axis) with each training client's paired test client, `build_model`
 is the MLP (mnist/digits) or the TF-tutorial CNN (cifar).
+
+Unseen clients (setting unseen_clients > 0): seed i holds out `unseen_count(s)` of
+its m training clients (`experiments.unseen`: the seed's own stream, the same for
+every method); the methods train on the others, and a held-out client keeps its
+training part and its paired test client for the evaluation (`metrics.py`). The test
+clients are never trained on, and stay as they are.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from fedjax_sim.data import stack_views
 from fedjax_sim.data.archives import DataUnavailable
 from fedjax_sim.data.images import digits, fixed_split, mnist_5k, rotated_clusters, rotated_views
 from fedjax_sim.experiments.base import stack_seeds
+from fedjax_sim.experiments.unseen import held_out_count, pick_clients, split_ids
 from fedjax_sim.models import mlp_classifier
 from fedjax_sim.models.augment import CROP
 from fedjax_sim.models.zoo import cifar_cnn
@@ -94,9 +101,39 @@ def build_problem(s: dict):
     pair = (lambda p: p.test.subset(jnp.asarray(p.test_of_client))) if views else (
         lambda p: p.test.take(jnp.asarray(p.test_of_client)))
     paired = stack([pair(p) for p in per_seed])
-    return {"train": train, "test": test, "paired": paired,
-            "test_of_client": first.test_of_client, "test_clients": first.test.num_clients,
-            "rotations": first.rotations}
+    return hold_out(s, {"train": train, "test": test, "paired": paired,
+                        "test_of_client": first.test_of_client,
+                        "test_clients": first.test.num_clients, "rotations": first.rotations})
+
+
+def training_clients(s: dict) -> int:
+    """m = k·⌊training images / n⌋, the training clients of every seed."""
+    return s["k"] * (len(load_split_images(s)[0]) // s["n"])
+
+
+def unseen_count(s: dict) -> int:
+    """The training clients held out: unseen_clients · m rounded, at least 1 when
+    unseen_clients > 0 (`unseen.held_out_count`; ValueError when none is left)."""
+    share = s.get("unseen_clients", 0.0)
+    return held_out_count(share, training_clients(s), "m (k·⌊train images / n⌋)") if share \
+        else 0
+
+
+def hold_out(s: dict, problem: dict) -> dict:
+    """`problem` with each seed's held-out training clients moved out of "train" and
+    "paired" into "unseen_train" and "unseen_paired" (their paired test clients);
+    "seen" [seeds, m − u] and "unseen" [seeds, u] hold the ids ("test_of_client" stays
+    over all m). As it is when unseen_clients is 0."""
+    count = unseen_count(s)
+    if not count:
+        return problem
+    m = len(problem["test_of_client"])
+    seen, unseen = split_ids(s["seed"], s["seeds"], m, count)
+    return {**problem, "train": pick_clients(problem["train"], seen),
+            "paired": pick_clients(problem["paired"], seen),
+            "unseen_train": pick_clients(problem["train"], unseen),
+            "unseen_paired": pick_clients(problem["paired"], unseen),
+            "seen": seen, "unseen": unseen}
 
 
 def build_model(s: dict, input_shape, split: bool = False):

@@ -17,13 +17,16 @@ from fedjax_sim.experiments.ifca_images.data import (
     build_model,
     build_problem,
     load_split_images,
+    training_clients,
+    unseen_count,
 )
 from fedjax_sim.experiments.ifca_images.methods import CLUSTERING, TABLE, client_training
 from fedjax_sim.experiments.ifca_images.metrics import TABLE as RESULTS
-from fedjax_sim.experiments.ifca_images.metrics import first_round_at_one, metrics_fn
+from fedjax_sim.experiments.ifca_images.metrics import UNSEEN_TABLE, first_round_at_one, metrics_fn
 from fedjax_sim.experiments.methods import SPLIT_MODEL, with_lr_decay
 from fedjax_sim.experiments.settings import (
     Setting,
+    adapt_steps_setting,
     batch_size_setting,
     checkpoint_setting,
     count,
@@ -36,6 +39,7 @@ from fedjax_sim.experiments.settings import (
     sampling_setting,
     seed_setting,
     seeds_setting,
+    unseen_clients_setting,
 )
 from fedjax_sim.models.zoo import WEIGHT_INITS
 
@@ -111,6 +115,9 @@ class RotatedImages(Experiment):
         Setting("selection", str, "test_loss", "a test client's cluster: lowest loss on its "
                 "test data (official MNIST/CIFAR) or its training twin's (FEMNIST)",
                 choices=("test_loss", "train_loss")),
+        unseen_clients_setting("training clients"),
+        adapt_steps_setting("local steps that adapt the global model for an unseen client "
+                            "(personal methods) before its test; 0: local_steps"),
         seeds_setting(5, "seeds (data permutation and init), one vmapped axis", maximum=1000),
         seed_setting(),
         eval_every_setting(10, "full evaluation every this many rounds (cluster identity: "
@@ -157,6 +164,13 @@ class RotatedImages(Experiment):
             raise ValueError("setting hidden is for the MLP (mnist/digits); cifar uses the CNN.")
         if s["batch_size"] and s["batch_size"] > s["n"]:
             raise ValueError(f"setting batch_size={s['batch_size']} exceeds n={s['n']}.")
+        seen = training_clients(s) - unseen_count(s)
+        if s["unseen_clients"] and s["k"] > seen:
+            raise ValueError(f"setting k={s['k']} exceeds the {seen} training clients left by "
+                             f"unseen_clients={s['unseen_clients']}.")
+        if s["adapt_steps"] and not s["unseen_clients"]:
+            raise ValueError("setting adapt_steps is read only with unseen_clients > 0 (it "
+                             "adapts a personal method's model for an unseen client).")
 
     def client_chunk(self, s: dict, problem, model, name: str):
         """The method's client_chunk: from memory_budget_gb; else, on a CPU, the clients of
@@ -207,14 +221,15 @@ class RotatedImages(Experiment):
         rounds = self.method_rounds(name, s)
         key = stream_key(s["seed"], ROUNDS)
         return MethodRun(algorithm, problem["train"], key, rounds,
-                         metrics_fn(TABLE[name], algorithm, model, problem, s, rounds),
+                         metrics_fn(TABLE[name], algorithm, model, problem, s, rounds,
+                                    self.adapt_training(name, s)),
                          eval_every=1)
 
     def client_training(self, s: dict, learning_rate):
         return client_training(s, learning_rate)
 
     def table(self, s: dict) -> list[str]:
-        return list(RESULTS)
+        return list(RESULTS) + (UNSEEN_TABLE if s["unseen_clients"] else [])
 
     def notes(self, s: dict, problem, results: dict) -> dict:
         identity_rounds = {name: first_round_at_one(r.rows, s["seeds"])
@@ -300,6 +315,16 @@ class RotatedImages(Experiment):
                 f"FedAvg pretrains {s['pretrain_rounds']} rounds; its trunk is frozen in every "
                 f"cluster, only the last layer is clustered; warm start: {s['warm_start_rounds']} "
                 "rounds on random equal client groups")
+        if s["unseen_clients"]:
+            notes["unseen"] = (
+                f"{unseen_count(s)} of {training_clients(s)} training clients per seed held out "
+                f"of training (drawn from the seed's stream, the same for every method), each "
+                f"scored on its paired test client (unseen_*): global models as they are; "
+                f"cluster models by the cluster of lowest loss on the client's training part; "
+                f"personal ones adapted by {s['adapt_steps'] or s['local_steps']} local steps "
+                f"from the global model (local models: the mean of the seen clients' models); "
+                f"the seen metrics are the preset's own over the seen training clients; "
+                f"participation_gap = test_accuracy − unseen_test_accuracy")
         if s["init_tries"] > 1:
             notes["initializer"] = (
                 f"find-a-good-initializer: first of {s['init_tries']} inits whose every cluster "

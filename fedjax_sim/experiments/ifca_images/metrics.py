@@ -3,6 +3,16 @@
 `metrics_fn` evaluates one method on every seed (the official local-baseline
 accuracy included); `participant_identity_accuracy` is the paper's Fig. 4
 cluster identity over the clients that have taken part.
+
+Unseen clients (setting unseen_clients > 0: training clients held out, `data.hold_out`)
+are scored on their paired test clients beside the seen ones, by the method's kind
+(`Method.kind`): a global model as it is; cluster models (clustered and fixed) by the
+cluster of lowest loss on the client's training part; personal models adapted by
+`adapt_steps` local steps of the method's client training from the global model (local
+models: the mean of the seen clients' models). They add `unseen_test_accuracy`,
+`unseen_test_loss` and `participation_gap` = test_accuracy − unseen_test_accuracy per
+seed; the seen metrics are the preset's own, over the seen training clients (the test
+clients of global and cluster models are all of them: none is trained on).
 """
 
 from __future__ import annotations
@@ -14,12 +24,14 @@ import numpy as np
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.algorithms.ifca import evaluate_clusters
 from fedjax_sim.data import FederatedData, copies_axes
-from fedjax_sim.experiments.base import client_mean
+from fedjax_sim.experiments.base import ADAPT, client_mean, stream_key
 from fedjax_sim.experiments.methods import Method
+from fedjax_sim.experiments.unseen import adapt, adapt_start, assign_unseen, evaluate_each
 from fedjax_sim.metrics import cluster_identity_accuracy
 
 TABLE = ["test_accuracy", "local_paired_accuracy", "cluster_accuracy", "train_loss",
          "test_loss"]
+UNSEEN_TABLE = ["unseen_test_accuracy", "unseen_test_loss", "participation_gap"]
 
 
 def participant_identity_accuracy(assignment, truth, num_clusters: int) -> float:
@@ -98,8 +110,22 @@ def local_on_cluster_tests(model, test_of_client, per_test: int, k: int):
     return official
 
 
+def on_seen(official, m: int):
+    """`local_on_cluster_tests`' function for the seen clients' models (params [seen, ...]
+    with their ids [seen]): placed at their slots of all m (the others zero) and read back
+    from there."""
+
+    def seen_only(params, test, ids):
+        full = jax.tree.map(
+            lambda p: jnp.zeros((m,) + p.shape[1:], p.dtype).at[ids].set(p), params)
+        correct, weight = official(full, test)
+        return correct[ids], weight[ids]
+
+    return seen_only
+
+
 def metrics_fn(method: Method, algorithm: Algorithm, model, problem, s: dict,
-               total_rounds: int):
+               total_rounds: int, training=None):
     """state -> {metric: [seeds]} for one method (vmapped over seeds), by its kind.
 
     Clustering methods: cluster_accuracy from the state's assignment (each
@@ -110,7 +136,9 @@ def metrics_fn(method: Method, algorithm: Algorithm, model, problem, s: dict,
     Test data: a global model every test client; cluster models as IFCA serves them
     (setting selection); per-client models and fixed clusters each training client's
     paired test client; per-client models also the official local-baseline accuracy
-    (each on all test data of its cluster).
+    (each on all test data of its cluster). With held-out clients (problem "unseen_train",
+    "unseen_paired") the module's unseen metrics too; training: the method's client
+    training for adapting a personal method (`adapt_steps` steps).
     """
     kind = method.kind
     train, test, paired = problem["train"], problem["test"], problem["paired"]
@@ -124,13 +152,20 @@ def metrics_fn(method: Method, algorithm: Algorithm, model, problem, s: dict,
         return {"loss": (out["client_loss"], out["client_weight"]),
                 "accuracy": (out["client_accuracy"], n)}
 
+    unseen = "unseen_train" in problem
+    seen_ids = (jnp.asarray(problem["seen"], jnp.int32),) if unseen else ()
     if kind == "personal":
         official = local_on_cluster_tests(model, problem["test_of_client"], per_test, k)
+        if unseen:
+            official = on_seen(official, len(problem["test_of_client"]))
 
-    def served(st, d, a=None):  # cluster models as IFCA serves them, on their trunk if any
+    def trunk_of(st):  # the cluster models' trunk (frozen or shared; none: {}) and network
         trunk = st.frozen_params if jax.tree.leaves(getattr(st, "frozen_params", {})) else (
             getattr(st, "shared_params", {}))
-        net = model if jax.tree.leaves(trunk) else model.unsplit()
+        return trunk, (model if jax.tree.leaves(trunk) else model.unsplit())
+
+    def served(st, d, a=None):  # cluster models as IFCA serves them, on their trunk if any
+        trunk, net = trunk_of(st)
         return evaluate_clusters(net, st.cluster_params, d, shared=trunk, assignment=a)
 
     @jax.jit
@@ -148,9 +183,29 @@ def metrics_fn(method: Method, algorithm: Algorithm, model, problem, s: dict,
         else:
             out["test"] = summary(algorithm.evaluate(state, test), test)
         if kind == "personal":
-            out["official"] = jax.vmap(official, in_axes=(0, copies_axes(test)))(
-                getattr(state, method.personal), test)
+            out["official"] = jax.vmap(official, in_axes=(0, copies_axes(test),
+                                                          *(0,) * len(seen_ids)))(
+                getattr(state, method.personal), test, *seen_ids)
         return out
+
+    def per_unseen(state, tr, te, key, ids):  # one seed's held-out clients: adapted/served
+        if kind == "personal":
+            params = adapt(model, training, adapt_start(method, state), tr, key, ids)
+            return evaluate_each(model, params, te)
+        trunk, net = trunk_of(state)
+        return served(state, te, assign_unseen(net, state, tr, shared=trunk))
+
+    @jax.jit
+    def evaluate_unseen(state, tr, te, keys, ids):
+        if kind in ("personal", "clustered", "fixed"):
+            return jax.vmap(per_unseen, in_axes=(0, copies_axes(tr), copies_axes(te), 0, 0))(
+                state, tr, te, keys, ids)
+        return algorithm.evaluate(state, te)  # a global model as it is (over the seeds)
+
+    if unseen:
+        held_train, held_test = problem["unseen_train"], problem["unseen_paired"]
+        held_keys = jax.random.split(stream_key(s["seed"], ADAPT), s["seeds"])
+        held_ids = jnp.asarray(problem["unseen"], jnp.int32)
 
     def identity(state):
         assignment = np.asarray(state.assignment)
@@ -174,6 +229,12 @@ def metrics_fn(method: Method, algorithm: Algorithm, model, problem, s: dict,
             out["local_paired_accuracy"] = out["test_accuracy"]
             correct, weight = (np.asarray(a, np.float64) for a in ev["official"])
             out["test_accuracy"] = correct.sum(-1) / weight.sum(-1)
+        if unseen:
+            held = summary(evaluate_unseen(state, held_train, held_test, held_keys, held_ids),
+                           held_test)
+            out["unseen_test_loss"] = client_mean(*held["loss"])
+            out["unseen_test_accuracy"] = client_mean(*held["accuracy"])
+            out["participation_gap"] = out["test_accuracy"] - out["unseen_test_accuracy"]
         return out
 
     return metrics
