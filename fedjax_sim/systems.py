@@ -5,8 +5,8 @@ the clients behave as machines. A `Systems` value says it, and rides on the
 client data as static pytree data (like the executor's `execution.Plan`), so
 that the one cohort path (`ops.sample_cohort`, `ops.cohort_sums`) applies it
 in every algorithm's round without any algorithm naming it. Attach it with
-`algorithms.with_systems(algorithm, systems)` (or `with_systems` here, on
-data). In a round:
+`algorithms.with_systems(algorithm, systems)` (or `attach` here, on the
+data itself). In a round:
 
     A    ← {i : u_i < p_i(t)}                   (u_i ~ U[0, 1), fresh each round)
     S    ← the cohort, drawn among A only      (uniform without replacement, or ∝ weights)
@@ -142,12 +142,12 @@ def systems_of(data) -> Systems:
     return NO_SYSTEMS
 
 
-def with_systems(data, systems: Systems):
+def attach(data, systems: Systems):
     """`data` (a client source, or a pytree holding them) with every client source's
     systems set to `systems`; other nodes as they are."""
     if not isinstance(systems, Systems):
         raise ValueError(f"systems must be a fedjax_sim.systems.Systems; got {systems!r}.")
     if _is_carrier(data):
-        return data.with_systems(systems)
+        return data.with_systems(systems)  # (a client source's own method)
     return jax.tree.map(lambda n: n.with_systems(systems) if _is_carrier(n) else n, data,
                         is_leaf=_is_carrier)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -65,7 +66,11 @@ def _refused(code: int, err: str, out: Path, there: str, now: str) -> None:
     assert code == 2
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert f"cannot resume {out}: " in err
-    assert f"plans {now} where the" in err and f"started with {there}" in err
+    # `now` may be a pattern: a client chunk under a tiny budget depends on the machine
+    # (a 2-core Intel Xeon plans 3 clients at a time where a 2-core AMD EPYC planned 2).
+    said = re.search(f"plans {now.pattern} where the", err) if isinstance(now, re.Pattern) \
+        else f"plans {now} where the" in err
+    assert said and f"started with {there}" in err, err
     assert "a resume may change memory_budget_gb only to a value that keeps the plan" in err
 
 
@@ -167,7 +172,7 @@ def test_a_run_resumes_under_its_plan_only(tmp_path, capsys):
     before = _snapshot(out)
     code, err = _cli(capsys, "run", "--resume", "--out", str(out), "--set",
                      "memory_budget_gb=4.5e-6")
-    _refused(code, err, out, "all clients at once", "2 clients at a time")
+    _refused(code, err, out, "all clients at once", re.compile(r"\d+ clients at a time"))
     assert "memory_budget_gb=4.5e-06 (config.json: 0.0)" in err
     assert _snapshot(out) == before
     # A budget that still holds every client at once plans the same.

@@ -24,7 +24,7 @@ from fedjax_sim.data.federated import copies_axes
 from fedjax_sim.models.core import Model, check_model_data
 from fedjax_sim.ops import sample_cohort
 from fedjax_sim.systems import Systems, systems_of
-from fedjax_sim.systems import with_systems as attach_systems
+from fedjax_sim.systems import attach as attach_systems
 
 State = Any
 NOT_PER_CLIENT = -1
