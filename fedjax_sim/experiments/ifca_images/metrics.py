@@ -98,6 +98,25 @@ def local_on_cluster_tests(model, test_of_client, per_test: int, k: int):
     return official
 
 
+def summarize(out: dict, data) -> dict:
+    """{"loss", "accuracy"}: (per-client values, weights) of an evaluation's outputs; the
+    accuracy is Σ_i correct_i / Σ_i n_i over clients with data (official
+    get_inference_stats)."""
+    n = out["client_weight"] * data.num_examples
+    return {"loss": (out["client_loss"], out["client_weight"]),
+            "accuracy": (out["client_accuracy"], n)}
+
+
+def serve_clusters(model, state, data, assignment=None) -> dict:
+    """One seed's cluster models as IFCA serves them, on their trunk if any (frozen or
+    shared): each client the lowest-loss cluster on `data`, or `assignment`'s."""
+    trunk = state.frozen_params if jax.tree.leaves(getattr(state, "frozen_params", {})) else (
+        getattr(state, "shared_params", {}))
+    net = model if jax.tree.leaves(trunk) else model.unsplit()
+    return evaluate_clusters(net, state.cluster_params, data, shared=trunk,
+                             assignment=assignment)
+
+
 def metrics_fn(method: Method, algorithm: Algorithm, model, problem, s: dict,
                total_rounds: int):
     """state -> {metric: [seeds]} for one method (vmapped over seeds), by its kind.
@@ -118,20 +137,13 @@ def metrics_fn(method: Method, algorithm: Algorithm, model, problem, s: dict,
     k = s["k"]
     per_test = problem["test_clients"] // k
 
-    def summary(out, data):
-        # Σ_i correct_i / Σ_i n_i over clients with data (official get_inference_stats).
-        n = out["client_weight"] * data.num_examples
-        return {"loss": (out["client_loss"], out["client_weight"]),
-                "accuracy": (out["client_accuracy"], n)}
+    summary = summarize
 
     if kind == "personal":
         official = local_on_cluster_tests(model, problem["test_of_client"], per_test, k)
 
-    def served(st, d, a=None):  # cluster models as IFCA serves them, on their trunk if any
-        trunk = st.frozen_params if jax.tree.leaves(getattr(st, "frozen_params", {})) else (
-            getattr(st, "shared_params", {}))
-        net = model if jax.tree.leaves(trunk) else model.unsplit()
-        return evaluate_clusters(net, st.cluster_params, d, shared=trunk, assignment=a)
+    def served(st, d, a=None):
+        return serve_clusters(model, st, d, a)
 
     @jax.jit
     def evaluate_all(state, train, test, paired):
