@@ -158,3 +158,10 @@ def test_compare_every_table_2_method_tiny(tmp_path):
     with open(out / "results.csv") as f:
         assert {r["method"] for r in csv.DictReader(f)} == {
             "fedavg", "local", "oneshot", "ifca_ws", "ifca_frozen"}
+    # `run` trains the headline method, IFCA on the frozen pretrained trunk
+    run = tmp_path / "run"
+    del tiny["local_rounds"]  # read by local and one-shot only: refused for ifca_frozen
+    assert cli.main(["run", "ifca-femnist", "--set", *(f"{k}={v}" for k, v in tiny.items()),
+                     "--out", str(run), "--no-progress"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["method"] == "ifca_frozen"

@@ -44,9 +44,9 @@ from fedjax_sim.experiments.methods import SPLIT_MODEL
 from fedjax_sim.models.zoo import femnist_cnn
 
 FEMNIST_HELP = (
-    "put FEMNIST in it: LEAF's data/train and data/test folders (github.com/TalwalkarLab/leaf, "
-    "data/femnist: ./preprocess.sh -s niid --sf 0.05 -k 100 -t sample) as "
-    "<data_dir>/femnist/train/ and <data_dir>/femnist/test/ (or its unsplit data/all_data as "
+    "to get the data, run LEAF (github.com/TalwalkarLab/leaf, in data/femnist: ./preprocess.sh "
+    "-s niid --sf 0.05 -k 100 -t sample) and copy its data/train and data/test folders to "
+    "<data_dir>/femnist/train/ and <data_dir>/femnist/test/ (or its unsplit data/all_data to "
     "<data_dir>/femnist/all_data/), or <data_dir>/femnist/train.npz and test.npz (x uint8 "
     "[N, 28, 28], y labels in [0, 62), writer_id), see fedjax_sim.data.tfds_local; no copy "
     "ships with fedjax_sim and nothing is downloaded; set it with --set data_dir=DIR"
