@@ -155,6 +155,7 @@ class PresetInfo:
     source: str  # the paper's table or figure; "—" when the preset reproduces none
     runtime: str
     anchor: str  # section of docs/protocols.md
+    example: str = ""  # settings the example command needs (a user's data_dir)
 
 
 IFCA, DRFLM, MIXED, FEDNOVA = "IFCA", "DRFLM", "Mixed FL", "FedNova"
@@ -197,6 +198,11 @@ PRESET_INFO = {
     "ifca-weight-sharing": PresetInfo("weight sharing and the frozen-trunk FEMNIST variant, on "
                                       "rotated MNIST", f"{IFCA} Table 2 (its structure)", HOUR,
                                       "ifca-femnist"),
+    "ifca-femnist": PresetInfo("FEMNIST with writers as clients: IFCA with weight sharing and "
+                               "a frozen pretrained trunk against global, local and one-shot "
+                               "models (a local copy is needed: `--set data_dir=DIR`; none "
+                               "ships)", f"{IFCA} Table 2", DAYS + " (an accelerator is "
+                               "advised)", "ifca-femnist", " --set data_dir=/path"),
     "drflm-esol": PresetInfo("worst-client and average RMSE on ESOL", f"{DRFLM} Table 1",
                              HALF_HOUR, "drflm-experiments"),
     "drflm-freesolv": PresetInfo("worst-client and average RMSE on FreeSolv",
@@ -293,7 +299,7 @@ def presets_page() -> str:
                 f"- **Reproduces:** {info.reproduces} ({info.source}); protocol notes: "
                 f"[{info.anchor}](protocols.md#{info.anchor}).",
                 f"- **Commands:** {', '.join(f'`{c}`' for c in preset.commands)}; for example "
-                f"`fedjax-sim {_main_command(preset)} {name}` ({info.runtime}).",
+                f"`fedjax-sim {_main_command(preset)} {name}{info.example}` ({info.runtime}).",
                 f"- **Experiment:** `{experiment.name}`."]
         if experiment.methods:
             out.append(f"- **Compares:** {', '.join(f'`{m}`' for m in experiment.methods)} "

@@ -28,7 +28,22 @@ this order, for:
 
      tfds build mnist --data_dir D --file_format array_record
 
-   tfds has no FEMNIST; for it only 1. and 2. apply.
+   tfds has no FEMNIST; for it 1., 2. and the LEAF files below apply.
+
+FEMNIST also reads LEAF's own JSON files (https://github.com/TalwalkarLab/leaf,
+`data/femnist`), looked for after 1.: `<data_dir>/femnist/<split>/*.json`,
+i.e. LEAF's `data/train/` and `data/test/` folders (its per-user split, e.g.
+`./preprocess.sh -s niid --sf 0.05 -k 100 -t sample`) copied to
+`<data_dir>/femnist/train/` and `<data_dir>/femnist/test/`; for split
+"train" without such a folder, LEAF's unsplit `data/all_data/all_data_*.json`
+copied to `<data_dir>/femnist/all_data/` (no test split then: an experiment
+splits each writer itself). Each file is {"users": [...], "num_samples":
+[...], "user_data": {user: {"x": [[784 floats]], "y": [ints]}}}; the writer
+id is the user name. LEAF's x is `np.asarray(gray).flatten() / 255` of the
+28×28 PIL image (`data/femnist/preprocess/data_to_json.py`): row-major, so
+reshaped to [28, 28] it is upright, and NOT inverted: NIST's white background
+is near 1 and the ink near 0. The images returned are `round(255·x)` in that
+same polarity (an .npz written from LEAF's arrays ×255 reads the same).
 
 Shapes returned: grayscale images as uint8 [N, 28, 28] (the channel axis
 dropped), CIFAR-10 as uint8 [N, 32, 32, 3]; labels int32 [N]. tfds's EMNIST
@@ -232,6 +247,50 @@ def _read_source(source, spec: ImageSpec, where: str, transpose: bool):
     return images, labels, writers
 
 
+def _leaf_files(data_dir: Path, split: str) -> list[Path]:
+    """LEAF FEMNIST JSON files of `split`: `femnist/<split>/*.json`, else (train only)
+    `femnist/all_data/*.json`; [] when there are none."""
+    base = data_dir / "femnist"
+    files = sorted((base / split).glob("*.json")) if (base / split).is_dir() else []
+    if not files and split == "train" and (base / "all_data").is_dir():
+        files = sorted((base / "all_data").glob("*.json"))
+    return files
+
+
+def _read_leaf(files: list[Path], spec: ImageSpec):
+    """(images uint8 [N, 28, 28], labels, writer ids) of LEAF JSON files, users in file order."""
+    import json
+
+    images, labels, writers = [], [], []
+    for path in files:
+        where = str(path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                doc = json.load(f)
+            users, data = doc["users"], doc["user_data"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{where}: not a LEAF FEMNIST JSON file with 'users' and "
+                             f"'user_data' ({type(err).__name__}: {err}).") from None
+        for user in users:
+            rows = data.get(user)
+            if not isinstance(rows, dict) or "x" not in rows or "y" not in rows:
+                raise ValueError(f"{where}: user {user!r} has no 'x' and 'y' in 'user_data'.")
+            x = np.asarray(rows["x"], np.float64)
+            n = len(rows["y"])
+            if x.shape != (n, 784):
+                raise ValueError(f"{where}: user {user!r}: 'x' must be {n} rows of 784 floats "
+                                 f"(28×28 images); got shape {x.shape}.")
+            images.append(x.reshape(n, 28, 28))
+            labels.append(np.asarray(rows["y"]).reshape(n))
+            writers += [str(user)] * n
+    if not writers:
+        raise ValueError(f"{files[0].parent}: the LEAF JSON files hold no examples.")
+    where = str(files[0].parent)
+    x = _as_images(np.concatenate(images), spec, where)
+    y = _as_labels(np.concatenate(labels).astype(np.int64), len(x), spec, where)
+    return x, y, np.asarray(writers)
+
+
 def _fingerprint(build: Path, split: str) -> str | None:
     """A key of the split's files (names, sizes, times); None when there are none (a mock)."""
     files = sorted(build.glob(f"*-{_base_split(split)}.array_record*")) if build.is_dir() else []
@@ -317,7 +376,14 @@ def _unavailable(name: str, data_dir: Path, split: str, spec: ImageSpec, reason:
             f"--file_format array_record` and copy the folder here."
         )
     else:
-        lines.append("  (tensorflow-datasets has no FEMNIST build, so only 1. and 2. apply.)")
+        base = _base_split(split)
+        lines.append(f"  3. {data_dir / 'femnist' / base}/*.json: LEAF's FEMNIST files (its "
+                     f"data/{base}/ folder after ./preprocess.sh -s niid --sf 0.05 -k 100 -t "
+                     "sample in leaf/data/femnist, https://github.com/TalwalkarLab/leaf)"
+                     + (f", or {data_dir / 'femnist' / 'all_data'}/*.json (LEAF's unsplit "
+                        "data/all_data/)" if base == "train" else "") + ".")
+        lines.append("  (tensorflow-datasets has no FEMNIST build, so only 1., 2. and 3. "
+                     "apply.)")
     return DataUnavailable("\n".join(lines))
 
 
@@ -337,10 +403,18 @@ def _load(name: str, data_dir, split: str, cache_dir=None):
                     f"split slices such as {split!r} need a tfds build; {npz} is an .npz."
                 )
             return _read_npz(npz, spec)
+    leaf = _leaf_files(data_dir, _base_split(split)) if name == "femnist" else []
+    if leaf:
+        if _base_split(split) != split:
+            raise ValueError(f"split slices such as {split!r} need a tfds build; "
+                             f"{leaf[0].parent} holds LEAF JSON files.")
+        return _read_leaf(leaf, spec)
+    own = _own_build_dir(data_dir, name)
+    if spec.tfds_name is None and not _has_split(own, split):  # no tfds needed to say so
+        raise _unavailable(name, data_dir, split, spec, "none of the files below exist.")
     require("tensorflow_datasets", "tfds", f"reading {name} from a tfds build in {data_dir}")
     import tensorflow_datasets as tfds  # here, not at import: it takes a second
 
-    own = _own_build_dir(data_dir, name)
     if _has_split(own, split):
         npz_builder()  # registers the builder class, so tfds can read its build
         source = tfds.data_source(f"{BUILDER_NAME}/{_config_name(name)}:{BUILDER_VERSION}",

@@ -124,6 +124,31 @@ def on_seen(official, m: int):
     return seen_only
 
 
+def summarize(out: dict, data) -> dict:
+    """{"loss", "accuracy"}: (per-client values, weights) of an evaluation's outputs; the
+    accuracy is Σ_i correct_i / Σ_i n_i over clients with data (official
+    get_inference_stats)."""
+    n = out["client_weight"] * data.num_examples
+    return {"loss": (out["client_loss"], out["client_weight"]),
+            "accuracy": (out["client_accuracy"], n)}
+
+
+def cluster_trunk(model, state):
+    """(the cluster models' trunk: frozen or shared, {} without one; the network they run
+    in: the split model with a trunk, else the whole one) of one seed's state."""
+    trunk = state.frozen_params if jax.tree.leaves(getattr(state, "frozen_params", {})) else (
+        getattr(state, "shared_params", {}))
+    return trunk, (model if jax.tree.leaves(trunk) else model.unsplit())
+
+
+def serve_clusters(model, state, data, assignment=None) -> dict:
+    """One seed's cluster models as IFCA serves them, on their trunk if any (frozen or
+    shared): each client the lowest-loss cluster on `data`, or `assignment`'s."""
+    trunk, net = cluster_trunk(model, state)
+    return evaluate_clusters(net, state.cluster_params, data, shared=trunk,
+                             assignment=assignment)
+
+
 def metrics_fn(method: Method, algorithm: Algorithm, model, problem, s: dict,
                total_rounds: int, training=None):
     """state -> {metric: [seeds]} for one method (vmapped over seeds), by its kind.
@@ -146,11 +171,7 @@ def metrics_fn(method: Method, algorithm: Algorithm, model, problem, s: dict,
     k = s["k"]
     per_test = problem["test_clients"] // k
 
-    def summary(out, data):
-        # Σ_i correct_i / Σ_i n_i over clients with data (official get_inference_stats).
-        n = out["client_weight"] * data.num_examples
-        return {"loss": (out["client_loss"], out["client_weight"]),
-                "accuracy": (out["client_accuracy"], n)}
+    summary = summarize
 
     unseen = "unseen_train" in problem
     seen_ids = (jnp.asarray(problem["seen"], jnp.int32),) if unseen else ()
@@ -160,13 +181,10 @@ def metrics_fn(method: Method, algorithm: Algorithm, model, problem, s: dict,
             official = on_seen(official, len(problem["test_of_client"]))
 
     def trunk_of(st):  # the cluster models' trunk (frozen or shared; none: {}) and network
-        trunk = st.frozen_params if jax.tree.leaves(getattr(st, "frozen_params", {})) else (
-            getattr(st, "shared_params", {}))
-        return trunk, (model if jax.tree.leaves(trunk) else model.unsplit())
+        return cluster_trunk(model, st)
 
     def served(st, d, a=None):  # cluster models as IFCA serves them, on their trunk if any
-        trunk, net = trunk_of(st)
-        return evaluate_clusters(net, st.cluster_params, d, shared=trunk, assignment=a)
+        return serve_clusters(model, st, d, a)
 
     @jax.jit
     def evaluate_all(state, train, test, paired):
