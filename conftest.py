@@ -80,6 +80,11 @@ SLOW = (
     "tests/test_hetero.py::test_robust_clusters_preset_tiny",
     "tests/test_faults.py::test_ctrl_c_is_exit_130_and_one_line",
     "tests/test_faults.py::test_bad_distributed_settings_are_one_line",
+    "tests/test_femnist.py::test_compare_end_to_end_tiny",
+    "tests/test_slow_marks.py::test_every_pytest_step_of_ci_selects_tests",
+    "tests/test_unseen_images.py::test_comparison_end_to_end_has_the_unseen_columns",
+    "tests/test_unseen_clients.py::test_comparison_end_to_end_has_the_unseen_columns",
+    "tests/test_ifca_theory.py::test_preset_runs_end_to_end",
 )
 
 
