@@ -163,6 +163,60 @@ def test_per_client_work_ifca_model_averaging(ragged, linear_model, ref):
         np.testing.assert_allclose(state.cluster_params, models, rtol=RTOL, atol=ATOL)
 
 
+@pytest.mark.parametrize("participation", [1.0, 0.6])
+def test_per_client_work_qffl_equals_loop(ragged, linear_model, ref, participation):
+    """q-FFL's Algorithm 2 with w̄_k after client k's own τ_k steps: Δ_k = F_k^q L(w − w̄_k),
+    h_k = q F_k^{q−1}‖L(w − w̄_k)‖² + L F_k^q, w ← w − ΣΔ_k / Σh_k, L = 1/η."""
+    from fedjax_sim.algorithms import qffl
+
+    m, q = ragged.num_clients, 2.0
+    table = _table(m)
+    alg = qffl(linear_model, sgd(LR, steps=STEPS, work=Work(per_client=table)), q=q,
+               participation=participation)
+    state = alg.init(jax.random.key(0), ragged)
+    x, y, n = _np(ragged)
+    big_l = 1.0 / LR
+    w = np.asarray(state.params, np.float64)
+    for key in jax.random.split(jax.random.key(1), 3):
+        state, _ = jax.jit(alg.round)(state, ragged, key)
+        ids, *_ = _slots(key, m, participation)
+        deltas, hs = [], []
+        for i in ids:
+            if n[i] == 0:
+                continue
+            loss = ref.loss(w, x[i], y[i], n[i]) + 1e-10
+            dw = big_l * (w - _gd(ref, w, x[i], y[i], n[i], table[i]))
+            deltas.append(loss**q * dw)
+            hs.append(q * loss ** (q - 1) * dw @ dw + big_l * loss**q)
+        w = w - sum(deltas) / sum(hs)
+        np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
+
+
+def test_per_client_work_hypcluster_equals_loop(ragged, linear_model, ref):
+    """HypCluster: each client takes its lowest-loss hypothesis, τ_i steps from it, and each
+    hypothesis becomes its members' example-weighted mean (its default weighting)."""
+    from fedjax_sim.algorithms import hypcluster
+
+    m, k = ragged.num_clients, 2
+    table = _table(m)
+    alg = hypcluster(linear_model, sgd(LR, steps=STEPS, work=Work(per_client=table)),
+                     num_clusters=k)
+    state = alg.init(jax.random.key(0), ragged)
+    x, y, n = _np(ragged)
+    models = np.asarray(state.cluster_params, np.float64)
+    for key in jax.random.split(jax.random.key(1), 2):
+        state, _ = jax.jit(alg.round)(state, ragged, key)
+        trained = {j: ([], []) for j in range(k)}
+        for i in range(m):
+            if n[i] == 0:
+                continue
+            j = int(np.argmin([ref.loss(models[j], x[i], y[i], n[i]) for j in range(k)]))
+            trained[j][0].append(_gd(ref, models[j], x[i], y[i], n[i], table[i]))
+            trained[j][1].append(float(n[i]))
+        models = np.stack([_mean(trained[j][0], trained[j][1], models[j]) for j in range(k)])
+        np.testing.assert_allclose(state.cluster_params, models, rtol=RTOL, atol=ATOL)
+
+
 @pytest.mark.parametrize("batch_size,sampling", [(2, "with_replacement"), (2, "epochs"),
                                                  (None, "with_replacement")])
 def test_masked_steps_are_the_first_steps_of_the_full_scan(ragged, linear_model, batch_size,
