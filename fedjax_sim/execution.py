@@ -27,15 +27,15 @@ cohort at once. Checkpoints record it (`plan_record`), and a resume whose plan
 differs from its checkpoints' is refused (`PlanChanged`); the kernel form is
 recorded too, and a resumed run takes its checkpoint's.
 
-This module imports nothing from fedjax_sim: the data layer carries a plan
-without knowing what it holds.
+The data layer carries a plan without knowing what it holds (this module imports
+only `fedjax_sim.carried`, which finds and sets it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import jax
+from fedjax_sim.carried import carried, carrying
 
 
 @dataclass(frozen=True)
@@ -102,18 +102,9 @@ class PlanChanged(ValueError):
         return type(self), (self.directory, self.saved, self.now)
 
 
-def _is_carrier(node) -> bool:
-    return hasattr(node, "plan") and hasattr(node, "with_plan")
-
-
 def plan_of(data) -> Plan:
     """The plan of a client source, or of the first one in a pytree (the default if none)."""
-    if _is_carrier(data):
-        return data.plan
-    for node in jax.tree.leaves(data, is_leaf=_is_carrier):
-        if _is_carrier(node):
-            return node.plan
-    return DEFAULT_PLAN
+    return carried(data, "plan", DEFAULT_PLAN)
 
 
 def planned(data, **changes):
@@ -124,7 +115,4 @@ def planned(data, **changes):
 def with_plan(data, plan: Plan):
     """`data` (a client source, or a pytree holding them) with every client source's plan
     set to `plan`; other nodes as they are."""
-    if _is_carrier(data):
-        return data.with_plan(plan)
-    return jax.tree.map(lambda n: n.with_plan(plan) if _is_carrier(n) else n, data,
-                        is_leaf=_is_carrier)
+    return carrying(data, "plan", plan)

@@ -27,15 +27,15 @@ without data does; a straggler that is kept trains a uniformly drawn
 1, …, τ_i of its τ_i local steps (`ClientTraining`), and its partial update
 counts like any other.
 
-This module imports nothing from fedjax_sim: the data layer carries it
-without knowing what it holds.
+The data layer carries it without knowing what it holds (this module imports
+only `fedjax_sim.carried`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import jax
+from fedjax_sim.carried import carried, carrying
 
 POLICIES = ("keep", "drop")
 
@@ -128,18 +128,9 @@ class Systems:
 NO_SYSTEMS = Systems()
 
 
-def _is_carrier(node) -> bool:
-    return hasattr(node, "systems") and hasattr(node, "with_systems")
-
-
 def systems_of(data) -> Systems:
     """The Systems of a client source, or of the first one in a pytree (NO_SYSTEMS if none)."""
-    if _is_carrier(data):
-        return data.systems
-    for node in jax.tree.leaves(data, is_leaf=_is_carrier):
-        if _is_carrier(node):
-            return node.systems
-    return NO_SYSTEMS
+    return carried(data, "systems", NO_SYSTEMS)
 
 
 def attach(data, systems: Systems):
@@ -147,7 +138,4 @@ def attach(data, systems: Systems):
     systems set to `systems`; other nodes as they are."""
     if not isinstance(systems, Systems):
         raise ValueError(f"systems must be a fedjax_sim.systems.Systems; got {systems!r}.")
-    if _is_carrier(data):
-        return data.with_systems(systems)  # (a client source's own method)
-    return jax.tree.map(lambda n: n.with_systems(systems) if _is_carrier(n) else n, data,
-                        is_leaf=_is_carrier)
+    return carrying(data, "systems", systems)

@@ -49,15 +49,12 @@ import optax
 from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
-    check_inputs,
-    check_participation,
-    check_weighting,
     client_weights,
     draw_cohort,
     mean_over,
     participants,
 )
-from fedjax_sim.algorithms.fedavg import FedAvgState, evaluate_shared
+from fedjax_sim.algorithms.fedavg import FedAvgState, fedavg
 from fedjax_sim.algorithms.fedprox import proximal_term
 from fedjax_sim.algorithms.training import (
     ClientTraining,
@@ -121,25 +118,22 @@ def fednova(model: Model, training: ClientTraining, *, momentum: float = 0.0, mu
     """
     check_training("fednova", training)
     lr = sgd_rate(training, "fednova", "‖a_i‖₁ is that of plain SGD's steps")
-    check_participation(participation)
-    check_weighting(weighting)
     if not (isinstance(momentum, int | float) and 0.0 <= momentum < 1.0):
         raise ValueError(f"fednova's momentum must be a number in [0, 1); got {momentum!r}.")
     check_learning_rate("fednova's mu", mu)
-    if momentum and not (isinstance(mu, int | float) and mu == 0):
+    proximal = not (isinstance(mu, int | float) and mu == 0)  # (a traced μ counts as one)
+    if momentum and proximal:
         raise ValueError("fednova takes momentum or mu, not both (the paper gives ‖a_i‖₁ "
                          "for each alone).")
     if momentum:
         local = training.replace(optimizer=optax.sgd(lr, momentum=momentum))
-    elif isinstance(mu, int | float) and mu == 0:
-        local = training
-    else:
+    elif proximal:
         local = training.replace(optimizer=optax.chain(proximal_term(mu), optax.sgd(lr)))
-
-    def init(key, data: FederatedData) -> FedAvgState:
-        params = model.init(key)
-        check_inputs(model, params, data)
-        return FedAvgState(params, jnp.zeros((), jnp.int32))
+    else:
+        local = training
+    # FedAvg's state, init and evaluation (and its checks of participation and weighting);
+    # only the round's aggregation is FedNova's own.
+    shared = fedavg(model, local, participation=participation, weighting=weighting)
 
     def round_(state: FedAvgState, data: FederatedData, key):
         cohort = draw_cohort(key, data, participation, round=state.round)
@@ -170,8 +164,5 @@ def fednova(model: Model, training: ClientTraining, *, momentum: float = 0.0, mu
                    "tau_eff": jnp.where(some, tau_eff, 0.0)}
         return state._replace(params=params, round=state.round + 1), metrics
 
-    def evaluate(state: FedAvgState, data: FederatedData) -> dict:
-        return evaluate_shared(model, state.params, data)
-
-    return Algorithm(init, round_, evaluate)
+    return Algorithm(shared.init, round_, shared.evaluate)
 

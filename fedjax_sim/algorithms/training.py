@@ -99,11 +99,6 @@ class ClientTraining:
         """A copy with some fields changed (checked again)."""
         return dataclasses.replace(self, **changes)
 
-    @property
-    def uniform_work(self) -> bool:
-        """Every client takes all `steps` in every round (no straggler can change that)."""
-        return self.work.uniform
-
     def client_steps(self, key, client_id, num_examples, straggles=None):
         """τ_i of one client this round (int32), or None when it is all `steps` (no
         straggler and uniform work: the scan then needs no mask)."""
