@@ -120,3 +120,20 @@ def trained(preset: str, name: str, s: dict):
     state = jax.jit(run.algorithm.init)(key_init, run.data)
     state, _ = simulate.scan_rounds(run.algorithm, state, run.data, key_rounds, 0, run.rounds)
     return problem, run, state
+
+
+def local_gd(ref, theta, x, y, n, lr, steps, extra=lambda th: 0.0):
+    """`steps` full-batch GD steps on F_i (+ a gradient term `extra`), float64: one client's
+    local work as the papers write it, for the loops the tests compare rounds with."""
+    theta = np.asarray(theta, np.float64).copy()
+    for _ in range(int(steps)):
+        theta = theta - lr * (ref.grad(theta, x, y, n) + extra(theta))
+    return theta
+
+
+def weighted_mean(values, weights, fallback):
+    """Σ w_i v_i / Σ w_i, or `fallback` when every weight is 0 (a round nobody trained in)."""
+    total = sum(weights)
+    if total == 0:
+        return fallback
+    return sum(w * v for w, v in zip(weights, values, strict=True)) / total

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from federations import local_gd, weighted_mean
 
 from fedjax_sim.algorithms import (
     ALGORITHMS,
@@ -47,21 +48,6 @@ def _cohort(key, m, participation):
     return np.asarray(sample_cohort(key, m, cohort_size(m, participation)).ids).tolist()
 
 
-def _local_gd(ref, theta, x, y, n, lr, steps, extra=lambda th: 0.0):
-    """`steps` full-batch GD steps on F_i (+ a gradient term `extra`), float64."""
-    theta = np.asarray(theta, np.float64).copy()
-    for _ in range(steps):
-        theta = theta - lr * (ref.grad(theta, x, y, n) + extra(theta))
-    return theta
-
-
-def _weighted_mean(values, weights, fallback):
-    total = sum(weights)
-    if total == 0:
-        return fallback
-    return sum(w * v for w, v in zip(weights, values, strict=True)) / total
-
-
 # --------------------------------------------------------------------------- FedProx
 
 
@@ -80,10 +66,10 @@ def test_fedprox_rounds_equal_loop(ragged, linear_model, ref, participation, wei
         trained, weights = [], []
         for i in _cohort(key, ragged.num_clients, participation):
             w_t = w
-            trained.append(_local_gd(ref, w, x[i], y[i], n[i], lr, tau,
+            trained.append(local_gd(ref, w, x[i], y[i], n[i], lr, tau,
                                      extra=lambda th, w_t=w_t: mu * (th - w_t)))
             weights.append(float(n[i] > 0) * (n[i] if weighting == "examples" else 1.0))
-        w = _weighted_mean(trained, weights, w)
+        w = weighted_mean(trained, weights, w)
         np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
     # The proximal term matters at this μ: FedAvg's model differs.
     plain = fedavg(linear_model, sgd(lr, steps=tau), participation=participation,
@@ -137,7 +123,7 @@ def test_scaffold_rounds_equal_loop(ragged, linear_model, ref, participation, we
         new_ci = ci.copy()
         dys, dcs = {}, {}
         for i in cohort:
-            yi = _local_gd(ref, xs, x[i], y[i], n[i], lr, steps,
+            yi = local_gd(ref, xs, x[i], y[i], n[i], lr, steps,
                            extra=lambda th, i=i: c - ci[i])
             new_ci[i] = ci[i] - c + (xs - yi) / (steps * lr)
             dys[i], dcs[i] = yi - xs, new_ci[i] - ci[i]
@@ -145,7 +131,7 @@ def test_scaffold_rounds_equal_loop(ragged, linear_model, ref, participation, we
             xs = xs + server_lr * np.mean([dys[i] for i in cohort], axis=0)
             c = c + len(cohort) / len(holding) * np.mean([dcs[i] for i in cohort], axis=0)
         else:
-            xs = xs + server_lr * _weighted_mean([dys[i] for i in cohort],
+            xs = xs + server_lr * weighted_mean([dys[i] for i in cohort],
                                                  [p[i] for i in cohort], 0)
             c = c + sum(p[i] * dcs[i] for i in cohort) / total_p
         ci = new_ci
@@ -237,7 +223,7 @@ def test_qffl_rounds_equal_loop(ragged, linear_model, ref, participation):
             if n[i] == 0:
                 continue
             loss = ref.loss(w, x[i], y[i], n[i]) + 1e-10
-            dw = big_l * (w - _local_gd(ref, w, x[i], y[i], n[i], lr, tau))
+            dw = big_l * (w - local_gd(ref, w, x[i], y[i], n[i], lr, tau))
             deltas.append(loss**q * dw)
             hs.append(q * loss ** (q - 1) * dw @ dw + big_l * loss**q)
             fqs.append(loss**q)
@@ -300,7 +286,7 @@ def test_fedopt_presets_equal_algorithm_2(ragged, linear_model, ref, name):
     for key in jax.random.split(jax.random.key(1), 4):
         state, _ = round_(state, ragged, key)
         cohort = [i for i in _cohort(key, ragged.num_clients, 0.6) if n[i] > 0]
-        w = w + server.step(np.mean([_local_gd(ref, w, x[i], y[i], n[i], lr, tau) - w
+        w = w + server.step(np.mean([local_gd(ref, w, x[i], y[i], n[i], lr, tau) - w
                                      for i in cohort], axis=0))
         np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
 
@@ -339,7 +325,7 @@ def test_ifca_fedopt_per_cluster_equals_loop(ragged, linear_model, ref):
         for i in range(ragged.num_clients):
             if n[i]:
                 j = int(np.argmin([ref.loss(theta[c], x[i], y[i], n[i]) for c in range(k)]))
-                members[j].append(_local_gd(ref, theta[j], x[i], y[i], n[i], lr, tau))
+                members[j].append(local_gd(ref, theta[j], x[i], y[i], n[i], lr, tau))
         for j in range(k):
             if members[j]:
                 theta[j] = theta[j] + servers[j].step(np.mean(members[j], axis=0) - theta[j])

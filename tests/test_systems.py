@@ -13,6 +13,7 @@ import chex
 import jax
 import numpy as np
 import pytest
+from federations import local_gd, weighted_mean
 
 from fedjax_sim.algorithms import (
     Work,
@@ -43,20 +44,6 @@ def _np(data):
 def _table(m):
     """τ_i per client: every value 0..STEPS, a client with none among them."""
     return tuple(int(t) for t in np.arange(m) % (STEPS + 1))
-
-
-def _gd(ref, theta, x, y, n, steps, extra=lambda th: 0.0):
-    theta = np.asarray(theta, np.float64).copy()
-    for _ in range(int(steps)):
-        theta = theta - LR * (ref.grad(theta, x, y, n) + extra(theta))
-    return theta
-
-
-def _mean(values, weights, fallback):
-    total = sum(weights)
-    if total == 0:
-        return fallback
-    return sum(w * v for w, v in zip(weights, values, strict=True)) / total
 
 
 def _slots(key, m, participation, systems=NO_SYSTEMS):
@@ -95,10 +82,10 @@ def test_per_client_work_rounds_equal_loop(ragged, linear_model, ref, participat
     for key in jax.random.split(jax.random.key(1), 3):
         state, _ = jax.jit(alg.round)(state, ragged, key)
         ids, *_ = _slots(key, m, participation)
-        trained = [_gd(ref, w, x[i], y[i], n[i], table[i],
+        trained = [local_gd(ref, w, x[i], y[i], n[i], LR, table[i],
                        extra=lambda th, w_t=w: mu * (th - w_t)) for i in ids]
         weights = [float(n[i] > 0) * (n[i] if weighting == "examples" else 1.0) for i in ids]
-        w = _mean(trained, weights, w)
+        w = weighted_mean(trained, weights, w)
         np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
 
 
@@ -116,7 +103,8 @@ def test_per_client_work_scaffold_uses_each_clients_steps(ragged, linear_model, 
         state, _ = jax.jit(alg.round)(state, ragged, key)
         new_ci, dys, dcs = ci.copy(), [], []
         for i in holding:
-            yi = _gd(ref, xs, x[i], y[i], n[i], table[i], extra=lambda th, i=i: c - ci[i])
+            yi = local_gd(ref, xs, x[i], y[i], n[i], LR, table[i],
+                          extra=lambda th, i=i: c - ci[i])
             if table[i] > 0:
                 new_ci[i] = ci[i] - c + (xs - yi) / (table[i] * LR)
             dys.append(yi - xs)
@@ -136,8 +124,8 @@ def test_per_client_work_local_models(ragged, linear_model, ref):
     state, _ = jax.jit(alg.round)(state, ragged, jax.random.key(1))
     x, y, n = _np(ragged)
     for i, tau in enumerate(table):
-        np.testing.assert_allclose(state.params[i], _gd(ref, start[i], x[i], y[i], n[i], tau),
-                                   rtol=RTOL, atol=ATOL)
+        want = local_gd(ref, start[i], x[i], y[i], n[i], LR, tau)
+        np.testing.assert_allclose(state.params[i], want, rtol=RTOL, atol=ATOL)
 
 
 def test_per_client_work_ifca_model_averaging(ragged, linear_model, ref):
@@ -157,7 +145,7 @@ def test_per_client_work_ifca_model_averaging(ragged, linear_model, ref):
             if n[i] == 0:
                 continue
             j = int(np.argmin([ref.loss(models[j], x[i], y[i], n[i]) for j in range(k)]))
-            members[j].append(_gd(ref, models[j], x[i], y[i], n[i], table[i]))
+            members[j].append(local_gd(ref, models[j], x[i], y[i], n[i], LR, table[i]))
         models = np.stack([np.mean(members[j], axis=0) if members[j] else models[j]
                            for j in range(k)])
         np.testing.assert_allclose(state.cluster_params, models, rtol=RTOL, atol=ATOL)
@@ -185,7 +173,7 @@ def test_per_client_work_qffl_equals_loop(ragged, linear_model, ref, participati
             if n[i] == 0:
                 continue
             loss = ref.loss(w, x[i], y[i], n[i]) + 1e-10
-            dw = big_l * (w - _gd(ref, w, x[i], y[i], n[i], table[i]))
+            dw = big_l * (w - local_gd(ref, w, x[i], y[i], n[i], LR, table[i]))
             deltas.append(loss**q * dw)
             hs.append(q * loss ** (q - 1) * dw @ dw + big_l * loss**q)
         w = w - sum(deltas) / sum(hs)
@@ -211,9 +199,9 @@ def test_per_client_work_hypcluster_equals_loop(ragged, linear_model, ref):
             if n[i] == 0:
                 continue
             j = int(np.argmin([ref.loss(models[j], x[i], y[i], n[i]) for j in range(k)]))
-            trained[j][0].append(_gd(ref, models[j], x[i], y[i], n[i], table[i]))
+            trained[j][0].append(local_gd(ref, models[j], x[i], y[i], n[i], LR, table[i]))
             trained[j][1].append(float(n[i]))
-        models = np.stack([_mean(trained[j][0], trained[j][1], models[j]) for j in range(k)])
+        models = np.stack([weighted_mean(*trained[j], models[j]) for j in range(k)])
         np.testing.assert_allclose(state.cluster_params, models, rtol=RTOL, atol=ATOL)
 
 
@@ -345,11 +333,12 @@ def test_fedavg_under_systems_equals_loop(ragged, linear_model, ref, policy, par
         state, _ = jax.jit(alg.round)(state, ragged, key)
         ids, keys, reports, straggles = _slots(key, m, participation, systems)
         taus = _steps([table[i] for i in ids], keys, straggles)
-        trained = [_gd(ref, w, x[i], y[i], n[i], t) for i, t in zip(ids, taus, strict=True)]
+        trained = [local_gd(ref, w, x[i], y[i], n[i], LR, t)
+                   for i, t in zip(ids, taus, strict=True)]
         weights = [float(n[i] > 0 and rep) for i, rep in zip(ids, reports, strict=True)]
         kept_partial += sum(1 for f, rep, i in zip(straggles, reports, ids, strict=True)
                             if f and rep and table[i] > 1)
-        w = _mean(trained, weights, w)
+        w = weighted_mean(trained, weights, w)
         np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
     assert (kept_partial > 0) == (policy == "keep")
 
