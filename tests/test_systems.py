@@ -243,6 +243,29 @@ def test_work_drawn_once_per_client_or_every_round():
     assert (c != d).mean() > 0.5 and set(c.tolist()) <= set(range(1, 9))
 
 
+@pytest.mark.parametrize("work", [Work(low=2, seed=5), Work(per_client=tuple(range(6)) * 3)],
+                         ids=["low", "per_client"])
+def test_work_table_gives_the_steps_drawn_in_the_round(work):
+    """A round that knows m reads τ_i from the work's table (`Work.table`); the table holds
+    what the round would draw, for a sampled cohort with repeats and stragglers too."""
+    m, steps = 18, 5
+    training = sgd(LR, steps=steps, work=work)
+    ids = jax.numpy.asarray([17, 3, 3, 0, 9, 12, 5], jax.numpy.int32)
+    keys = jax.random.split(jax.random.key(4), ids.shape[0])
+    data = type("D", (), {"num_examples": jax.numpy.full(ids.shape, 10)})()
+    flags = jax.numpy.asarray([False, True, False, True, False, False, True])
+    table = np.asarray(work.table(steps, m))
+    assert table.shape == (m,) and table.min() >= (work.low or 0) and table.max() <= steps
+    for straggles in (None, flags):
+        drawn = training.steps_taken(data, keys, ids=ids, straggles=straggles)
+        read = training.steps_taken(data, keys, ids=ids, straggles=straggles, num_clients=m)
+        np.testing.assert_array_equal(np.asarray(read), np.asarray(drawn))
+    np.testing.assert_array_equal(
+        np.asarray(training.steps_taken(data, keys, ids=ids, num_clients=m)), table[ids])
+    with pytest.raises(ValueError, match="drawn once per client"):
+        Work(low=1, per_round=True).table(steps, m)
+
+
 def test_epochs_work_counts_each_clients_batches(ragged, linear_model):
     training = sgd(LR, steps=6, batch_size=2, work=Work(epochs=1))
     n = np.asarray(ragged.num_examples)

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import optax
 
 from fedjax_sim.ops import SAMPLINGS, client_update, linear_in_gradients, local_update
-from fedjax_sim.ops.work import UNIFORM_WORK, Work, straggler_steps
+from fedjax_sim.ops.work import TABLE_MAX_CLIENTS, UNIFORM_WORK, Work, straggler_steps
 
 
 def _check_count(name: str, value) -> None:
@@ -99,20 +99,27 @@ class ClientTraining:
         """A copy with some fields changed (checked again)."""
         return dataclasses.replace(self, **changes)
 
-    def client_steps(self, key, client_id, num_examples, straggles=None):
+    def client_steps(self, key, client_id, num_examples, straggles=None, *, tau=None):
         """τ_i of one client this round (int32), or None when it is all `steps` (no
-        straggler and uniform work: the scan then needs no mask)."""
+        straggler and uniform work: the scan then needs no mask). tau: the client's τ_i
+        when already read from its work's table (`Work.table`)."""
         if self.work.uniform and straggles is None:
             return None
-        tau = self.work.steps_of(key, client_id, num_examples, self.steps, self.batch_size)
+        if tau is None:
+            tau = self.work.steps_of(key, client_id, num_examples, self.steps,
+                                     self.batch_size)
         if straggles is not None:
             tau = jnp.where(straggles, straggler_steps(key, tau), tau)
         return tau
 
-    def steps_taken(self, data, keys, *, ids=None, straggles=None):
+    def steps_taken(self, data, keys, *, ids=None, straggles=None, num_clients=None):
         """[c] int32: the steps each client of `data` takes this round (τ_i, or a
         straggler's share of it; `steps` for all under uniform work), drawn as
-        `update_clients` draws them from the same keys, ids and flags."""
+        `update_clients` draws them from the same keys, ids and flags.
+
+        num_clients: m, static, when known (`CohortBatch.work()`): work drawn once per
+        client is then read from its table (`Work.table`) instead of drawn again.
+        """
         if self.work.uniform and straggles is None:
             return jnp.full(keys.shape[:1], self.steps, jnp.int32)
         if ids is None:
@@ -121,8 +128,12 @@ class ClientTraining:
                                  "id: pass ids= (a cohort batch's `batch.work()`).")
             ids = jnp.zeros(keys.shape[:1], jnp.int32)  # unread
         flags = jnp.zeros(keys.shape[:1], bool) if straggles is None else straggles
-        return jax.vmap(lambda k, i, n, f: self.client_steps(k, i, n, f))(
-            keys, ids, data.num_examples, flags)
+        tau = None
+        if (num_clients is not None and self.work.needs_ids()
+                and num_clients <= TABLE_MAX_CLIENTS):
+            tau = jnp.asarray(self.work.table(self.steps, num_clients))[ids]
+        return jax.vmap(lambda k, i, n, f, t: self.client_steps(k, i, n, f, tau=t))(
+            keys, ids, data.num_examples, flags, tau)
 
     def update(self, model, params, x, y, num_examples, key, *, client_id=None,
                straggles=None, **hooks):
@@ -141,16 +152,18 @@ class ClientTraining:
                                                             straggles), **hooks)
 
     def update_clients(self, model, params, data, keys, *, ids=None, straggles=None,
-                       **hooks):
+                       num_clients=None, **hooks):
         """Every client of `data` from its own params (leaves [c, ...]), one key each.
 
-        ids, straggles: [c] client ids and straggler flags (`CohortBatch.work()`).
+        ids, straggles: [c] client ids and straggler flags; num_clients: m, static
+        (`CohortBatch.work()` gives all three).
         Returns (params [c, ...], snapshots or None, losses [c, steps])
         (`ops.local_update`; hooks: `snapshot_step`, `batch_loss`).
         """
         active = None
         if not (self.work.uniform and straggles is None):
-            active = self.steps_taken(data, keys, ids=ids, straggles=straggles)
+            active = self.steps_taken(data, keys, ids=ids, straggles=straggles,
+                                      num_clients=num_clients)
         return local_update(model, self.optimizer, params, data, keys, num_steps=self.steps,
                             batch_size=self.batch_size, sampling=self.sampling,
                             active_steps=active, **hooks)

@@ -165,6 +165,7 @@ class CohortBatch:
         client without data contributes exactly 0 anyway (a masked gradient).
       ids: [c] int32 client ids of the slots.
       straggles: [c] bool, the slots that do part of their work; None: none.
+      num_clients: m, static: the federation's clients (per-client work tables).
     """
 
     data: FederatedData
@@ -174,11 +175,12 @@ class CohortBatch:
     real: jax.Array
     ids: jax.Array
     straggles: jax.Array | None = None
+    num_clients: int | None = struct.field(pytree_node=False, default=None)
 
     def work(self) -> dict:
         """What a `ClientTraining` needs of the slots beyond their data and keys:
         `training.update_clients(model, params, batch.data, batch.keys, **batch.work())`."""
-        return {"ids": self.ids, "straggles": self.straggles}
+        return {"ids": self.ids, "straggles": self.straggles, "num_clients": self.num_clients}
 
     def slot_work(self) -> dict:
         """The same per slot (leaves [c]), for a round that vmaps `training.update` itself:
@@ -217,7 +219,7 @@ def cohort_sums(client_step, data: ClientSource, cohort: Cohort, *, inputs=()):
         return client_step(CohortBatch(members, cohort.keys, inputs,
                                        reporting(members.active(), cohort.reports),
                                        jnp.ones((cohort.size,), bool), cohort.ids,
-                                       cohort.straggles))
+                                       cohort.straggles, data.num_clients))
 
     client_chunk = plan_of(data).client_chunk
     if client_chunk is None:
@@ -230,7 +232,7 @@ def cohort_sums(client_step, data: ClientSource, cohort: Cohort, *, inputs=()):
         data_c = unchunked(data_c)
         batch = CohortBatch(data_c, keys_c, inputs_c, reporting(valid & data_c.active(),
                                                                 reports_c), valid, ids_c,
-                            straggles_c)
+                            straggles_c, data.num_clients)
         sums, out = client_step(batch)
         return optax.tree.add(acc, sums), out
 

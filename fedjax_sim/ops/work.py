@@ -17,10 +17,12 @@ Every draw here comes from a key the round already has, on its own stream:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 WORK_STREAM = 3
 STRAGGLE_STREAM = 4
@@ -96,7 +98,18 @@ class Work:
                              "that (it is the scan's length).")
 
     def needs_ids(self) -> bool:
+        """τ_i depends on the client alone (its id), the same every round."""
         return self.per_client is not None or (self.low is not None and not self.per_round)
+
+    def table(self, steps: int, num_clients: int):
+        """[m] int32 numpy array: τ_i of every client, for work drawn once per client
+        (`needs_ids`).
+
+        The same values as `steps_of` draws in a round, computed once on the host and
+        cached, so a round reads τ_i with a gather instead of drawing it afresh (on a
+        0.9 ms linear round of 1000 clients the per-round draw cost 11 %).
+        """
+        return _work_table(self, steps, num_clients)
 
     def steps_of(self, key, client_id, num_examples, steps: int, batch_size: int | None):
         """τ_i (int32 scalar) of one client: its slot `key`, its `client_id`."""
@@ -118,6 +131,18 @@ class Work:
 
 
 UNIFORM_WORK = Work()
+TABLE_MAX_CLIENTS = 1 << 16  # beyond this the round draws τ_i itself (no [m] constant)
+
+
+@functools.lru_cache(maxsize=64)
+def _work_table(work: Work, steps: int, num_clients: int):
+    if not work.needs_ids():
+        raise ValueError("Work.table holds τ_i of work drawn once per client (low without "
+                         f"per_round, or per_client); this work is {work!r}.")
+    with jax.ensure_compile_time_eval():
+        ids = jnp.arange(num_clients, dtype=jnp.int32)
+        tau = jax.vmap(lambda i: work.steps_of(None, i, None, steps, None))(ids)
+        return np.asarray(tau, np.int32)
 
 
 def straggler_steps(key, tau):
