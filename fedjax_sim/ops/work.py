@@ -12,7 +12,8 @@ Every draw here comes from a key the round already has, on its own stream:
   round), `STRAGGLE_STREAM` (whether it straggles), `STRAGGLE_WORK_STREAM`
   (how much of its work a straggler does), `REPORT_STREAM` (dropout);
 - `PRNGKey(work.seed)` folded with the client's id: τ_i drawn once per
-  client, the same every round, for every method of a comparison.
+  client, the same every round, for every method of a comparison. A round that
+  knows m reads these from a table computed once on the host (`Work.table`).
 """
 
 from __future__ import annotations
