@@ -137,3 +137,51 @@ def weighted_mean(values, weights, fallback):
     if total == 0:
         return fallback
     return sum(w * v for w, v in zip(weights, values, strict=True)) / total
+
+
+def work_table(m, steps):
+    """τ_i per client for `Work(per_client=...)`: every value 0..steps in turn, so that among
+    a few clients one holding data takes no step at all."""
+    return tuple(int(t) for t in np.arange(m) % (steps + 1))
+
+
+def cohort_slots(key, m, participation, systems=None, *, weights=None):
+    """The round's slots as the cohort op draws them from `key`: (ids, slot keys, reports,
+    straggles), every slot reporting and none straggling without `systems`."""
+    from fedjax_sim.algorithms.base import cohort_size
+    from fedjax_sim.ops import sample_cohort
+    from fedjax_sim.systems import NO_SYSTEMS
+
+    c = sample_cohort(key, m, cohort_size(m, participation), weights=weights,
+                      systems=NO_SYSTEMS if systems is None else systems)
+    s = c.ids.shape[0]
+    reports = np.ones(s, bool) if c.reports is None else np.asarray(c.reports)
+    straggles = np.zeros(s, bool) if c.straggles is None else np.asarray(c.straggles)
+    return np.asarray(c.ids).tolist(), c.keys, reports, straggles
+
+
+def slot_steps(taus, keys, straggles):
+    """τ of each slot: its client's τ_i, or a straggler's uniform 1..τ_i drawn from its key."""
+    from fedjax_sim.ops.work import straggler_steps
+
+    return [int(straggler_steps(k, t)) if f else t
+            for t, k, f in zip(taus, keys, straggles, strict=True)]
+
+
+def brute_bipartition(sim, members):
+    """CFL's split by brute force: argmin over bipartitions (c₁ holding members[0]) of the
+    largest cross similarity; (score, c₂, how many bipartitions reach the score)."""
+    import itertools
+
+    best, best_c2, ties = np.inf, None, 0
+    rest = members[1:]
+    for r in range(len(rest)):
+        for c1_rest in itertools.combinations(rest, r):
+            c1 = [members[0], *c1_rest]
+            c2 = [i for i in members if i not in c1]
+            score = max(sim[i, j] for i in c1 for j in c2)
+            if score < best:
+                best, best_c2, ties = score, c2, 1
+            elif score == best:
+                ties += 1
+    return best, set(best_c2), ties

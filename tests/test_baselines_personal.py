@@ -9,13 +9,12 @@ without replacement. The ragged fixture has clients of 4, 1, 0, 3 and 2 rows.
 
 from __future__ import annotations
 
-import itertools
-
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from federations import brute_bipartition
 
 from fedjax_sim.algorithms import (
     afl,
@@ -406,20 +405,6 @@ def test_robust_ifca_with_lambda_step_0_equals_ifca_option_ii(ragged, linear_mod
 # --------------------------------------------------------------------------- CFL
 
 
-def _brute_bipartition(sim, members):
-    """argmin over bipartitions (c₁ holding members[0]) of the largest cross similarity."""
-    best, best_c2 = np.inf, None
-    rest = members[1:]
-    for r in range(len(rest)):
-        for c1_rest in itertools.combinations(rest, r):
-            c1 = [members[0], *c1_rest]
-            c2 = [i for i in members if i not in c1]
-            score = max(sim[i, j] for i in c1 for j in c2)
-            if score < best:
-                best, best_c2 = score, c2
-    return best, set(best_c2)
-
-
 def test_optimal_bipartition_equals_brute_force():
     rng = np.random.default_rng(0)
     for trial in range(20):
@@ -431,7 +416,7 @@ def test_optimal_bipartition_equals_brute_force():
         member[(trial + 3) % s] = True
         members = list(np.flatnonzero(member))
         got = np.asarray(optimal_bipartition(jnp.asarray(sim, jnp.float32), jnp.asarray(member)))
-        score, c2 = _brute_bipartition(sim, members)
+        score, c2, _ = brute_bipartition(sim, members)
         assert set(np.flatnonzero(got)) == c2, trial
     # one member: nothing to split
     one = np.zeros(s, bool)
@@ -465,7 +450,7 @@ def cfl_reference(ref, params, cid, used, data, ids, eps1, eps2):
                 simm[i, j] = a
             # c₁ holds the first member in cohort order
             order = [i for i in ids if i in mem]
-            _, c2 = _brute_bipartition(simm, order)
+            _, c2, _ = brute_bipartition(simm, order)
             for i in c2:
                 cid[i] = used
             params[used] = params[c]

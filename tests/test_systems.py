@@ -13,7 +13,7 @@ import chex
 import jax
 import numpy as np
 import pytest
-from federations import local_gd, weighted_mean
+from federations import cohort_slots, local_gd, slot_steps, weighted_mean, work_table
 
 from fedjax_sim.algorithms import (
     Work,
@@ -26,12 +26,11 @@ from fedjax_sim.algorithms import (
     sgd,
     with_systems,
 )
-from fedjax_sim.algorithms.base import cohort_size
 from fedjax_sim.algorithms.fednova import work_norm
 from fedjax_sim.execution import planned
-from fedjax_sim.ops import client_update, sample_cohort
-from fedjax_sim.ops.work import available, straggler_steps
-from fedjax_sim.systems import NO_SYSTEMS, Systems
+from fedjax_sim.ops import client_update
+from fedjax_sim.ops.work import available
+from fedjax_sim.systems import Systems
 
 RTOL, ATOL = 1e-4, 1e-5
 LR, STEPS = 0.05, 4
@@ -39,26 +38,6 @@ LR, STEPS = 0.05, 4
 
 def _np(data):
     return np.asarray(data.x), np.asarray(data.y), np.asarray(data.num_examples)
-
-
-def _table(m):
-    """τ_i per client: every value 0..STEPS, a client with none among them."""
-    return tuple(int(t) for t in np.arange(m) % (STEPS + 1))
-
-
-def _slots(key, m, participation, systems=NO_SYSTEMS):
-    """The round's slots as the cohort op draws them: (ids, slot keys, reports, straggles)."""
-    c = sample_cohort(key, m, cohort_size(m, participation), systems=systems)
-    s = c.ids.shape[0]
-    reports = np.ones(s, bool) if c.reports is None else np.asarray(c.reports)
-    straggles = np.zeros(s, bool) if c.straggles is None else np.asarray(c.straggles)
-    return np.asarray(c.ids).tolist(), c.keys, reports, straggles
-
-
-def _steps(table, keys, straggles):
-    """τ of each slot: the table's, or a straggler's uniform 1..τ_i."""
-    return [int(straggler_steps(k, t)) if f else t
-            for t, k, f in zip(table, keys, straggles, strict=True)]
 
 
 # --------------------------------------------------------------------------- per-client work
@@ -70,7 +49,7 @@ def test_per_client_work_rounds_equal_loop(ragged, linear_model, ref, participat
                                            weighting, algorithm):
     """Client i takes exactly τ_i of the 4 steps (one takes none: it sends w back)."""
     m = ragged.num_clients
-    table = _table(m)
+    table = work_table(m, STEPS)
     training = sgd(LR, steps=STEPS, work=Work(per_client=table))
     mu = 0.5 if algorithm == "fedprox" else 0.0
     kw = dict(participation=participation, weighting=weighting)
@@ -81,7 +60,7 @@ def test_per_client_work_rounds_equal_loop(ragged, linear_model, ref, participat
     w = np.asarray(state.params, np.float64)
     for key in jax.random.split(jax.random.key(1), 3):
         state, _ = jax.jit(alg.round)(state, ragged, key)
-        ids, *_ = _slots(key, m, participation)
+        ids, *_ = cohort_slots(key, m, participation)
         trained = [local_gd(ref, w, x[i], y[i], n[i], LR, table[i],
                        extra=lambda th, w_t=w: mu * (th - w_t)) for i in ids]
         weights = [float(n[i] > 0) * (n[i] if weighting == "examples" else 1.0) for i in ids]
@@ -92,7 +71,7 @@ def test_per_client_work_rounds_equal_loop(ragged, linear_model, ref, participat
 def test_per_client_work_scaffold_uses_each_clients_steps(ragged, linear_model, ref):
     """Option II with K_i: c_i⁺ = c_i − c + (x − y_i)/(K_i η); a client with K_i = 0 keeps c_i."""
     m = ragged.num_clients
-    table = _table(m)
+    table = work_table(m, STEPS)
     alg = scaffold(linear_model, sgd(LR, steps=STEPS, work=Work(per_client=table)))
     state = alg.init(jax.random.key(0), ragged)
     x, y, n = _np(ragged)
@@ -117,7 +96,7 @@ def test_per_client_work_scaffold_uses_each_clients_steps(ragged, linear_model, 
 
 
 def test_per_client_work_local_models(ragged, linear_model, ref):
-    table = _table(ragged.num_clients)
+    table = work_table(ragged.num_clients, STEPS)
     alg = local_models(linear_model, sgd(LR, steps=STEPS, work=Work(per_client=table)))
     state = alg.init(jax.random.key(0), ragged)
     start = np.asarray(state.params, np.float64)
@@ -132,7 +111,7 @@ def test_per_client_work_ifca_model_averaging(ragged, linear_model, ref):
     """IFCA option II: each client picks its lowest-loss model, takes τ_i steps, and the
     cluster models become their members' means."""
     m, k = ragged.num_clients, 2
-    table = _table(m)
+    table = work_table(m, STEPS)
     alg = ifca(linear_model, sgd(LR, steps=STEPS, work=Work(per_client=table)), num_clusters=k,
                option="model")
     state = alg.init(jax.random.key(0), ragged)
@@ -158,7 +137,7 @@ def test_per_client_work_qffl_equals_loop(ragged, linear_model, ref, participati
     from fedjax_sim.algorithms import qffl
 
     m, q = ragged.num_clients, 2.0
-    table = _table(m)
+    table = work_table(m, STEPS)
     alg = qffl(linear_model, sgd(LR, steps=STEPS, work=Work(per_client=table)), q=q,
                participation=participation)
     state = alg.init(jax.random.key(0), ragged)
@@ -167,7 +146,7 @@ def test_per_client_work_qffl_equals_loop(ragged, linear_model, ref, participati
     w = np.asarray(state.params, np.float64)
     for key in jax.random.split(jax.random.key(1), 3):
         state, _ = jax.jit(alg.round)(state, ragged, key)
-        ids, *_ = _slots(key, m, participation)
+        ids, *_ = cohort_slots(key, m, participation)
         deltas, hs = [], []
         for i in ids:
             if n[i] == 0:
@@ -186,7 +165,7 @@ def test_per_client_work_hypcluster_equals_loop(ragged, linear_model, ref):
     from fedjax_sim.algorithms import hypcluster
 
     m, k = ragged.num_clients, 2
-    table = _table(m)
+    table = work_table(m, STEPS)
     alg = hypcluster(linear_model, sgd(LR, steps=STEPS, work=Work(per_client=table)),
                      num_clusters=k)
     state = alg.init(jax.random.key(0), ragged)
@@ -286,7 +265,7 @@ def test_cohort_among_available_clients_and_flag_rates():
         key = jax.random.key(r)
         here = np.asarray(available(jax.random.split(key)[0], m, systems))
         seen += here.sum()
-        ids, _, reports, straggles = _slots(key, m, 0.25, systems)
+        ids, _, reports, straggles = cohort_slots(key, m, 0.25, systems)
         assert all(here[i] for i, rep in zip(ids, reports, strict=True) if rep)
         assert len(set(ids)) == len(ids)
         # Ten slots among ≈ 24 available clients: every slot is an available client.
@@ -333,7 +312,7 @@ def test_per_client_availability_and_everyone_taking_part():
     m = 6
     systems = Systems(availability=(1.0, 0.0, 1.0, 0.0, 0.5, 1.0))
     for r in range(20):
-        ids, _, reports, _ = _slots(jax.random.key(r), m, 1.0, systems)
+        ids, _, reports, _ = cohort_slots(jax.random.key(r), m, 1.0, systems)
         assert ids == list(range(m))
         assert reports[0] and reports[2] and reports[5] and not reports[1] and not reports[3]
 
@@ -344,7 +323,7 @@ def test_fedavg_under_systems_equals_loop(ragged, linear_model, ref, policy, par
     """Only reporting clients are averaged; a kept straggler's partial update counts, a
     dropped one's does not; unavailable and dropped-out clients add nothing."""
     m = ragged.num_clients
-    table = _table(m)
+    table = work_table(m, STEPS)
     systems = Systems(availability=0.8, dropout=0.2, stragglers=0.5, straggler_policy=policy)
     training = sgd(LR, steps=STEPS, work=Work(per_client=table))
     alg = with_systems(fedavg(linear_model, training, participation=participation), systems)
@@ -354,8 +333,8 @@ def test_fedavg_under_systems_equals_loop(ragged, linear_model, ref, policy, par
     kept_partial = 0
     for key in jax.random.split(jax.random.key(1), 6):
         state, _ = jax.jit(alg.round)(state, ragged, key)
-        ids, keys, reports, straggles = _slots(key, m, participation, systems)
-        taus = _steps([table[i] for i in ids], keys, straggles)
+        ids, keys, reports, straggles = cohort_slots(key, m, participation, systems)
+        taus = slot_steps([table[i] for i in ids], keys, straggles)
         trained = [local_gd(ref, w, x[i], y[i], n[i], LR, t)
                    for i, t in zip(ids, taus, strict=True)]
         weights = [float(n[i] > 0 and rep) for i, rep in zip(ids, reports, strict=True)]
@@ -390,7 +369,7 @@ def test_participants_metric_and_per_client_state_of_non_reporting_clients(ragge
     for key in jax.random.split(jax.random.key(1), 3):
         before = None if per_client is None else np.asarray(getattr(state, per_client))
         state, metrics = jax.jit(alg.round)(state, ragged, key)
-        _, _, reports, _ = _slots(key, m, 1.0, systems)
+        _, _, reports, _ = cohort_slots(key, m, 1.0, systems)
         assert float(metrics["participants"]) == float(np.sum(reports & (n > 0)))
         if per_client is not None:
             after = np.asarray(getattr(state, per_client))
@@ -434,7 +413,7 @@ def test_fednova_rounds_equal_loop(ragged, linear_model, ref, solver, participat
     """d_i = (x − y_i)/‖a_i‖₁, τ_eff = Σ p_i ‖a_i‖₁, x ← x − τ_eff Σ p_i d_i (p_i ∝ n_i over
     the contributors), ‖a_i‖₁ of the paper's Appendix for SGD, momentum and proximal steps."""
     m = ragged.num_clients
-    table = _table(m)
+    table = work_table(m, STEPS)
     rho, mu = solver.get("momentum", 0.0), solver.get("mu", 0.0)
     alg = fednova(linear_model, sgd(LR, steps=STEPS, work=Work(per_client=table)),
                   participation=participation, **solver)
@@ -459,7 +438,7 @@ def test_fednova_rounds_equal_loop(ragged, linear_model, ref, solver, participat
 
     for key in jax.random.split(jax.random.key(1), 3):
         state, metrics = jax.jit(alg.round)(state, ragged, key)
-        ids, *_ = _slots(key, m, participation)
+        ids, *_ = cohort_slots(key, m, participation)
         parts = [i for i in ids if n[i] > 0 and table[i] > 0]
         p = np.array([n[i] for i in parts], np.float64)
         p = p / p.sum()
