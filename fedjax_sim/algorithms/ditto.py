@@ -18,7 +18,9 @@ paper) and only clients of the cohort update theirs;
 the personal steps are `personal`'s (default: the global steps' training) on
 their own minibatches (key fold_in(client key, 1)), while the
 global steps use the client key itself, so the global model is FedAvg's
-exactly (same key layout, same cohort). Evaluation scores every client
+exactly (same key layout, same cohort). Both follow the slot's work: τ_i
+and a straggler's share are drawn from the client key for the personal
+steps too, so a client takes as many of each. Evaluation scores every client
 with its personal model (assignment −1: no cluster).
 """
 
@@ -125,7 +127,7 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
             def personalize(v, x, y, n, k, taking_part, work):  # (a slot with data that reports)
                 v_new, _, _ = personal_training.update(
                     model, v, x, y, n, jax.random.fold_in(k, PERSONAL_STREAM),
-                    batch_loss=personal_loss, **work)
+                    batch_loss=personal_loss, work_key=k, **work)
                 return jax.tree.map(lambda a, b: jnp.where(taking_part, a, b), v_new, v)
 
             personal = jax.vmap(personalize)(batch.inputs, batch.data.x, batch.data.y,

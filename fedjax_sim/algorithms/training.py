@@ -136,11 +136,14 @@ class ClientTraining:
             keys, ids, data.num_examples, flags, tau)
 
     def update(self, model, params, x, y, num_examples, key, *, client_id=None,
-               straggles=None, **hooks):
+               straggles=None, work_key=None, **hooks):
         """One client's local steps from `params` (`ops.client_update`).
 
         client_id, straggles: the slot's client id and straggler flag (a cohort
         batch's `ids` and `straggles`), read by per-client work and stragglers.
+        work_key: the key τ_i and a straggler's share are drawn from (default
+          `key`): a second training of the same slot on its own key (Ditto's
+          personal steps) passes the slot's key, so both take the same steps.
         hooks: client_update's `snapshot_step`, `batch_loss`, `direction`,
         `keep_first_grad`. Returns (params, snapshot or None, [steps] losses), and
         with keep_first_grad the first step's gradient.
@@ -148,8 +151,9 @@ class ClientTraining:
         return client_update(model, self.optimizer, params, x, y, num_examples, key,
                              num_steps=self.steps, batch_size=self.batch_size,
                              sampling=self.sampling,
-                             active_steps=self.client_steps(key, client_id, num_examples,
-                                                            straggles), **hooks)
+                             active_steps=self.client_steps(
+                                 key if work_key is None else work_key, client_id,
+                                 num_examples, straggles), **hooks)
 
     def update_clients(self, model, params, data, keys, *, ids=None, straggles=None,
                        num_clients=None, **hooks):
