@@ -6,6 +6,7 @@ folder on PYTHONPATH.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -149,15 +150,24 @@ def cohort_slots(key, m, participation, systems=None, *, weights=None):
     """The round's slots as the cohort op draws them from `key`: (ids, slot keys, reports,
     straggles), every slot reporting and none straggling without `systems`."""
     from fedjax_sim.algorithms.base import cohort_size
-    from fedjax_sim.ops import sample_cohort
     from fedjax_sim.systems import NO_SYSTEMS
 
-    c = sample_cohort(key, m, cohort_size(m, participation), weights=weights,
-                      systems=NO_SYSTEMS if systems is None else systems)
+    c = _sample_cohort()(key, m, cohort_size(m, participation), weights=weights,
+                         systems=NO_SYSTEMS if systems is None else systems)
     s = c.ids.shape[0]
     reports = np.ones(s, bool) if c.reports is None else np.asarray(c.reports)
     straggles = np.zeros(s, bool) if c.straggles is None else np.asarray(c.straggles)
     return np.asarray(c.ids).tolist(), c.keys, reports, straggles
+
+
+@functools.cache
+def _sample_cohort():
+    """`ops.sample_cohort`, jitted once (a loop calls it every round)."""
+    import jax
+
+    from fedjax_sim.ops import sample_cohort
+
+    return jax.jit(sample_cohort, static_argnums=(1, 2), static_argnames=("systems",))
 
 
 def slot_steps(taus, keys, straggles):
