@@ -10,9 +10,9 @@ work ops, as tests/test_systems.py does; the maths is the loop's.
 
 DRFA with per-client work (its papers assume one τ): client j's snapshot w_j^(t′) is
 the model it holds at step t′ of the round, i.e. after min(t′, τ_j) of its steps (a
-client that stopped before t′ sends its final model), and the λ step keeps the
-round's τ = `steps` (γ τ v). That is what `client_update(snapshot_step=,
-active_steps=)` does, and what these tests fix.
+client that stopped before t′ sends its final model; with `official_code` each slot's
+own k_j − 1 likewise), and the λ step keeps the round's τ = `steps` (γ τ v). That is
+what `client_update(snapshot_step=, active_steps=)` does, and what these tests fix.
 """
 
 from __future__ import annotations
@@ -128,20 +128,30 @@ def _mixup_grad(ref, theta, x, y, n, key, mix):
 
 
 def drfa_loop(ref, w, lam, lam32, data, key, participation, systems, table, gamma, seen,
-              mix=None):
+              mix=None, official=False):
     """One DRFA round (DRFLM's with `mix` = (α, β)): C_s ∝ λ with replacement, τ_j steps
     from w keeping w_j^(min(t′, τ_j)), w and w̃ the plain means over the reporting slots
-    with data; U_s uniform, v_i = (N/m) f_i(w̃), λ ← Π_Δ(λ + γ τ v)."""
+    with data; U_s uniform, v_i = (N/m) f_i(w̃), λ ← Π_Δ(λ + γ τ v). `official`: FedTorch's
+    form: C_s uniform, slot j's snapshot after min(k_j − 1, τ_j) steps, k_j uniform on
+    1..τ−1, w ← w + Σ_j λ_j (N/m)(w_j − w), λ floored at 1e-3 by clip and renormalise."""
     x, y, n = _np(data)
     big_n = len(n)
     key_c, key_t, key_u = jax.random.split(key, 3)
     ids, keys, reports, straggles = cohort_slots(key_c, big_n, participation, systems,
-                                                 weights=lam32)
+                                                 weights=None if official else lam32)
     taus = slot_steps([table[i] for i in ids], keys, straggles)
     seen.slots(ids, reports, taus)
-    t_snap = int(jax.random.randint(key_t, (), 1, STEPS + 1))
+    s = len(ids)
+    if official:
+        t_snaps = np.asarray(jax.random.randint(key_t, (s,), 1, STEPS)) - 1
+        slot_weights = [lam[i] * big_n / s for i in ids]
+    else:
+        t_snaps = [int(jax.random.randint(key_t, (), 1, STEPS + 1))] * s
+        slot_weights = [1.0] * s
+    finals, snaps, weights = [], [], []
     finals, snaps = [], []
-    for i, k, rep, tau in zip(ids, keys, reports, taus, strict=True):
+    for i, k, rep, tau, t_snap, a in zip(ids, keys, reports, taus, t_snaps, slot_weights,
+                                         strict=True):
         if n[i] == 0 or not rep:
             continue
         path = [np.array(w, np.float64)]
@@ -153,7 +163,11 @@ def drfa_loop(ref, w, lam, lam32, data, key, participation, systems, table, gamm
             path.append(theta - LR * g)
         finals.append(path[-1])
         snaps.append(path[min(t_snap, tau)])
-    new_w = weighted_mean(finals, [1.0] * len(finals), w)
+        weights.append(a)
+    if official:
+        new_w = w + sum(a * (wj - w) for a, wj in zip(weights, finals, strict=True))
+    else:
+        new_w = weighted_mean(finals, weights, w)
     w_tilde = weighted_mean(snaps, [1.0] * len(snaps), w)
     u_ids, u_keys, u_reports, _ = cohort_slots(key_u, big_n, participation, systems)
     seen.slots(u_ids, u_reports, [None] * len(u_ids))
@@ -171,30 +185,38 @@ def drfa_loop(ref, w, lam, lam32, data, key, participation, systems, table, gamm
             xm, ym = _mixed_rows(x[i][rows], y[i][rows], gamma_m, perm)
             loss = ref.loss(w_tilde, xm, ym, n[i])
         v[i] = big_n / len(u_ids) * loss
-    return new_w, _project(lam + gamma * STEPS * v)
+    new_lam = _project(lam + gamma * STEPS * v)
+    if official:
+        new_lam = np.maximum(new_lam, 1e-3)
+        new_lam = new_lam / new_lam.sum()
+    return new_w, new_lam
 
 
 @pytest.mark.parametrize("method,participation,systems",
                          [("drfa", *case) for case in CASES]
-                         + [("drflm", 0.6, None), ("drflm", 1.0, SYSTEMS)])
+                         + [("drflm", 0.6, None), ("drflm", 1.0, SYSTEMS),
+                            ("official", 0.6, None), ("official", 1.0, SYSTEMS)])
 def test_drfa_and_drflm_per_client_work_equal_loop(ragged, linear_model, ref, method,
                                                    participation, systems):
     """A client stops at its own τ_j (its snapshot: after min(t′, τ_j) steps); the λ step
-    reads the losses of w̃ (DRFLM: mixup losses) of the reporting clients of U_s."""
+    reads the losses of w̃ (DRFLM: mixup losses) of the reporting clients of U_s. The
+    official code's form (γ decaying by 0.9 a round) likewise."""
     m, gamma, mix = ragged.num_clients, 0.1, (0.4, 0.4)
     table = work_table(m, STEPS)
-    kw = dict(participation=participation, lambda_lr=gamma)
-    alg = (drfa(linear_model, _training(m), **kw) if method == "drfa" else
-           drflm(linear_model, _training(m), mixup=mix, **kw))
+    kw = dict(participation=participation, lambda_lr=gamma, official_code=method == "official")
+    alg = (drflm(linear_model, _training(m), mixup=mix, **kw) if method == "drflm" else
+           drfa(linear_model, _training(m), **kw))
     alg = _built(alg, systems)
     state = alg.init(jax.random.key(0), ragged)
     w, lam = np.asarray(state.params, np.float64), np.asarray(state.lam, np.float64)
     seen = _Seen(np.asarray(ragged.num_examples))
-    for key in jax.random.split(jax.random.key(3), ROUNDS + 1):
+    for r, key in enumerate(jax.random.split(jax.random.key(3), ROUNDS + 1)):
         lam32 = state.lam
         state, _ = jax.jit(alg.round)(state, ragged, key)
+        gamma_r = gamma * 0.9 ** (r + 1) if method == "official" else gamma
         w, lam = drfa_loop(ref, w, lam, lam32, ragged, key, participation, systems, table,
-                           gamma, seen, None if method == "drfa" else mix)
+                           gamma_r, seen, mix if method == "drflm" else None,
+                           official=method == "official")
         np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
         np.testing.assert_allclose(state.lam, lam, atol=1e-5)
     seen.check(systems, participation)
