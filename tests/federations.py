@@ -195,3 +195,13 @@ def brute_bipartition(sim, members):
             elif score == best:
                 ties += 1
     return best, set(best_c2), ties
+
+
+def np_simplex_projection(v):
+    """Euclidean projection onto the probability simplex, sort method (Held et al.; FedTorch's
+    projection_simplex_sort), float64."""
+    u = np.sort(v)[::-1]
+    css = np.cumsum(u) - 1.0
+    j = np.arange(1, len(v) + 1)
+    rho = j[u - css / j > 0][-1]
+    return np.maximum(v - css[rho - 1] / rho, 0.0)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from federations import brute_bipartition
+from federations import brute_bipartition, np_simplex_projection
 
 from fedjax_sim.algorithms import (
     afl,
@@ -60,15 +60,6 @@ def _sgd(ref, theta, x, y, n, steps, lr=LR, pull=None, lam=0.0):
     return theta
 
 
-def _project(v):
-    """Euclidean projection onto the simplex, sort method (Held et al.), float64."""
-    u = np.sort(v)[::-1]
-    css = np.cumsum(u) - 1.0
-    j = np.arange(1, len(v) + 1)
-    rho = j[u - css / j > 0][-1]
-    return np.maximum(v - css[rho - 1] / rho, 0.0)
-
-
 def _rounds(alg, data, state, keys):
     round_ = jax.jit(alg.round)
     for key in keys:
@@ -96,7 +87,7 @@ def afl_reference(ref, theta, lam, data, ids, gamma):
     new_theta = total / weight if weight > 0 else theta
     new_lam = np.zeros(m)
     active = n > 0
-    new_lam[active] = _project((lam + gamma * v)[active])
+    new_lam[active] = np_simplex_projection((lam + gamma * v)[active])
     return new_theta, new_lam
 
 
@@ -356,7 +347,7 @@ def robust_reference(ref, params, assignment, lam, data, ids, gamma):
         members = assignment == j
         if members.any():
             part = lam[members] / lam[members].sum()
-            out[members] = _project(part + gamma * TAU * v[members])
+            out[members] = np_simplex_projection(part + gamma * TAU * v[members])
     return new, assignment, out
 
 

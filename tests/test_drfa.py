@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from federations import assert_reported_as_finished, recording_context
+from federations import assert_reported_as_finished, np_simplex_projection, recording_context
 from scipy import stats as scipy_stats
 
 from fedjax_sim.algorithms import drfa, drflm, sgd
@@ -39,15 +39,6 @@ def data():
 @pytest.fixture(scope="module")
 def model():
     return linear_regression(D)
-
-
-def _np_projection(v):
-    """The sort method, float64 (Held et al.; FedTorch's projection_simplex_sort)."""
-    u = np.sort(v)[::-1]
-    cssv = np.cumsum(u) - 1.0
-    ind = np.arange(1, len(v) + 1)
-    rho = ind[u - cssv / ind > 0][-1]
-    return np.maximum(v - cssv[rho - 1] / rho, 0.0)
 
 
 def _batch_loss(theta, x, y, idx, mask):
@@ -98,7 +89,7 @@ def reference_round(theta, lam, data, key, *, m, eta):
         if counts[i] > 0:
             v[i] = n / m * float(_loss(jnp.asarray(w_tilde), x[i], y[i], idx,
                                        mask.astype(jnp.float32)))
-    new_lam = _np_projection(np.asarray(lam, np.float64) + eta * TAU * v)
+    new_lam = np_simplex_projection(np.asarray(lam, np.float64) + eta * TAU * v)
     return new_theta, new_lam, ids, u_ids
 
 
@@ -275,7 +266,7 @@ def test_project_simplex_exact_floor_is_the_floored_projection():
         v = rng.normal(size=6) * 2
         floor = 0.04
         got = np.asarray(project_simplex(jnp.asarray(v, jnp.float32), floor, "exact"))
-        want = floor + (1 - 6 * floor) * _np_projection((v - floor) / (1 - 6 * floor))
+        want = floor + (1 - 6 * floor) * np_simplex_projection((v - floor) / (1 - 6 * floor))
         np.testing.assert_allclose(got, want, atol=1e-5)
         assert got.min() >= floor - 1e-7
 

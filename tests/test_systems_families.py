@@ -27,6 +27,7 @@ from federations import (
     brute_bipartition,
     cohort_slots,
     local_gd,
+    np_simplex_projection,
     slot_steps,
     weighted_mean,
     work_table,
@@ -84,13 +85,17 @@ class _Seen:
             assert (self.unavailable > 0) == (participation == 1.0)
 
 
-def _project(v):
-    """Euclidean projection onto the simplex, sort method (Held et al.), float64."""
-    u = np.sort(v)[::-1]
-    css = np.cumsum(u) - 1.0
-    j = np.arange(1, len(v) + 1)
-    rho = j[u - css / j > 0][-1]
-    return np.maximum(v - css[rho - 1] / rho, 0.0)
+def _rounds(alg, inputs, state, participation, systems, seen):
+    """ROUNDS rounds of `alg` from `state`; after each: (state, the slots' client ids, which
+    reported, the steps each took), the draws read from the cohort and work ops."""
+    table = work_table(len(seen.n), STEPS)
+    round_ = jax.jit(alg.round)
+    for key in jax.random.split(jax.random.key(1), ROUNDS):
+        state, _ = round_(state, inputs, key)
+        ids, keys, reports, straggles = cohort_slots(key, len(seen.n), participation, systems)
+        taus = slot_steps([table[i] for i in ids], keys, straggles)
+        seen.slots(ids, reports, taus)
+        yield state, ids, reports, taus
 
 
 # --------------------------------------------------------------------------- DRFA, DRFLM
@@ -185,7 +190,7 @@ def drfa_loop(ref, w, lam, lam32, data, key, participation, systems, table, gamm
             xm, ym = _mixed_rows(x[i][rows], y[i][rows], gamma_m, perm)
             loss = ref.loss(w_tilde, xm, ym, n[i])
         v[i] = big_n / len(u_ids) * loss
-    new_lam = _project(lam + gamma * STEPS * v)
+    new_lam = np_simplex_projection(lam + gamma * STEPS * v)
     if official:
         new_lam = np.maximum(new_lam, 1e-3)
         new_lam = new_lam / new_lam.sum()
@@ -232,18 +237,14 @@ def test_afl_per_client_work_equals_loop(ragged, linear_model, ref, participatio
     itself at τ_i = 0); v_i = (m/s) F_i(w) for them, λ ← Π_Δ(λ + γ v) over the clients
     holding data."""
     m, gamma = ragged.num_clients, 0.3
-    table = work_table(m, STEPS)
     alg = _built(afl(linear_model, _training(m), participation=participation,
                      lambda_lr=gamma), systems)
     state = alg.init(jax.random.key(0), ragged)
     x, y, n = _np(ragged)
     w, lam = np.asarray(state.params, np.float64), np.asarray(state.lam, np.float64)
     seen = _Seen(n)
-    for key in jax.random.split(jax.random.key(1), ROUNDS):
-        state, _ = jax.jit(alg.round)(state, ragged, key)
-        ids, keys, reports, straggles = cohort_slots(key, m, participation, systems)
-        taus = slot_steps([table[i] for i in ids], keys, straggles)
-        seen.slots(ids, reports, taus)
+    for after, ids, reports, taus in _rounds(alg, ragged, state, participation, systems,
+                                             seen):
         trained, weights, v = [], [], np.zeros(m)
         for i, rep, tau in zip(ids, reports, taus, strict=True):
             if n[i] == 0 or not rep:
@@ -253,10 +254,10 @@ def test_afl_per_client_work_equals_loop(ragged, linear_model, ref, participatio
             v[i] = m / len(ids) * ref.loss(w, x[i], y[i], n[i])
         w = weighted_mean(trained, weights, w)
         new_lam = np.zeros(m)
-        new_lam[n > 0] = _project((lam + gamma * v)[n > 0])
+        new_lam[n > 0] = np_simplex_projection((lam + gamma * v)[n > 0])
         lam = new_lam
-        np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
-        np.testing.assert_allclose(state.lam, lam, atol=1e-6)
+        np.testing.assert_allclose(after.params, w, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(after.lam, lam, atol=1e-6)
     seen.check(systems, participation)
 
 
@@ -270,7 +271,6 @@ def test_ditto_global_and_personal_steps_follow_the_same_work(ragged, linear_mod
     personal steps v ← v − η(∇F_i(v) + λ(v − w^t)) from its own v_i (the same τ_i, a
     straggler's share included); every other client keeps v_i."""
     m, pull = ragged.num_clients, 0.5
-    table = work_table(m, STEPS)
     alg = _built(ditto(linear_model, _training(m), ditto_lambda=pull,
                        participation=participation), systems)
     state = alg.init(jax.random.key(0), ragged)
@@ -278,11 +278,8 @@ def test_ditto_global_and_personal_steps_follow_the_same_work(ragged, linear_mod
     w = np.asarray(state.params, np.float64)
     personal = np.tile(w, (m, 1))
     seen = _Seen(n)
-    for key in jax.random.split(jax.random.key(1), ROUNDS):
-        state, _ = jax.jit(alg.round)(state, ragged, key)
-        ids, keys, reports, straggles = cohort_slots(key, m, participation, systems)
-        taus = slot_steps([table[i] for i in ids], keys, straggles)
-        seen.slots(ids, reports, taus)
+    for after, ids, reports, taus in _rounds(alg, ragged, state, participation, systems,
+                                             seen):
         trained, new_personal = [], personal.copy()
         for i, rep, tau in zip(ids, reports, taus, strict=True):
             if n[i] == 0 or not rep:
@@ -292,8 +289,8 @@ def test_ditto_global_and_personal_steps_follow_the_same_work(ragged, linear_mod
                                        extra=lambda v, w_t=w: pull * (v - w_t))
         w = weighted_mean(trained, [1.0] * len(trained), w)
         personal = new_personal
-        np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
-        np.testing.assert_allclose(state.personal, personal, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(after.params, w, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(after.personal, personal, rtol=RTOL, atol=ATOL)
     seen.check(systems, participation)
 
 
@@ -386,22 +383,18 @@ def test_cfl_per_client_work_equals_loop(ragged, linear_model, ref, participatio
     the cosine similarities of updates of τ_i steps (a τ_i = 0 client's update is 0);
     ε₁ = 0: never, each cluster moves by its members' example-weighted mean update."""
     m = ragged.num_clients
-    table = work_table(m, STEPS)
     alg = _built(cfl(linear_model, _training(m), participation=participation, max_clusters=3,
                      eps1=eps1, eps2=0.0), systems)
     state = alg.init(jax.random.key(0), ragged)
     params = np.asarray(state.cluster_params, np.float64)
     cid, used = np.zeros(m, int), 1
     seen = _Seen(np.asarray(ragged.num_examples))
-    for key in jax.random.split(jax.random.key(1), ROUNDS):
-        state, _ = jax.jit(alg.round)(state, ragged, key)
-        ids, keys, reports, straggles = cohort_slots(key, m, participation, systems)
-        taus = slot_steps([table[i] for i in ids], keys, straggles)
-        seen.slots(ids, reports, taus)
+    for after, ids, reports, taus in _rounds(alg, ragged, state, participation, systems,
+                                             seen):
         params, cid, used = cfl_loop(ref, params, cid, used, ragged, ids, taus, reports, eps1)
-        np.testing.assert_array_equal(state.assignment, cid)
-        assert int(state.num_clusters) == used
-        np.testing.assert_allclose(state.cluster_params, params, rtol=RTOL, atol=ATOL)
+        np.testing.assert_array_equal(after.assignment, cid)
+        assert int(after.num_clusters) == used
+        np.testing.assert_allclose(after.cluster_params, params, rtol=RTOL, atol=ATOL)
     seen.check(systems, participation)
     assert used == (3 if eps1 > 0 else 1)
 
@@ -455,18 +448,14 @@ def test_mixed_fl_per_client_work_equals_loop(ragged, linear_model, ref, variant
     """Each client's K_i = τ_i local steps (PT: on f_i; 1-/2-GT: with the transferred ĝ_c);
     the central steps keep K; only reporting clients enter Δ_f and ĝ_f."""
     m, w_f, w_c = ragged.num_clients, 0.6, 0.4
-    table = work_table(m, STEPS)
     server = _server()
     alg = _built(mixed(linear_model, _training(m), variant=variant, w_f=w_f, w_c=w_c,
                        participation=participation), systems)
     state = alg.init(jax.random.key(0), (ragged, server))
     params = np.asarray(state.params, np.float64)
     seen = _Seen(np.asarray(ragged.num_examples))
-    for key in jax.random.split(jax.random.key(1), ROUNDS):
-        state, _ = jax.jit(alg.round)(state, (ragged, server), key)
-        ids, keys, reports, straggles = cohort_slots(key, m, participation, systems)
-        taus = slot_steps([table[i] for i in ids], keys, straggles)
-        seen.slots(ids, reports, taus)
+    for after, ids, reports, taus in _rounds(alg, (ragged, server), state, participation,
+                                             systems, seen):
         params = mixed_loop(ref, variant, params, ragged, server, ids, taus, reports, w_f, w_c)
-        np.testing.assert_allclose(state.params, params, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(after.params, params, rtol=RTOL, atol=ATOL)
     seen.check(systems, participation)
