@@ -115,6 +115,9 @@ def _mixup_draw(key, count, n_max, alpha, beta):
     return float(gamma), order[:count]
 
 
+_sample_batch = jax.jit(sample_batch, static_argnums=(2, 3))
+
+
 @functools.partial(jax.jit, static_argnums=1)
 def _loss_keys(slot_key, steps):
     """Each local step's loss key: split(split(slot key, steps)[t])[1] (`client_update`)."""
@@ -184,7 +187,7 @@ def drfa_loop(ref, w, lam, lam32, data, key, participation, systems, table, gamm
             loss = ref.loss(w_tilde, x[i], y[i], n[i])
         else:  # the probe's one full batch: its rows in a drawn order, then a mixup
             k_batch, k_loss = jax.random.split(k)
-            idx, _ = sample_batch(k_batch, n[i], x.shape[1], x.shape[1])
+            idx, _ = _sample_batch(k_batch, n[i], x.shape[1], x.shape[1])
             rows = np.asarray(idx)[: n[i]]
             gamma_m, perm = _mixup_draw(k_loss, n[i], x.shape[1], *mix)
             xm, ym = _mixed_rows(x[i][rows], y[i][rows], gamma_m, perm)
@@ -375,8 +378,8 @@ def cfl_loop(ref, params, cid, used, data, ids, taus, reports, eps1):
     return params, cid, used
 
 
-@pytest.mark.parametrize("eps1", [1e3, 0.0])
-@pytest.mark.parametrize("participation,systems", CASES)
+@pytest.mark.parametrize("participation,systems,eps1",
+                         [(*case, 1e3) for case in CASES] + [(0.6, None, 0.0)])
 def test_cfl_per_client_work_equals_loop(ragged, linear_model, ref, participation, systems,
                                          eps1):
     """ε₁ = 10³: every cluster with two reporting members splits while slots are free, on
@@ -441,8 +444,9 @@ def mixed_loop(ref, variant, x_t, data, server, ids, taus, reports, w_f, w_c):
     return x_t + 0.5 * delta_f + 0.5 * (y_c - x_t)
 
 
-@pytest.mark.parametrize("participation,systems", CASES)
-@pytest.mark.parametrize("variant", ["parallel", "gt1", "gt2"])
+@pytest.mark.parametrize("variant,participation,systems",
+                         [("parallel", *case) for case in CASES]
+                         + [(v, *case) for v in ("gt1", "gt2") for case in CASES[1:]])
 def test_mixed_fl_per_client_work_equals_loop(ragged, linear_model, ref, variant,
                                               participation, systems):
     """Each client's K_i = τ_i local steps (PT: on f_i; 1-/2-GT: with the transferred ĝ_c);
