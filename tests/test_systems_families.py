@@ -157,7 +157,6 @@ def drfa_loop(ref, w, lam, lam32, data, key, participation, systems, table, gamm
         t_snaps = [int(jax.random.randint(key_t, (), 1, STEPS + 1))] * s
         slot_weights = [1.0] * s
     finals, snaps, weights = [], [], []
-    finals, snaps = [], []
     for i, k, rep, tau, t_snap, a in zip(ids, keys, reports, taus, t_snaps, slot_weights,
                                          strict=True):
         if n[i] == 0 or not rep:
@@ -234,7 +233,7 @@ def test_drfa_and_drflm_per_client_work_equal_loop(ragged, linear_model, ref, me
 # --------------------------------------------------------------------------- AFL
 
 
-@pytest.mark.parametrize("participation,systems", CASES)
+@pytest.mark.parametrize("participation,systems", CASES + [(0.6, SYSTEMS)])
 def test_afl_per_client_work_equals_loop(ragged, linear_model, ref, participation, systems):
     """w ← Σ λ_i w_i / Σ λ_i over the reporting slots with data, w_i after τ_i steps (w
     itself at τ_i = 0); v_i = (m/s) F_i(w) for them, λ ← Π_Δ(λ + γ v) over the clients
