@@ -201,7 +201,8 @@ def drfa_loop(ref, w, lam, lam32, data, key, participation, systems, table, gamm
 
 @pytest.mark.parametrize("method,participation,systems",
                          [("drfa", *case) for case in CASES]
-                         + [("drflm", 0.6, None), ("drflm", 1.0, SYSTEMS),
+                         + [pytest.param("drflm", 0.6, None, marks=pytest.mark.slow),
+                            ("drflm", 1.0, SYSTEMS),
                             ("official", 0.6, None), ("official", 1.0, SYSTEMS)])
 def test_drfa_and_drflm_per_client_work_equal_loop(ragged, linear_model, ref, method,
                                                    participation, systems):
