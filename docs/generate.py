@@ -471,8 +471,8 @@ def drflm_tables() -> str:
     return "\n".join(out)
 
 
-def success_small() -> str:
-    directory = RESULTS / "ifca_success_small"
+def _success_curve(directory: Path, command: str, floor: bool = False) -> str:
+    """A success sweep's summary.csv as a table over R (one σ), with Wilson intervals."""
     rows = _read_csv(directory / "summary.csv")
     out = ["| R | " + " | ".join(row["R"] for row in rows) + " |",
            "|---|" + "---:|" * len(rows),
@@ -480,9 +480,22 @@ def success_small() -> str:
                f"{float(row['success_prob']):.3f}" for row in rows) + " |",
            "| 95 % interval | " + " | ".join(
                f"{float(row['ci_low']):.3f}–{float(row['ci_high']):.3f}" for row in rows) + " |"]
-    out += ["", f"`fedjax-sim sweep ifca-success-small` ({rows[0]['seeds']} data seeds per R); "
+    if floor:
+        out.append("| median best min_dist | " + " | ".join(
+            f"{float(row['median_best_min_dist']):.4f}" for row in rows) + " |")
+    out += ["", f"`{command}` ({rows[0]['seeds']} data seeds per R); "
             f"outputs in {_source(directory)}."]
     return "\n".join(out)
+
+
+def success_small() -> str:
+    return _success_curve(RESULTS / "ifca_success_small", "fedjax-sim sweep ifca-success-small")
+
+
+def success_r_noise_k2() -> str:
+    return _success_curve(RESULTS / "ifca_success_r_noise_k2_sigma0.1",
+                          "fedjax-sim sweep ifca-success-r-noise-k2 --set sigma=0.1",
+                          floor=True)
 
 
 PERFORMANCE_BLOCK = "performance"
@@ -598,6 +611,7 @@ def targets() -> dict[Path, Target]:
             "table1-mnist": table1_mnist,
             "weight-init": weight_init,
             "success-small": success_small,
+            "success-r-noise-k2": success_r_noise_k2,
             "drflm": drflm_tables,
         },
         docs / "presets.md": {None: presets_page},
