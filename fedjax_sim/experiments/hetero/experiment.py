@@ -10,6 +10,7 @@ import optax
 from fedjax_sim.algorithms import ClientTraining, with_seeds
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.data import partition
+from fedjax_sim.data.holdout import validation_split
 from fedjax_sim.data.images import default_rotations
 from fedjax_sim.experiments.base import ROUNDS, Experiment, Preset, stream_key
 from fedjax_sim.experiments.hetero.data import (
@@ -160,10 +161,21 @@ class Hetero(Experiment):
                              f"{s['num_clients']}.")
         seed_clients(s, 0)
 
+    # A tuned comparison (tune_* settings) chooses each method's grid point by its mean
+    # client accuracy on the validation rows.
+    tune_metric = ("test_accuracy", "max")
+
     def problem(self, s: dict) -> dict:
         problem = build_problem(s)
         problem["model"] = mlp_classifier(problem["input_shape"], [s["hidden"]], 10)
         return problem
+
+    def validation_problems(self, problem: dict, s: dict) -> tuple[dict, dict]:
+        """The held-out clients (unseen_clients) stay out of the validation problem: the
+        choice reads no test rows, theirs included."""
+        fit, val = validation_split(problem["train"], s["val_fraction"], s["seed"])
+        seen = {k: v for k, v in problem.items() if not k.startswith("unseen")}
+        return {**problem, "train": fit}, {**seen, "train": fit, "test": val}
 
     def client_training(self, s: dict, learning_rate) -> ClientTraining:
         """Plain SGD (optax.sgd) at the setting lr, τ = local_steps, batch_size (0: full)."""
