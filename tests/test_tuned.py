@@ -96,11 +96,9 @@ def test_validation_split_of_views_moves_indices_only():
     rng = np.random.default_rng(1)
     base_x = rng.normal(size=(30, 2)).astype(np.float32)
     base_y = rng.normal(size=30).astype(np.float32)
-    seeds = []
-    for s in range(2):
-        rows = rng.integers(0, 30, size=(3, 6))
-        seeds.append(ClientViews.from_indices(base_x, base_y, rows, [6, 4, 1]))
-    views = stack_views(seeds)
+    views = stack_views([ClientViews.from_indices(base_x, base_y,
+                                                  rng.integers(0, 30, size=(3, 6)), [6, 4, 1])
+                         for _ in range(2)])
     fit, val = validation_split(views, 0.4, seed=2)
     copies = views.materialize()
     fit_c, val_c = validation_split(copies, 0.4, seed=2)
@@ -182,6 +180,7 @@ def test_choice_never_reads_the_test_rows(monkeypatch):
     ({"tune_lr": "0.1,0.1"}, "setting tune_lr repeats a value"),
     ({"tune_prox_mu": "0.1,1"}, "setting tune_prox_mu is read only by method"),
     ({"val_fraction": 0.9}, r"setting val_fraction must be a finite number in \[0.05, 0.5\]"),
+    ({"tune_lr": "0.01,0.1", "lr": 0.5}, "setting lr is not read while tune_lr is set"),
 ])
 def test_bad_grids_are_refused_naming_the_setting(override, message):
     preset = experiments.get_preset("drfa-synthetic-noise", "compare")
@@ -195,3 +194,24 @@ def test_a_grid_can_be_emptied():
     assert preset.defaults["tune_lr"] == [0.03, 0.1, 0.3]
     s = experiments.resolve_settings(preset, {"tune_lr": "none"}, "compare")
     assert s["tune_lr"] == [] and not tuned.tunes(s)
+
+
+@pytest.mark.parametrize("preset", ["drfa-synthetic-noise", "hetero-digits"])
+def test_each_grid_reaches_exactly_the_methods_reading_its_setting(preset):
+    """tune_X is declared for X's readers, and a method trains over X's grid exactly when it
+    reads X (its own learning-rate setting, or X among its reads)."""
+    p = experiments.get_preset(preset)
+    experiment = p.experiment
+    declared = experiment.declared
+    grids = {st.name[5:] for st in declared.values() if st.name.startswith("tune_")}
+    assert {"lr", "q", "lambda_lr", "prox_mu"} <= grids
+    s = {**p.defaults, **{f"tune_{x}": [1.0, 2.0] for x in grids}}
+    for x in grids:
+        assert declared[f"tune_{x}"].methods == declared[x].methods
+        for name in experiment.available():
+            method = experiment.method_table[name]
+            reads = (x in method.reads
+                     or experiments.methods.setting_of(method, "lr", s) == x)
+            assert (x in tuned.method_grid(method, s)) == reads, (name, x)
+            if declared[x].methods is not None:
+                assert reads == (name in declared[x].methods), (name, x)

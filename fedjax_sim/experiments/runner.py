@@ -105,7 +105,8 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN,
         elif "method" in experiment.declared and experiment.methods:
             experiment.check_method(settings["method"])
         experiment.validate(settings, command)
-        tuned.check(settings)
+        tuned.check(settings, tuple(k for k in overrides or {}
+                                    if settings[k] != preset.defaults[k]))
     return settings
 
 

@@ -92,8 +92,14 @@ def gridded(s: dict) -> list[str]:
     return [x for x in TUNABLE if grid_values(s.get(f"tune_{x}"))]
 
 
-def check(s: dict) -> None:
-    """ValueError naming the setting: a grid repeating a value."""
+def check(s: dict, given: tuple[str, ...] = ()) -> None:
+    """ValueError naming the setting: a grid repeating a value, or a setting of `given`
+    (values the user changed) that its grid replaces (lr with tune_lr set)."""
+    for x in gridded(s):
+        if x in given:
+            raise ValueError(f"setting {x} is not read while tune_{x} is set (each method "
+                             f"reading it trains at every value of the grid); give "
+                             f"tune_{x}=none to train at {x}={s[x]!r}, or leave {x} alone.")
     for x in gridded(s):
         values = grid_values(s[f"tune_{x}"])
         if len(set(values)) != len(values):
@@ -127,9 +133,15 @@ def tuned_run(experiment, name: str, s: dict, problem: Tuned) -> MethodRun:
     combos = list(itertools.product(*(grid[x] for x in names)))
     values = {x: [c[i] for c in combos] for i, x in enumerate(names)}
     count, seeds = len(combos), s["seeds"]
-    first = {x: values[x][0] for x in names}
-    base = experiment.method_run(name, {**s, **first}, problem.fit)
-    on_val = experiment.method_run(name, {**s, **first}, problem.val)
+    points = [{x: values[x][g] for x in names} for g in range(count)]
+    base = experiment.method_run(name, {**s, **points[0]}, problem.fit)
+    # An evaluation that trains clients first (fine-tuning, adapting unseen clients) trains
+    # them at each point's own values; any other evaluates every point alike.
+    own = points if experiment.method_table[name].kind in ("fine_tuned", "personal") \
+        else points[:1]
+    evaluations = [base.evaluate, *(experiment.method_run(name, {**s, **p}, problem.fit)
+                                    .evaluate for p in own[1:])]
+    on_val = [experiment.method_run(name, {**s, **p}, problem.val) for p in own]
     if base.round_metrics:
         raise ValueError(f"method {name} of {experiment.name} reads every round's metrics for "
                          "its finals, which a tune_* grid does not select: leave the tune_* "
@@ -149,10 +161,10 @@ def tuned_run(experiment, name: str, s: dict, problem: Tuned) -> MethodRun:
 
     def evaluate(state):
         # An experiment's metrics are host code over one [seeds] copy: a point at a time.
-        rows = [base.evaluate(at(state, g)) for g in range(count)]
+        rows = [evaluations[g % len(evaluations)](at(state, g)) for g in range(count)]
         out = {k: np.stack([per_seed(r[k]) for r in rows]) for k in rows[0]}
-        out[val_name] = np.stack([per_seed(on_val.evaluate(at(state, g))[metric])
-                                  for g in range(count)])
+        out[val_name] = np.stack([per_seed(on_val[g % len(on_val)].evaluate(at(state, g))[
+            metric]) for g in range(count)])
         return out
 
     def seed_rows(history: list[dict]) -> list[dict]:

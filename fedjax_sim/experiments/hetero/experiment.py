@@ -41,6 +41,7 @@ from fedjax_sim.experiments.settings import (
     seeds_setting,
     unseen_clients_setting,
 )
+from fedjax_sim.experiments.tuned import grid_values
 from fedjax_sim.models import mlp_classifier
 
 HETERO_METHODS = ("fedavg", "fedavgm", "fedadam", "fedprox", "scaffold", "qffl", "afl", "ditto",
@@ -215,13 +216,14 @@ class Hetero(Experiment):
                   "shard": f" num_shards_per_partition={s['shards_per_client']}",
                   "size": f" {s['size_fn']} (IdToSizeFncPartitioner)"}[p]
         batch = f"batch-{s['batch_size']}" if s["batch_size"] else "full-batch"
+        lr = "tuned per method and seed (tuning)" if grid_values(s.get("tune_lr")) else s["lr"]
         notes = {
             "data": f"{s['dataset']}: all {len(load_images(s)[1])} examples in every cluster, "
                     f"{s['rotations']} rotation cluster(s), {s['num_clients']} clients "
                     f"({sizes.min()}–{sizes.max()} examples each over seeds), each holding out "
                     f"{s['test_fraction']:.0%} as its test set",
             "partitioner": f"{p}{params} (data/partition.py, Flower Datasets semantics)",
-            "training": f"MLP {s['hidden']} hidden, SGD lr {s['lr']}, τ={s['local_steps']} "
+            "training": f"MLP {s['hidden']} hidden, SGD lr {lr}, τ={s['local_steps']} "
                         f"{batch} steps, participation {s['participation']}, {s['rounds']} rounds, "
                         f"{s['seeds']} seeds (one vmapped axis; same data and keys per seed)",
             "methods": "; ".join(
