@@ -62,9 +62,10 @@ class Tuned(NamedTuple):
 def tune_settings(declared: Mapping[str, Setting], metric: str) -> list[Setting]:
     """`tune_X` for every X of `TUNABLE` in `declared` (read by X's readers, within X's
     range), and `val_fraction`."""
-    out = [Setting(f"tune_{x}", float, [], f"grid of {x} per method and seed (a comma list; "
-                   f"empty: none): each method reading {x} trains at every value (one vmapped "
-                   f"axis) and reports the value of best validation {metric}",
+    out = [Setting(f"tune_{x}", float, [], f"a grid of {x} (a comma list; none: no grid): "
+                   f"each method reading {x} trains at every value, one vmapped axis, and per "
+                   f"seed the value of best {validation_name(metric)} ({metric} on validation "
+                   "rows) is reported (docs/protocols.md#tuned-comparisons)",
                    minimum=st.minimum, maximum=st.maximum, listable=True, methods=st.methods)
            for x, st in declared.items() if x in TUNABLE]
     if out:
