@@ -172,11 +172,17 @@ def _copies(algorithm: Algorithm, count: int, data_axis) -> Algorithm:
     def evaluate(state, data):
         return jax.vmap(algorithm.evaluate, in_axes=(0, axes(data)))(state, data)
 
-    def client_axes(state):
-        inner = algorithm.client_axes(state)  # only the structure is read
-        return jax.tree.map(lambda a: a + 1 if a != NOT_PER_CLIENT else a, inner)
+    return Algorithm(init, round_, evaluate, _behind_one_axis(algorithm.client_axes))
 
-    return Algorithm(init, round_, evaluate, client_axes)
+
+def _behind_one_axis(client_axes):
+    """client_axes of a state stacked on one more leading axis: each client axis one later
+    (the inner declaration reads only the state's structure)."""
+
+    def shifted(state):
+        return jax.tree.map(lambda a: a + 1 if a != NOT_PER_CLIENT else a, client_axes(state))
+
+    return shifted
 
 
 def with_restarts(algorithm: Algorithm, restarts: int) -> Algorithm:
@@ -292,11 +298,7 @@ def with_grid(build_at: Callable[[dict], Algorithm], points) -> Algorithm:
     def evaluate(state, data):
         return jax.vmap(lambda st, p: build_at(p).evaluate(st, data))(state, grid)
 
-    def client_axes(state):
-        return jax.tree.map(lambda a: a + 1 if a != NOT_PER_CLIENT else a,
-                            first.client_axes(state))
-
-    return Algorithm(init, round_, evaluate, client_axes)
+    return Algorithm(init, round_, evaluate, _behind_one_axis(first.client_axes))
 
 SERVER_MODEL_FIELDS = ("params", "cluster_params")
 
