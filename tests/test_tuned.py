@@ -181,6 +181,7 @@ def test_choice_never_reads_the_test_rows(monkeypatch):
     ({"tune_prox_mu": "0.1,1"}, "setting tune_prox_mu is read only by method"),
     ({"val_fraction": 0.9}, r"setting val_fraction must be a finite number in \[0.05, 0.5\]"),
     ({"tune_lr": "0.01,0.1", "lr": 0.5}, "setting lr is not read while tune_lr is set"),
+    ({"val_fraction": 0.3}, "setting val_fraction is read only with a tune_\\* grid"),
 ])
 def test_bad_grids_are_refused_naming_the_setting(override, message):
     preset = experiments.get_preset("drfa-synthetic-noise", "compare")

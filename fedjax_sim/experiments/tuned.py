@@ -95,7 +95,12 @@ def gridded(s: dict) -> list[str]:
 
 def check(s: dict, given: tuple[str, ...] = ()) -> None:
     """ValueError naming the setting: a grid repeating a value, or a setting of `given`
-    (values the user changed) that its grid replaces (lr with tune_lr set)."""
+    (values the user changed) that is not read: one its grid replaces (lr with tune_lr
+    set), or val_fraction without a grid."""
+    if "val_fraction" in given and not tunes(s):
+        raise ValueError("setting val_fraction is read only with a tune_* grid (the "
+                         "validation rows choose a grid point); this comparison has none: "
+                         "leave it alone or give a grid, e.g. tune_lr=0.01,0.1.")
     for x in gridded(s):
         if x in given:
             raise ValueError(f"setting {x} is not read while tune_{x} is set (each method "
