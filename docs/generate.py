@@ -466,7 +466,8 @@ def drflm_tables() -> str:
         out.append(f"| {label} | " + " | ".join(cells)
                    + f" | {PAPER_DRFLM_ESOL.get(method, '—')} |")
     out += ["", "Test RMSE in the target's units, mean ± standard deviation over 3 seeds × 100 "
-            "rounds (`fedjax-sim compare drflm-DATASET --set seeds=3 rounds=100`); outputs in "
+            "rounds, untuned (`fedjax-sim compare drflm-DATASET --set seeds=3 rounds=100 "
+            "methods=fedavg,drfa,drflm,fedavg_mixup tune_lr=none`); outputs in "
             + ", ".join(_source(d) for d in dirs.values()) + "."]
     return "\n".join(out)
 

@@ -70,6 +70,10 @@ class MethodRun(NamedTuple):
         `stack_seeds`), 0 for one data set every seed shares
         (`with_seeds(shared_data=True)`). Over several devices the client
         axis, not the seeds axis, is sharded.
+      copies: leading copies axes of the state and of the evaluation's values: 1
+        ([seeds]), 2 for a grid outside the seeds ([grid points, seeds],
+        `experiments.tuned`: a run stops only when every point of every seed has
+        diverged; `seed_rows` then picks a point per seed).
     """
 
     algorithm: Algorithm
@@ -83,6 +87,7 @@ class MethodRun(NamedTuple):
     round_metrics: bool = False
     progress_summary: Callable | None = None
     data_copies: int = 1
+    copies: int = 1
 
 
 def method_clients(spec: MethodRun) -> int:
@@ -241,7 +246,7 @@ def train_method(name: str, spec: MethodRun, seeds: int, *, checkpoint_dir=None,
             eval_every=spec.eval_every, evaluate=spec.evaluate, progress=progress,
             description=name, mesh=mesh, checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every if checkpoint_dir is not None else None,
-            resume=resume and checkpoint_dir is not None, copies_axis=True,
+            resume=resume and checkpoint_dir is not None, copies_axis=spec.copies,
             data_copies_axis=spec.data_copies,
             on_rows=on_rows if spec.seed_rows is None else None, timing=timing,
             progress_summary=spec.progress_summary or logs.mean_of_copies("seeds"),

@@ -235,6 +235,11 @@ def _methods(out):
     ("drfa-synthetic-noise", ["seeds=2", "rounds=20", "eval_every=10", "checkpoint_every=10",
                               "num_clients=4", "noisy_clients=1", "n=8", "n_test=8",
                               "batch_size=4", "local_steps=2"], ("fedavg", "drfa"), False),
+    # Tuned (experiments.tuned): the state and history carry a grid axis before the seeds.
+    ("drfa-synthetic-noise", ["seeds=2", "rounds=20", "eval_every=10", "checkpoint_every=10",
+                              "num_clients=4", "noisy_clients=1", "n=8", "n_test=8",
+                              "batch_size=4", "local_steps=2", "tune_lr=0.005,0.02",
+                              "methods=fedavg,drfa,drflm"], ("fedavg", "drfa"), False),
 ])
 def test_killed_comparison_resumes_to_identical_outputs(tmp_path, preset, sets, methods,
                                                         write_kill):

@@ -18,8 +18,9 @@ from fedjax_sim.experiments import get_preset, hetero, resolve_settings
 from fedjax_sim.experiments.hetero import metrics as hetero_metrics
 from fedjax_sim.models.core import client_accuracy, client_loss
 
+# Untuned (the preset's tune_lr grid off): these tests train `method_run` at one lr.
 TINY = {"rounds": 2, "seeds": 2, "num_clients": 6, "hidden": 8, "local_steps": 2,
-        "eval_every": 1, "unseen_clients": 0.34}
+        "eval_every": 1, "unseen_clients": 0.34, "tune_lr": "none"}
 
 
 def _settings(**overrides) -> dict:

@@ -10,6 +10,7 @@ combinator around a built algorithm (`with_restarts`, `with_seeds`,
 from fedjax_sim.algorithms.afl import AFLState, afl
 from fedjax_sim.algorithms.base import (
     Algorithm,
+    with_grid,
     with_restarts,
     with_seeds,
     with_server_optimizer,
@@ -134,6 +135,7 @@ __all__ = [
     "with_balanced_init",
     "with_fixed_assignment",
     "with_frozen_trunk",
+    "with_grid",
     "with_initial_params",
     "with_restarts",
     "with_seeds",

@@ -4,7 +4,7 @@ This module also holds what every factory shares, so that a factory is its own
 maths: the checks of the settings every algorithm takes (`participation`,
 `weighting`), the round's cohort draw (`draw_cohort`), the weighted means over a
 cohort, and the combinators that wrap a whole algorithm (`with_restarts`,
-`with_seeds`, `with_server_optimizer`, `with_systems`). How a client trains is
+`with_seeds`, `with_grid`, `with_server_optimizer`, `with_systems`). How a client trains is
 `training.ClientTraining`; how a round is executed (chunks, kernel forms) is the
 executor's (`fedjax_sim.execution`) and appears in no factory.
 """
@@ -172,11 +172,17 @@ def _copies(algorithm: Algorithm, count: int, data_axis) -> Algorithm:
     def evaluate(state, data):
         return jax.vmap(algorithm.evaluate, in_axes=(0, axes(data)))(state, data)
 
-    def client_axes(state):
-        inner = algorithm.client_axes(state)  # only the structure is read
-        return jax.tree.map(lambda a: a + 1 if a != NOT_PER_CLIENT else a, inner)
+    return Algorithm(init, round_, evaluate, _behind_one_axis(algorithm.client_axes))
 
-    return Algorithm(init, round_, evaluate, client_axes)
+
+def _behind_one_axis(client_axes):
+    """client_axes of a state stacked on one more leading axis: each client axis one later
+    (the inner declaration reads only the state's structure)."""
+
+    def shifted(state):
+        return jax.tree.map(lambda a: a + 1 if a != NOT_PER_CLIENT else a, client_axes(state))
+
+    return shifted
 
 
 def with_restarts(algorithm: Algorithm, restarts: int) -> Algorithm:
@@ -243,6 +249,56 @@ def with_seeds(algorithm: Algorithm, seeds: int, *, shared_data: bool = False) -
         raise ValueError(f"seeds must be >= 1; got {seeds}.")
     return _copies(algorithm, seeds, None if shared_data else copies_axes)
 
+
+
+def with_grid(build_at: Callable[[dict], Algorithm], points) -> Algorithm:
+    """An algorithm at every point of a hyper-parameter grid at once (one vmap).
+
+    A learning rate, μ, q or λ step is a traced input of its factory (DESIGN's
+    sweepable floats), so the points of a grid are one more vmapped axis of one
+    compiled program rather than one program each. Every point gets the same keys
+    and the same data: the points differ by their values alone, so choosing among
+    them compares like with like. The state, round metrics and evaluation outputs
+    gain a leading [G] axis.
+
+    Args:
+      build_at: {name: scalar} -> the algorithm at that point (called with traced
+        scalars inside the returned functions, and once with the first point's
+        floats to read the state's structure).
+      points: name -> [G] values, the grid's points spelled out (a product of
+        grids is the caller's).
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms import fedavg, sgd, with_grid
+      >>> from fedjax_sim.data import linear_mixture
+      >>> from fedjax_sim.models import linear_regression
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> alg = with_grid(lambda p: fedavg(linear_regression(3), sgd(p["lr"], steps=2)),
+      ...                 {"lr": [0.01, 0.1, 0.3]})
+      >>> state = jax.jit(alg.init)(jax.random.key(1), data)
+      >>> state, metrics = jax.jit(alg.round)(state, data, jax.random.key(2))
+      >>> state.params.shape, alg.evaluate(state, data)["client_loss"].shape  # [G, ...]
+      ((3, 3), (3, 8))
+    """
+    names = list(points)
+    grid = {k: jnp.asarray(points[k], jnp.float32) for k in names}
+    shapes = {v.shape for v in grid.values()}
+    if not names or len(shapes) != 1 or len(next(iter(shapes))) != 1 or not min(shapes)[0]:
+        raise ValueError("with_grid takes name -> [G] values, G >= 1 and the same G for "
+                         f"every name; got shapes {({k: v.shape for k, v in grid.items()})}.")
+    first = build_at({k: float(points[k][0]) for k in names})
+
+    def init(key, data):
+        return jax.vmap(lambda p: build_at(p).init(key, data))(grid)
+
+    def round_(state, data, key):
+        return jax.vmap(lambda st, p: build_at(p).round(st, data, key))(state, grid)
+
+    def evaluate(state, data):
+        return jax.vmap(lambda st, p: build_at(p).evaluate(st, data))(state, grid)
+
+    return Algorithm(init, round_, evaluate, _behind_one_axis(first.client_axes))
 
 SERVER_MODEL_FIELDS = ("params", "cluster_params")
 

@@ -26,6 +26,7 @@ from fedjax_sim.algorithms import ClientTraining, sgd
 from fedjax_sim.algorithms.base import NOT_PER_CLIENT, Algorithm
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.experiments import methods as catalog
+from fedjax_sim.experiments import tuned
 from fedjax_sim.experiments.settings import Setting
 
 
@@ -255,6 +256,38 @@ class Experiment:
         """Method `name` over s["seeds"] vmapped seeds, ready to train."""
         raise NotImplementedError(f"{self.name} declares no comparison.")
 
+    # ---- tuning (`experiments.tuned`): an experiment that declares both takes tune_* grids
+    #: (metric, "min" or "max"): what a tuned comparison chooses each method's grid point by,
+    #: measured on the validation rows as `method_run`'s evaluation measures it on the test
+    #: rows; None: the experiment takes no tune_* settings.
+    tune_metric: tuple[str, str] | None = None
+
+    def validation_problems(self, problem, s: dict) -> tuple[Any, Any]:
+        """(fit, val): `problem` with its training clients less their validation rows
+        (`data.holdout.validation_split`, s["val_fraction"]), and the same with the
+        validation rows in place of the test rows (`tuned.Tuned`)."""
+        raise NotImplementedError(f"{self.name} takes no tune_* grids.")
+
+    def problem_for(self, s: dict) -> Any:
+        """The problem its methods train on: `problem(s)`, or with a tune_* grid set the
+        `tuned.Tuned` of it."""
+        problem = self.problem(s)
+        if self.tune_metric is None or not tuned.tunes(s):
+            return problem
+        return tuned.Tuned(problem, *self.validation_problems(problem, s))
+
+    def method_spec(self, name: str, s: dict, problem) -> compare.MethodRun:
+        """`method_run`, over its tune_* grid where `problem` is a `tuned.Tuned`."""
+        if isinstance(problem, tuned.Tuned):
+            return tuned.tuned_run(self, name, s, problem)
+        return self.method_run(name, s, problem)
+
+    def comparison_notes(self, s: dict, problem, results: dict) -> dict:
+        """`notes`, and the grids and chosen values of a tuned comparison."""
+        full = problem.full if isinstance(problem, tuned.Tuned) else problem
+        metric = self.tune_metric[0] if self.tune_metric else ""
+        return {**self.notes(s, full, results), **tuned.notes(s, results, metric)}
+
     def available(self) -> tuple[str, ...]:
         """The methods of its table that fit its data: its declared ones first."""
         fitting = [n for n, m in self.method_table.items()
@@ -374,6 +407,9 @@ class Experiment:
             return st
 
         settings = [scoped(st) for st in (*self.settings, *added)]
+        if self.tune_metric is not None:
+            settings += tuned.tune_settings({st.name: st for st in settings},
+                                            self.tune_metric[0])
         if "methods" not in names:
             settings.append(methods_setting(
                 (*(n for n in self.methods if self.own(n)), *self.method_table),
@@ -400,10 +436,11 @@ class Experiment:
         metric are in the returned `results[method].diverged`.
         """
         ctx = ctx or RunContext(progress=False)
-        problem = self.problem(s)
+        tuned.check(s)
+        problem = self.problem_for(s)
         table = self.table(s)
         results = compare.run_methods(
-            {m: functools.partial(self.method_run, m, s, problem) for m in self.compared(s)},
+            {m: functools.partial(self.method_spec, m, s, problem) for m in self.compared(s)},
             s["seeds"], None, progress=ctx.progress,
             on_method=lambda r: ctx.on_method(
                 r.name, compare.table_per_seed({r.name: r}, table)[r.name],
@@ -415,7 +452,7 @@ class Experiment:
                   "seed's round and metric)", file=sys.stderr)
         return Comparison(compare.table_per_seed(results, table),
                           {n: r.seed_mean_rows() for n, r in results.items()}, table,
-                          self.baseline, self.notes(s, problem, results), results)
+                          self.baseline, self.comparison_notes(s, problem, results), results)
 
     def run_method(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
         """`run` of a comparison preset: method s["method"] over s["seeds"] seeds.
@@ -428,7 +465,7 @@ class Experiment:
         "diverged" holds each seed's round and metric), never one per seed.
         """
         name = s["method"]
-        spec = self.method_run(name, s, self.problem(s))
+        spec = self.method_spec(name, s, self.problem_for(s))
         seeds = s["seeds"]
 
         def stream(rows):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedjax_sim import compare, plots, stats
+from fedjax_sim.experiments import tuned
 from fedjax_sim.experiments.base import Comparison, Preset
 from fedjax_sim.io import write_csv, write_json
 from fedjax_sim.logs import MetricsCSV, TensorBoardLog, write_bands
@@ -61,11 +62,14 @@ def _write_comparison(preset: Preset, settings: dict, problem, results: dict, ou
     metrics = experiment.table(settings)
     seeds = settings["seeds"]
     rows = compare.results_table(results, experiment.baseline, metrics)
-    write_csv(out_dir / "results.csv", rows, compare.results_columns(metrics))
     table = stats.results_markdown(rows, metrics, experiment.baseline, seeds=seeds,
                                    title=f"{preset.name}: final metrics")
+    chosen = tuned.chosen_means(results, settings)  # a tuned comparison's chosen values
+    rows = [{**row, **chosen[row["method"]]} for row in rows]
+    write_csv(out_dir / "results.csv", rows,
+              compare.results_columns(metrics) + tuned.chosen_columns(settings))
     per_seed_finals = compare.table_per_seed(results, metrics)
-    notes = experiment.notes(settings, problem, results)
+    notes = experiment.comparison_notes(settings, problem, results)
     if notes:  # the experiment's caption: protocol choices, deviations, extra counts
         table = table.rstrip("\n") + "\n\n" + "\n".join(
             f"- {key}: {value}" for key, value in notes.items()) + "\n"

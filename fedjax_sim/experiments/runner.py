@@ -20,6 +20,7 @@ import jax
 
 from fedjax_sim import compare, parallel, simulate
 from fedjax_sim.execution import PlanChanged, describe_chunk, plan_record
+from fedjax_sim.experiments import tuned
 from fedjax_sim.experiments.base import RunContext
 from fedjax_sim.experiments.outputs import _after_first_rows, _rows_writer, _write_comparison
 from fedjax_sim.experiments.registry import Preset, get_preset
@@ -104,6 +105,8 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN,
         elif "method" in experiment.declared and experiment.methods:
             experiment.check_method(settings["method"])
         experiment.validate(settings, command)
+        tuned.check(settings, tuple(k for k in overrides or {}
+                                    if settings[k] != preset.defaults[k]))
     return settings
 
 
@@ -444,8 +447,8 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
         record["resumed"] = [*previous.get("resumed", []), _now()]
     else:
         _prepare_out(out_dir, COMPARE)
-    problem = experiment.problem(settings)
-    builds = {m: functools.partial(experiment.method_run, m, settings, problem) for m in methods}
+    problem = experiment.problem_for(settings)
+    builds = {m: functools.partial(experiment.method_spec, m, settings, problem) for m in methods}
     # The mesh shards the client axis of the methods' data (after its seeds axis, where the
     # data has one): the clients are counted, and --devices checked, before config.json.
     first = builds[methods[0]]()

@@ -35,7 +35,9 @@ class Setting:
       result: whether the value changes a result. Settings that only change
         how a result is computed (memory budget, checkpoint interval) are
         left out of sweep trial keys and resume checks.
-      listable: accepts a comma list in a run (e.g. a sweep's lr grid).
+      listable: accepts a comma list in a run (e.g. a sweep's lr grid). A listable
+        setting declared with the default [] (none, e.g. a tune_* grid) may stay
+        empty, and `--set NAME=none` empties it.
       commands: the commands that read it (None: every command). A value
         other than the preset's default given to a command that would ignore
         it is refused, naming the setting.
@@ -272,10 +274,13 @@ def resolve(declared: dict[str, Setting], defaults: dict, overrides: dict, *,
                 f"unknown setting {key!r}; this preset takes: {', '.join(sorted(declared))}."
             )
         setting = declared[key]
+        if setting.default == [] and str(raw).strip().lower() in ("", "none"):
+            settings[key] = []
+            continue
         settings[key] = _parse_value(key, raw, setting.type, lists or setting.listable)
     for key, value in settings.items():
         for v in value if isinstance(value, list) else [value]:
             declared[key].check(v)
-        if isinstance(value, list) and not value:
+        if isinstance(value, list) and not value and declared[key].default != []:
             raise ValueError(f"setting {key}: empty list.")
     return settings

