@@ -250,7 +250,6 @@ def with_seeds(algorithm: Algorithm, seeds: int, *, shared_data: bool = False) -
     return _copies(algorithm, seeds, None if shared_data else copies_axes)
 
 
-
 def with_grid(build_at: Callable[[dict], Algorithm], points) -> Algorithm:
     """An algorithm at every point of a hyper-parameter grid at once (one vmap).
 
@@ -299,6 +298,7 @@ def with_grid(build_at: Callable[[dict], Algorithm], points) -> Algorithm:
         return jax.vmap(lambda st, p: build_at(p).evaluate(st, data))(state, grid)
 
     return Algorithm(init, round_, evaluate, _behind_one_axis(first.client_axes))
+
 
 SERVER_MODEL_FIELDS = ("params", "cluster_params")
 

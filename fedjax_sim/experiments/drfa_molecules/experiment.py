@@ -275,7 +275,7 @@ EXPERIMENT = DRFAExperiment()
 
 # Each method's client step size tuned per seed on validation rows (`experiments.tuned`):
 # Adam's lr, and q-FFL's plain-SGD step (docs/protocols.md#tuned-comparisons).
-TUNE_GRIDS = {"tune_lr": [0.0003, 0.001, 0.003], "tune_qffl_lr": [0.01, 0.05, 0.25]}
+TUNE_GRIDS = {"tune_lr": [0.0003, 0.001, 0.003], "tune_qffl_lr": [0.002, 0.01, 0.05]}
 _GNN = {"num_clients": 8, "participation": 0.5, "rounds": 100, "local_steps": 10,
         "batch_size": 32, "optimizer": "adam", "lr": 0.001, "lambda_lr": 0.002, "seeds": 10,
         "eval_every": 10, "hidden": 64, "layers": 3, **TUNE_GRIDS}
