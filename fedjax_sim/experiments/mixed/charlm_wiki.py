@@ -26,7 +26,7 @@ class MixedCharLMWiki(MixedCharLM):
                    "clients, English Wikipedia articles in the datacenter; accuracy on the "
                    "speakers' held-out text.")
     settings = (
-        count("max_clients", 100, "federated speakers, chosen with `seed` among those with "
+        count("max_clients", 200, "federated speakers, chosen with `seed` among those with "
               "max_per_client full windows"),
         count("max_per_client", 3, "windows of each speaker (its last one held out for test)",
               minimum=2),
@@ -36,12 +36,12 @@ class MixedCharLMWiki(MixedCharLM):
         count("test_examples", 500, "held-out windows per source (federated, datacenter)"),
         Setting("cell", str, "conv", "character model: causal conv stack, gru or lstm",
                 choices=("conv", "gru", "lstm")),
-        count("hidden", 128, "hidden units of the character model", maximum=4096),
+        count("hidden", 64, "hidden units of the character model", maximum=4096),
         count("layers", 2, "layers of the character model", maximum=16),
         Setting("cache_dir", str, "", "archive cache directory; empty: $FEDJAX_SIM_CACHE or "
                 "~/.cache/fedjax_sim", result=False),
-        *shared_settings(rounds=400, lr=0.5, local_steps=2, clients_per_round=10,
-                          batch_size=2, central_batch_size=32, eval_every=50, seeds=3),
+        *shared_settings(rounds=300, lr=1.0, local_steps=4, clients_per_round=10,
+                          batch_size=2, central_batch_size=32, eval_every=50, seeds=2),
     )
     table_metrics = ("federated_accuracy", "datacenter_accuracy", "federated_loss",
                      "datacenter_loss", "G_tilde_mean", "G_tilde_median", "B_tilde_mean",
