@@ -28,7 +28,7 @@ class MixedCharLMWiki(MixedCharLM):
     settings = (
         count("max_clients", 200, "federated speakers, chosen with `seed` among those with "
               "max_per_client full windows"),
-        count("max_per_client", 3, "windows of each speaker (its last one held out for test)",
+        count("max_per_client", 2, "windows of each speaker (its last one held out for test)",
               minimum=2),
         count("seq_len", 40, "characters per example", maximum=1000),
         count("datacenter_examples", 20000, "datacenter training windows kept (at random "
