@@ -223,7 +223,7 @@ PRESET_INFO = {
     "mixed-charlm-wiki": PresetInfo("next-character prediction in the paper's regime: "
                                     "Shakespeare speakers with a few lines each, English "
                                     "Wikipedia in the datacenter", f"{MIXED} language-model "
-                                    "task (Stack Overflow + Wikipedia)", MINUTES,
+                                    "task", MINUTES,
                                     "mixed-fl-experiments"),
     "mixed-movielens": PresetInfo("a MovieLens-100K dual encoder with a server-side "
                                   "regularizer", f"{MIXED} MovieLens task", MINUTES,
