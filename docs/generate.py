@@ -217,9 +217,14 @@ PRESET_INFO = {
     "mixed-smile": PresetInfo("label imbalance between clients and datacenter (a stand-in for "
                               "CelebA smiles, on 8×8 digits)", f"{MIXED} smile task", MINUTES,
                               "mixed-fl-experiments"),
-    "mixed-charlm": PresetInfo("next-character prediction (a stand-in for Stack Overflow + "
-                               "Wikipedia, on Shakespeare)", f"{MIXED} language-model task",
+    "mixed-charlm": PresetInfo("next-character prediction with Shakespeare on both sides "
+                               "(the same-source control)", f"{MIXED} language-model task",
                                MINUTES, "mixed-fl-experiments"),
+    "mixed-charlm-wiki": PresetInfo("next-character prediction in the paper's regime: "
+                                    "Shakespeare speakers with a few lines each, English "
+                                    "Wikipedia in the datacenter", f"{MIXED} language-model "
+                                    "task", MINUTES,
+                                    "mixed-fl-experiments"),
     "mixed-movielens": PresetInfo("a MovieLens-100K dual encoder with a server-side "
                                   "regularizer", f"{MIXED} MovieLens task", MINUTES,
                                   "mixed-fl-experiments"),

@@ -2,7 +2,10 @@
 
 * `synthetic` (`mixed-synthetic`): two linear objectives whose optima differ by `gap`;
 * `smile` (`mixed-smile`): label imbalance on sklearn's digits;
-* `charlm` (`mixed-charlm`): Shakespeare next-character prediction;
+* `charlm` (`mixed-charlm`): Shakespeare next-character prediction, other plays in the
+  datacenter (the same-source control);
+* `charlm_wiki` (`mixed-charlm-wiki`): the same clients with a few lines each, English
+  Wikipedia in the datacenter (the paper's regime);
 * `movielens` (`mixed-movielens`): a dual encoder with a server-side regularizer.
 
 `base` holds what they share: the compared methods, the settings, and the
@@ -19,6 +22,8 @@ from fedjax_sim.experiments.mixed.base import (
 )
 from fedjax_sim.experiments.mixed.charlm import CHARLM, MixedCharLM
 from fedjax_sim.experiments.mixed.charlm import PRESET as _CHARLM_PRESET
+from fedjax_sim.experiments.mixed.charlm_wiki import CHARLM_WIKI, MixedCharLMWiki
+from fedjax_sim.experiments.mixed.charlm_wiki import PRESET as _CHARLM_WIKI_PRESET
 from fedjax_sim.experiments.mixed.movielens import MOVIELENS, Costs, MixedMovieLens, costs
 from fedjax_sim.experiments.mixed.movielens import PRESET as _MOVIELENS_PRESET
 from fedjax_sim.experiments.mixed.smile import PRESET as _SMILE_PRESET
@@ -31,10 +36,12 @@ from fedjax_sim.experiments.mixed.smile import (
 from fedjax_sim.experiments.mixed.synthetic import PRESET as _SYNTHETIC_PRESET
 from fedjax_sim.experiments.mixed.synthetic import SYNTHETIC, MixedSynthetic, mixed_linear
 
-PRESETS = [_SYNTHETIC_PRESET, _SMILE_PRESET, _CHARLM_PRESET, _MOVIELENS_PRESET]
+PRESETS = [_SYNTHETIC_PRESET, _SMILE_PRESET, _CHARLM_PRESET, _CHARLM_WIKI_PRESET,
+           _MOVIELENS_PRESET]
 
 __all__ = [
     "CHARLM",
+    "CHARLM_WIKI",
     "LABELS",
     "METHODS",
     "MIXED",
@@ -44,6 +51,7 @@ __all__ = [
     "SYNTHETIC",
     "Costs",
     "MixedCharLM",
+    "MixedCharLMWiki",
     "MixedMovieLens",
     "MixedSmile",
     "MixedSynthetic",

