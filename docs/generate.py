@@ -204,11 +204,11 @@ PRESET_INFO = {
                                "ships)", f"{IFCA} Table 2", DAYS + " (an accelerator is "
                                "advised)", "ifca-femnist", " --set data_dir=/path"),
     "drflm-esol": PresetInfo("worst-client and average RMSE on ESOL", f"{DRFLM} Table 1",
-                             HALF_HOUR, "drflm-experiments"),
+                             HOURS, "drflm-experiments"),
     "drflm-freesolv": PresetInfo("worst-client and average RMSE on FreeSolv",
-                                 f"{DRFLM} Table 1", HALF_HOUR, "drflm-experiments"),
+                                 f"{DRFLM} Table 1", HOURS, "drflm-experiments"),
     "drflm-lipophilicity": PresetInfo("worst-client and average RMSE on Lipophilicity",
-                                      f"{DRFLM} Table 1", HOUR, "drflm-experiments"),
+                                      f"{DRFLM} Table 1", HOURS, "drflm-experiments"),
     "drfa-synthetic-noise": PresetInfo("DRFA's weights chase noisy clients and its clean error "
                                        "rises above FedAvg's", f"{DRFLM} Fig. 1 (the "
                                        "observation)", SECONDS, "drflm-experiments"),
