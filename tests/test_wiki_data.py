@@ -9,6 +9,11 @@ import pytest
 
 from fedjax_sim.data import archives, wiki
 
+# The article's first paragraph: one line in the dump (a line break there is text).
+LEAD = ("'''Anarchism''' is a [[political philosophy]] that advocates "
+        "[[self-governance|self-governed]] societies.&lt;ref&gt;Cite, p. 1&lt;/ref&gt; "
+        "See [http://example.org the site] or http://bare.example.org.")
+
 PAGES = """<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10">
   <siteinfo><sitename>Wikipedia</sitename></siteinfo>
   <page>
@@ -22,7 +27,7 @@ PAGES = """<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version=
 {{Infobox
 | name = x
 }}
-'''Anarchism''' is a [[political philosophy]] that advocates [[self-governance|self-governed]] societies.&lt;ref&gt;Cite, p. 1&lt;/ref&gt; See [http://example.org the site] or http://bare.example.org.
+@LEAD@
 [[File:A.jpg|thumb|A caption with a [[link]] inside]]
 &lt;!-- a hidden comment --&gt;
 == History ==
@@ -42,7 +47,7 @@ PAGES = """<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version=
     <revision><text xml:space="preserve">{{only a template}}</text></revision>
   </page>
 </mediawiki>
-"""
+""".replace("@LEAD@", LEAD)
 
 ANARCHISM = ("Anarchism is a political philosophy that advocates self-governed societies. "
              "See the site or\n"
