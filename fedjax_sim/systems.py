@@ -10,22 +10,41 @@ data itself). In a round:
 
     A    ← {i : u_i < p_i(t)}                   (u_i ~ U[0, 1), fresh each round)
     S    ← the cohort, drawn among A only      (uniform without replacement, or ∝ weights)
+    K    ← the slots of S holding an available client
+    stragglers, straggler_draw = "fixed" (the FedProx code's rule, the default):
+         K − round(K · (1 − stragglers)) of the K slots, uniformly at random
+    stragglers, straggler_draw = "independent":
+         each slot j with probability stragglers (v_j < stragglers)
     each slot j ∈ S:
-         straggles_j ← v_j < stragglers         (it does part of its local work)
-         reports_j   ← w_j ≥ dropout            (it sends its update back)
-                       and not (straggles_j and straggler_policy = "drop")
+         reports_j ← w_j ≥ dropout            (it sends its update back)
+                     and not (straggles_j and straggler_policy = "drop")
+
+The "fixed" count is the FedProx code's: round(K · (1 − rate)) of the selected
+devices do their full work and the others straggle (Python's round, half to
+even; it equals round(K · rate) but at exact halves with odd K). So with the
+"drop" policy and no dropout, a round in which K · (1 − rate) ≥ 1 keeps at least
+one reporter. Stragglers are chosen among the available slots before training;
+dropout is drawn on its own afterwards (FedProx's code has none).
 
 p_i(t) is `availability` (one number, or one per client), or with a `period`
-a day/night cycle: client i lives in time zone z_i = ⌊i · period / m⌋ and is
-in its day when (t + z_i) mod period < period / 2, available then with
-probability availability_i and with probability `night` otherwise.
+a day/night cycle: client i lives in time zone z_i = ⌊π(i) · period / m⌋, π a
+permutation of the m clients drawn once from `zone_seed`
+(`ops.work.time_zones`), and is in its day when (t + z_i) mod period <
+period / 2, available then with probability availability_i and with
+probability `night` otherwise. The permutation spreads the zones evenly (as
+many clients per zone as ⌊i · period / m⌋ gives) independently of how the
+clients are numbered: clients numbered cluster by cluster do not sleep a
+cluster at a time.
 
 A slot that does not report, or whose client is unavailable (when fewer
 than |S| clients are available, the remaining slots are empty), gets weight
 0 in every sum of the round (`CohortBatch.active`), exactly as a client
 without data does; a straggler that is kept trains a uniformly drawn
-1, …, τ_i of its τ_i local steps (`ClientTraining`), and its partial update
-counts like any other.
+1, …, τ_i − 1 of its τ_i local steps (`ops.work.straggler_steps`: strictly
+less than its full work, the FedProx code's 1..E − 1 epochs), and its partial
+update counts like any other. A straggler whose τ_i ≤ 1 cannot do part of its
+work: it takes its τ_i steps (kept: a full update; dropped under "drop" like any
+straggler).
 
 The data layer carries it without knowing what it holds (this module imports
 only `fedjax_sim.carried`).
@@ -38,6 +57,7 @@ from dataclasses import dataclass, replace
 from fedjax_sim.carried import carried, carrying
 
 POLICIES = ("keep", "drop")
+DRAWS = ("fixed", "independent")
 
 
 def _fraction(name: str, value, *, open_top: bool = False) -> float:
@@ -60,15 +80,23 @@ class Systems:
         day, with a `period`): one number for every client, or a tuple with one
         per client (length m).
       period: 0: availability is constant; else the rounds of one day/night cycle
-        (an integer >= 2), the clients' time zones spread evenly over it.
+        (an integer >= 2), the clients' time zones spread evenly over it in an
+        order drawn from `zone_seed`.
       night: the probability that a client is available at night (with a period).
       dropout: the probability that a chosen client fails to report its update
         after training, in [0, 1).
-      stragglers: the probability that a chosen client straggles in a round
-        (the expected fraction of the cohort), in [0, 1].
-      straggler_policy: "keep": a straggler's partial work (a uniform 1..τ_i of
-        its steps) is aggregated like any update (FedProx's rule); "drop": a
-        straggler's update is discarded (FedAvg's rule in the FedProx paper).
+      stragglers: the straggler rate, in [0, 1]: under straggler_draw "fixed"
+        the fraction of the available cohort slots that straggle in every round
+        (K − round(K · (1 − stragglers)) of K); under "independent" the
+        probability that each slot straggles.
+      straggler_draw: "fixed" (default, the FedProx code's rule) or
+        "independent" (each slot on its own, so the count varies by round).
+      straggler_policy: "keep": a straggler's partial work (a uniform
+        1..τ_i − 1 of its steps) is aggregated like any update (FedProx's rule);
+        "drop": a straggler's update is discarded (FedAvg's rule in the FedProx
+        paper).
+      zone_seed: the seed of the permutation that places the clients' time
+        zones (with a period).
 
     Examples:
       >>> from fedjax_sim.systems import Systems
@@ -90,6 +118,8 @@ class Systems:
     dropout: float = 0.0
     stragglers: float = 0.0
     straggler_policy: str = "keep"
+    straggler_draw: str = "fixed"
+    zone_seed: int = 0
 
     def __post_init__(self):
         if isinstance(self.availability, tuple | list):
@@ -111,6 +141,11 @@ class Systems:
         if self.straggler_policy not in POLICIES:
             raise ValueError(f"Systems straggler_policy must be one of {', '.join(POLICIES)}; "
                              f"got {self.straggler_policy!r}.")
+        if self.straggler_draw not in DRAWS:
+            raise ValueError(f"Systems straggler_draw must be one of {', '.join(DRAWS)}; "
+                             f"got {self.straggler_draw!r}.")
+        if not isinstance(self.zone_seed, int) or isinstance(self.zone_seed, bool):
+            raise ValueError(f"Systems zone_seed must be an integer; got {self.zone_seed!r}.")
 
     @property
     def always_available(self) -> bool:

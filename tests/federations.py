@@ -171,7 +171,8 @@ def _sample_cohort():
 
 
 def slot_steps(taus, keys, straggles):
-    """τ of each slot: its client's τ_i, or a straggler's uniform 1..τ_i drawn from its key."""
+    """τ of each slot: its client's τ_i, or a straggler's uniform 1..τ_i − 1 drawn from its
+    key (τ_i itself when τ_i ≤ 1)."""
     from fedjax_sim.ops.work import straggler_steps
 
     return [int(straggler_steps(k, t)) if f else t

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import chex
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from federations import cohort_slots, local_gd, slot_steps, weighted_mean, work_table
@@ -29,7 +30,12 @@ from fedjax_sim.algorithms import (
 from fedjax_sim.algorithms.fednova import work_norm
 from fedjax_sim.execution import planned
 from fedjax_sim.ops import client_update
-from fedjax_sim.ops.work import available
+from fedjax_sim.ops.work import (
+    STRAGGLE_STREAM,
+    available,
+    straggler_steps,
+    time_zones,
+)
 from fedjax_sim.systems import Systems
 
 RTOL, ATOL = 1e-4, 1e-5
@@ -279,13 +285,112 @@ def test_cohort_among_available_clients_and_flag_rates():
     assert abs(reported / slots - 0.75) < 0.04  # available slots x (1 − dropout)
 
 
+def fedprox_stragglers(k, rate):
+    """The FedProx code's count: round(K · (1 − rate)) of the K selected devices train fully
+    (`np.random.choice(selected, round(K * (1 - drop_percent)))`), the others straggle."""
+    return k - round(k * (1 - rate))
+
+
+@pytest.mark.parametrize("m,participation,rate,availability", [
+    (20, 1.0, 0.9, 1.0), (20, 0.5, 0.9, 1.0), (20, 0.5, 0.5, 1.0), (10, 0.5, 0.5, 1.0),
+    (30, 0.5, 0.3, 0.6), (20, 1.0, 0.9, 0.7)])
+def test_fixed_stragglers_are_exactly_the_fedprox_count_per_round(m, participation, rate,
+                                                                  availability):
+    """straggler_draw "fixed" (the default): in every round, of the K slots holding an
+    available client exactly K − round(K(1 − rate)) straggle (round(K·rate) but at exact
+    halves with odd K: 5 slots at 0.5 give 3), a uniformly random subset; under "drop"
+    the others report, so a round with K(1 − rate) >= 1 always keeps a reporter."""
+    systems = Systems(availability=availability, stragglers=rate, straggler_policy="drop")
+    rounds, per_slot, counts = 300, None, set()
+    for r in range(rounds):
+        key = jax.random.key(r)
+        ids, _, reports, straggles = cohort_slots(key, m, participation, systems)
+        here = np.asarray(available(jax.random.split(key)[0], m, systems))
+        filled = np.array([here[i] for i in ids]) if availability < 1 else np.ones(len(ids),
+                                                                                    bool)
+        k = int(filled.sum())
+        assert straggles.sum() == fedprox_stragglers(k, rate)
+        assert not np.any(straggles & ~filled)
+        np.testing.assert_array_equal(reports, filled & ~straggles)  # no dropout here
+        if k * (1 - rate) >= 1:
+            assert reports.sum() >= 1
+        counts.add(k)
+        if availability == 1.0:
+            per_slot = straggles.astype(float) if per_slot is None else per_slot + straggles
+    if per_slot is not None:  # every slot equally likely to straggle
+        np.testing.assert_allclose(per_slot / rounds, fedprox_stragglers(len(ids), rate)
+                                   / len(ids), atol=0.1)
+    else:
+        assert len(counts) > 1  # K varied with availability
+
+
+def test_fixed_straggler_count_rounds_as_the_fedprox_code():
+    """5 slots at rate 0.5: the FedProx code trains round(2.5) = 2 fully, so 3 straggle."""
+    _, _, _, straggles = cohort_slots(jax.random.key(0), 5, 1.0, Systems(stragglers=0.5))
+    assert straggles.sum() == 3
+
+
+def test_independent_stragglers_draw_each_slot_on_its_own():
+    """straggler_draw "independent": slot j straggles when its own uniform (the slot key's
+    STRAGGLE_STREAM) is below the rate, so the count varies by round."""
+    m, rate = 20, 0.9
+    systems = Systems(stragglers=rate, straggler_policy="drop", straggler_draw="independent")
+    counts, none_report = [], 0
+    for r in range(200):
+        _, keys, reports, straggles = cohort_slots(jax.random.key(r), m, 0.5, systems)
+        expected = [float(jax.random.uniform(jax.random.fold_in(k, STRAGGLE_STREAM))) < rate
+                    for k in keys]
+        np.testing.assert_array_equal(straggles, expected)
+        counts.append(int(straggles.sum()))
+        none_report += int(reports.sum() == 0)
+    assert len(set(counts)) > 2
+    assert abs(np.mean(counts) / 10 - rate) < 0.03
+    assert none_report > 0  # the independent draw loses whole rounds under "drop"
+    with pytest.raises(ValueError, match="straggler_draw must be one of fixed, independent"):
+        Systems(stragglers=0.5, straggler_draw="binomial")
+
+
+def test_a_straggler_does_strictly_less_than_its_full_work():
+    """A straggler's steps are uniform on 1..τ_i − 1 (never its full τ_i); τ_i <= 1 cannot
+    be partial and is taken whole. Through a round's work: every straggler with τ_i >= 2
+    takes fewer steps than τ_i."""
+    for tau in range(0, 7):
+        seen = {int(straggler_steps(jax.random.key(s), tau)) for s in range(300)}
+        assert seen == (set(range(1, tau)) if tau >= 2 else {tau})
+    m, steps = 12, 6
+    table = tuple(int(t) for t in np.arange(m) % (steps + 1))
+    training = sgd(LR, steps=steps, work=Work(per_client=table))
+    systems = Systems(stragglers=0.5)
+    partial = 0
+    for r in range(20):
+        ids, keys, _, straggles = cohort_slots(jax.random.key(r), m, 1.0, systems)
+        data = make_ragged_of(m)
+        taken = np.asarray(training.steps_taken(data, keys, ids=jnp.asarray(ids),
+                                                straggles=jnp.asarray(straggles)))
+        for i, f, got in zip(ids, straggles, taken, strict=True):
+            if f and table[i] >= 2:
+                assert 1 <= got < table[i]
+                partial += 1
+            else:
+                assert got == table[i]
+    assert partial > 0
+
+
+def make_ragged_of(m):
+    from conftest import make_ragged
+
+    return make_ragged(sizes=(2,) * m, clusters=(0,) * m)
+
+
 def test_day_night_availability_follows_each_clients_time_zone():
-    """period 4, 8 clients: zone z_i = ⌊i·4/8⌋; day when (t + z_i) mod 4 < 2; available with
-    probability 1 by day and 0 by night, so the mask is the day table itself."""
+    """period 4, 8 clients: zone z_i = ⌊π(i)·4/8⌋, π the permutation drawn from zone_seed;
+    day when (t + z_i) mod 4 < 2; available with probability 1 by day and 0 by night, so the
+    mask is the day table itself."""
     m, systems = 8, Systems(availability=1.0, period=4, night=0.0)
+    order = np.random.default_rng(systems.zone_seed).permutation(m)
+    zones = order * 4 // m
     for t in range(8):
         here = np.asarray(available(jax.random.key(t), m, systems, t))
-        zones = np.arange(m) * 4 // m
         np.testing.assert_array_equal(here, (t + zones) % 4 < 2)
     with pytest.raises(ValueError, match="need the round"):
         available(jax.random.key(0), m, systems)
@@ -300,6 +405,31 @@ def test_day_night_availability_follows_each_clients_time_zone():
     for t in range(4):
         state, metrics = jax.jit(alg.round)(state, data, jax.random.key(t))
         assert float(metrics["participants"]) == float(np.sum((t + zones) % 4 < 2))
+
+
+@pytest.mark.parametrize("period", [2, 4, 6])
+def test_time_zones_do_not_follow_the_client_numbering(period):
+    """Two clusters numbered in blocks (clients 0..11, then 12..23): by index the zones would
+    put a whole cluster to sleep at once; permuted, each cluster has clients awake in every
+    round, as many in all as the period rule gives (#{j : (t + ⌊j·P/m⌋) mod P < P/2}), and
+    the placement is a fixed function of zone_seed."""
+    m = 24
+    cluster = np.repeat([0, 1], m // 2)
+    systems = Systems(availability=1.0, period=period, night=0.0, zone_seed=3)
+    by_index = np.arange(m) * period // m
+    asleep_by_index = False
+    for t in range(2 * period):
+        here = np.asarray(available(jax.random.key(t), m, systems, t))
+        rule = sum(1 for j in range(m) if (t + j * period // m) % period < period / 2)
+        assert here.sum() == rule
+        for c in (0, 1):
+            assert here[cluster == c].any(), (t, c)
+            asleep_by_index |= not ((t + by_index[cluster == c]) % period < period / 2).any()
+    assert asleep_by_index  # the numbering alone would have slept a cluster (not vacuous)
+    zones = time_zones(m, systems)
+    np.testing.assert_array_equal(np.sort(zones), by_index)
+    np.testing.assert_array_equal(zones, time_zones(m, Systems(period=period, zone_seed=3)))
+    assert not np.array_equal(zones, time_zones(m, Systems(period=period, zone_seed=4)))
 
 
 def linear_model_of(data):
@@ -458,6 +588,48 @@ def test_work_norm_matches_its_sums():
         np.testing.assert_allclose(work_norm(tau, learning_rate=0.1, mu=0.5), sum(a_prox),
                                    rtol=1e-6, atol=1e-7)
         assert float(work_norm(tau)) == tau
+
+
+def test_work_norm_of_the_proximal_solver_is_stable_at_small_eta_mu():
+    """‖a‖₁ = [1 − (1 − ημ)^τ]/(ημ) against float64 from its sum Σ_t (1 − ημ)^t; at ημ = 5e-9
+    the float32 difference 1 − (1 − ημ)^τ rounds to 0, the closed form must not."""
+    for decay in (5e-9, 1e-8, 1e-6, 1e-3, 0.1, 0.5, 0.9):
+        for tau in (0, 1, 2, 7, 20):
+            exact = sum((1.0 - decay) ** t for t in range(tau))  # float64
+            got = float(work_norm(tau, learning_rate=1.0, mu=decay))
+            np.testing.assert_allclose(got, exact, rtol=1e-6, atol=1e-7)
+    assert float(work_norm(20, learning_rate=0.5, mu=jnp.float32(0.0))) == 20.0
+
+
+@pytest.mark.parametrize("mu", [1e-9, 1e-6, 1e-3])
+def test_fednova_proximal_at_small_mu_equals_loop_and_tends_to_mu_zero(ragged, linear_model,
+                                                                        ref, mu):
+    """FedNova over FedProx's solver with tiny μ, 3 rounds, against a float64 loop (proximal
+    GD, ‖a_i‖₁ = Σ_t (1 − ημ)^t); as μ → 0 it is the μ = 0 run to 1e-6."""
+    m = ragged.num_clients
+    table = work_table(m, STEPS)
+    training = sgd(LR, steps=STEPS, work=Work(per_client=table))
+    alg, plain = fednova(linear_model, training, mu=mu), fednova(linear_model, training)
+    state = alg.init(jax.random.key(0), ragged)
+    base = plain.init(jax.random.key(0), ragged)
+    x, y, n = _np(ragged)
+    w = np.asarray(state.params, np.float64)
+    for key in jax.random.split(jax.random.key(1), 3):
+        state, _ = jax.jit(alg.round)(state, ragged, key)
+        base, _ = jax.jit(plain.round)(base, ragged, key)
+        parts = [i for i in range(m) if n[i] > 0 and table[i] > 0]
+        p = np.array([n[i] for i in parts], np.float64)
+        p = p / p.sum()
+        norms = [sum((1.0 - LR * mu) ** t for t in range(table[i])) for i in parts]
+        ds = [(w - local_gd(ref, w, x[i], y[i], n[i], LR, table[i],
+                            extra=lambda v, w_t=w: mu * (v - w_t))) / a
+              for i, a in zip(parts, norms, strict=True)]
+        tau_eff = float(np.dot(p, norms))
+        w = w - tau_eff * sum(pi * di for pi, di in zip(p, ds, strict=True))
+        np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
+    if mu <= 1e-6:
+        np.testing.assert_allclose(state.params, base.params, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(state.params, np.asarray(alg.init(jax.random.key(0), ragged).params))
 
 
 def test_fednova_with_equal_work_is_fedavg(ragged, linear_model):

@@ -34,16 +34,19 @@ from federations import (
 )
 
 from fedjax_sim.algorithms import Work, afl, cfl, ditto, drfa, drflm, sgd, with_systems
+from fedjax_sim.algorithms.base import cohort_size
 from fedjax_sim.algorithms.ditto import PERSONAL_STREAM
 from fedjax_sim.algorithms.mixed import mixed
 from fedjax_sim.data import ServerData
 from fedjax_sim.ops import sample_batch
+from fedjax_sim.ops.work import available
 from fedjax_sim.systems import Systems
 
 RTOL, ATOL = 1e-4, 1e-5
 LR, STEPS, ROUNDS = 0.05, 4, 3
-# Client 3 is never available; any other slot drops out with probability 0.3 and
-# straggles (a uniform 1..τ_i of its steps, kept) with probability 0.4.
+# Client 3 is never available; any other slot drops out with probability 0.3; of the 4
+# available slots 4 − round(4 · 0.6) = 2 straggle (a uniform 1..τ_i − 1 of their steps,
+# kept).
 SYSTEMS = Systems(availability=(1.0, 1.0, 1.0, 0.0, 1.0), dropout=0.3, stragglers=0.4)
 # (participation, systems): everyone, a sampled cohort, everyone under Systems.
 CASES = [(1.0, None), (0.6, None), (1.0, SYSTEMS)]
@@ -67,6 +70,7 @@ class _Seen:
 
     def __init__(self, n):
         self.n, self.unavailable, self.dropped, self.zero_steps = n, 0, 0, 0
+        self.scales = []  # DRFA's λ step under Systems: (|A|, r) of every round
 
     def slots(self, ids, reports, taus):
         for i, rep, tau in zip(ids, reports, taus, strict=True):
@@ -139,7 +143,8 @@ def drfa_loop(ref, w, lam, lam32, data, key, participation, systems, table, gamm
               mix=None, official=False):
     """One DRFA round (DRFLM's with `mix` = (α, β)): C_s ∝ λ with replacement, τ_j steps
     from w keeping w_j^(min(t′, τ_j)), w and w̃ the plain means over the reporting slots
-    with data; U_s uniform, v_i = (N/m) f_i(w̃), λ ← Π_Δ(λ + γ τ v). `official`: FedTorch's
+    with data; U_s uniform, v_i = (N/m) f_i(w̃) (under `systems`: (|A|/r) f_i(w̃), |A| the
+    clients available, r the slots of U_s that reported), λ ← Π_Δ(λ + γ τ v). `official`: FedTorch's
     form: C_s uniform, slot j's snapshot after min(k_j − 1, τ_j) steps, k_j uniform on
     1..τ−1, w ← w + Σ_j λ_j (N/m)(w_j − w), λ floored at 1e-3 by clip and renormalise."""
     x, y, n = _np(data)
@@ -178,6 +183,12 @@ def drfa_loop(ref, w, lam, lam32, data, key, participation, systems, table, gamm
     w_tilde = weighted_mean(snaps, [1.0] * len(snaps), w)
     u_ids, u_keys, u_reports, _ = cohort_slots(key_u, big_n, participation, systems)
     seen.slots(u_ids, u_reports, [None] * len(u_ids))
+    if systems is None:
+        scale = big_n / len(u_ids)
+    else:  # the clients available this round (as the cohort op draws them from its key)
+        here = np.asarray(available(jax.random.split(key_u)[0], big_n, systems))
+        scale = here.sum() / max(int(np.sum(u_reports)), 1)
+        seen.scales.append((int(here.sum()), int(np.sum(u_reports))))
     v = np.zeros(big_n)
     for i, k, rep in zip(u_ids, u_keys, u_reports, strict=True):
         if n[i] == 0 or not rep:
@@ -191,7 +202,7 @@ def drfa_loop(ref, w, lam, lam32, data, key, participation, systems, table, gamm
             gamma_m, perm = _mixup_draw(k_loss, n[i], x.shape[1], *mix)
             xm, ym = _mixed_rows(x[i][rows], y[i][rows], gamma_m, perm)
             loss = ref.loss(w_tilde, xm, ym, n[i])
-        v[i] = big_n / len(u_ids) * loss
+        v[i] = scale * loss
     new_lam = np_simplex_projection(lam + gamma * STEPS * v)
     if official:
         new_lam = np.maximum(new_lam, 1e-3)
@@ -229,6 +240,34 @@ def test_drfa_and_drflm_per_client_work_equal_loop(ragged, linear_model, ref, me
         np.testing.assert_allclose(state.lam, lam, atol=1e-5)
     seen.check(systems, participation)
     assert not np.allclose(lam, lam[0])  # λ moved
+
+
+@pytest.mark.parametrize("participation", [1.0, 0.6])
+def test_drfa_lambda_step_under_availability_scales_by_the_available(ragged, linear_model, ref,
+                                                                     participation):
+    """Clients available with probability 0.6, dropping out with 0.3: U_s is drawn among
+    the available A, and v_i = (|A|/r) f_i(w̃) for the r slots that reported (N/m without
+    Systems), so given A it estimates the available clients' losses without bias."""
+    m, gamma = ragged.num_clients, 0.1
+    systems = Systems(availability=0.6, dropout=0.3)
+    table = work_table(m, STEPS)
+    alg = with_systems(drfa(linear_model, _training(m), participation=participation,
+                            lambda_lr=gamma), systems)
+    state = alg.init(jax.random.key(0), ragged)
+    w, lam = np.asarray(state.params, np.float64), np.asarray(state.lam, np.float64)
+    seen = _Seen(np.asarray(ragged.num_examples))
+    for key in jax.random.split(jax.random.key(5), 6):
+        lam32 = state.lam
+        state, _ = jax.jit(alg.round)(state, ragged, key)
+        w, lam = drfa_loop(ref, w, lam, lam32, ragged, key, participation, systems, table,
+                           gamma, seen)
+        np.testing.assert_allclose(state.params, w, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(state.lam, lam, atol=1e-5)
+    slots = cohort_size(m, participation)
+    # Not vacuous: some rounds had fewer than N available, and r differed from |A| and m.
+    assert any(a < m for a, _ in seen.scales)
+    assert any(r not in (a, slots) and r > 0 for a, r in seen.scales)
+    assert not np.allclose(lam, lam[0])
 
 
 # --------------------------------------------------------------------------- AFL

@@ -21,6 +21,18 @@ DRFLM replaces the local step by a mixup step after a feature map g (the
 trunk of a split model; the identity otherwise) and, by default, feeds the
 mixup loss into v.
 
+Under `Systems` (`with_systems`) U_s is drawn among the clients available this
+round, A, and a slot whose client drops out (or straggles under "drop") sends
+no loss; N/m then becomes |A|/r, r the slots of U_s that reported:
+
+    v_i  ← (|A|/r) f_i(w̃; one minibatch) for the r reporting i ∈ U_s, 0 elsewhere
+
+Given A and r ≥ 1 the reporters are a uniform draw from A, so v is an unbiased
+estimate of the losses of the available clients, and 0 for the others (whose
+loss the round cannot observe: their λ_i moves only through the projection).
+Without Systems |A| = N and r = m: the paper's N/m. (With `official_code` the
+C_s update's λ_j N/m weights are FedTorch's, availability or not.)
+
 `official_code=True` reproduces the official FedTorch code
 (`comms/trainings/federated/centered/drfa.py`, docs/protocols.md#drfa-fedtorch) instead:
 λ^(0) ∝ sample counts; γ ← 0.9 γ at the start of every round; C_s uniform
@@ -326,7 +338,14 @@ def _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
             return (), jnp.where(batch.active, losses, 0.0)
 
         _, probe_losses = cohort_sums(probe, data, lam_cohort)
-        v = put(lam_cohort, jnp.zeros((n,), jnp.float32), (n / m) * probe_losses)
+        if lam_cohort.reports is None:
+            scale = n / m
+        else:  # |A| / r: the available clients over the slots that reported a loss
+            here = n if lam_cohort.num_available is None else lam_cohort.num_available
+            reported = jnp.sum(lam_cohort.reports.astype(jnp.int32))
+            scale = jnp.asarray(here, jnp.float32) / jnp.maximum(reported, 1).astype(
+                jnp.float32)
+        v = put(lam_cohort, jnp.zeros((n,), jnp.float32), scale * probe_losses)
         lam = project_simplex(state.lam + gamma * local_steps * v, floor, floor_method)
         lam_avg = state.lam_avg + (lam - state.lam_avg) / (state.round + 2).astype(jnp.float32)
         sampled = state.sampled + jax.ops.segment_sum(

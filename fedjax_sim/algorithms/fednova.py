@@ -68,16 +68,22 @@ from fedjax_sim.ops import cohort_sums, weighted_sum
 
 
 def work_norm(steps, *, learning_rate=0.0, momentum=0.0, mu=0.0):
-    """‖a_i‖₁ of τ_i = `steps` local steps (float32, elementwise over `steps`)."""
+    """‖a_i‖₁ of τ_i = `steps` local steps (float32, elementwise over `steps`); for the
+    proximal solver computed without cancellation, so it tends to τ_i as ημ → 0."""
     tau = jnp.asarray(steps, jnp.float32)
     if momentum:
         rho = momentum
         return (tau - rho * (1.0 - rho**tau) / (1.0 - rho)) / (1.0 - rho)
     if isinstance(mu, int | float) and mu == 0:
         return tau
-    decay = learning_rate * mu
-    # [1 − (1 − ημ)^τ] / (ημ), → τ as ημ → 0
-    return jnp.where(decay > 0, (1.0 - (1.0 - decay) ** tau) / jnp.maximum(decay, 1e-30), tau)
+    decay = jnp.asarray(learning_rate * mu, jnp.float32)
+    # [1 − (1 − ημ)^τ] / (ημ) = −expm1(τ log1p(−ημ)) / (ημ): no cancellation in float32 at
+    # small ημ (1 − (1 − ημ)^τ rounds to 0 at ημ = 5e-9), and τ in the limit ημ → 0, and
+    # at ημ = 0 exactly. ημ >= 1 (each step overshoots the anchor) takes the power form.
+    safe = jnp.clip(decay, 1e-30, 0.5)  # (the branch not taken must stay finite)
+    stable = -jnp.expm1(tau * jnp.log1p(-safe)) / safe
+    power = (1.0 - (1.0 - decay) ** tau) / jnp.maximum(decay, 1e-30)
+    return jnp.where(decay > 0, jnp.where(decay < 0.5, stable, power), tau)
 
 
 def fednova(model: Model, training: ClientTraining, *, momentum: float = 0.0, mu=0.0,

@@ -300,16 +300,22 @@ SYSTEMS_SETTINGS = {st.name: st for st in (
             "per client: its speed), per_round (drawn afresh every round)", choices=LOCAL_WORK),
     Setting("min_local_steps", int, 1, "the fewest local steps under local_work per_client or "
             "per_round", minimum=0, when=("local_work", ("per_client", "per_round"))),
-    Setting("stragglers", float, 0.0, "probability that a chosen client straggles in a round "
-            "(does a uniform 1..τ_i of its steps)", minimum=0.0, maximum=1.0),
+    Setting("stragglers", float, 0.0, "straggler rate: the fraction of the available cohort "
+            "that straggles in every round (K − round(K(1 − rate)) of K slots; under "
+            "straggler_draw independent each slot's probability); a straggler does a uniform "
+            "1..τ_i − 1 of its τ_i steps", minimum=0.0, maximum=1.0),
+    Setting("straggler_draw", str, "fixed", "fixed: exactly that many stragglers per round "
+            "(the FedProx code's rule); independent: each slot straggles on its own",
+            choices=("fixed", "independent")),
     Setting("straggler_policy", str, "keep", "keep: a straggler's partial update is averaged "
             "(FedProx); drop: it is discarded (fedavg_drop drops whatever this says)",
             choices=("keep", "drop")),
     Setting("availability", float, 1.0, "probability that a client is available in a round; "
             "the cohort is drawn among the available", minimum=0.0, maximum=1.0),
     Setting("availability_period", int, 0, "0: availability is constant; else rounds per "
-            "day/night cycle, the clients' time zones spread over it (available with "
-            "probability availability by day, night_availability by night)", minimum=0),
+            "day/night cycle, the clients' time zones spread evenly over it in an order "
+            "drawn from the seed (available with probability availability by day, "
+            "night_availability by night)", minimum=0),
     Setting("night_availability", float, 0.0, "probability that a client is available at "
             "night (with an availability_period)", minimum=0.0, maximum=1.0),
     Setting("dropout", float, 0.0, "probability that a chosen client fails to report after "
@@ -342,7 +348,9 @@ def systems_of_settings(s: dict, method: Method) -> Systems | None:
                       night=s.get("night_availability", 0.0), dropout=s.get("dropout", 0.0),
                       stragglers=s.get("stragglers", 0.0),
                       straggler_policy=method.straggler_policy
-                      or s.get("straggler_policy", "keep"))
+                      or s.get("straggler_policy", "keep"),
+                      straggler_draw=s.get("straggler_draw", "fixed"),
+                      zone_seed=s.get("seed", 0))
     return None if systems.trivial else systems
 
 
@@ -363,9 +371,13 @@ def systems_note(s: dict) -> str:
     if s.get("dropout", 0.0) > 0.0:
         parts.append(f"a chosen client fails to report with probability {s['dropout']}")
     if s.get("stragglers", 0.0) > 0.0:
-        parts.append(f"a chosen client straggles with probability {s['stragglers']} (a "
-                     f"uniform 1..τ_i of its steps; policy {s['straggler_policy']}, "
-                     "fedavg_drop always drops)")
+        if s.get("straggler_draw", "fixed") == "fixed":
+            who = (f"a fraction {s['stragglers']} of the available cohort straggles in every "
+                   "round (K − round(K(1 − rate)) of K slots)")
+        else:
+            who = f"a chosen client straggles with probability {s['stragglers']}"
+        parts.append(f"{who} (a uniform 1..τ_i − 1 of its steps; policy "
+                     f"{s['straggler_policy']}, fedavg_drop always drops)")
     return "; ".join(parts)
 
 

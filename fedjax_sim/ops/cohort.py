@@ -55,6 +55,8 @@ class Cohort:
         client that neither dropped out nor straggled under the "drop" policy);
         None: every slot (no `Systems`).
       straggles: [s] bool, the slots that do part of their local work; None: none.
+      num_available: int32 scalar, how many of the m clients were available this
+        round; None: all of them (no availability below 1).
     """
 
     ids: jax.Array
@@ -62,6 +64,7 @@ class Cohort:
     everyone: bool = struct.field(pytree_node=False, default=False)
     reports: jax.Array | None = None
     straggles: jax.Array | None = None
+    num_available: jax.Array | None = None
 
     @property
     def size(self) -> int:
@@ -88,7 +91,7 @@ def sample_cohort(key, num_clients: int, size: int, *, weights=None,
     """
     key_ids, key_slots = jax.random.split(key)
     everyone = weights is None and size == num_clients
-    reports = straggles = None
+    reports = straggles = num_available = None
     if systems.always_available:
         if everyone:
             ids = jnp.arange(num_clients, dtype=jnp.int32)
@@ -109,13 +112,15 @@ def sample_cohort(key, num_clients: int, size: int, *, weights=None,
             p = jnp.where(total > 0, w / jnp.maximum(total, 1e-30), 1.0 / num_clients)
             ids = sample_weighted(key_ids, p, size)
         reports = here[ids]
+        num_available = jnp.sum(here.astype(jnp.int32))
     keys = client_keys(key_slots, jnp.arange(size))
     if not systems.trivial:
-        straggles, reported = slot_flags(keys, systems)
+        # The "fixed" stragglers are chosen among the slots holding an available client.
+        straggles, reported = slot_flags(keys, systems, filled=reports)
         reports = reported if reports is None else reports & reported
         if systems.stragglers == 0.0:
             straggles = None  # no straggler: the local steps need no mask
-    return Cohort(ids, keys, everyone, reports, straggles)
+    return Cohort(ids, keys, everyone, reports, straggles, num_available)
 
 
 def take(cohort: Cohort, per_client):

@@ -9,7 +9,8 @@ and a round costs about what a uniform round of `steps` steps costs.
 Every draw here comes from a key the round already has, on its own stream:
 
 - a slot's key (`Cohort.keys`) folded with `WORK_STREAM` (τ_i redrawn every
-  round), `STRAGGLE_STREAM` (whether it straggles), `STRAGGLE_WORK_STREAM`
+  round), `STRAGGLE_STREAM` (whether it straggles: its uniform, or its rank among the
+  cohort's under the "fixed" draw), `STRAGGLE_WORK_STREAM`
   (how much of its work a straggler does), `REPORT_STREAM` (dropout);
 - `PRNGKey(work.seed)` folded with the client's id: τ_i drawn once per
   client, the same every round, for every method of a comparison. A round that
@@ -147,26 +148,83 @@ def _work_table(work: Work, steps: int, num_clients: int):
 
 
 def straggler_steps(key, tau):
-    """A straggler's steps: uniform on {1, ..., τ_i} (0 when τ_i = 0)."""
+    """A straggler's steps: uniform on {1, ..., τ_i − 1}, strictly less than its full work
+    (the FedProx code's 1..E − 1 epochs); τ_i itself when τ_i ≤ 1 (no partial work is
+    possible: one step or none)."""
     u = jax.random.uniform(jax.random.fold_in(key, STRAGGLE_WORK_STREAM))
-    return jnp.where(tau > 0, 1 + jnp.floor(u * tau).astype(jnp.int32), 0).clip(max=tau)
+    partial = (1 + jnp.floor(u * (tau - 1)).astype(jnp.int32)).clip(max=tau - 1)
+    return jnp.where(tau >= 2, partial, tau)
 
 
-def slot_flags(keys, systems):
-    """(straggles [s], reports [s]) of a cohort's slots under `systems`, from their keys."""
-    def one(k):
-        straggles = jax.random.uniform(jax.random.fold_in(k, STRAGGLE_STREAM)) < systems.stragglers
-        reports = jax.random.uniform(jax.random.fold_in(k, REPORT_STREAM)) >= systems.dropout
-        if systems.straggler_policy == "drop":
-            reports = reports & ~straggles
-        return straggles, reports
+@functools.lru_cache(maxsize=64)
+def _full_work_counts(size: int, rate: float):
+    """[size + 1] int32 numpy: round(K · (1 − rate)) for K = 0..size, in Python (the FedProx
+    code's count of devices doing full work; round half to even)."""
+    counts = np.asarray([round(k * (1.0 - rate)) for k in range(size + 1)], np.int32)
+    counts.setflags(write=False)
+    return counts
 
-    return jax.vmap(one)(keys)
+
+def fixed_stragglers(u, rate: float, filled=None):
+    """[s] bool: the FedProx code's stragglers among a cohort's slots.
+
+    Of the K slots in `filled` ([s] bool; None: all s), the round(K · (1 − rate)) whose
+    uniform `u` ([s]) is smallest do their full work and the other K − round(K · (1 − rate))
+    straggle (a uniformly random subset of that size); a slot outside `filled` never does.
+    """
+    size = u.shape[0]
+    full = _full_work_counts(size, float(rate))
+    if filled is None:
+        rank = jnp.argsort(jnp.argsort(u))
+        return rank >= int(full[size])
+    rank = jnp.argsort(jnp.argsort(jnp.where(filled, u, 2.0)))  # the filled slots first
+    count = jnp.sum(filled.astype(jnp.int32))
+    return filled & (rank >= jnp.asarray(full)[count])
+
+
+def slot_flags(keys, systems, filled=None):
+    """(straggles [s], reports [s]) of a cohort's slots under `systems`, from their keys.
+
+    filled: [s] bool, the slots holding an available client (None: every slot), among
+    which the "fixed" draw chooses its stragglers (`fedjax_sim.systems`)."""
+    def draws(k):
+        return (jax.random.uniform(jax.random.fold_in(k, STRAGGLE_STREAM)),
+                jax.random.uniform(jax.random.fold_in(k, REPORT_STREAM)))
+
+    u_straggle, u_report = jax.vmap(draws)(keys)
+    if systems.straggler_draw == "independent":
+        straggles = u_straggle < systems.stragglers
+    else:
+        straggles = fixed_stragglers(u_straggle, systems.stragglers, filled)
+    reports = u_report >= systems.dropout
+    if systems.straggler_policy == "drop":
+        reports = reports & ~straggles
+    return straggles, reports
+
+
+@functools.lru_cache(maxsize=64)
+def _time_zones(num_clients: int, period: int, seed: int):
+    order = np.random.default_rng(seed).permutation(num_clients)
+    zones = (order * period // num_clients).astype(np.int32)
+    zones.setflags(write=False)
+    return zones
+
+
+def time_zones(num_clients: int, systems):
+    """[m] int32 numpy: client i's time zone z_i = ⌊π(i) · period / m⌋, π the permutation of
+    the m clients `numpy.random.default_rng(systems.zone_seed).permutation(m)`.
+
+    The zones hold as many clients each as ⌊i · period / m⌋ would, placed independently of
+    the clients' numbering (clients numbered cluster by cluster share no zone by cluster).
+    """
+    if not systems.period:
+        raise ValueError("time zones need Systems with a period (a day/night cycle).")
+    return _time_zones(num_clients, systems.period, systems.zone_seed)
 
 
 def available(key, num_clients: int, systems, round_=None):
     """[m] bool: which clients are available in round `round_` (`systems.availability`;
-    its day/night cycle needs the round)."""
+    its day/night cycle needs the round, and places client i in `time_zones`)."""
     p = systems.availability
     if isinstance(p, tuple):
         if len(p) != num_clients:
@@ -177,7 +235,7 @@ def available(key, num_clients: int, systems, round_=None):
         if round_ is None:
             raise ValueError("Systems with a period (a day/night cycle) need the round: "
                              "draw_cohort(..., round=state.round).")
-        zone = jnp.arange(num_clients) * systems.period // num_clients
+        zone = jnp.asarray(time_zones(num_clients, systems))
         day = (round_ + zone) % systems.period < systems.period / 2
         p = jnp.where(day, p, systems.night)
     u = jax.random.uniform(jax.random.fold_in(key, AVAILABILITY_STREAM), (num_clients,))
