@@ -372,12 +372,12 @@ def systems_note(s: dict) -> str:
         parts.append(f"a chosen client fails to report with probability {s['dropout']}")
     if s.get("stragglers", 0.0) > 0.0:
         if s.get("straggler_draw", "fixed") == "fixed":
-            who = (f"a fraction {s['stragglers']} of the available cohort straggles in every "
-                   "round (K − round(K(1 − rate)) of K slots)")
+            who = (f"in every round K − round(K(1 − {s['stragglers']})) of the K available "
+                   "cohort slots straggle")
         else:
             who = f"a chosen client straggles with probability {s['stragglers']}"
-        parts.append(f"{who} (a uniform 1..τ_i − 1 of its steps; policy "
-                     f"{s['straggler_policy']}, fedavg_drop always drops)")
+        parts.append(f"{who}, each doing a uniform 1..τ_i − 1 of its τ_i steps (policy "
+                     f"{s['straggler_policy']}; fedavg_drop always drops)")
     return "; ".join(parts)
 
 
