@@ -325,7 +325,8 @@ def with_systems(algorithm: Algorithm, systems) -> Algorithm:
 
     Every round's cohort is drawn among the clients available that round; a
     chosen client may drop out (its update never arrives) or straggle (a
-    uniform 1..τ_i of its local steps; kept or dropped by the policy). All of
+    uniform 1..τ_i − 1 of its local steps; kept or dropped by the policy; by
+    default a fixed share of the cohort every round, the FedProx code's). All of
     it is masks inside the one compiled round, drawn from the round's keys, so
     two methods of a comparison wrapped with the same `Systems` see the same
     clients available, dropping and straggling. Evaluation is unchanged.

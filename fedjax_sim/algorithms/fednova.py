@@ -21,7 +21,8 @@ each client's cumulative update by the ℓ₁ norm of its aggregation vector a_i
 
     SGD                  τ_i
     momentum SGD ρ       [τ_i − ρ (1 − ρ^τ_i) / (1 − ρ)] / (1 − ρ)
-    proximal μ (FedProx) [1 − (1 − ημ)^τ_i] / (ημ)
+    proximal μ (FedProx) [1 − (1 − ημ)^τ_i] / (ημ)     (as −expm1(τ_i log1p(−ημ)) / (ημ):
+                                                    no cancellation; τ_i as ημ → 0)
 
 With equal τ_i every ‖a_i‖₁ is equal, τ_eff = ‖a‖₁ and FedNova is FedAvg.
 

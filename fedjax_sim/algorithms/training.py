@@ -22,7 +22,7 @@ Per-client work (`work=`, an `ops.work.Work`): client i takes τ_i ≤ `steps`
 steps (drawn once per client, redrawn every round, read from a per-client
 table, or E epochs of its own rows), masked inside the one scan of `steps`.
 A straggler of the round (`fedjax_sim.systems.Systems`) takes a uniform
-1, …, τ_i of them.
+1, …, τ_i − 1 of them (`ops.work.straggler_steps`; τ_i itself when τ_i ≤ 1).
 
 Examples:
   >>> import optax
