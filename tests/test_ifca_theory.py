@@ -80,6 +80,13 @@ def test_split_parts_are_disjoint_rows_of_one_sample(n, rounds):
     assert rows.min() >= 0 and rows.max() < n
 
 
+def test_split_below_one_row_per_part_is_refused():
+    s = {**ifca_theory.THEORY.defaults(), "rounds": 6}
+    with pytest.raises(ValueError, match="n=11") as err:
+        ifca_theory.trajectories(s, n=11, deltas=[0.1], seeds=1, variant="split")
+    assert "\n" not in str(err.value)
+
+
 def _split_loop(x, y, theta_star, init, *, rounds, lr, option, local_steps):
     """The paper's sample splitting, float64, one client at a time: client i's one fixed
     sample of n rows is cut into 2T disjoint parts Z_i^(0..2T-1) of ⌊n/2T⌋ rows;

@@ -211,6 +211,9 @@ def trajectories(s: dict, *, n: int, deltas, seeds: int, variant: str = "fixed",
     `variant` of `VARIANTS`."""
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r}: give one of {', '.join(VARIANTS)}.")
+    if variant == "split" and n < 2 * s["rounds"]:
+        raise ValueError(f"n={n}: sample splitting needs n >= 2·rounds = {2 * s['rounds']} "
+                         "(at least one row per part).")
     out = _compiled(jax.random.key(s["seed"]),
                     jnp.arange(seed_offset, seed_offset + seeds, dtype=jnp.int32),
                     jnp.asarray(deltas, jnp.float32), sigma=jnp.float32(s["sigma"]),
