@@ -68,7 +68,7 @@ CASES = {
     "ifca-success-r-noise-k2-run": ("run", "ifca-success-r-noise-k2", _SUCCESS),
     "ifca-theory-run": ("run", "ifca-theory",
                         ["m=4", "n=20", "d=3", "rounds=6", "seeds=2", "deltas=0.1,0.4",
-                         "n_grid=10,20", "success_deltas=0.2,2.0", "success_seeds=3"]),
+                         "n_grid=12,24", "success_deltas=0.2,2.0", "success_seeds=3"]),
     "ifca-rotated-digits-run": ("run", "ifca-rotated-digits", _DIGITS),
     "ifca-rotated-digits-compare": ("compare", "ifca-rotated-digits", _DIGITS),
     # The rotated-CIFAR protocol's paths (epochs, lr decay, balanced init, partial

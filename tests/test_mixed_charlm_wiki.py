@@ -117,6 +117,37 @@ def test_bad_settings_are_refused_in_one_line(cache):
     assert "\n" not in str(err.value) and "clients_per_round=5" in str(err.value)
 
 
+def test_accuracies_per_source_and_on_both_sides_equal_a_loop(cache):
+    """federated_accuracy over the speakers' held-out windows, datacenter_accuracy over the
+    articles' held-out windows, accuracy (both sides) their mean: each window the fraction
+    of its real (non-pad) positions predicted right, averaged over the source's windows."""
+    import jax
+
+    s = _settings(cache)
+    problem = CHARLM_WIKI.problem(s)
+    _, _, test = problem.inputs
+    keys = jax.random.split(jax.random.key(5), problem.seeds)
+    params = jax.vmap(problem.model.init)(keys)  # a different model per seed
+    got = problem.evaluate(params, problem.inputs)
+    assert "accuracy" in CHARLM_WIKI.table(s)
+    for i in range(problem.seeds):
+        p = jax.tree.map(lambda a, i=i: a[i], params)
+        per_source = {}
+        for source in ("federated", "datacenter"):
+            x, y = (np.asarray(test[source][f][i]) for f in ("x", "y"))
+            windows = []
+            for w in range(len(x)):
+                guess = np.asarray(problem.model.apply(p, x[w][None]))[0].argmax(-1)
+                real = y[w] != text.PAD_ID
+                windows.append(np.sum((guess == y[w]) & real) / max(np.sum(real), 1))
+            per_source[source] = float(np.mean(windows))
+            np.testing.assert_allclose(got[f"{source}_accuracy"][i], per_source[source],
+                                       rtol=1e-6)
+        np.testing.assert_allclose(got["accuracy"][i],
+                                   0.5 * (per_source["federated"] + per_source["datacenter"]),
+                                   rtol=1e-6)
+
+
 @pytest.mark.slow  # it compiles five methods
 def test_preset_compares_every_method_at_a_tiny_size(cache, tmp_path):
     out = tmp_path / "out"
@@ -126,6 +157,7 @@ def test_preset_compares_every_method_at_a_tiny_size(cache, tmp_path):
     assert [r["method"] for r in rows] == list(CHARLM_WIKI.methods)
     for r in rows:
         assert 0.0 <= float(r["federated_accuracy_mean"]) <= 1.0
+        assert 0.0 <= float(r["accuracy_mean"]) <= 1.0  # both sides
         assert math.isfinite(float(r["federated_loss_mean"]))
         assert math.isfinite(float(r["datacenter_loss_mean"]))
     notes = (out / "results.md").read_text()

@@ -1,7 +1,8 @@
 """Unseen clients in the IFCA rotated-image experiments (setting unseen_clients): a share of
 the training clients is held out, the same for every method of a seed and never trained on,
 and each is scored on its paired test client (cluster models: the cluster of lowest loss on
-its training part)."""
+its training part). The participation gap compares them with the seen training clients'
+paired test clients, served by the same rule."""
 
 from __future__ import annotations
 
@@ -101,7 +102,65 @@ def test_unseen_clients_take_the_cluster_of_lowest_training_loss(name):
         np.testing.assert_allclose(got["unseen_test_accuracy"][i], correct / rows, rtol=1e-6)
         np.testing.assert_allclose(got["unseen_test_loss"][i], np.mean(losses), rtol=1e-5)
         np.testing.assert_allclose(got["participation_gap"][i],
-                                   got["test_accuracy"][i] - got["unseen_test_accuracy"][i])
+                                   got["seen_test_accuracy"][i] - got["unseen_test_accuracy"][i])
+
+
+def _by_hand(model, serve, train_x, train_y, train_n, test_x, test_y, test_n, ids,
+             test_of_client):
+    """(Σ correct / Σ rows, mean loss) over the training clients `ids` of one seed, each
+    scored on its paired test client (test_of_client[id]) with `serve(train rows)` -> params."""
+    correct = rows = 0.0
+    losses = []
+    for c in ids:
+        params = serve(train_x[c], train_y[c], train_n[c], c)
+        t = test_of_client[c]
+        correct += test_n[t] * float(client_accuracy(model, params, test_x[t], test_y[t],
+                                                     test_n[t]))
+        rows += test_n[t]
+        losses.append(float(client_loss(model, params, test_x[t], test_y[t], test_n[t])))
+    return correct / rows, float(np.mean(losses))
+
+
+@pytest.mark.parametrize("name", ["ifca", "oneshot", "fedavg"])
+def test_participation_gap_compares_seen_and_unseen_clients_under_one_rule(name):
+    """Both populations formed by hand from the full federation (no client held out): the
+    seen side is every training client not held out, the unseen side the held-out ones,
+    each scored on its paired test client; cluster models: on both sides the cluster of
+    lowest loss on the client's own training part; a global model as it is."""
+    s = _settings(local_rounds=2)
+    problem, run, state = _trained(name, s)
+    experiment = get_preset(PRESET).experiment
+    full = experiment.problem({**s, "unseen_clients": 0.0})
+    model = problem["models"][False]
+    fx, fy, fn = _host(full["train"])
+    tx, ty, tn = _host(full["test"])
+    pairing = np.asarray(full["test_of_client"])
+    m = len(pairing)
+    got = run.evaluate(state)
+    for i in range(s["seeds"]):
+        unseen = sorted(np.asarray(problem["unseen"][i]).tolist())
+        seen = [c for c in range(m) if c not in unseen]
+        if name == "fedavg":
+            params = jax.tree.map(lambda a, i=i: np.asarray(a[i]), state.params)
+
+            def serve(x, y, n, c, params=params):
+                return params
+        else:
+            k = np.shape(jax.tree.leaves(state.cluster_params)[0])[1]
+            clusters = [jax.tree.map(lambda a, i=i, j=j: np.asarray(a[i, j]),
+                                     state.cluster_params) for j in range(k)]
+
+            def serve(x, y, n, c, clusters=clusters):  # lowest loss on the training part
+                return clusters[int(np.argmin([float(client_loss(model, p, x, y, n))
+                                               for p in clusters]))]
+        sides = {side: _by_hand(model, serve, fx[i], fy[i], fn[i], tx[i], ty[i], tn[i], ids,
+                                pairing)
+                 for side, ids in (("seen", seen), ("unseen", unseen))}
+        for side, (accuracy, loss) in sides.items():
+            np.testing.assert_allclose(got[f"{side}_test_accuracy"][i], accuracy, rtol=1e-5)
+            np.testing.assert_allclose(got[f"{side}_test_loss"][i], loss, rtol=1e-5)
+        np.testing.assert_allclose(got["participation_gap"][i],
+                                   sides["seen"][0] - sides["unseen"][0], atol=1e-6)
 
 
 def test_seen_metrics_match_the_full_runs_layout_for_local_models():
@@ -134,20 +193,22 @@ def test_comparison_end_to_end_has_the_unseen_columns(tmp_path):
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["method"] for r in rows] == ["ifca", "fedavg", "local", "hypcluster", "cfl"]
-    for column in ("test_accuracy_mean", "unseen_test_accuracy_mean", "unseen_test_loss_mean",
+    for column in ("test_accuracy_mean", "seen_test_accuracy_mean", "seen_test_loss_mean",
+                   "unseen_test_accuracy_mean", "unseen_test_loss_mean",
                    "participation_gap_mean"):
         assert all(np.isfinite(float(r[column])) for r in rows), column
     with open(out / "per_seed.csv") as f:
         for r in csv.DictReader(f):
             np.testing.assert_allclose(
                 float(r["participation_gap"]),
-                float(r["test_accuracy"]) - float(r["unseen_test_accuracy"]), atol=1e-12)
+                float(r["seen_test_accuracy"]) - float(r["unseen_test_accuracy"]),
+                atol=1e-12)
 
 
 def test_no_unseen_clients_changes_nothing():
     s = _settings(unseen_clients=0.0)
     experiment = get_preset(PRESET).experiment
-    assert not any(m.startswith("unseen_") or m == "participation_gap"
+    assert not any(m.startswith(("seen_", "unseen_")) or m == "participation_gap"
                    for m in experiment.table(s))
     assert "unseen_train" not in experiment.problem(s)
 

@@ -318,13 +318,17 @@ class RotatedImages(Experiment):
         if s["unseen_clients"]:
             notes["unseen"] = (
                 f"{unseen_count(s)} of {training_clients(s)} training clients per seed held out "
-                f"of training (drawn from the seed's stream, the same for every method), each "
-                f"scored on its paired test client (unseen_*): global models as they are; "
-                f"cluster models by the cluster of lowest loss on the client's training part; "
-                f"personal ones adapted by {s['adapt_steps'] or s['local_steps']} local steps "
-                f"from the global model (local models: the mean of the seen clients' models); "
-                f"the seen metrics are the preset's own over the seen training clients; "
-                f"participation_gap = test_accuracy − unseen_test_accuracy")
+                f"of training (drawn from the seed's stream, the same for every method). "
+                f"participation_gap = seen_test_accuracy − unseen_test_accuracy: seen_* over "
+                f"the seen training clients' paired test clients, unseen_* over the held-out "
+                f"ones', both served by one rule: global models as they are; cluster models "
+                f"(one-shot's fixed ones too) by the cluster of lowest loss on the client's "
+                f"training part, on both sides; personal models: a seen client its own, an "
+                f"unseen one the global model adapted by "
+                f"{s['adapt_steps'] or s['local_steps']} local steps (local models: from the "
+                f"mean of the seen clients' models). test_accuracy stays the preset's headline "
+                f"(cluster models served by selection={s['selection']}; local models: the "
+                f"official all-cluster accuracy), not a side of the gap")
         if s["init_tries"] > 1:
             notes["initializer"] = (
                 f"find-a-good-initializer: first of {s['init_tries']} inits whose every cluster "
