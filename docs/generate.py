@@ -240,9 +240,10 @@ PRESET_INFO = {
                                          "clusters with noisy members", "—", MINUTES,
                                          "baselines"),
     "fednova-quadratic": PresetInfo("objective inconsistency: FedAvg, FedNova and FedProx with "
-                                    "heterogeneous local work τ_i on quadratic clients, against "
-                                    "the closed-form optima", f"{FEDNOVA} §3 (the quadratic "
-                                    "case study)", SECONDS, "fednova-quadratic"),
+                                    "heterogeneous local work $\\tau_i$ on quadratic clients, "
+                                    "against the closed-form optima",
+                                    f"{FEDNOVA} §3 (the quadratic case study)", SECONDS,
+                                    "fednova-quadratic"),
 }
 
 
@@ -284,6 +285,13 @@ def _value(value) -> str:
     return str(value)
 
 
+def _default(value) -> str:
+    """A default as a table cell: the value as code, or "(none)" for an empty string or list
+    (two backticks around nothing would print as two backticks)."""
+    shown = _value(value)
+    return f"`{_cell(shown)}`" if shown else "(none)"
+
+
 def presets_page() -> str:
     out = [GENERATED_PAGE, "", "# Presets", "",
            "A preset is a name, an experiment and its default settings. Every preset works "
@@ -318,8 +326,10 @@ def presets_page() -> str:
                 flags.append(f"read by {', '.join(s.methods)}")
             if s.when:
                 flags.append(f"read with {s.when[0]}={' or '.join(map(str, s.when[1]))}")
-            help_ = s.help + (f" *({'; '.join(flags)})*" if flags else "")
-            out.append(f"| `{s.name}` | {s.type.__name__} | `{_cell(_value(defaults[s.name]))}` "
+            # A help text's asterisks are literal (θ*_j, tune_*): escaped, so that Markdown
+            # does not pair them into emphasis.
+            help_ = s.help.replace("*", "\\*") + (f" *({'; '.join(flags)})*" if flags else "")
+            out.append(f"| `{s.name}` | {s.type.__name__} | {_default(defaults[s.name])} "
                        f"| {_cell(s.describe_range())} | {_cell(help_)} |")
     return "\n".join(out) + "\n"
 
