@@ -528,6 +528,23 @@ def performance_table() -> str:
 IFCA_COMBINATORS = ("with_weight_sharing", "with_frozen_trunk", "with_warm_start",
                     "with_fixed_assignment", "with_balanced_init", "with_initial_params",
                     "pretrained_trunk")
+# What the API reference documents beyond the factories and combinators, by section: the
+# functions the Python guide and Extending name (tests/test_docs_guides.py checks that
+# every function a guide names has an entry).
+API_SECTIONS = {
+    "Evaluating cluster models": ("fedjax_sim.algorithms.ifca.evaluate_clusters",),
+    "Mixed FL's server side": ("fedjax_sim.algorithms.mixed.l2_regularizer",
+                               "fedjax_sim.algorithms.mixed.on_federated_data"),
+    "Building blocks of a new algorithm": tuple(
+        [f"fedjax_sim.algorithms.base.{name}" for name in (
+            "check_inputs", "check_participation", "check_weighting", "check_choice",
+            "check_fraction", "check_steps", "cohort_size", "draw_cohort",
+            "broadcast_to_clients", "client_weights", "mean_over", "participants",
+            "per_client_fields", "no_client_axes", "num_params")]
+        + [f"fedjax_sim.algorithms.training.{name}" for name in (
+            "check_training", "check_learning_rate", "sgd_rate")]
+        + ["fedjax_sim.algorithms.fedavg.evaluate_shared"]),
+}
 
 
 def api_algorithms_page() -> str:
@@ -540,7 +557,7 @@ def api_algorithms_page() -> str:
            "", "## The algorithm type and its wrappers", ""]
     quiet = ["      docstring_options:", "        warnings: false"]
     for name in ("Algorithm", "with_restarts", "with_seeds", "with_server_optimizer",
-                 "with_systems"):
+                 "with_systems", "with_grid"):
         out += [f"::: fedjax_sim.algorithms.base.{name}", "    options:",
                 "      heading_level: 3", *quiet, ""]
     out += ["## How clients train", ""]
@@ -551,6 +568,10 @@ def api_algorithms_page() -> str:
     for name in IFCA_COMBINATORS:
         out += [f"::: fedjax_sim.algorithms.ifca.{name}", "    options:",
                 "      heading_level: 3", *quiet, ""]
+    for title, paths in API_SECTIONS.items():
+        out += [f"## {title}", ""]
+        for path in paths:
+            out += [f"::: {path}", "    options:", "      heading_level: 3", *quiet, ""]
     out += ["## Factories", ""]
     # The factories' docstrings list several keywords on one line ("a, b, c: ..."), which
     # griffe's Google parser would warn about; they render as written.
