@@ -37,8 +37,7 @@ import types
 from pathlib import Path
 
 import pytest
-
-from tests.docs_site import ROOT, built_site, inventory
+from docs_site import ROOT, built_site, inventory
 
 GUIDES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").glob("*.md")
                                       if p.name != "presets.md")]

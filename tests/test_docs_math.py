@@ -21,8 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tests.docs_site import ROOT, built_site
+from docs_site import ROOT, built_site
 
 _spec = importlib.util.spec_from_file_location("docs_markup_checks",
                                                ROOT / "docs" / "markup_checks.py")
