@@ -20,8 +20,8 @@ writes for every object it documents), under the name as written or where it is
 defined. The site is built once (tests/docs_site.py).
 
 The Python guide's code blocks run in order in one fresh interpreter, in a temporary
-directory, as the guide says they do (about a minute of CPU: marked slow); the README's
-quick start runs the same way.
+directory, as the guide says they do, and so does the README's quick start (about a
+minute of CPU and half a minute: both marked slow).
 """
 
 from __future__ import annotations
@@ -300,6 +300,7 @@ def test_the_python_guide_runs_top_to_bottom(tmp_path):
     assert (tmp_path / "runs" / "tiny" / "metrics.csv").is_file()
 
 
+@pytest.mark.slow
 def test_the_readme_python_quick_start_runs(tmp_path):
     blocks = python_blocks((ROOT / "README.md").read_text())
     assert len(blocks) == 1
