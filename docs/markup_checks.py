@@ -33,7 +33,8 @@ _COMMENT = re.compile(r"<!--.*?-->", re.S)
 _CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1", re.S)
 _DISPLAY_MATH = re.compile(r"\$\$.+?\$\$", re.S)
 # pymdownx.arithmatex's inline pattern with smart_dollar (its default).
-_INLINE_MATH = re.compile(r"(?<!\\)\$(?!\s)(?:\\.|[^\\$])+?(?<!\s)\$")
+# (Not across a blank line or into a table row: a formula stays in its paragraph or cell.)
+_INLINE_MATH = re.compile(r"(?<!\\)\$(?!\s)(?:\\.|(?!\n\s*\n|\n\s*\|)[^\\$])+?(?<!\s)\$")
 _LIST_MARKER = re.compile(r"^(\s*)(?:[*+-]|\d+\.)\s+")
 _RULE = re.compile(r"^\s*(?:\*\s*){3,}$|^\s*(?:-\s*){3,}$")
 # What may stand just before an opening delimiter and just after a closing one.
@@ -164,7 +165,7 @@ _VOID = {"br", "hr", "img", "input", "meta", "link", "wbr", "source", "area", "c
 _TEXT_COMMANDS = re.compile(r"\\(?:text\w*|math(?:rm|tt|sf|it|bf)|operatorname\*?)\s*\{[^{}]*\}")
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
 _TEX_COMMAND = re.compile(r"\\(?:[a-zA-Z]{2,}|[()\[\]])")
-_DOLLAR_PAIR = re.compile(r"\$(?!\s)[^$]+?(?<!\s)\$")
+_DOLLAR_PAIR = re.compile(r"\$(?!\s)[^$\n]+?(?<!\s)\$")
 _BAD_EMPHASIS_START = re.compile(r"^[\s_^,.;:)\]}‖|=]")
 _BAD_EMPHASIS_END = re.compile(r"[\s(\[{_^=]$")
 
@@ -267,7 +268,7 @@ def html_problems(html: str, name: str = "") -> list[str]:
         if words:
             problems.append(f"{where}prose inside a formula ({', '.join(words[:3])}; two "
                             f"dollar signs that are not math?): {shown}")
-    text = "".join(page.text)
+    text = "\n".join(page.text)  # one text node a line: a pair of $ stays within one
     for pattern, what in ((re.compile(r"\$\$"), "a $$ display-math delimiter"),
                           (_DOLLAR_PAIR, "a $...$ formula"),
                           (_TEX_COMMAND, "a TeX command or \\( \\[ delimiter")):
