@@ -241,9 +241,10 @@ PRESET_INFO = {
                                          "clusters with noisy members", "—", MINUTES,
                                          "baselines"),
     "fednova-quadratic": PresetInfo("objective inconsistency: FedAvg, FedNova and FedProx with "
-                                    "heterogeneous local work τ_i on quadratic clients, against "
-                                    "the closed-form optima", f"{FEDNOVA} §3 (the quadratic "
-                                    "case study)", SECONDS, "fednova-quadratic"),
+                                    "heterogeneous local work $\\tau_i$ on quadratic clients, "
+                                    "against the closed-form optima",
+                                    f"{FEDNOVA} §3 (the quadratic case study)", SECONDS,
+                                    "fednova-quadratic"),
 }
 
 
@@ -285,6 +286,13 @@ def _value(value) -> str:
     return str(value)
 
 
+def _default(value) -> str:
+    """A default as a table cell: the value as code, or "(none)" for an empty string or list
+    (two backticks around nothing would print as two backticks)."""
+    shown = _value(value)
+    return f"`{_cell(shown)}`" if shown else "(none)"
+
+
 def presets_page() -> str:
     out = [GENERATED_PAGE, "", "# Presets", "",
            "A preset is a name, an experiment and its default settings. Every preset works "
@@ -319,8 +327,10 @@ def presets_page() -> str:
                 flags.append(f"read by {', '.join(s.methods)}")
             if s.when:
                 flags.append(f"read with {s.when[0]}={' or '.join(map(str, s.when[1]))}")
-            help_ = s.help + (f" *({'; '.join(flags)})*" if flags else "")
-            out.append(f"| `{s.name}` | {s.type.__name__} | `{_cell(_value(defaults[s.name]))}` "
+            # A help text's asterisks are literal (θ*_j, tune_*): escaped, so that Markdown
+            # does not pair them into emphasis.
+            help_ = s.help.replace("*", "\\*") + (f" *({'; '.join(flags)})*" if flags else "")
+            out.append(f"| `{s.name}` | {s.type.__name__} | {_default(defaults[s.name])} "
                        f"| {_cell(s.describe_range())} | {_cell(help_)} |")
     return "\n".join(out) + "\n"
 
@@ -519,6 +529,23 @@ def performance_table() -> str:
 IFCA_COMBINATORS = ("with_weight_sharing", "with_frozen_trunk", "with_warm_start",
                     "with_fixed_assignment", "with_balanced_init", "with_initial_params",
                     "pretrained_trunk")
+# What the API reference documents beyond the factories and combinators, by section: the
+# functions the Python guide and Extending name (tests/test_docs_guides.py checks that
+# every function a guide names has an entry).
+API_SECTIONS = {
+    "Evaluating cluster models": ("fedjax_sim.algorithms.ifca.evaluate_clusters",),
+    "Mixed FL's server side": ("fedjax_sim.algorithms.mixed.l2_regularizer",
+                               "fedjax_sim.algorithms.mixed.on_federated_data"),
+    "Building blocks of a new algorithm": tuple(
+        [f"fedjax_sim.algorithms.base.{name}" for name in (
+            "check_inputs", "check_participation", "check_weighting", "check_choice",
+            "check_fraction", "check_steps", "cohort_size", "draw_cohort",
+            "broadcast_to_clients", "client_weights", "mean_over", "participants",
+            "per_client_fields", "no_client_axes", "num_params")]
+        + [f"fedjax_sim.algorithms.training.{name}" for name in (
+            "check_training", "check_learning_rate", "sgd_rate")]
+        + ["fedjax_sim.algorithms.fedavg.evaluate_shared"]),
+}
 
 
 def api_algorithms_page() -> str:
@@ -531,7 +558,7 @@ def api_algorithms_page() -> str:
            "", "## The algorithm type and its wrappers", ""]
     quiet = ["      docstring_options:", "        warnings: false"]
     for name in ("Algorithm", "with_restarts", "with_seeds", "with_server_optimizer",
-                 "with_systems"):
+                 "with_systems", "with_grid"):
         out += [f"::: fedjax_sim.algorithms.base.{name}", "    options:",
                 "      heading_level: 3", *quiet, ""]
     out += ["## How clients train", ""]
@@ -542,6 +569,10 @@ def api_algorithms_page() -> str:
     for name in IFCA_COMBINATORS:
         out += [f"::: fedjax_sim.algorithms.ifca.{name}", "    options:",
                 "      heading_level: 3", *quiet, ""]
+    for title, paths in API_SECTIONS.items():
+        out += [f"## {title}", ""]
+        for path in paths:
+            out += [f"::: {path}", "    options:", "      heading_level: 3", *quiet, ""]
     out += ["## Factories", ""]
     # The factories' docstrings list several keywords on one line ("a, b, c: ..."), which
     # griffe's Google parser would warn about; they render as written.

@@ -141,6 +141,7 @@ def write_json(path, obj) -> None:
 
 
 def read_json(path):
+    """The JSON file at `path` (a non-finite float that `write_json` wrote reads as None)."""
     with open(path, encoding="utf-8") as f:
         return json.load(f)
 

@@ -92,8 +92,8 @@ def forced_form() -> str | None:
 
 
 def store_path() -> Path | None:
-    """Where chosen forms are kept: $FEDJAX_SIM_KERNEL_FORMS (a file; "off": nowhere), else
-    kernel_forms.json in the data cache ($FEDJAX_SIM_CACHE or ~/.cache/fedjax_sim)."""
+    """Where chosen forms are kept: `$FEDJAX_SIM_KERNEL_FORMS` (a file; "off": nowhere), else
+    `kernel_forms.json` in the data cache (`$FEDJAX_SIM_CACHE` or `~/.cache/fedjax_sim`)."""
     from fedjax_sim.data.archives import cache_root
 
     value = os.environ.get(STORE_ENV, "").strip()

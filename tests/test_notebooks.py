@@ -7,13 +7,21 @@ that prints or shows a figure kept what it printed or showed; every notebook hol
 one PNG plot; no output names a path of the machine that ran it; and no code cell imports
 `fedjax_sim.experiments` (the presets' internals: a notebook runs a preset through the
 `fedjax-sim` command line) or reaches a `fedjax_sim` name that begins with an underscore.
+
+Each notebook's install cell is run where `fedjax_sim` cannot be imported (pip replaced
+by a recorder): with nothing to install from it stops with one line saying what to do;
+with a wheel in the working directory, or with `FEDJAX_SIM_SOURCE` set, it asks pip for
+`fedjax_sim` from exactly that source.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -159,3 +167,74 @@ def test_uses_only_the_public_api(path):
 ])
 def test_the_public_api_check_finds_private_uses(code, found):
     assert bool(_private_uses(code)) == found
+
+
+# --------------------------------------------------------------------------- install cell
+
+# Run before the install cell: `import fedjax_sim` (and rdkit) fails, and pip is replaced
+# by a recorder that prints the requirement it was given and stops.
+_NOT_INSTALLED = """
+import subprocess, sys
+sys.modules["fedjax_sim"] = None
+sys.modules["rdkit"] = None
+def _record(args, **kwargs):
+    print("PIP", args[-1])
+    raise SystemExit(7)
+subprocess.check_call = _record
+"""
+
+
+def _install_cell(path: Path) -> str:
+    cells = [_source(c) for c in _code_cells(_load(path)) if "FEDJAX_SIM_SOURCE" in _source(c)]
+    assert len(cells) == 1, f"{path.name}: one install cell, reading FEDJAX_SIM_SOURCE"
+    return cells[0]
+
+
+def _run_install_cell(path: Path, cwd: Path, source: str | None):
+    env = {k: v for k, v in os.environ.items() if k != "FEDJAX_SIM_SOURCE"}
+    if source is not None:
+        env["FEDJAX_SIM_SOURCE"] = source
+    code = _NOT_INSTALLED + _install_cell(path) + """
+"""
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _extra(path: Path) -> str:
+    return "[molecules]" if path.name == "drflm_molecules.ipynb" else ""
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_install_cell_without_a_source_says_what_to_do_in_one_line(path, tmp_path):
+    proc = _run_install_cell(path, tmp_path, None)
+    assert proc.returncode != 0 and "PIP" not in proc.stdout
+    message = proc.stderr.strip().splitlines()[-1]
+    assert message.startswith("SetupNeeded: fedjax_sim is not installed"), proc.stderr
+    for what in ("python -m build", "FEDJAX_SIM_SOURCE", "git+https"):
+        assert what in message, message
+    # Jupyter shows `_render_traceback_`'s lines instead of a traceback: exactly one.
+    probe = _NOT_INSTALLED + _install_cell(path).split("try:\n    import fedjax_sim")[0] + (
+        "\ntry:\n    fedjax_sim_requirement()\nexcept SetupNeeded as err:\n"
+        "    lines = err._render_traceback_()\n    print(len(lines), lines[0][:40])\n")
+    shown = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120)
+    assert shown.stdout.strip() == "1 SetupNeeded: fedjax_sim is not installed", shown
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_install_cell_installs_a_wheel_in_the_working_directory(path, tmp_path):
+    wheel = tmp_path / "fedjax_sim-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    proc = _run_install_cell(path, tmp_path, None)
+    assert f"PIP fedjax_sim{_extra(path)} @ {wheel.resolve().as_uri()}" in proc.stdout, proc
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_install_cell_installs_from_fedjax_sim_source(path, tmp_path):
+    url = "git+https://git.example.org/fedjax_sim.git"
+    proc = _run_install_cell(path, tmp_path, url)
+    assert f"PIP fedjax_sim{_extra(path)} @ {url}" in proc.stdout, proc
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    proc = _run_install_cell(path, tmp_path, str(checkout))
+    assert f"PIP fedjax_sim{_extra(path)} @ {checkout.resolve().as_uri()}" in proc.stdout, proc
