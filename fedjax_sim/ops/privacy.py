@@ -266,6 +266,15 @@ def noised_mean(updates, key, *, clip_norm, noise_multiplier, reports=None, weig
 
     Returns:
       NoisedMean(mean, count, denominator, below).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from fedjax_sim.ops.privacy import noised_mean
+      >>> updates = {"w": jnp.array([[3.0, 4.0], [0.3, 0.4], [9.0, 9.0]])}  # norms 5, .5, 12.7
+      >>> out = noised_mean(updates, jax.random.key(0), clip_norm=1.0, noise_multiplier=0.0,
+      ...                   reports=jnp.array([True, True, False]), denominator=2.0)
+      >>> [round(float(v), 3) for v in out.mean["w"]], float(out.count), float(out.below)
+      ([0.45, 0.6], 2.0, 0.0)
     """
     check_noise_multiplier(noise_multiplier)
     sums = clipped_sum(updates, clip_norm, reports, weights)
