@@ -95,6 +95,20 @@ def test_noised_mean_matches_a_float64_loop(denominator):
     assert float(got.below) == sum(float(norms[i] <= C) - 0.5 for i in range(S) if REPORTS[i])
 
 
+def test_a_noised_count_denominator_matches_the_loop():
+    updates, key, sigma, sigma_n = _updates(), jax.random.key(8), 0.5, 0.8
+    got = privacy.noised_mean(_as_jax(updates), key, clip_norm=C, noise_multiplier=sigma,
+                              reports=jnp.asarray(REPORTS), count_stddev=sigma_n)
+    total, count = _clipped_loop(updates, REPORTS, np.ones(S), C)
+    key_sum, key_count = jax.random.split(key)
+    noise = _noise64(key_sum, [(3,), (2, 2)], sigma * C)
+    denom = max(count + sigma_n * float(jax.random.normal(key_count, ())), 1.0)
+    assert float(got.denominator) == pytest.approx(denom, rel=1e-6)
+    for name, t, n in zip(("a", "b"), total, noise, strict=True):
+        np.testing.assert_allclose(np.asarray(got.mean[name]), (t + n) / denom, rtol=1e-5,
+                                   atol=1e-6)
+
+
 def test_a_masked_slot_adds_nothing_and_is_not_counted():
     updates = _updates()
     loud = jax.tree.map(lambda x: x.copy(), updates)

@@ -169,20 +169,26 @@ def _report_weights(reports, weights, s: int) -> jax.Array:
 def clipped_sum(updates, clip_norm, reports=None, weights=None) -> ClippedSum:
     """Σ_{i reports} w_i Δ̄_i, the reporting count and the centered unclipped count.
 
+    The clip is a per-client scale, so the sum is one weighted sum of the raw
+    updates, Σ_i (w_i min(1, C/‖Δ_i‖)) Δ_i: no clipped copy of the cohort is made.
+
     Args:
       updates: pytree, leaves [s, ...].
       clip_norm: C > 0.
       reports: [s] bool, the slots whose update reaches the server (None: all). A
-        slot that does not report adds nothing and is not counted.
+        slot that does not report adds nothing (its finite update gets weight 0, as
+        in `ops.weighted_sum`) and is not counted.
       weights: [s] client weights w_i in [0, 1] (None: 1). The sensitivity stays C
         only for w_i ≤ 1 (McMahan et al.'s capped weights w_i = min(n_i / ŵ, 1)).
 
     Returns:
       ClippedSum(total with leaves [...], count [], below []).
     """
-    clipped, norms = clip_updates(updates, clip_norm)
+    check_clip_norm(clip_norm)
+    norms = client_norms(updates)
     w = _report_weights(reports, weights, norms.shape[0])
-    total = jax.tree.map(lambda u: jnp.tensordot(w.astype(u.dtype), u, axes=1), clipped)
+    scale = w * clip_factors(norms, clip_norm)
+    total = jax.tree.map(lambda u: jnp.tensordot(scale.astype(u.dtype), u, axes=1), updates)
     below = jnp.sum(jnp.where(w > 0, (norms <= clip_norm) - 0.5, 0.0)).astype(jnp.float32)
     return ClippedSum(total, jnp.sum(w), below)
 
@@ -200,9 +206,12 @@ def clipped_cluster_sums(updates, segment_ids: jax.Array, num_clusters: int, cli
     Returns:
       ClippedSum(total with leaves [k, ...], count [k], below [k]).
     """
-    clipped, norms = clip_updates(updates, clip_norm)
+    check_clip_norm(clip_norm)
+    norms = client_norms(updates)
     w = _report_weights(reports, weights, norms.shape[0])
-    totals, count = segment_totals(clipped, segment_ids, num_clusters, w)
+    scale = w * clip_factors(norms, clip_norm)
+    totals, _ = segment_totals(updates, segment_ids, num_clusters, scale)
+    count = jax.ops.segment_sum(w, segment_ids, num_clusters)
     centered = jnp.where(w > 0, (norms <= clip_norm) - 0.5, 0.0).astype(jnp.float32)
     below = jax.ops.segment_sum(centered, segment_ids, num_clusters)
     return ClippedSum(totals, count, below)
