@@ -8,6 +8,7 @@ scientific stack. What only some presets or options need is an extra:
 | `molecules` | rdkit | the `drflm-*` presets (SMILES → graphs, scaffold clients) |
 | `tfds` | tensorflow-datasets | reading a tensorflow-datasets build from a `data_dir` |
 | `tensorboard` | tensorboardX | `--tensorboard` |
+| `privacy` | dp-accounting | `fedjax_sim.accounting` (ε of a DP run, noise calibration) |
 | `all` | all of the above | |
 
 `require` is called where a preset's settings are checked, so a run that needs
@@ -22,6 +23,7 @@ EXTRAS = {
     "molecules": ("rdkit",),
     "tfds": ("tensorflow_datasets",),
     "tensorboard": ("tensorboardX",),
+    "privacy": ("dp_accounting",),
 }
 
 

@@ -86,7 +86,7 @@ def test_every_import_is_declared_and_every_declaration_imported():
     groups = _declared()
     package = _distributions(_imported_modules(ROOT / "fedjax_sim"))
     tests = _distributions(_imported_modules(ROOT / "tests"))
-    runtime = groups[""] | groups["molecules"] | groups["tfds"] | groups["tensorboard"]
+    runtime = groups[""].union(*(groups[extra] for extra in extras.EXTRAS))
     for module, dist in package.items():
         if dist == "jaxlib":  # jax's own (its version is recorded); jax pins it
             continue
