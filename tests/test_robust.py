@@ -9,6 +9,8 @@ non-reporting slots hold NaN: a statistic that let one in would be NaN.
 
 from __future__ import annotations
 
+import doctest
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -383,3 +385,9 @@ def test_bad_masks_and_cohorts_are_refused_in_one_line():
         with pytest.raises(ValueError, match=message.replace("[", r"\[")) as err:
             agg.aggregate(updates, mask, jax.random.key(0), ())
         assert "\n" not in str(err.value)
+
+
+def test_the_examples_in_the_docstrings_run():
+    result = doctest.testmod(robust, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE,
+                             report=False)
+    assert result.attempted >= 3 and result.failed == 0

@@ -310,10 +310,11 @@ def trimmed_mean(*, f: int | None = None, beta: float | None = None) -> Aggregat
     and the other n − 2t averaged: t = f, or t = ⌊β n⌋ for a fraction β of the reporting
     slots. t is floored so that one value stays (t ≤ ⌊(n − 1)/2⌋).
 
+    Give exactly one of f and beta.
+
     Args:
       f: values trimmed from each side (needs s ≥ 2f + 1 slots).
       beta: the fraction trimmed from each side, 0 ≤ β < 1/2.
-      Exactly one of them.
     """
     if (f is None) == (beta is None):
         raise ValueError(f"trimmed_mean: give exactly one of f (a count per side) and beta "
