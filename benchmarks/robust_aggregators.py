@@ -60,23 +60,25 @@ def main(argv=None) -> int:
 
     def timed(fn, *extra, reps=cfg["reps"]):
         timing = harness.compile_then_time(jax.jit(fn), updates, mask, *extra, reps=reps)
-        return timing.median_s, timing.compile_s
+        return timing.median_s, timing.compile_s, timing.times
 
     krum = robust.krum(f=cfg["f"])
-    krum_s, krum_compile = timed(lambda x, m, k: krum.aggregate(x, m, k, ())[0], key)
-    gram_s, _ = timed(robust.pairwise_sq_distances, reps=max(cfg["reps"] - 1, 1))
+    krum_s, krum_compile, krum_times = timed(lambda x, m, k: krum.aggregate(x, m, k, ())[0], key)
+    gram_s, _, gram_times = timed(robust.pairwise_sq_distances, reps=max(cfg["reps"] - 1, 1))
     gram_flops = 2 * s * s * p
     gm = robust.geometric_median(iterations=t)
-    gm_s, gm_compile = timed(lambda x, m, k: gm.aggregate(x, m, k, ())[0], key)
+    gm_s, gm_compile, gm_times = timed(lambda x, m, k: gm.aggregate(x, m, k, ())[0], key)
     gm_flops = (2 + 5 * t) * s * p
     gm_bytes = (1 + 2 * t) * s * p * 4
 
     figures = {
-        "krum": {"median_s": krum_s, "compile_s": krum_compile, "gram_flops": gram_flops,
+        "krum": {"median_s": krum_s, "times_s": krum_times, "compile_s": krum_compile,
+                 "gram_flops": gram_flops,
                  "fraction_of_matmul_peak": gram_flops / krum_s / 1e9 / peak,
-                 "distances_alone_s": gram_s,
+                 "distances_alone_s": gram_s, "distances_alone_times_s": gram_times,
                  "distances_fraction_of_matmul_peak": gram_flops / gram_s / 1e9 / peak},
-        "geometric_median": {"median_s": gm_s, "compile_s": gm_compile, "flops": gm_flops,
+        "geometric_median": {"median_s": gm_s, "times_s": gm_times, "compile_s": gm_compile,
+                             "flops": gm_flops,
                              "bytes_read": gm_bytes,
                              "fraction_of_matmul_peak": gm_flops / gm_s / 1e9 / peak,
                              "fraction_of_stream": gm_bytes / gm_s / 1e9 / meta["stream_GBps"]},
