@@ -108,7 +108,7 @@ def paired_comparison(
     """Each method against `baseline`, paired per seed, one row per method.
 
     Args:
-      per_seed: per_seed[method][metric] is a [num_seeds] array; the same seeds,
+      per_seed: `per_seed[method][metric]` is an array of shape `[num_seeds]`; the same seeds,
         in the same order, for every method. NaN or ±inf marks a diverged seed.
       baseline: the method the others are compared against; a key of `per_seed`.
       metrics: the metrics to report, each present for every method.
