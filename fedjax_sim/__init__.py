@@ -18,8 +18,10 @@ from fedjax_sim.algorithms import (  # noqa: E402
     drflm,
     fedadagrad,
     fedadam,
+    fedasync,
     fedavg,
     fedavgm,
+    fedbuff,
     fednova,
     fedprox,
     fedyogi,
@@ -41,6 +43,7 @@ from fedjax_sim.algorithms import (  # noqa: E402
 )
 from fedjax_sim.data import FederatedData, ServerData, linear_mixture  # noqa: E402
 from fedjax_sim.models import Model, linear_regression, mlp_classifier  # noqa: E402
+from fedjax_sim.ops.clock import Clock  # noqa: E402
 from fedjax_sim.ops.work import Work  # noqa: E402
 from fedjax_sim.systems import Systems  # noqa: E402
 
@@ -48,6 +51,7 @@ __all__ = [
     "ALGORITHMS",
     "Algorithm",
     "ClientTraining",
+    "Clock",
     "FederatedData",
     "Model",
     "ServerData",
@@ -62,8 +66,10 @@ __all__ = [
     "drflm",
     "fedadagrad",
     "fedadam",
+    "fedasync",
     "fedavg",
     "fedavgm",
+    "fedbuff",
     "fednova",
     "fedprox",
     "fedyogi",

@@ -8,6 +8,7 @@ combinator around a built algorithm (`with_restarts`, `with_seeds`,
 """
 
 from fedjax_sim.algorithms.afl import AFLState, afl
+from fedjax_sim.algorithms.asynchronous import AsyncState
 from fedjax_sim.algorithms.base import (
     Algorithm,
     with_grid,
@@ -19,7 +20,9 @@ from fedjax_sim.algorithms.base import (
 from fedjax_sim.algorithms.cfl import CFLState, cfl
 from fedjax_sim.algorithms.ditto import DittoState, ditto
 from fedjax_sim.algorithms.drfa import DRFAState, drfa, drflm
+from fedjax_sim.algorithms.fedasync import fedasync
 from fedjax_sim.algorithms.fedavg import FedAvgState, fedavg
+from fedjax_sim.algorithms.fedbuff import fedbuff
 from fedjax_sim.algorithms.fednova import fednova
 from fedjax_sim.algorithms.fedprox import fedprox
 from fedjax_sim.algorithms.hypcluster import HypClusterState, hypcluster
@@ -75,6 +78,8 @@ ALGORITHMS = {
     "fedadam": fedadam,
     "fedyogi": fedyogi,
     "fedadagrad": fedadagrad,
+    "fedbuff": fedbuff,
+    "fedasync": fedasync,
 }
 
 
@@ -92,6 +97,7 @@ __all__ = [
     "ALGORITHMS",
     "AFLState",
     "Algorithm",
+    "AsyncState",
     "CFLState",
     "ClientTraining",
     "DRFAState",
@@ -113,8 +119,10 @@ __all__ = [
     "drflm",
     "fedadagrad",
     "fedadam",
+    "fedasync",
     "fedavg",
     "fedavgm",
+    "fedbuff",
     "fedprox",
     "fednova",
     "fedyogi",
