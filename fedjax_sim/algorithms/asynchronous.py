@@ -54,9 +54,10 @@ class AsyncState(NamedTuple):
     params: object  # pytree: x, the server model (version `version`)
     versions: object  # pytree, leaves [R, ...]: x of versions v − R + 1 .. v, u at u mod R
     version: jax.Array  # int32: server updates applied so far
-    clients: jax.Array  # [K] int32: the client in each slot, −1 for an empty slot
+    flying: jax.Array  # [K] bool: the slot holds a client in flight (else it is empty)
+    clients: jax.Array  # [K] int32: each slot's client (its last one when empty; −1: none yet)
     started: jax.Array  # [K] int32: the version each slot's client downloaded
-    events: jax.Array  # [K] float32: when each slot's trip ends (inf: empty)
+    events: jax.Array  # [K] float32: when each slot's trip ends (upload or failure)
     uploads: jax.Array  # [K] bool: the trip ends in an upload (else it fails)
     keys: jax.Array  # [K, ...] uint32: key data of each trip's key
     time: jax.Array  # float32: virtual seconds
@@ -155,9 +156,9 @@ def asynchronous(name: str, model: Model, training: ClientTraining, *, concurren
         clock.check(data.num_clients)
         ring = jax.tree.map(lambda p: jnp.broadcast_to(p, (R,) + p.shape), params)
         key_data = jax.random.key_data(client_keys(key, jnp.arange(K)))
-        return AsyncState(params, ring, jnp.zeros((), jnp.int32),
+        return AsyncState(params, ring, jnp.zeros((), jnp.int32), jnp.zeros((K,), bool),
                           jnp.full((K,), -1, jnp.int32), jnp.zeros((K,), jnp.int32),
-                          jnp.full((K,), jnp.inf, jnp.float32), jnp.zeros((K,), bool),
+                          jnp.zeros((K,), jnp.float32), jnp.zeros((K,), bool),
                           key_data, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32),
                           jnp.zeros((), jnp.int32))
 
@@ -170,7 +171,8 @@ def asynchronous(name: str, model: Model, training: ClientTraining, *, concurren
         key_draw, key_slots = jax.random.split(key)
         everyone = jnp.arange(m, dtype=jnp.int32)
         t = state.time
-        in_flight = jnp.where(state.clients < 0, m, state.clients)  # −1 would wrap around
+        free = ~state.flying
+        in_flight = jnp.where(free, m, state.clients)  # m: dropped by the scatter
         busy = jnp.zeros((m,), bool).at[in_flight].set(True, mode="drop")
         eligible = data.active() & ~busy & online(tables, everyone, jnp.full((m,), t))
         if not systems.always_available:
@@ -178,7 +180,6 @@ def asynchronous(name: str, model: Model, training: ClientTraining, *, concurren
         # Uniform without replacement among the eligible (the cohort op's draw).
         scores = jnp.where(eligible, jax.random.uniform(key_draw, (m,)), 2.0)
         drawn = jnp.argsort(scores)[:min(K, m)].astype(jnp.int32)
-        free = state.clients < 0
         rank = jnp.cumsum(free.astype(jnp.int32)) - 1
         fill = free & (rank < jnp.sum(eligible.astype(jnp.int32)))
         ids = jnp.where(fill, drawn[jnp.clip(rank, 0, drawn.shape[0] - 1)], -1)
@@ -190,6 +191,7 @@ def asynchronous(name: str, model: Model, training: ClientTraining, *, concurren
         if not systems.trivial:  # Systems' dropout: the upload never comes
             completes &= slot_flags(keys, systems.replace(stragglers=0.0))[1]
         return state._replace(
+            flying=state.flying | fill,
             clients=jnp.where(fill, ids, state.clients),
             started=jnp.where(fill, state.version, state.started),
             events=jnp.where(fill, when, state.events),
@@ -199,10 +201,11 @@ def asynchronous(name: str, model: Model, training: ClientTraining, *, concurren
     def round_(state: AsyncState, data, key):
         state = refill(state, data, key)
         m = data.num_clients
-        neg, slots = jax.lax.top_k(-state.events, B)  # the B earliest events
-        when = -neg
+        # The B earliest events (ties to the lower slot), empty slots last.
+        _, slots = jax.lax.top_k(-jnp.where(state.flying, state.events, jnp.inf), B)
+        when = state.events[slots]
         ids = state.clients[slots]
-        here = ids >= 0
+        here = state.flying[slots]
         staleness = state.version - state.started[slots]
         uploaded = here & state.uploads[slots]
         kept = uploaded & (staleness <= max_staleness)
@@ -243,8 +246,7 @@ def asynchronous(name: str, model: Model, training: ClientTraining, *, concurren
         trips = state.trips + jnp.sum(uploaded.astype(jnp.int32))
         new = state._replace(
             params=params, versions=versions, version=version,
-            clients=jnp.where(popped, -1, state.clients),
-            events=jnp.where(popped, jnp.inf, state.events),
+            flying=state.flying & ~popped,
             time=time, trips=trips, round=state.round + 1)
         metrics = {"cohort_loss": mean_over(first_losses, active),
                    "virtual_time": time,

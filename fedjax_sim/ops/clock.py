@@ -48,7 +48,7 @@ from __future__ import annotations
 import csv
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import jax
@@ -191,6 +191,10 @@ class Clock:
                 raise ValueError(f"Clock windows must lie within the cycle [0, {self.cycle}) "
                                  "when they repeat (cycle > 0).")
             object.__setattr__(self, "windows", windows)
+
+    def replace(self, **changes) -> Clock:
+        """A copy with some fields changed (checked again)."""
+        return replace(self, **changes)
 
     def check(self, num_clients: int, systems: Systems = NO_SYSTEMS) -> None:
         """ValueError unless this clock fits m clients and `systems` (per-client lengths;
