@@ -110,6 +110,12 @@ ALGORITHM_INFO = {
     "fedadagrad": AlgorithmInfo("FedAdagrad (FedOpt): Adagrad on the server",
                                 "Reddi et al., ICLR", "2021",
                                 "https://arxiv.org/abs/2003.00295"),
+    "fedbuff": AlgorithmInfo("FedBuff: buffered asynchronous aggregation, in virtual time",
+                             "Nguyen et al., AISTATS", "2022",
+                             "https://arxiv.org/abs/2106.06639"),
+    "fedasync": AlgorithmInfo("FedAsync: asynchronous updates mixed in on arrival, in "
+                              "virtual time", "Xie, Koyejo, Gupta, arXiv", "2019",
+                              "https://arxiv.org/abs/1903.03934"),
 }
 
 

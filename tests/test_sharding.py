@@ -75,6 +75,10 @@ ALGORITHM_KWARGS = {
                 {"training": TRAIN, "work": {"per_client": [2, 0, 1, 2, 1, 2, 2, 1]},
                  "momentum": 0.5, "client_chunk": 3,
                  "systems": {"stragglers": 0.5, "straggler_policy": "drop"}}],
+    # Asynchronous: one round is one server step (default clock: equal speeds).
+    "fedbuff": [{"training": TRAIN, "concurrency": 5, "buffer_size": 2, "max_staleness": 2,
+                 "systems": {"availability": 0.7, "dropout": 0.2}}],
+    "fedasync": [{"training": TRAIN, "concurrency": 4, "alpha": 0.5, "client_chunk": 3}],
 }
 
 SCRIPT = textwrap.dedent(
