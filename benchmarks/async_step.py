@@ -34,7 +34,7 @@ import time
 import harness
 
 FULL = dict(m=2000, n=16, concurrency=1000, buffer=100, steps=10, batch=10, warmup=20,
-            blocks=5, min_calls=5, budget_s=2.0)
+            blocks=9, min_calls=5, budget_s=2.0)
 QUICK = dict(m=60, n=4, concurrency=20, buffer=5, steps=2, batch=2, warmup=2, blocks=1,
              min_calls=2, budget_s=0.0)
 
