@@ -288,14 +288,14 @@ def test_same_seed_same_numbers_and_other_seeds_differ():
                 buffer_size=2, clock=Clock(step_seconds=1.0, spread=1.0, seed=3)),
         Systems(availability=0.7, dropout=0.1))
 
-    def run(seed):
+    @jax.jit
+    def scan(seed):
         state = alg.init(jax.random.key(seed), data)
-        return jax.jit(lambda s: jax.lax.scan(
-            lambda s, k: alg.round(s, data, k), s,
-            jax.random.split(jax.random.key(seed + 1), 12)))(state)
+        return jax.lax.scan(lambda s, k: alg.round(s, data, k), state,
+                            jax.random.split(jax.random.key(seed + 1), 12))
 
-    chex.assert_trees_all_equal(run(0), run(0))
-    assert not np.array_equal(run(0)[0].clients, run(5)[0].clients)
+    chex.assert_trees_all_equal(scan(0), scan(0))
+    assert not np.array_equal(scan(0)[0].clients, scan(5)[0].clients)
 
 
 DEVICES_SCRIPT = textwrap.dedent(
@@ -333,6 +333,7 @@ DEVICES_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_one_and_four_devices_give_the_same_events_and_numbers():
     """The same seed on 1 and 4 forced CPU devices: the same clients in flight, event times,
     trips and versions (exactly), the same model and metrics (to float rounding)."""
