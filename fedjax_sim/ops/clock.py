@@ -19,7 +19,7 @@ time; with `cycle` > 0 they repeat every `cycle` seconds): from a trace, or from
 client is always online. A trip starts only while its client is online, and it
 *fails* when the client leaves its window before the trip ends: the event happens
 at the window's end, and no update is uploaded (a client that goes offline never
-finishes; FedScale drops such a client too). So a trip of d_i seconds started at t:
+finishes). So a trip of d_i seconds started at t:
 
     e = min(t + d_i, end of the window holding t)          completes ⇔ t + d_i ≤ that end
 
