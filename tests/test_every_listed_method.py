@@ -38,6 +38,13 @@ TINY.update({
 })
 
 
+# The shortest schedules of the settings that lengthen some method's run (pretraining,
+# warm starts, local baselines), wherever a preset declares them: a run of a method that
+# does not read one leaves it out (`_settings`).
+SHORTEST = {"pretrain_rounds": 1, "warm_start_rounds": 1, "local_rounds": 1,
+            "pretrain_steps": 2}
+
+
 def _key(preset) -> str | None:
     """The setting of the method a run of `preset` trains (None: it names no method)."""
     experiment = preset.experiment
@@ -91,6 +98,8 @@ def _settings(name: str, method: str, tmp_path) -> list[str]:
     preset = experiments.PRESETS[name]
     declared = preset.experiment.declared
     items = [x for x in [*TINY[name], *_data(name, tmp_path)] if not x.startswith("seeds=")]
+    given = {x.split("=", 1)[0] for x in items}
+    items += [f"{k}={v}" for k, v in SHORTEST.items() if k in declared and k not in given]
     items += [f"{k}={v}" for k, v in (("seeds", 1), ("checkpoint_every", 0)) if k in declared]
     out = []
     for item in items:
