@@ -9,7 +9,10 @@ What is generated, so that it cannot drift from the code or the data:
   tables of algorithms and presets (README.md, docs/index.md), the preset reference
   (docs/presets.md: every preset with its settings), the factories of the API
   reference (docs/api/algorithms.md);
-* from the `fedjax-sim` argument parser: the option tables of docs/cli.md;
+* from the `fedjax-sim` argument parser: the option tables of docs/cli.md; from the
+  method table (`fedjax_sim.experiments.methods.METHODS`): its table of methods;
+* from `fedjax_sim.experiments.PRESETS`: `fedjax_sim/experiments/_manifest.py`, the
+  presets' settings as data, which the command line checks before it imports JAX;
 * from the committed results under benchmarks/results/: the tables of
   docs/protocols.md that set our numbers beside the papers';
 * from benchmarks/README.md: the performance table, copied into README.md and
@@ -73,10 +76,9 @@ ALGORITHM_INFO = {
     "mixed_gt2": AlgorithmInfo("Mixed FL, two-way gradient transfer (2-GT)",
                                "Augenstein et al., arXiv", "2022",
                                "https://arxiv.org/abs/2205.13655"),
-    "mixed_centralized": AlgorithmInfo("Mixed FL's centrally trained oracle: every client's "
-                                       "data and the datacenter's pooled on the server",
-                                       "Augenstein et al., arXiv", "2022",
-                                       "https://arxiv.org/abs/2205.13655"),
+    "oracle": AlgorithmInfo("Mixed FL's centrally trained oracle: every client's data and the "
+                            "datacenter's pooled on the server", "Augenstein et al., arXiv",
+                            "2022", "https://arxiv.org/abs/2205.13655"),
     "drfa": AlgorithmInfo("DRFA, Distributionally Robust Federated Averaging",
                           "Deng, Kamani, Mahdavi, NeurIPS", "2020",
                           "https://arxiv.org/abs/2102.12660"),
@@ -374,6 +376,36 @@ def cli_options() -> str:
     return "\n".join(out)
 
 
+def _kind(kind: str) -> str:
+    return {"global": "one global model", "clustered": "cluster models, each client "
+            "assigned", "personal": "a model per client", "fixed": "cluster models, "
+            "assignments fixed at init", "fine_tuned": "one global model, each client's copy "
+            "fine-tuned before its test"}[kind]
+
+
+def methods_table() -> str:
+    """One row per method of the method table: what `--set method=` and `methods=` take."""
+    from fedjax_sim.experiments.methods import FLOAT_TARGETS, METHODS, SERVER_DATA, SPLIT_MODEL
+
+    needs = {SERVER_DATA: "server (datacenter) data", SPLIT_MODEL: "a model split into "
+             "trunk and head", FLOAT_TARGETS: "float targets to mix"}
+    rows = ["| method | what it trains | algorithm | evaluated as | needs of a preset |",
+            "|---|---|---|---|---|"]
+    for name, method in METHODS.items():
+        wanted = [needs[n] for n in sorted(method.needs)]
+        if method.kind == "fine_tuned":
+            wanted.append("an evaluation that fine-tunes clients (`adapt_steps`)")
+        rows.append(f"| `{name}` | {_cell(method.help)} | `{method.algorithm}` | "
+                    f"{_kind(method.kind)} | {', '.join(wanted) or '—'} |")
+    return "\n".join(rows)
+
+
+def manifest_module() -> str:
+    from fedjax_sim.experiments import manifest
+
+    return manifest.render()
+
+
 # --------------------------------------------------------------------------- results
 
 
@@ -650,7 +682,7 @@ def targets() -> dict[Path, Target]:
             "presets": lambda: presets_table("protocols.md", "presets.md"),
         },
         docs / "performance.md": {PERFORMANCE_BLOCK: performance_table},
-        docs / "cli.md": {"cli-options": cli_options},
+        docs / "cli.md": {"cli-options": cli_options, "methods": methods_table},
         docs / "protocols.md": {
             "table1-mnist": table1_mnist,
             "weight-init": weight_init,
@@ -661,6 +693,7 @@ def targets() -> dict[Path, Target]:
         docs / "presets.md": {None: presets_page},
         docs / "api" / "algorithms.md": {None: api_algorithms_page},
         docs / "api" / "fedjax_sim.md": {None: api_package_page},
+        ROOT / "fedjax_sim" / "experiments" / "_manifest.py": {None: manifest_module},
     }
 
 

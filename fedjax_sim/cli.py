@@ -8,6 +8,10 @@ reason, and says what the output directory keeps; 130 interrupted (Ctrl-C,
 SIGINT): the message says what is kept. Every error is one line on stderr;
 library logs (orbax, absl, JAX) stay off the terminal unless --verbose. Compiled
 programs are kept on disk between commands (`_use_compilation_cache`).
+
+A preset's name and its `--set` values are checked against `experiments.manifest`
+before JAX is imported, so a refusal answers at once; this module imports nothing
+heavy at the top.
 """
 
 from __future__ import annotations
@@ -18,8 +22,6 @@ import os
 import sys
 
 import fedjax_sim
-from fedjax_sim.algorithms import ALGORITHMS
-from fedjax_sim.data.archives import DataUnavailable
 
 EXIT_BAD_INPUT = 2
 EXIT_DIVERGED = 3
@@ -95,7 +97,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="number of processes (or FEDJAX_SIM_NUM_PROCESSES)")
         p.add_argument("--process-id", type=int, default=None,
                        help="this process's index (or FEDJAX_SIM_PROCESS_ID)")
-    sub.add_parser("list", help="list presets and algorithms")
+    sub.add_parser("list", help="list presets and methods")
     p = sub.add_parser("describe", help="every setting of a preset: default, range, help")
     p.add_argument("preset")
     for p in sub.choices.values():  # --verbose also after the command
@@ -175,13 +177,30 @@ def _kept(err: BaseException) -> str:
     return getattr(err, "kept", None) or "nothing was written to the output directory"
 
 
+def _check_declared(args) -> None:
+    """The preset's name and `--set` values, checked against its declarations before
+    JAX is imported (`experiments.manifest`): ValueError with the full check's message.
+    A --config or --resume takes its settings from a file, checked in full later."""
+    if (args.command in ("run", "sweep", "compare") and args.preset is not None
+            and args.config is None and not args.resume):
+        from fedjax_sim.experiments import manifest
+
+        manifest.check(args.command, args.preset, args.overrides)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _route_library_logs(args.verbose)
     if getattr(args, "memory_budget", None) is not None:
         args.overrides.append(f"memory_budget_gb={args.memory_budget}")
+    try:
+        _check_declared(args)
+    except ValueError as err:
+        _error(f"error: {err}")
+        return EXIT_BAD_INPUT
     from fedjax_sim import experiments
     from fedjax_sim.compare import MethodsDiverged
+    from fedjax_sim.data.archives import DataUnavailable
     from fedjax_sim.simulate import Diverged
 
     try:
@@ -194,10 +213,13 @@ def main(argv: list[str] | None = None) -> int:
             print("presets:")
             for p in experiments.PRESETS.values():
                 print(f"  {p.name:<26} {'/'.join(p.commands):<18} {p.description}")
-            print("algorithms:")
-            for name, factory in ALGORITHMS.items():
-                doc = (factory.__doc__ or "").strip().splitlines()[0]
-                print(f"  {name:<26} {doc}")
+            from fedjax_sim.experiments.methods import METHODS
+
+            print("methods (--set method=NAME or methods=A,B; `describe PRESET` lists those "
+                  "that fit it):")
+            for name, method in METHODS.items():
+                built = "" if method.algorithm == name else f" [algorithm {method.algorithm}]"
+                print(f"  {name:<26} {method.help}{built}")
             return 0
         if args.command == "describe":
             print(experiments.describe_preset(args.preset))
@@ -244,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     if jax.process_index() == 0:
-        print(f"wrote {out}")
+        print(experiments.run_summary(out) if args.command == "run" else f"wrote {out}")
     return 0
 
 

@@ -259,10 +259,16 @@ class _Watch:
         return t, name, _kind(values)
 
 
-def default_evaluate(algorithm: Algorithm, data) -> Callable[[object], dict]:
-    """Average and worst-case client loss (and accuracy) on `data`."""
+def default_evaluate(algorithm: Algorithm, data, prefix: str = "") -> Callable[[object], dict]:
+    """state -> the average and worst-case client loss (and accuracy) on `data`.
+
+    The keys are `metrics.summarize_clients`'s (`loss`, `loss_worst`, `accuracy`,
+    `accuracy_worst`) after `prefix`: nothing names the data, so give test clients
+    `prefix="test_"` (`test_loss`, ...), as `simulate.run`'s own default (the training
+    data, no prefix) cannot be told apart from them otherwise.
+    """
     evaluate = backend.jit(algorithm.evaluate, backend.feature_size(data))
-    return lambda state: summarize_clients(evaluate(state, data))
+    return lambda state: summarize_clients(evaluate(state, data), prefix)
 
 
 def _next_boundary(done: int, rounds: int, every: tuple[int, ...]) -> int:

@@ -310,7 +310,8 @@ def _build(name, model):
     factory = ALGORITHMS[name]
     accepted = inspect.signature(factory).parameters
     pool = dict(_POOL, option="model") if name == "ifca" else _POOL  # option I has no τ
-    if name.startswith("mixed_"):  # Mixed FL needs a centralized loss: here a server regularizer
+    if factory.__module__ == "fedjax_sim.algorithms.mixed":  # Mixed FL needs a centralized loss
+        # (here a server regularizer)
         pool = dict(pool, central_loss=l2_regularizer(0.1))
     return factory(model, _TRAINING, **{k: v for k, v in pool.items() if k in accepted})
 

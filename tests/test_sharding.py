@@ -50,7 +50,7 @@ ALGORITHM_KWARGS = {
     "mixed_parallel": [{"training": TRAIN, "participation": 0.5}],
     "mixed_gt1": [{"training": TRAIN}],
     "mixed_gt2": [{"training": {"learning_rate": 0.1, "steps": 2}, "participation": 0.5}],
-    "mixed_centralized": [{"training": TRAIN, "participation": 0.5}],
+    "oracle": [{"training": TRAIN, "participation": 0.5}],
     "drfa": [{"training": TRAIN, "participation": 0.5, "lambda_lr": 0.05}],
     "drflm": [{"training": TRAIN, "participation": 0.5, "lambda_lr": 0.05}],
     "afl": [{"training": TRAIN, "participation": 0.5, "lambda_lr": 0.1}],
@@ -105,7 +105,7 @@ SCRIPT = textwrap.dedent(
                 kwargs[field] = sgd(**kwargs[field])
         if work is not None:
             kwargs["training"] = kwargs["training"].replace(work=Work(**work))
-        if name.startswith("mixed_"):
+        if ALGORITHMS[name].__module__ == "fedjax_sim.algorithms.mixed":
             kwargs["central_loss"] = l2_regularizer(0.1)
         algorithm = ALGORITHMS[name](model, kwargs.pop("training"), **kwargs)
         if server:

@@ -220,7 +220,7 @@ def _build(name, model):
 
 def _inputs(name, data):
     """The client data, and for Mixed FL a datacenter dataset beside it."""
-    if not name.startswith("mixed_"):
+    if ALGORITHMS[name].__module__ != "fedjax_sim.algorithms.mixed":
         return data
     rng = np.random.default_rng(3)
     x = rng.normal(size=(6, data.x.shape[-1])).astype(np.float32)

@@ -62,7 +62,7 @@ ALGORITHMS = {
     "mixed_parallel": mixed_parallel,
     "mixed_gt1": mixed_gt1,
     "mixed_gt2": mixed_gt2,
-    "mixed_centralized": mixed_centralized,
+    "oracle": mixed_centralized,
     "drfa": drfa,
     "drflm": drflm,
     "afl": afl,
@@ -83,18 +83,35 @@ ALGORITHMS = {
 }
 
 
+# Other names of registered algorithms: alias -> its registry name (the name the method
+# table, the command line and every results file use).
+ALIASES = {"mixed_centralized": "oracle"}
+
+
 def get_algorithm(name: str):
-    """The factory registered under `name`; ValueError listing the names otherwise."""
+    """The factory registered under `name` (or an alias of it, `ALIASES`, with a warning
+    naming the registry name); ValueError listing the names otherwise."""
+    if name in ALIASES:
+        import warnings
+
+        warnings.warn(f"algorithm {name} is registered as {ALIASES[name]}; use that name.",
+                      FutureWarning, stacklevel=2)
+        name = ALIASES[name]
     try:
         return ALGORITHMS[name]
     except KeyError:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(ALGORITHMS), n=3)
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
         raise ValueError(
-            f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}."
+            f"unknown algorithm {name!r}{hint}; known: {', '.join(sorted(ALGORITHMS))}."
         ) from None
 
 
 __all__ = [
     "ALGORITHMS",
+    "ALIASES",
     "AFLState",
     "Algorithm",
     "AsyncState",

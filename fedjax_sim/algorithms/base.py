@@ -120,6 +120,22 @@ def check_inputs(model: Model, params, data) -> None:
     check_model_data(model, params, data)
 
 
+def check_same_clients(what: str, kept, data) -> None:
+    """ValueError naming both client counts when `data` holds another number of clients
+    than the state's per-client values `kept` (a pytree of [m, ...] leaves: personal
+    models, fixed cluster assignments), which are evaluated client by client (trace
+    time, shapes only).
+
+    what: those values in words, e.g. "Ditto's personal models".
+    """
+    count = jax.tree.leaves(kept)[0].shape[0]
+    if count != data.num_clients:
+        raise ValueError(
+            f"{what} are per client: the state holds {count} clients, the evaluated data "
+            f"{data.num_clients}; evaluate on the clients it was trained on (their test "
+            "rows, in the same order).")
+
+
 def num_params(params) -> int:
     """Floats in one model (static)."""
     return sum(int(x.size) for x in jax.tree.leaves(params))

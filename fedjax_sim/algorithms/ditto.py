@@ -37,6 +37,7 @@ from fedjax_sim.algorithms.base import (
     broadcast_to_clients,
     check_inputs,
     check_participation,
+    check_same_clients,
     check_weighting,
     client_weights,
     draw_cohort,
@@ -144,6 +145,8 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
         return DittoState(params, put(cohort, state.personal, personal), state.round + 1), metrics
 
     def evaluate(state: DittoState, data: FederatedData) -> dict:
+        check_same_clients("Ditto's personal models", state.personal, data)
+
         def evaluate_part(part) -> dict:
             part, personal = part
 

@@ -54,6 +54,7 @@ from fedjax_sim.algorithms.base import (
     check_choice,
     check_inputs,
     check_participation,
+    check_same_clients,
     check_steps,
     check_weighting,
     client_weights,
@@ -127,6 +128,8 @@ def evaluate_clusters(model: Model, cluster_params, data: FederatedData, shared=
     the cluster params are heads of ({} or None: whole models).
     """
     shared = {} if shared is None else shared
+    if assignment is not None:
+        check_same_clients("The clients' cluster assignments", assignment, data)
 
     def evaluate_part(part) -> dict:
         part, given = part

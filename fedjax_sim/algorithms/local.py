@@ -12,6 +12,7 @@ from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
     check_inputs,
+    check_same_clients,
     mean_over,
     per_client_fields,
 )
@@ -113,6 +114,8 @@ def local_models(model: Model, training: ClientTraining, *, shared_init: bool = 
             "cohort_loss": mean_over(losses[:, 0], data.active())}
 
     def evaluate(state: LocalState, data: FederatedData) -> dict:
+        check_same_clients("The local models", state.params, data)
+
         def evaluate_part(part) -> dict:
             params, rows = part
             x, y, n = rows.x, rows.y, rows.num_examples

@@ -56,7 +56,14 @@ def _to_device(a: np.ndarray, name: str, rows: np.ndarray) -> jax.Array:
             f"{name} must hold numbers (bool, int or float); got dtype {a.dtype}."
         )
     if a.dtype.kind == "f" and not np.all(np.isfinite(a[rows])):
-        raise ValueError(f"{name} has NaN or inf values in real (unpadded) rows.")
+        # rows: [m, n_max] (a client's rows) or [examples] (a shared base's)
+        bad = ~np.isfinite(a).reshape(a.shape[:rows.ndim] + (-1,)).all(-1) & rows
+        first = np.argwhere(bad)[0]
+        where = (f"client {first[0]}, row {first[1]}" if rows.ndim == 2 else
+                 f"example {first[0]}")
+        count = int(bad.sum())
+        raise ValueError(f"{name} (shape {a.shape}) has NaN or inf values in {count} real "
+                         f"(unpadded) row{'s' if count != 1 else ''}, the first at {where}.")
     dev = jnp.asarray(a)
     if dev.dtype != a.dtype:
         back = np.asarray(dev).astype(a.dtype)

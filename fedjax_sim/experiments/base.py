@@ -22,12 +22,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim import backend, compare, parallel
-from fedjax_sim.algorithms import ClientTraining, sgd
+from fedjax_sim.algorithms import ALIASES, ClientTraining, sgd
 from fedjax_sim.algorithms.base import NOT_PER_CLIENT, Algorithm
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.experiments import methods as catalog
 from fedjax_sim.experiments import tuned
-from fedjax_sim.experiments.settings import Setting
+from fedjax_sim.experiments.settings import Setting, did_you_mean
 
 
 @dataclass
@@ -208,6 +208,9 @@ class Experiment:
     #: the kinds of method its metrics evaluate (`methods.KINDS`; fine-tuned methods only
     #: where it declares them).
     kinds: tuple[str, ...] = catalog.BASIC_KINDS
+    #: the setting that names the method a `run` trains (its choices become the methods
+    #: it can train, `available`).
+    method_key: str = "method"
 
     @property
     def declared(self) -> dict[str, Setting]:
@@ -305,16 +308,25 @@ class Experiment:
         if self.own(name):
             return
         if name not in self.method_table:
-            raise ValueError(f"unknown method {name!r}; {self.name} can train "
-                             f"{', '.join(self.available())}.")
+            raise ValueError(f"unknown method {name!r}{did_you_mean(name, self.available())}; "
+                             f"{self.name} can train {', '.join(self.available())}.")
+        why = self.unfit(name)
+        if why is not None:
+            raise ValueError(why)
+
+    def unfit(self, name: str) -> str | None:
+        """Why method `name` of its table cannot be trained here, in one line naming the
+        methods that can (None: it can)."""
         method = self.method_table[name]
         why = catalog.fits(method, self.provides)
         if why is None and method.kind not in self.kinds:
-            why = (f"its {method.kind} models evaluated, but this experiment's metrics read "
-                   f"{' or '.join(self.kinds)} models only")
-        if why is not None:
-            raise ValueError(f"method {name} needs {why}, which {self.name} does not have; "
-                             f"it can train {', '.join(self.available())}.")
+            why = ("an evaluation that fine-tunes each client's copy of the model before its "
+                   "test" if method.kind == "fine_tuned" else
+                   f"an evaluation of {method.kind} models")
+        if why is None:
+            return None
+        return (f"method {name} needs {why}, which {self.name} does not have; it can train "
+                f"{', '.join(self.available())}.")
 
     def client_training(self, s: dict, learning_rate) -> ClientTraining:
         """How its clients train at `learning_rate`: plain SGD (declared linear in its
@@ -383,9 +395,10 @@ class Experiment:
 
     def declare_methods_setting(self) -> None:
         """Completes the settings of an experiment that compares methods through
-        `method_run` (a `Preset` calls this): the `methods` setting (any method of its
-        table may be named; one that does not fit is refused saying why), the settings of
-        every method it can train that it does not declare itself
+        `method_run` (a `Preset` calls this): the `methods` setting and the setting of the
+        method a run trains (`method_key`), which offer the methods it can train
+        (`available`; one of its table that does not fit is refused saying why), the
+        settings of every method it can train that it does not declare itself
         (`methods.METHOD_SETTINGS`), and the methods that read each method setting
         (`Setting.methods`), so `describe` marks them and the runner refuses them where
         no trained method reads them."""
@@ -411,10 +424,20 @@ class Experiment:
             settings += tuned.tune_settings({st.name: st for st in settings},
                                             self.tune_metric[0])
         if "methods" not in names:
-            settings.append(methods_setting(
-                (*(n for n in self.methods if self.own(n)), *self.method_table),
-                tuple(self.methods)))
-        self.settings = tuple(settings)
+            settings.append(methods_setting(available, tuple(self.methods)))
+        self.settings = tuple(self.offering(st, available) for st in settings)
+
+    def offering(self, st: Setting, available: tuple[str, ...]) -> Setting:
+        """A setting that names methods (`method_key`, `methods`) with the methods it can
+        train as its choices: one of its table that does not fit is refused saying why
+        (`unfit`), and an older name of a method (`algorithms.ALIASES`) is read as the
+        method's name."""
+        if st.name not in (self.method_key, "methods") or st.choices is None:
+            return st
+        refused = {n: self.unfit(n) for n in self.method_table if n not in available}
+        aliases = {old: new for old, new in ALIASES.items() if new in available}
+        return dataclasses.replace(st, choices=available, refused=refused or None,
+                                   aliases=aliases or None)
 
     def table(self, s: dict) -> list[str]:
         """The metrics of results.csv, in order."""
@@ -518,6 +541,24 @@ class Experiment:
     def plot_run(self, rows: list[dict], summary: dict, out_dir) -> None:
         """Plots of a finished run (default: none)."""
 
+    def run_facts(self, summary: dict, s: dict) -> list[str]:
+        """What a finished run found, as clauses of the paragraph `fedjax-sim run` ends with
+        (`runner.run_summary` adds the files written). Default: a comparison preset's run,
+        its method and seeds and the mean final value of each metric of its results table
+        (`table`), over the seeds that did not diverge."""
+        final = summary.get("final_mean")
+        if not isinstance(final, dict):
+            return []
+        seeds = summary.get("seeds", 1)
+        shown = [f"{m} {_number(final[m])}" for m in self.table(s) if m in final]
+        facts = [f"{summary.get('method', s.get(self.method_key))} over {seeds} "
+                 f"seed{'s' if seeds != 1 else ''}" + (
+                     f": final {', '.join(shown)}" if shown else "")]
+        if summary.get("diverged_seeds"):
+            facts.append(f"{summary['diverged_seeds']} diverged seed"
+                         f"{'s' if summary['diverged_seeds'] != 1 else ''} left out of the means")
+        return facts
+
     # ---- sweep
     supports_sweep = True
 
@@ -555,6 +596,11 @@ class Experiment:
 
     def plot_sweep(self, summary: list[dict], out_dir) -> None:
         """Plots of a finished sweep (default: none)."""
+
+
+def _number(value) -> str:
+    """A metric's value in a sentence: 4 significant digits, or as it is (None, NaN)."""
+    return f"{value:.4g}" if isinstance(value, (int, float)) else str(value)
 
 
 def methods_setting(methods: tuple[str, ...], default: tuple[str, ...] | None = None,

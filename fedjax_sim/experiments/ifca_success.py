@@ -84,6 +84,9 @@ class SuccessSweep(Experiment):
     def plot_run(self, rows, summary, out_dir) -> None:
         RUN.plot_run(rows, summary, out_dir)
 
+    def run_facts(self, summary: dict, s: dict) -> list[str]:
+        return RUN.run_facts(summary, self.run_settings(s))
+
     def trial_columns(self, axes):
         return [*dict.fromkeys([*SWEEP_KEYS, *axes]), "cell_id", "data_seed", "best_min_dist",
                 "success", "best_lr",

@@ -371,6 +371,20 @@ class TheoryRun(Experiment):
         }
         return rows, summary
 
+    def run_facts(self, summary: dict, s: dict) -> list[str]:
+        """The final error's slope against N (the minimax rate's is −0.5), and how often an
+        init δ-close to θ* succeeds against a random one."""
+        slopes = summary["slope_vs_N"]
+        facts = ["the final error falls with N at slope " + " and ".join(
+            f"{slope:.3g} ({variant})" for variant, slope in slopes.items())
+            + f" against the minimax {summary['minimax_slope']}"]
+        success = summary["success_vs_delta"]
+        if success:
+            facts.append("success " + ", ".join(f"{row['success_prob']:.2g} at δ = {row['delta']:g}"
+                                                 for row in success)
+                         + f" against {summary['random_init_success_prob']:.2g} from a random init")
+        return facts
+
     def plot_run(self, rows, summary, out_dir) -> None:
         write_csv(out_dir / "error_vs_N.csv", summary["error_vs_N"])
         write_csv(out_dir / "linear_phase.csv", summary["linear_phase"])

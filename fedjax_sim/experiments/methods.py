@@ -268,7 +268,7 @@ METHODS: dict[str, Method] = {
     "mixed_gt2": Method("mixed_gt2", "Mixed FL, two-way gradient transfer (2-GT)",
                         reads={**_MIXED, "combine": "combine", "transfer": "transfer"},
                         needs=frozenset({SERVER_DATA})),
-    "oracle": Method("mixed_centralized", "the centrally trained oracle (all data pooled on "
+    "oracle": Method("oracle", "the centrally trained oracle (all data pooled on "
                      "the server)", reads=_MIXED, needs=frozenset({SERVER_DATA})),
 }
 

@@ -251,6 +251,22 @@ def run_preset(name, overrides=None, out_dir=None, progress: bool = True,
     return out_dir
 
 
+def run_summary(out_dir) -> str:
+    """The paragraph `fedjax-sim run` ends with: what the run found, as its experiment
+    states it (`Experiment.run_facts`, from summary.json and the settings in config.json),
+    and the files it wrote. Any experiment's run directory gives one."""
+    out_dir = Path(out_dir)
+    config = json.loads((out_dir / "config.json").read_text())
+    summary = json.loads((out_dir / "summary.json").read_text())
+    preset = get_preset(config["preset"])
+    facts = preset.experiment.run_facts(summary, config["settings"])
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in out_dir.iterdir()
+                   if not p.name.startswith("."))
+    files = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    found = f"{'; '.join(facts)}. It" if facts else "It"
+    return f"{preset.name}: {found} wrote {files} to {out_dir}."
+
+
 # ----------------------------------------------------------------------------- sweeps
 
 
@@ -523,4 +539,5 @@ def describe_preset(name: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["OutputError", "compare_preset", "describe_preset", "run_preset", "sweep_preset"]
+__all__ = ["OutputError", "compare_preset", "describe_preset", "run_preset", "run_summary",
+           "sweep_preset"]

@@ -9,7 +9,10 @@ traced or written.
 
 from __future__ import annotations
 
+import difflib
 import math
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +51,12 @@ class Setting:
       when: (another setting, the values under which this one is read), e.g.
         ("dataset", ("synthetic",)); a value other than the preset's default
         given when the other setting has none of them is refused, naming both.
+      refused: values outside `choices` that are known and refused for a reason
+        (a method that does not fit the experiment): value -> the one-line message
+        that says why, used in place of "must be one of".
+      aliases: other names of allowed values (an older name of a method): alias ->
+        the value it stands for; a value given by its alias is read as that value,
+        with a one-line note on stderr.
     """
 
     name: str
@@ -63,6 +72,8 @@ class Setting:
     commands: tuple[str, ...] | None = None
     methods: tuple[str, ...] | None = None
     when: tuple[str, tuple] | None = None
+    refused: Mapping[str, str] | None = None
+    aliases: Mapping[str, str] | None = None
 
     def describe_range(self) -> str:
         if self.choices is not None:
@@ -75,6 +86,24 @@ class Setting:
         high = "inf" if self.maximum is None else f"{self.maximum:g}"
         return f"[{low}, {high}]"
 
+    def canonical(self, value, note: bool = True):
+        """`value` (or each value of a list) with an alias replaced by the value it stands
+        for, saying so on stderr; an alias of a value that is not among the choices is
+        left as given (and refused by `check` under the name the user gave)."""
+        if not self.aliases:
+            return value
+        values = value if isinstance(value, list) else [value]
+        out = []
+        for v in values:
+            new = self.aliases.get(v) if isinstance(v, str) else None
+            if new is not None and (self.choices is None or new in self.choices):
+                if note:
+                        print(f"fedjax-sim: note: {v} is called {new}; setting {self.name} reads "
+                          f"{new}.", file=sys.stderr)
+                v = new
+            out.append(v)
+        return out if isinstance(value, list) else out[0]
+
     def check(self, value) -> None:
         """Raises ValueError naming the setting unless `value` is allowed."""
         name = f"setting {self.name}"
@@ -86,9 +115,11 @@ class Setting:
             if not isinstance(value, str):
                 raise ValueError(f"{name} must be text; got {value!r}.")
             if self.choices is not None and value not in self.choices:
+                if self.refused and value in self.refused:
+                    raise ValueError(self.refused[value])
                 raise ValueError(
-                    f"{name} must be one of {', '.join(map(str, self.choices))}; got {value!r}."
-                )
+                    f"{name} must be one of {', '.join(map(str, self.choices))}; got {value!r}"
+                    f"{did_you_mean(value, self.choices)}.")
             return
         if self.type is int:
             ok = isinstance(value, int) and not isinstance(value, bool)
@@ -110,6 +141,15 @@ class Setting:
             else:
                 bounds = ""
             raise ValueError(f"{name} must be {what}{bounds}; got {value!r}.")
+
+
+def did_you_mean(given, known) -> str:
+    """" (did you mean X?)" when `given` is close to one of `known` (difflib), else ""."""
+    close = difflib.get_close_matches(str(given), [str(k) for k in known], n=3, cutoff=0.6)
+    if not close:
+        return ""
+    names = close[0] if len(close) == 1 else f"{', '.join(close[:-1])} or {close[-1]}"
+    return f" (did you mean {names}?)"
 
 
 def count(name: str, default: int, help: str, minimum: int = 1, maximum: int = MAX_COUNT,
@@ -254,7 +294,7 @@ def _parse_value(key: str, raw, kind: type, allow_list: bool):
 
 
 def resolve(declared: dict[str, Setting], defaults: dict, overrides: dict, *,
-            lists: bool = False) -> dict:
+            lists: bool = False, notes: bool = True) -> dict:
     """defaults with overrides applied; every value checked against its declaration.
 
     Args:
@@ -263,6 +303,7 @@ def resolve(declared: dict[str, Setting], defaults: dict, overrides: dict, *,
       overrides: name -> CLI text or Python value.
       lists: a comma list is allowed for every setting (a sweep makes axes of
         them); otherwise only for `listable` settings.
+      notes: say on stderr when a value is given by an alias (`Setting.aliases`).
 
     Returns:
       name -> value, or a list of values for a sweep axis / listable setting.
@@ -271,13 +312,14 @@ def resolve(declared: dict[str, Setting], defaults: dict, overrides: dict, *,
     for key, raw in overrides.items():
         if key not in declared:
             raise ValueError(
-                f"unknown setting {key!r}; this preset takes: {', '.join(sorted(declared))}."
-            )
+                f"unknown setting {key!r}{did_you_mean(key, declared)}; this preset takes: "
+                f"{', '.join(sorted(declared))}.")
         setting = declared[key]
         if setting.default == [] and str(raw).strip().lower() in ("", "none"):
             settings[key] = []
             continue
-        settings[key] = _parse_value(key, raw, setting.type, lists or setting.listable)
+        settings[key] = setting.canonical(
+            _parse_value(key, raw, setting.type, lists or setting.listable), notes)
     for key, value in settings.items():
         for v in value if isinstance(value, list) else [value]:
             declared[key].check(v)

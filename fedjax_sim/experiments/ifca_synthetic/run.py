@@ -98,7 +98,7 @@ class SyntheticRun(Experiment):
     description = "IFCA and its baselines on the synthetic mixture of linear regressions."
     settings = (
         Setting("algorithm", str, "ifca", "the method of a run (any of the method table that "
-                "fits)", choices=tuple(METHODS), commands=("run", "sweep")),
+                "fits)", choices=tuple(METHODS), commands=("run", "sweep")),  # narrowed: fits
         *(count("m", st.default, st.help + f" (up to {MAX_GENERATED_M:.0e} with clients="
                 "generated)", maximum=MAX_GENERATED_M) if st.name == "m" else st
           for st in SHAPE),
@@ -136,6 +136,7 @@ class SyntheticRun(Experiment):
                 "machine's memory)", minimum=0.0, result=False),
     )
     methods = ALGORITHM_NAMES
+    method_key = "algorithm"
     provides = PROVIDES
     unscoped = ("k",)  # the rotations / mixture components as well as the cluster models
     baseline = "fedavg"
@@ -315,6 +316,24 @@ class SyntheticRun(Experiment):
             log_y=set(self.log_metrics), groups={name: rows},
             colors=plots.method_colors(self.methods),
         )
+
+    def run_facts(self, summary: dict, s: dict) -> list[str]:
+        """The restart reported, its training loss against the noise floor σ² (the squared
+        loss has no ½), its min_dist against the least-squares floor, and success."""
+        name, best, final = summary["algorithm"], summary["best_restart"], summary["final"]
+        restarts = len(summary["restarts_final_train_loss"])
+        if best is None or final is None:
+            return [f"every one of {name}'s {restarts} restarts diverged"]
+        facts = [f"{name}'s restart {best} of {restarts} has the lowest final training loss, "
+                 f"{final['train_loss']:.4g}, against the noise floor σ² = {s['sigma'] ** 2:.4g}"]
+        if "min_dist" in final:
+            floor = summary.get("least_squares_floor")
+            facts.append(
+                f"its min_dist to θ* is {final['min_dist']:.4g}"
+                + (f" (least-squares floor {floor:.4g})" if floor is not None else "")
+                + f" against the success threshold {summary['success_threshold']:.4g}: "
+                + ("success" if summary["success"] else "no success"))
+        return facts
 
     # ---- comparison: IFCA, FedAvg, local, one-shot over the same seeds
 
