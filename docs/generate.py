@@ -385,10 +385,17 @@ def _kind(kind: str) -> str:
 
 def methods_table() -> str:
     """One row per method of the method table: what `--set method=` and `methods=` take."""
-    from fedjax_sim.experiments.methods import FLOAT_TARGETS, METHODS, SERVER_DATA, SPLIT_MODEL
+    from fedjax_sim.experiments.methods import (
+        FLOAT_TARGETS,
+        METHODS,
+        SERVER_DATA,
+        SPLIT_MODEL,
+        VIRTUAL_CLOCK,
+    )
 
     needs = {SERVER_DATA: "server (datacenter) data", SPLIT_MODEL: "a model split into "
-             "trunk and head", FLOAT_TARGETS: "float targets to mix"}
+             "trunk and head", FLOAT_TARGETS: "float targets to mix",
+             VIRTUAL_CLOCK: "a virtual clock (no preset provides one yet)"}
     rows = ["| method | what it trains | algorithm | evaluated as | needs of a preset |",
             "|---|---|---|---|---|"]
     for name, method in METHODS.items():
