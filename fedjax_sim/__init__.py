@@ -40,6 +40,7 @@ from fedjax_sim.algorithms import (  # noqa: E402
     with_systems,
 )
 from fedjax_sim.data import FederatedData, ServerData, linear_mixture  # noqa: E402
+from fedjax_sim.execution import Checkpoints, Execution  # noqa: E402
 from fedjax_sim.models import Model, linear_regression, mlp_classifier  # noqa: E402
 from fedjax_sim.ops.work import Work  # noqa: E402
 from fedjax_sim.systems import Systems  # noqa: E402
@@ -47,7 +48,9 @@ from fedjax_sim.systems import Systems  # noqa: E402
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "Checkpoints",
     "ClientTraining",
+    "Execution",
     "FederatedData",
     "Model",
     "ServerData",

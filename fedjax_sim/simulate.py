@@ -701,7 +701,7 @@ class _Rounds:
                       unit="round", enabled=execution.progress,
                       summary=execution.progress_summary,
                       # the ETA and rate leave out compiling (the first chunk's, mostly)
-                      clock=lambda: time.monotonic() - timer.compile_seconds) as bar:
+                      clock=lambda: time.perf_counter() - timer.compile_seconds) as bar:
             shown = _Shown(self.logged_names)
             ahead = None  # the next chunk, dispatched before the host's work on this one
             while self.done < self.rounds:
