@@ -62,7 +62,7 @@ class MethodRun(NamedTuple):
         None: the history rows already are.
       finals: (per-seed rows, every round's metrics or None) -> further
         finals {metric: [seeds]} beside each metric's last logged value.
-      round_metrics: keep every round's metrics (`simulate.run(round_metrics=True)`)
+      round_metrics: keep every round's metrics (`Execution(round_metrics=True)`)
         and hand them to `finals`.
       progress_summary: how a progress line sums up a row over the copies
         (`logs.best_copy` for restarts); None: the mean of the seeds.

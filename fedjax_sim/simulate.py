@@ -63,7 +63,7 @@ class Diverged(RuntimeError):
       history: the history rows up to the last good evaluation.
       checkpoint_round: the round of the last good checkpoint (None: none).
       checkpoint_dir: where the checkpoints are (None: checkpointing was off).
-      round_metrics: with `run(round_metrics=True)`, every round's metrics up to
+      round_metrics: with `Execution(round_metrics=True)`, every round's metrics up to
         the last good chunk ({name: [rounds, ...]}); None otherwise.
     """
 
@@ -539,9 +539,11 @@ def run(
 
     How the rounds run (devices, checkpoints and resume, progress, what the
     caller is told, which axes hold copies) is `execution`'s (`Execution`); the
-    body reads as its steps: **resume** (or start) the state, **place** it and
-    plan the chunks' kernel form, **scan** the rounds chunk by chunk, **watch**
-    each chunk for divergence and **record** its rows, progress and checkpoint.
+    body reads as its steps: **place** the data on the devices, **resume** the
+    state from the newest intact checkpoint (or initialise it), **start** (the
+    chunks' kernel form, the first chunk's program, the round-0 row), then
+    **scan** the rounds chunk by chunk, **watch** each chunk for divergence and
+    **record** its rows, progress and checkpoint.
 
     After every chunk of rounds the round metrics of each round, the
     evaluation row and the state leaves are checked: a NaN or inf stops the
@@ -591,10 +593,11 @@ def run(
         # The algorithm's trace-time checks (the model against the data) then see the data's
         # values: labels outside the model's classes are refused before anything compiles.
         jax.eval_shape(lambda k: algorithm.init(k, data), key)
-    rounds_run = _Rounds(algorithm, data, key, rounds, eval_every, evaluate, execution)
+    rounds_run = _Rounds(algorithm, key, rounds, eval_every, execution)
     try:
+        rounds_run.place(data, evaluate)
         rounds_run.resume()
-        rounds_run.place()
+        rounds_run.start()
         rounds_run.scan()
     finally:
         rounds_run.close()
@@ -602,28 +605,22 @@ def run(
 
 
 class _Rounds:
-    """One call of `run`, as its steps: resume, place, scan (watch and record each chunk).
+    """One call of `run`, as its steps: place, resume, start, scan (each chunk watched and
+    recorded), close.
 
-    What the steps share: the state and the rounds done, the history, the timer,
-    the checkpoints, the plan and the kernel form of the chunks.
+    What the steps share: the placed data, the state and the rounds done, the history,
+    the timer, the checkpoints, the plan and the kernel form of the chunks.
     """
 
-    def __init__(self, algorithm, data, key, rounds, eval_every, evaluate, execution):
+    def __init__(self, algorithm, key, rounds, eval_every, execution):
         self.algorithm, self.key, self.rounds = algorithm, key, rounds
         self.eval_every, self.execution = eval_every, execution
         self.wall, self.timer = time.perf_counter(), _Timer()
-        checkpoints = execution.checkpoints
-        self.checkpoint_every = None if checkpoints is None else checkpoints.every or eval_every
-        self.every = (eval_every,) if checkpoints is None else (eval_every,
-                                                                self.checkpoint_every)
-        self.checkpoints = None if checkpoints is None else RunCheckpoints(checkpoints.directory)
-        if execution.mesh is not None:
-            data = parallel.place_inputs(data, execution.mesh, execution.data_copies)
-        self.data = data
-        self.plan = plan_record(data)  # what of the plan checkpoints record (and a resume keeps)
+        saved = execution.checkpoints
+        self.checkpoint_every = None if saved is None else saved.every or eval_every
+        self.every = (eval_every,) if saved is None else (eval_every, self.checkpoint_every)
+        self.checkpoints = None  # RunCheckpoints, once `resume` opens them
         self.timing = execution.timing if execution.timing is not None else {}
-        self.timing["client_chunk"] = self.plan["client_chunk"]
-        self.evaluate = self.timer.evaluation(evaluate or default_evaluate(algorithm, data))
         self.key_init, self.key_rounds = jax.random.split(key)
         self.on_rows = execution.on_rows or (lambda rows: None)
         self.state = self.history = self.kept = None
@@ -632,12 +629,24 @@ class _Rounds:
         self.logged: dict = {}
         self.logged_names: tuple = ()
 
+    # ---- place: the data on the devices, its plan recorded, the evaluation
+
+    def place(self, data, evaluate) -> None:
+        mesh = self.execution.mesh
+        if mesh is not None:
+            data = parallel.place_inputs(data, mesh, self.execution.data_copies)
+        self.data = data
+        self.plan = plan_record(data)  # what of the plan checkpoints record (and a resume keeps)
+        self.timing["client_chunk"] = self.plan["client_chunk"]
+        self.evaluate = self.timer.evaluation(evaluate or default_evaluate(self.algorithm, data))
+
     # ---- resume: the newest intact checkpoint's state and history, or round 0's state
 
     def resume(self) -> None:
         algorithm, execution = self.algorithm, self.execution
         restored = None
-        if self.checkpoints is not None:
+        if execution.checkpoints is not None:
+            self.checkpoints = RunCheckpoints(execution.checkpoints.directory)
             restored = _resume(self.checkpoints, execution.resume, self.rounds, algorithm,
                                self.key, self.key_init, self.data, execution.mesh)
         if restored is not None:
@@ -655,9 +664,9 @@ class _Rounds:
             self.state = parallel.shard_state(self.state, algorithm.client_axes(self.state),
                                               execution.mesh)
 
-    # ---- place: the chunks' kernel form and first program; the round-0 row
+    # ---- start: the chunks' kernel form and first program; the round-0 row
 
-    def place(self) -> None:
+    def start(self) -> None:
         """The kernel form of the chunks (forced, stored or timed now: a resumed run takes
         its checkpoint's, so it continues bit for bit) and the round metrics history rows
         carry, from the first chunk's lowering (which its compilation then reuses: the round
