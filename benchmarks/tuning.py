@@ -52,6 +52,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     from fedjax_sim import experiments, simulate
+    from fedjax_sim.execution import Execution
     from fedjax_sim.experiments import tuned
 
     preset = experiments.get_preset("hetero-digits", "compare")
@@ -116,8 +117,9 @@ def main(argv=None) -> int:
     def whole(spec):
         t0 = time.perf_counter()
         out = simulate.run(spec.algorithm, spec.data, spec.key, rounds=spec.rounds,
-                           eval_every=spec.eval_every, evaluate=spec.evaluate, progress=False,
-                           copies_axis=spec.copies, data_copies_axis=spec.data_copies)
+                           eval_every=spec.eval_every, evaluate=spec.evaluate,
+                           execution=Execution(progress=False, copies=spec.copies,
+                                               data_copies=spec.data_copies))
         if spec.seed_rows is not None:
             spec.seed_rows(out[1])  # the choice
         return time.perf_counter() - t0

@@ -26,6 +26,7 @@ _LAZY = {
     **dict.fromkeys(("FederatedData", "ServerData", "linear_mixture"), "fedjax_sim.data"),
     **dict.fromkeys(("Model", "linear_regression", "mlp_classifier"), "fedjax_sim.models"),
     "Clock": "fedjax_sim.ops.clock",
+    **dict.fromkeys(("Checkpoints", "Execution"), "fedjax_sim.execution"),
     "Work": "fedjax_sim.ops.work",
     "Systems": "fedjax_sim.systems",
 }
@@ -82,6 +83,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
         with_systems,
     )
     from fedjax_sim.data import FederatedData, ServerData, linear_mixture  # noqa: F401
+    from fedjax_sim.execution import Checkpoints, Execution  # noqa: F401
     from fedjax_sim.models import Model, linear_regression, mlp_classifier  # noqa: F401
     from fedjax_sim.ops.clock import Clock  # noqa: F401
     from fedjax_sim.ops.work import Work  # noqa: F401
@@ -90,8 +92,10 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "Checkpoints",
     "ClientTraining",
     "Clock",
+    "Execution",
     "FederatedData",
     "Model",
     "ServerData",

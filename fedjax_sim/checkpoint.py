@@ -422,7 +422,7 @@ class RunCheckpoints:
         processes it returns once the checkpoint is complete.
 
         round_metrics: optional {name: host array [step, ...]}, every round's metrics
-        so far (`simulate.run(round_metrics=True)`), restored with the checkpoint.
+        so far (`Execution(round_metrics=True)`), restored with the checkpoint.
         kernel_form: the kernel form the rounds ran in (`fedjax_sim.tuning`), which a
         resumed run takes again.
         plan: what of the execution plan may change the numbers

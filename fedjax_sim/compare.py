@@ -40,6 +40,7 @@ import numpy as np
 from fedjax_sim import logs, parallel, simulate, stats
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.data.federated import is_client_source
+from fedjax_sim.execution import Checkpoints, Execution
 from fedjax_sim.io import read_json, write_json
 
 
@@ -61,7 +62,7 @@ class MethodRun(NamedTuple):
         None: the history rows already are.
       finals: (per-seed rows, every round's metrics or None) -> further
         finals {metric: [seeds]} beside each metric's last logged value.
-      round_metrics: keep every round's metrics (`simulate.run(round_metrics=True)`)
+      round_metrics: keep every round's metrics (`Execution(round_metrics=True)`)
         and hand them to `finals`.
       progress_summary: how a progress line sums up a row over the copies
         (`logs.best_copy` for restarts); None: the mean of the seeds.
@@ -225,32 +226,30 @@ def find_divergence(rows: list[dict], seeds: int, stopped=None) -> list:
     return out
 
 
-def train_method(name: str, spec: MethodRun, seeds: int, *, checkpoint_dir=None,
-                 checkpoint_every: int | None = None, resume: bool = False,
-                 progress: bool = True, mesh=None, on_rows=None,
-                 timing: dict | None = None) -> MethodResult:
+def train_method(name: str, spec: MethodRun, seeds: int,
+                 execution: Execution | None = None) -> MethodResult:
     """Trains one method over its seeds through `simulate.run`; never raises `Diverged`.
 
-    on_rows, when given, gets the per-seed rows as they come (only for a
-    method without `seed_rows`, whose history rows already are per seed).
-    timing: the dict `simulate.run` fills (default: a new one); the result keeps
-    its compile and run seconds, rounds run, kernel form and client chunk.
+    execution: how (`Execution`: mesh, checkpoints, resume, progress; its on_rows,
+      when given, gets the per-seed rows as they come, only for a method without
+      `seed_rows`, whose history rows already are per seed; its timing dict, default a
+      new one, is filled by `simulate.run`). The method's own axes, description, round
+      metrics and progress summary come from `spec`. The result keeps the compile and
+      run seconds, rounds run, kernel form and client chunk.
     """
-    timing = {} if timing is None else timing
+    execution = execution or Execution()
+    timing = {} if execution.timing is None else execution.timing
     stopped = None
     per_round = None
     method_clients(spec)  # the declared copies axes match the data, with or without a mesh
     try:
         out = simulate.run(
             spec.algorithm, spec.data, spec.key, rounds=spec.rounds,
-            eval_every=spec.eval_every, evaluate=spec.evaluate, progress=progress,
-            description=name, mesh=mesh, checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every if checkpoint_dir is not None else None,
-            resume=resume and checkpoint_dir is not None, copies_axis=spec.copies,
-            data_copies_axis=spec.data_copies,
-            on_rows=on_rows if spec.seed_rows is None else None, timing=timing,
-            progress_summary=spec.progress_summary or logs.mean_of_copies("seeds"),
-            round_metrics=spec.round_metrics)
+            eval_every=spec.eval_every, evaluate=spec.evaluate, execution=execution.replace(
+                description=name, copies=spec.copies, data_copies=spec.data_copies,
+                on_rows=execution.on_rows if spec.seed_rows is None else None, timing=timing,
+                progress_summary=spec.progress_summary or logs.mean_of_copies("seeds"),
+                round_metrics=spec.round_metrics))
         history = out[1]
         if spec.round_metrics:
             per_round = out[2]
@@ -316,16 +315,19 @@ def divergence_summary(results: Mapping[str, MethodResult]) -> str | None:
 
 
 def run_methods(methods: Mapping[str, Callable[[], MethodRun]], seeds: int, out_dir, *,
-                resume: bool = False, checkpoint_every: int | None = None,
-                progress: bool = True, mesh=None, primary: bool = True,
+                execution: Execution | None = None, resume: bool = False,
+                checkpoint_every: int | None = None, primary: bool = True,
                 on_method: Callable[[MethodResult], None] | None = None) -> dict:
     """Trains each method in turn (built lazily: a finished one is never rebuilt on resume).
 
     Args:
-      methods: name -> a function building its MethodRun.
+      methods: name -> a function building its MethodRun (its data planned:
+        `Execution.planned`).
       seeds: the size of every method's seeds axis.
       out_dir: the comparison's directory (methods/, checkpoints/); None: in memory
         only (no files, no checkpoints, no resume).
+      execution: how each method runs (`Execution`: mesh, progress; its checkpoints
+        and resume are the comparison's, below).
       resume: load finished methods from methods/<name>.json, continue the
         one in flight from checkpoints/<name>/.
       checkpoint_every: rounds between a method's checkpoints; None or 0: none.
@@ -335,6 +337,7 @@ def run_methods(methods: Mapping[str, Callable[[], MethodRun]], seeds: int, out_
     Returns:
       name -> MethodResult, in `methods`' order.
     """
+    execution = execution or Execution()
     if out_dir is None:
         primary, resume, checkpoint_every = False, False, None
         out_dir = Path("<none>")
@@ -347,10 +350,9 @@ def run_methods(methods: Mapping[str, Callable[[], MethodRun]], seeds: int, out_
             result = MethodResult.from_json(read_json(path))
         else:
             spec = build()
-            result = train_method(
-                name, spec, seeds, checkpoint_dir=checkpoints if checkpoint_every else None,
-                checkpoint_every=checkpoint_every or None, resume=resume, progress=progress,
-                mesh=mesh)
+            saved = Checkpoints(checkpoints, checkpoint_every) if checkpoint_every else None
+            result = train_method(name, spec, seeds, execution.replace(
+                checkpoints=saved, resume=resume and saved is not None))
             if primary:
                 write_json(path, result.to_json())
         if primary and checkpoints.exists():

@@ -1,8 +1,9 @@
 """Memory planning: how many clients, seeds or runs to process at once under a byte budget.
 
-Every experiment plans through this module (it names no algorithm's options
-and no experiment's settings: callers pass what the estimates need, e.g.
-`local_training=True`).
+The executor plans through this module (it names no algorithm's options and no
+experiment's settings): an experiment declares what a method's round holds
+(`execution.Footprint`) and `plan_client_chunk` turns that and the execution's
+budget into a chunk; no experiment calls the functions below.
 
 Clients of a round (`client_chunk`). A round holds the data of all m clients
 (its input) plus, for the clients being processed together, their working
@@ -31,12 +32,15 @@ from __future__ import annotations
 
 import math
 import os
+from typing import TYPE_CHECKING
 
 import jax
-import optax
 
-from fedjax_sim.data.federated import FederatedData
-from fedjax_sim.models.core import Model
+if TYPE_CHECKING:  # annotations only: `execution` (which the data layer imports) imports this
+    import optax
+
+    from fedjax_sim.data.federated import FederatedData
+    from fedjax_sim.models.core import Model
 
 # Per-client copies of the model while a client trains locally: its start
 # params, its trained params, the gradient, the update and the weighted copy
@@ -330,6 +334,50 @@ def working_memory_chunk(
     """
     per_client = copies * estimate_bytes_per_client(model, data, num_clusters=num_clusters)
     return client_chunk_for_budget(data.num_clients, per_client, work_bytes)
+
+
+def plan_client_chunk(footprint, budget_bytes: float = 0.0) -> int | None:
+    """The executor's client chunk for a method's round (`execution.Footprint`) under
+    budget_bytes (0: none); None: every client at once. `execution.Execution.client_chunk`
+    calls this; no experiment does.
+
+    With `footprint.fit_machine`: `client_chunk_within_machine` (the round must fit this
+    machine; without a budget every client at once, generated ones
+    `GENERATED_WORK_BYTES` at a time). Otherwise: with a budget `choose_client_chunk`;
+    without one, on a CPU `CPU_ROUND_WORK_BYTES` of working memory at a time (k
+    cluster models' losses, one model's for per-client models), elsewhere
+    `PER_CLIENT_MODELS_BYTES` at a time for per-client models and every client at
+    once for the rest (`working_memory_chunk`).
+
+    Raises:
+      ValueError: the round does not fit, saying what to change.
+    """
+    fp = footprint
+    if fp.fit_machine:
+        extra = 0 if fp.resident is None else tree_bytes(fp.resident)
+        build = 0
+        if fp.build_factor and fp.generated_clients is None:
+            build = fp.build_factor * (tree_bytes(fp.clients) + extra)
+        return client_chunk_within_machine(
+            fp.model, fp.clients, budget_bytes, copies=fp.copies,
+            per_client_models=fp.per_client_models, local_training=fp.local_training,
+            num_clusters=fp.num_clusters, extra_resident_bytes=extra,
+            describe=fp.describe, remedy=fp.remedy, budget_name=fp.budget_name,
+            generated_clients=fp.generated_clients, eval_data=fp.evaluated,
+            state_bytes=0 if fp.state is None else tree_bytes(fp.state), build_bytes=build)
+    if budget_bytes:
+        return choose_client_chunk(
+            fp.model, fp.clients, budget_bytes, local_training=fp.local_training,
+            num_clusters=fp.num_clusters, copies=fp.copies,
+            per_client_models=fp.per_client_models, budget_name=fp.budget_name,
+            eval_data=fp.evaluated)
+    if jax.default_backend() == "cpu":
+        return working_memory_chunk(
+            fp.model, fp.clients, copies=fp.copies, work_bytes=CPU_ROUND_WORK_BYTES,
+            num_clusters=1 if fp.per_client_models else fp.num_clusters)
+    if fp.per_client_models:
+        return working_memory_chunk(fp.model, fp.clients, copies=fp.copies)
+    return None
 
 
 def run_bytes(

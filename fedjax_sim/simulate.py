@@ -29,6 +29,7 @@ import math
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 
 import jax
@@ -39,7 +40,13 @@ from fedjax_sim import backend, parallel, tuning
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.checkpoint import RunCheckpoints
 from fedjax_sim.data.checks import check_run_inputs
-from fedjax_sim.execution import PlanChanged, plan_of, plan_record
+from fedjax_sim.execution import (
+    Checkpoints,
+    Execution,
+    PlanChanged,
+    plan_of,
+    plan_record,
+)
 from fedjax_sim.io import sync_appended
 from fedjax_sim.logs import Progress
 from fedjax_sim.metrics import summarize_clients
@@ -56,7 +63,7 @@ class Diverged(RuntimeError):
       history: the history rows up to the last good evaluation.
       checkpoint_round: the round of the last good checkpoint (None: none).
       checkpoint_dir: where the checkpoints are (None: checkpointing was off).
-      round_metrics: with `run(round_metrics=True)`, every round's metrics up to
+      round_metrics: with `Execution(round_metrics=True)`, every round's metrics up to
         the last good chunk ({name: [rounds, ...]}); None otherwise.
     """
 
@@ -439,17 +446,6 @@ class _Timer:
         return wrapped
 
 
-def _copy_axes(copies_axis) -> int:
-    """The number of leading copies axes that `run`'s copies_axis names (True: 1)."""
-    if isinstance(copies_axis, bool):
-        return int(copies_axis)
-    if not isinstance(copies_axis, int) or copies_axis < 0:
-        raise ValueError(
-            "copies_axis must be a bool or the number of leading copies axes (an integer "
-            f">= 0, e.g. 2 for [seeds, restarts]); got {copies_axis!r}.")
-    return copies_axis
-
-
 def _copies_shape(state, axes: int) -> tuple[int, ...]:
     """The shape of the copies axes: the first `axes` axes of the state's first leaf."""
     if axes == 0:
@@ -502,6 +498,38 @@ def _row_value(value):
     return float(array) if array.ndim == 0 else array
 
 
+# The keyword arguments `run` took before `Execution`: accepted (with a DeprecationWarning)
+# for one release, each as the Execution field it became.
+_DEPRECATED = {"mesh": "mesh", "resume": "resume", "progress": "progress",
+               "description": "description", "progress_summary": "progress_summary",
+               "on_rows": "on_rows", "timing": "timing", "round_metrics": "round_metrics",
+               "copies_axis": "copies", "data_copies_axis": "data_copies"}
+
+
+def _execution(execution: Execution | None, old: dict) -> Execution:
+    """`execution`, or the Execution the deprecated keywords `old` describe."""
+    if not old:
+        return Execution() if execution is None else execution
+    unknown = sorted(set(old) - set(_DEPRECATED) - {"checkpoint_dir", "checkpoint_every"})
+    if unknown:
+        raise TypeError(f"run() got unexpected keyword arguments {unknown}; a run's execution "
+                        "options are fields of Execution (execution=Execution(...)).")
+    if execution is not None:
+        raise TypeError(f"run() takes execution=Execution(...) or the deprecated keywords "
+                        f"{sorted(old)}, not both.")
+    warnings.warn(
+        f"simulate.run's keywords {', '.join(sorted(old))} are deprecated; pass "
+        "execution=Execution(...) (fedjax_sim.execution) instead.", DeprecationWarning,
+        stacklevel=3)
+    fields = {_DEPRECATED[name]: value for name, value in old.items() if name in _DEPRECATED}
+    if isinstance(fields.get("copies"), bool):
+        fields["copies"] = int(fields["copies"])
+    directory, every = old.get("checkpoint_dir"), old.get("checkpoint_every")
+    if directory is not None:
+        fields["checkpoints"] = Checkpoints(directory, every)
+    return Execution(**fields)
+
+
 def run(
     algorithm: Algorithm,
     data,
@@ -510,20 +538,18 @@ def run(
     rounds: int,
     eval_every: int = 1,
     evaluate: Callable[[object], dict] | None = None,
-    progress: bool = True,
-    description: str = "rounds",
-    mesh=None,
-    checkpoint_dir=None,
-    checkpoint_every: int | None = None,
-    resume: bool = False,
-    copies_axis: bool | int = False,
-    data_copies_axis: int = 0,
-    on_rows: Callable[[list[dict]], None] | None = None,
-    timing: dict | None = None,
-    round_metrics: bool = False,
-    progress_summary: Callable | None = None,
+    execution: Execution | None = None,
+    **deprecated,
 ):
     """Runs `rounds` rounds of `algorithm` on `data`, evaluating every `eval_every`.
+
+    How the rounds run (devices, checkpoints and resume, progress, what the
+    caller is told, which axes hold copies) is `execution`'s (`Execution`); the
+    body reads as its steps: **place** the data on the devices, **resume** the
+    state from the newest intact checkpoint (or initialise it), **start** (the
+    chunks' kernel form, the first chunk's program, the round-0 row), then
+    **scan** the rounds chunk by chunk, **watch** each chunk for divergence and
+    **record** its rows, progress and checkpoint.
 
     After every chunk of rounds the round metrics of each round, the
     evaluation row and the state leaves are checked: a NaN or inf stops the
@@ -533,243 +559,285 @@ def run(
     Args:
       algorithm: Algorithm(init, round, evaluate).
       data: the algorithm's inputs: a FederatedData, or any pytree holding
-        one beside server-side arrays (`ServerData`).
+        one beside server-side arrays (`ServerData`); its clients carry the
+        plan they run under (`Execution.planned`).
       key: PRNG key; the same key gives the same numbers.
       rounds: number of communication rounds (>= 0).
       eval_every: evaluate after every this many rounds (and at round 0 and
         at the last round).
       evaluate: state -> dict of host values for one history row; default:
         loss / loss_worst (and accuracy) of `algorithm.evaluate` on `data`.
-      progress: report progress (`logs.Progress`: a bar on a terminal, one
-        plain line per chunk elsewhere).
-      mesh: optional `jax.sharding.Mesh` (see `parallel.make_mesh`): client
-        data and the state's declared per-client leaves are sharded over it,
-        everything else replicated.
-      checkpoint_dir: where to write checkpoints (`checkpoint.RunCheckpoints`);
-        None: no checkpoints. A save runs in the background until the next
-        one starts; every one is complete on disk when `run` returns or
-        raises, and the rows `on_rows` appended with `io.append_csv(...,
-        sync=False)` (metrics.csv) are fsynced before each checkpoint is
-        written and when `run` ends. Under several processes every process passes
-        the same directory, on storage they share; each writes its shards.
-      checkpoint_every: checkpoint after every this many rounds (default:
-        eval_every). Chunks end at multiples of both eval_every and
-        checkpoint_every, and history rows stay at multiples of eval_every
-        (and the last round).
-      resume: continue from the newest intact checkpoint in checkpoint_dir
-        (from round 0 if there is none); a corrupt or partial newer one is
-        skipped with a message. Without it, a checkpoint_dir that already
-        holds checkpoints is refused.
-      copies_axis: the number of leading axes of every state leaf, round
-        metric and evaluation value that hold independent copies of the run
-        (True: 1, as made by `with_restarts` or `with_seeds`; 2: e.g.
-        [seeds, restarts] of `with_seeds(with_restarts(...))`; False or 0:
-        none): a diverged copy is a failed copy and the run goes on; the run
-        diverges only when every copy has. Evaluation values without those
-        axes count for every copy.
-      data_copies_axis: the number of leading copies axes of the client data's
-        (`FederatedData`'s) leaves, before the client axis: 1 for data stacked
-        per seed (`with_seeds`), 0 for data every copy shares. Only placement
-        over a mesh reads it: the client axis is sharded, the copies axes are not.
-      on_rows: called first with the history so far (the round-0 row, or a
-        resumed run's restored rows), then with each new row as soon as it
-        exists (before the chunk's checkpoint is written), e.g. to append
-        them to metrics.csv.
-      progress_summary: how the progress line sums up a history row whose values
-        are per copy (`logs.mean_of_copies`, `logs.best_copy`); None: the mean.
-      timing: a dict filled in with `rounds_run` (rounds this call ran, not
-        counting those restored from a checkpoint), `start_round`,
-        `compile_seconds` (tracing and compiling: the round chunks, and what
-        JAX reports compiling inside the evaluations), `run_seconds` (the rest
-        of the wall time), `evaluate_seconds` (the part of run_seconds spent
-        in `evaluate`) and `client_chunk` (the data's plan: None, all clients
-        at once), which the checkpoints record.
-      round_metrics: also return every round's logged round metrics (those
-        history rows carry: one number per round and copy). They are saved
-        in the checkpoints, so a resumed run returns the same arrays as an
-        uninterrupted one; resuming from a checkpoint written without them
-        is refused.
+      execution: how the rounds run (`Execution`; default: one device, no
+        checkpoints, progress on, no copies axes).
+      **deprecated: the keywords `run` took before `Execution` (mesh,
+        checkpoint_dir, checkpoint_every, resume, progress, description,
+        progress_summary, on_rows, timing, round_metrics, copies_axis,
+        data_copies_axis), accepted with a DeprecationWarning for one release.
 
     Returns:
-      (final state, history), and with round_metrics=True (final state,
-      history, metrics). history is a list of dict rows, each with `round`,
-      the round metrics of the last round before it that are one number per
-      round and copy (their shape is the copies axes' shape; NaN in the
-      round-0 row) and the evaluation; an evaluation value of the same name
-      wins. The columns are fixed before round 0, from the first chunk's
-      compiled program. metrics is {name: host array [rounds, *copies]}:
-      row t − 1 holds round t's value, for the same metrics as the history.
+      (final state, history), and with `execution.round_metrics` (final
+      state, history, metrics). history is a list of dict rows, each with
+      `round`, the round metrics of the last round before it that are one
+      number per round and copy (their shape is the copies axes' shape; NaN
+      in the round-0 row) and the evaluation; an evaluation value of the same
+      name wins. The columns are fixed before round 0, from the first chunk's
+      compiled program. metrics is {name: host array [rounds, *copies]}: row
+      t − 1 holds round t's value, for the same metrics as the history.
 
     Raises:
       Diverged: a NaN or inf appeared (in every copy); it carries the round,
         the metric, the history up to the last good evaluation and the last
         good checkpoint.
     """
+    execution = _execution(execution, deprecated)
     if not isinstance(rounds, int) or rounds < 0:
         raise ValueError(f"rounds must be an integer >= 0; got {rounds!r}.")
     if not isinstance(eval_every, int) or eval_every < 1:
         raise ValueError(f"eval_every must be an integer >= 1; got {eval_every!r}.")
-    if checkpoint_every is not None and (
-        not isinstance(checkpoint_every, int) or checkpoint_every < 1
-    ):
-        raise ValueError(
-            f"checkpoint_every must be None or an integer >= 1; got {checkpoint_every!r}."
-        )
-    if resume and checkpoint_dir is None:
-        raise ValueError("resume=True needs the checkpoint_dir to resume from.")
     check_run_inputs(data)
     if jax.process_count() == 1:
         # The algorithm's trace-time checks (the model against the data) then see the data's
         # values: labels outside the model's classes are refused before anything compiles.
         jax.eval_shape(lambda k: algorithm.init(k, data), key)
-    wall = time.perf_counter()
-    timer = _Timer()
-    copy_axes = _copy_axes(copies_axis)
-    if not isinstance(round_metrics, bool):
-        raise ValueError(f"round_metrics must be True or False; got {round_metrics!r}.")
-    every = (eval_every,)
-    checkpoints = None
-    if checkpoint_dir is not None:
-        checkpoint_every = checkpoint_every or eval_every
-        every = (eval_every, checkpoint_every)
-        checkpoints = RunCheckpoints(checkpoint_dir)
-    if mesh is not None:
-        data = parallel.place_inputs(data, mesh, data_copies_axis)
-    plan = plan_record(data)  # what of the plan checkpoints record (and a resume keeps)
-    if timing is not None:
-        timing["client_chunk"] = plan["client_chunk"]
-    evaluate = timer.evaluation(evaluate or default_evaluate(algorithm, data))
-    key_init, key_rounds = jax.random.split(key)
-    on_rows = on_rows or (lambda rows: None)
-
-    restored = None
-    last_saved = None
-    if checkpoints is not None:
-        try:
-            restored = _resume(checkpoints, resume, rounds, algorithm, key, key_init, data, mesh)
-        except BaseException:
-            checkpoints.close()
-            raise
-    saved_metrics = saved_form = None
-    if restored is not None:
-        state, history, done, saved_metrics, saved_form = restored
-        last_saved = done
-        if round_metrics and saved_metrics is None:
-            checkpoints.close()
-            raise ValueError(
-                f"cannot resume with round_metrics=True: the checkpoint of round {done} in "
-                f"{checkpoints.directory} was written without its round metrics; resume "
-                "without round_metrics or start the run again in another directory.")
-    else:
-        state = timer.compiled_call(jax.jit(algorithm.init), key_init, data)
-        if mesh is not None:
-            state = parallel.shard_state(state, algorithm.client_axes(state), mesh)
-        history, done = None, 0
-    # The round metrics history rows carry, from the first chunk's lowering (which its
-    # compilation then reuses: the round is traced once).
-    copies = _copies_shape(state, copy_axes)
-    logged = {}
-    kernel = None
-    if done < rounds:
-        length = _next_boundary(done, rounds, every) - done
-        # The kernel forms of the chunks: forced, stored or timed now (a resumed run
-        # takes its checkpoint's, so it continues bit for bit).
-        data, kernel = timer.plan(algorithm, state, data, key_rounds, done, length,
-                                  forced=saved_form)
-        if timing is not None:
-            timing["kernel_form"] = None if kernel is None else kernel.record()
-        first = timer.lower(algorithm, state, data, key_rounds, done, length)
-        logged = _logged_round_metrics(first.out_info[1], copies)
-    elif saved_metrics is not None:
-        logged = {name: np.shape(values)[1:] for name, values in saved_metrics.items()}
-    if history is None:
-        # Round 0 carries every logged round metric as NaN (no round has run), so the
-        # history's columns are fixed from its first row (metrics.csv writes them then).
-        unrun = {name: np.full(shape, np.nan) if shape else float("nan")
-                 for name, shape in logged.items()}
-        history = [{"round": 0, **unrun, **_on_host(evaluate(state))}]
-    start_round = done
-    watch = _Watch(copies, history[0])
-    # Only columns the history already has (a run resumed from an older version's
-    # checkpoint keeps its metrics.csv columns).
-    logged_names = tuple(name for name in logged if name in history[0])
-    kept = _RoundMetrics(logged_names, saved_metrics) if round_metrics else None
-
-    def diverged(found, rows):
-        return Diverged(*found, history=list(rows), checkpoint_round=last_saved,
-                        checkpoint_dir=None if checkpoints is None else checkpoints.directory,
-                        round_metrics=None if kept is None else kept.stacked(logged))
-
-    def record_timing():
-        if timing is not None:
-            timing.update(
-                rounds_run=done - start_round, start_round=start_round,
-                compile_seconds=timer.compile_seconds,
-                run_seconds=max(time.perf_counter() - wall - timer.compile_seconds, 0.0),
-                evaluate_seconds=timer.evaluate_seconds,
-            )
-
+    rounds_run = _Rounds(algorithm, key, rounds, eval_every, execution)
     try:
-        if done == 0 and (found := watch.check(state, {}, None, 0, 0)) is not None:
-            raise diverged(found, history)
-        on_rows(list(history))
-        with Progress(rounds, initial=done, description=description, unit="round",
-                      enabled=progress, summary=progress_summary) as bar:
+        rounds_run.place(data, evaluate)
+        rounds_run.resume()
+        rounds_run.start()
+        rounds_run.scan()
+    finally:
+        rounds_run.close()
+    return rounds_run.result()
+
+
+class _Rounds:
+    """One call of `run`, as its steps: place, resume, start, scan (each chunk watched and
+    recorded), close.
+
+    What the steps share: the placed data, the state and the rounds done, the history,
+    the timer, the checkpoints, the plan and the kernel form of the chunks.
+    """
+
+    def __init__(self, algorithm, key, rounds, eval_every, execution):
+        self.algorithm, self.key, self.rounds = algorithm, key, rounds
+        self.eval_every, self.execution = eval_every, execution
+        self.wall, self.timer = time.perf_counter(), _Timer()
+        saved = execution.checkpoints
+        self.checkpoint_every = None if saved is None else saved.every or eval_every
+        self.every = (eval_every,) if saved is None else (eval_every, self.checkpoint_every)
+        self.checkpoints = None  # RunCheckpoints, once `resume` opens them
+        self.timing = execution.timing if execution.timing is not None else {}
+        self.key_init, self.key_rounds = jax.random.split(key)
+        self.on_rows = execution.on_rows or (lambda rows: None)
+        self.state = self.history = self.kept = None
+        self.done = self.start_round = 0
+        self.last_saved = self.saved_metrics = self.saved_form = self.kernel = None
+        self.logged: dict = {}
+        self.logged_names: tuple = ()
+
+    # ---- place: the data on the devices, its plan recorded, the evaluation
+
+    def place(self, data, evaluate) -> None:
+        mesh = self.execution.mesh
+        if mesh is not None:
+            data = parallel.place_inputs(data, mesh, self.execution.data_copies)
+        self.data = data
+        self.plan = plan_record(data)  # what of the plan checkpoints record (and a resume keeps)
+        self.timing["client_chunk"] = self.plan["client_chunk"]
+        self.evaluate = self.timer.evaluation(evaluate or default_evaluate(self.algorithm, data))
+
+    # ---- resume: the newest intact checkpoint's state and history, or round 0's state
+
+    def resume(self) -> None:
+        algorithm, execution = self.algorithm, self.execution
+        restored = None
+        if execution.checkpoints is not None:
+            self.checkpoints = RunCheckpoints(execution.checkpoints.directory)
+            restored = _resume(self.checkpoints, execution.resume, self.rounds, algorithm,
+                               self.key, self.key_init, self.data, execution.mesh)
+        if restored is not None:
+            self.state, self.history, self.done, self.saved_metrics, self.saved_form = restored
+            self.last_saved = self.done
+            if execution.round_metrics and self.saved_metrics is None:
+                raise ValueError(
+                    f"cannot resume with round_metrics=True: the checkpoint of round "
+                    f"{self.done} in {self.checkpoints.directory} was written without its "
+                    "round metrics; resume without round_metrics or start the run again in "
+                    "another directory.")
+            return
+        self.state = self.timer.compiled_call(jax.jit(algorithm.init), self.key_init, self.data)
+        if execution.mesh is not None:
+            self.state = parallel.shard_state(self.state, algorithm.client_axes(self.state),
+                                              execution.mesh)
+
+    # ---- start: the chunks' kernel form and first program; the round-0 row
+
+    def start(self) -> None:
+        """The kernel form of the chunks (forced, stored or timed now: a resumed run takes
+        its checkpoint's, so it continues bit for bit) and the round metrics history rows
+        carry, from the first chunk's lowering (which its compilation then reuses: the round
+        is traced once); then the round-0 row, whose columns fix the history's."""
+        copies = _copies_shape(self.state, self.execution.copies)
+        if self.done < self.rounds:
+            length = _next_boundary(self.done, self.rounds, self.every) - self.done
+            self.data, self.kernel = self.timer.plan(
+                self.algorithm, self.state, self.data, self.key_rounds, self.done, length,
+                forced=self.saved_form)
+            self.timing["kernel_form"] = None if self.kernel is None else self.kernel.record()
+            first = self.timer.lower(self.algorithm, self.state, self.data, self.key_rounds,
+                                     self.done, length)
+            self.logged = _logged_round_metrics(first.out_info[1], copies)
+        elif self.saved_metrics is not None:
+            self.logged = {name: np.shape(v)[1:] for name, v in self.saved_metrics.items()}
+        if self.history is None:
+            # Round 0 carries every logged round metric as NaN (no round has run), so the
+            # history's columns are fixed from its first row (metrics.csv writes them then).
+            unrun = {name: np.full(shape, np.nan) if shape else float("nan")
+                     for name, shape in self.logged.items()}
+            self.history = [{"round": 0, **unrun, **_on_host(self.evaluate(self.state))}]
+        self.start_round = self.done
+        self.watch = _Watch(copies, self.history[0])
+        # Only columns the history already has (a run resumed from an older version's
+        # checkpoint keeps its metrics.csv columns).
+        self.logged_names = tuple(name for name in self.logged if name in self.history[0])
+        if self.execution.round_metrics:
+            self.kept = _RoundMetrics(self.logged_names, self.saved_metrics)
+
+    # ---- scan: chunks of rounds, each watched and recorded
+
+    def scan(self) -> None:
+        """Every chunk of rounds, dispatched one ahead: once a chunk's state is known to be
+        healthy (`watched`), the next chunk runs while the host records this one."""
+        if self.done == 0 and (found := self.watch.check(self.state, {}, None, 0, 0)) is not None:
+            raise self.diverged(found)
+        self.on_rows(list(self.history))
+        execution, timer = self.execution, self.timer
+        with Progress(self.rounds, initial=self.done, description=execution.description,
+                      unit="round", enabled=execution.progress,
+                      summary=execution.progress_summary,
+                      # the ETA and rate leave out compiling (the first chunk's, mostly)
+                      clock=lambda: time.perf_counter() - timer.compile_seconds) as bar:
+            shown = _Shown(self.logged_names)
             ahead = None  # the next chunk, dispatched before the host's work on this one
-            while done < rounds:
-                end = _next_boundary(done, rounds, every)
+            while self.done < self.rounds:
+                end = _next_boundary(self.done, self.rounds, self.every)
                 if ahead is None:
-                    ahead = timer.scan(algorithm, state, data, key_rounds, done, end - done)
-                state, metrics = ahead
+                    ahead = self.chunk(self.state, self.done, end)
+                self.state, metrics = ahead
+                row = self.watched(metrics, end)
+                saving = self.checkpoints is not None and end % self.checkpoint_every == 0
                 ahead = None
-                evaluated = end % eval_every == 0 or end == rounds
-                # What the host reads of the chunk, in one program and one transfer.
-                last, *finite = jax.tree.map(parallel.to_host, _chunk_summary(
-                    metrics, jax.tree.leaves(state), logged_names if evaluated else (),
-                    watch.lead))
-                row = None
-                if evaluated:
-                    last = {name: _row_value(value) for name, value in last.items()}
-                    # On the host now: an evaluation may hand back a leaf of the state,
-                    # which the next chunk donates.
-                    row = {"round": end, **last, **_on_host(evaluate(state))}
-                if (found := watch.check(state, metrics, row, done, end, finite)) is not None:
-                    raise diverged(found, history)
-                saving = checkpoints is not None and end % checkpoint_every == 0
-                if end < rounds:
+                if end < self.rounds:
                     # The state is healthy: the next chunk runs while the host writes this
                     # one's rows, progress and checkpoint. It donates its input, so the
                     # input and output states never coexist; when this state is still to
                     # be saved, it gets a copy (the save reads this one).
-                    after = _next_boundary(end, rounds, every)
-                    ahead = timer.scan(algorithm, _fresh_copy(state) if saving else state,
-                                       data, key_rounds, end, after - end)
-                if kept is not None:
-                    kept.add(metrics)
-                if row is not None:
-                    history.append(row)
-                    on_rows([row])
-                bar.advance(end - done, postfix=row)
-                done = end
-                if saving:
-                    # Saving fsyncs the rows appended so far first, and writes in the
-                    # background; the last save is complete once `close` returns.
-                    checkpoints.save(done, state, key, history,
-                                     kernel_form=None if kernel is None else kernel.form,
-                                     plan=plan,
-                                     round_metrics=None
-                                     if kept is None else kept.stacked(logged))
-                    last_saved = done
-    finally:
-        record_timing()
+                    after = _next_boundary(end, self.rounds, self.every)
+                    ahead = self.chunk(_fresh_copy(self.state) if saving else self.state,
+                                       end, after)
+                self.record(metrics, row, end, saving, bar, shown)
+
+    def chunk(self, state, start: int, end: int):
+        """Rounds start + 1, ..., end dispatched (not waited for); `state` is donated."""
+        return self.timer.scan(self.algorithm, state, self.data, self.key_rounds, start,
+                               end - start)
+
+    # ---- watch: the chunk read on the host, checked for divergence
+
+    def watched(self, metrics, end: int) -> dict | None:
+        """The chunk's history row (None when `end` is not evaluated), after checking its
+        round metrics, row and state for NaN or inf (`Diverged`)."""
+        evaluated = end % self.eval_every == 0 or end == self.rounds
+        # What the host reads of the chunk, in one program and one transfer.
+        last, *finite = jax.tree.map(parallel.to_host, _chunk_summary(
+            metrics, jax.tree.leaves(self.state), self.logged_names if evaluated else (),
+            self.watch.lead))
+        row = None
+        if evaluated:
+            last = {name: _row_value(value) for name, value in last.items()}
+            # On the host now: an evaluation may hand back a leaf of the state, which the
+            # next chunk donates.
+            row = {"round": end, **last, **_on_host(self.evaluate(self.state))}
+        found = self.watch.check(self.state, metrics, row, self.done, end, finite)
+        if found is not None:
+            raise self.diverged(found)
+        return row
+
+    def diverged(self, found) -> Diverged:
+        checkpoints = self.checkpoints
+        return Diverged(*found, history=list(self.history), checkpoint_round=self.last_saved,
+                        checkpoint_dir=None if checkpoints is None else checkpoints.directory,
+                        round_metrics=None if self.kept is None
+                        else self.kept.stacked(self.logged))
+
+    # ---- record: the chunk's rows, progress and checkpoint
+
+    def record(self, metrics, row, end: int, saving: bool, bar, shown) -> None:
+        if self.kept is not None:
+            self.kept.add(metrics)
+        if row is not None:
+            self.history.append(row)
+            self.on_rows([row])
+        bar.advance(end - self.done, postfix=shown(row))
+        self.done = end
+        if saving:
+            # Saving fsyncs the rows appended so far first, and writes in the background;
+            # the last save is complete once `close` returns.
+            self.checkpoints.save(
+                end, self.state, self.key, self.history,
+                kernel_form=None if self.kernel is None else self.kernel.form, plan=self.plan,
+                round_metrics=None if self.kept is None else self.kept.stacked(self.logged))
+            self.last_saved = end
+
+    def close(self) -> None:
+        """The timing filled in, the appended rows fsynced, the last checkpoint complete."""
+        timer = self.timer
+        self.timing.update(
+            rounds_run=self.done - self.start_round, start_round=self.start_round,
+            compile_seconds=timer.compile_seconds,
+            run_seconds=max(time.perf_counter() - self.wall - timer.compile_seconds, 0.0),
+            evaluate_seconds=timer.evaluate_seconds)
         try:
             sync_appended()  # metrics.csv rows appended since the last checkpoint
         finally:
-            if checkpoints is not None:
-                checkpoints.close()
-    if kept is not None:
-        return state, history, kept.stacked(logged)
-    return state, history
+            if self.checkpoints is not None:
+                self.checkpoints.close()
+
+    def result(self):
+        if self.kept is not None:
+            return self.state, self.history, self.kept.stacked(self.logged)
+        return self.state, self.history
 
 
-__all__ = ["Diverged", "default_evaluate", "run", "scan_rounds"]
+class _Shown:
+    """What a progress line shows of a history row: all of it but the round counters
+    that have said nothing yet.
+
+    A counter is a round metric whose values are whole numbers (e.g. IFCA's
+    `frozen_clients`, `downlink_floats`; a cohort's `participants`). At the defaults
+    most never move (no communication reduction: 0 frozen clients and the full
+    downlink every round), so a counter is shown once it takes a second value, and
+    from then on; metrics.csv has every value either way.
+    """
+
+    def __init__(self, round_metrics: tuple[str, ...]):
+        self.counters = set(round_metrics)
+        self.first: dict = {}
+
+    def __call__(self, row: dict | None) -> dict | None:
+        if row is None:
+            return None
+        out = {}
+        for name, value in row.items():
+            if name in self.counters:
+                array = np.asarray(value, np.float64)
+                whole = bool(np.isfinite(array).all() and (array == np.round(array)).all())
+                first = self.first.setdefault(name, array)
+                if whole and array.shape == first.shape and (array == first).all():
+                    continue
+                self.counters.discard(name)  # it has moved (or is no counter): shown
+            out[name] = value
+        return out
+
+
+__all__ = ["Checkpoints", "Diverged", "Execution", "default_evaluate", "run", "scan_rounds"]

@@ -25,6 +25,7 @@ SCRIPT = textwrap.dedent(
     import json, re
     import jax, numpy as np
     from fedjax_sim import parallel, simulate
+    from fedjax_sim.execution import Execution
     from federations import eight_clients, evaluate_as_run
     from fedjax_sim.algorithms import ifca, sgd
     from fedjax_sim.execution import planned
@@ -59,7 +60,7 @@ SCRIPT = textwrap.dedent(
             run_mesh = None if devices == 1 else mesh
             state, history = simulate.run(
                 algorithm, chunked, jax.random.key(7), rounds=5, eval_every=5,
-                progress=False, mesh=run_mesh,
+                execution=Execution(progress=False, mesh=run_mesh),
             )
             ev = evaluate_as_run(algorithm, state, chunked, run_mesh)
             out["runs"][f"{name}/{devices}/{chunk}"] = {

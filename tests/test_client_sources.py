@@ -41,7 +41,7 @@ from fedjax_sim.data.images import (
     rotated_views,
     rotation_maps,
 )
-from fedjax_sim.execution import planned
+from fedjax_sim.execution import Execution, planned
 from fedjax_sim.experiments import ifca_synthetic
 from fedjax_sim.experiments.ifca_synthetic.common import build_algorithm, metrics_fn
 from fedjax_sim.models.core import from_flax, linear_regression
@@ -200,12 +200,13 @@ def compare_rounds(devices: int) -> dict[str, float]:
         seeded = {}
         if kind == "seeds":
             algorithm = with_seeds(algorithm, 2)
-            seeded = {"copies_axis": True, "data_copies_axis": 1}
+            seeded = {"copies": 1, "data_copies": 1}
         results = []
         for clients in data[kind]:
             clients = planned(clients, client_chunk=chunk)
             state, history = simulate.run(algorithm, clients, jax.random.key(3), rounds=2,
-                                          eval_every=2, progress=False, mesh=mesh, **seeded)
+                                          eval_every=2, execution=Execution(
+                                              progress=False, mesh=mesh, **seeded))
             # Every client's evaluation. On 1 device through the program run compiled
             # (no new compile); on a mesh op by op, the state sharded as run left it.
             evaluated = (algorithm.evaluate(state, clients) if mesh is not None
@@ -429,7 +430,7 @@ def test_ifca_round_over_generated_equals_copies(chunk):
     generated = generated_mixture(key, m=40, **SIZES)
     algorithm = ALGORITHMS["ifca"](linear_regression(10), sgd(0.1), num_clusters=4)
     out = [simulate.run(algorithm, planned(data, client_chunk=chunk), jax.random.key(1),
-                        rounds=3, eval_every=3, progress=False)
+                        rounds=3, eval_every=3, execution=Execution(progress=False))
            for data in (stored.train, generated.train)]
     (state_a, hist_a), (state_b, hist_b) = out
     # Unchunked: bit for bit. Chunked, the rows drawn inside the chunk's program let XLA
@@ -494,8 +495,8 @@ def test_ifca_without_assignments_trains_the_same(chunk):
     for keep in (True, False):
         runs.append(simulate.run(algorithm, planned(data, client_chunk=chunk,
                                                     keep_client_state=keep),
-                                 jax.random.key(1), rounds=3, eval_every=1, progress=False,
-                                 round_metrics=True))
+                                 jax.random.key(1), rounds=3, eval_every=1,
+                                 execution=Execution(progress=False, round_metrics=True)))
     (kept, hist_a, metrics_a), (none, hist_b, metrics_b) = runs
     assert none.assignment is None and none.stable is None and kept.assignment.shape == (40,)
     np.testing.assert_array_equal(kept.cluster_params, none.cluster_params)
@@ -509,6 +510,12 @@ def test_ifca_without_assignments_trains_the_same(chunk):
                            participation=0.5).init(key, planned(data, keep_client_state=False))
 
 
+def _in_chunks_of(problem, chunk: int):
+    """The problem with its training clients planned `chunk` at a time (as the executor
+    plans them): the metrics evaluate them chunk by chunk."""
+    return problem._replace(train=planned(problem.train, client_chunk=chunk))
+
+
 @pytest.mark.parametrize("name", ["ifca", "hypcluster"])
 def test_chunked_metrics_equal_whole(name):
     # Evaluated 7 clients at a time and summed on the host (HypCluster's state holds each
@@ -519,9 +526,9 @@ def test_chunked_metrics_equal_whole(name):
                                 n_test=3)
     algorithm = with_restarts(build_algorithm(name, s), 3)
     state, _ = simulate.run(algorithm, problem.train, jax.random.key(1), rounds=2,
-                            progress=False, copies_axis=True)
+                            execution=Execution(progress=False, copies=1))
     whole = metrics_fn(name, algorithm, problem, 4)(state)
-    chunked = metrics_fn(name, algorithm, problem, 4, client_chunk=7)(state)
+    chunked = metrics_fn(name, algorithm, _in_chunks_of(problem, 7), 4)(state)
     assert whole.keys() == chunked.keys()
     for metric, value in whole.items():
         if metric.endswith("loss"):  # float64 sums in another order
@@ -542,9 +549,10 @@ def test_a_long_chunked_evaluation_reports_its_chunks(capsys, monkeypatch):
     algorithm = with_restarts(build_algorithm("ifca", s), 2)
     state = jax.jit(algorithm.init)(jax.random.key(1), problem.train)
     monkeypatch.setattr(logs, "_PROGRESS_EVERY", 0.0)  # every pass counts as long
-    quiet = metrics_fn("ifca", algorithm, problem, 4, client_chunk=7)(state)
+    chunked = _in_chunks_of(problem, 7)
+    quiet = metrics_fn("ifca", algorithm, chunked, 4)(state)
     assert capsys.readouterr().err == ""
-    shown = metrics_fn("ifca", algorithm, problem, 4, client_chunk=7, progress=True,
+    shown = metrics_fn("ifca", algorithm, chunked, 4, progress=True,
                        description="ifca-synthetic")(state)
     lines = capsys.readouterr().err.splitlines()
     # 6 chunks a pass: the line starts after the first chunk, then one per chunk.
@@ -554,15 +562,14 @@ def test_a_long_chunked_evaluation_reports_its_chunks(capsys, monkeypatch):
     for metric, value in quiet.items():
         np.testing.assert_array_equal(shown[metric], value, err_msg=metric)
     monkeypatch.setattr(logs, "_PROGRESS_EVERY", 3600.0)
-    metrics_fn("ifca", algorithm, problem, 4, client_chunk=7, progress=True)(state)
+    metrics_fn("ifca", algorithm, chunked, 4, progress=True)(state)
     assert capsys.readouterr().err == ""
 
 
 def test_a_run_reports_its_long_chunked_evaluations(tmp_path, capsys, monkeypatch):
     """`fedjax-sim run` passes its progress to the chunked evaluation: a 10⁸-client run
     otherwise printed nothing for the first hour (its round-0 evaluation)."""
-    monkeypatch.setattr(ifca_synthetic.RUN.__class__, "client_chunk",
-                        lambda self, s, copies, algorithm=None, command="run": 7)
+    monkeypatch.setattr(memory, "plan_client_chunk", lambda footprint, budget_bytes=0.0: 7)
     monkeypatch.setattr(logs, "_PROGRESS_EVERY", 10.0)  # set back after the CLI sets it
     small = ["rounds=2", "restarts=2", "eval_every=2", "checkpoint_every=0", "clients=generated"]
     for shown in (True, False):
@@ -587,8 +594,8 @@ def _metrics(path):
 @pytest.mark.parametrize("chunk", ["planned", 7])
 def test_run_with_generated_clients_equals_copies(tmp_path, monkeypatch, chunk):
     if chunk != "planned":  # force one chunk on both (else copies and generated may differ)
-        monkeypatch.setattr(ifca_synthetic.RUN.__class__, "client_chunk",
-                            lambda self, s, copies, algorithm=None, command="run": chunk)
+        monkeypatch.setattr(memory, "plan_client_chunk",
+                            lambda footprint, budget_bytes=0.0: chunk)
     small = ["rounds=6", "restarts=2", "eval_every=3", "checkpoint_every=0"]
     runs = {}
     for clients in ("copies", "generated"):
@@ -609,11 +616,16 @@ def test_run_with_generated_clients_equals_copies(tmp_path, monkeypatch, chunk):
                 assert a[column] == b[column], (column, a, b)
 
 
+def _planned(s: dict, copies: int):
+    """The executor's chunk for a synthetic run of `copies` restarts (no budget)."""
+    return Execution().client_chunk(ifca_synthetic.RUN.footprint_of(s, copies=copies))
+
+
 def test_generated_clients_plan_a_chunk_and_store_nothing():
     s = {**ifca_synthetic.RUN.defaults(), "m": 10**8, "n": 10, "d": 10, "k": 4,
          "clients": "generated"}
     ifca_synthetic.RUN.validate(s, "run")
-    chunk = ifca_synthetic.RUN.client_chunk(s, copies=s["restarts"])
+    chunk = _planned(s, s["restarts"])
     # O(chunk) rows: the chunk's working memory within GENERATED_WORK_BYTES
     per_client = s["restarts"] * memory.estimate_bytes_per_client(
         linear_regression(10), linear_mixture(jax.random.key(0), m=4, n=10, d=10, k=4,
@@ -621,7 +633,7 @@ def test_generated_clients_plan_a_chunk_and_store_nothing():
         num_clusters=4)
     assert 1 <= chunk and chunk * per_client <= memory.GENERATED_WORK_BYTES
     small = {**s, "m": 20}
-    assert ifca_synthetic.RUN.client_chunk(small, copies=2) is None  # all 20 fit at once
+    assert _planned(small, 2) is None  # all 20 fit at once
 
 
 def test_copies_past_the_machine_suggest_generated_clients():

@@ -15,6 +15,7 @@ from fedjax_sim import simulate
 from fedjax_sim.algorithms import ifca, sgd
 from fedjax_sim.checkpoint import RunCheckpoints
 from fedjax_sim.data import linear_mixture
+from fedjax_sim.execution import Checkpoints, Execution
 from fedjax_sim.models import linear_regression
 
 
@@ -55,8 +56,9 @@ def test_run_with_donated_chunks_equals_one_scan_and_keeps_what_the_host_reads(
         return {"leaf": leaf}
 
     state, history = simulate.run(algorithm, data, key, rounds=12, eval_every=2,
-                                  checkpoint_every=4, evaluate=evaluate, progress=False,
-                                  checkpoint_dir=tmp_path / "ckpt")
+                                  evaluate=evaluate, execution=Execution(
+                                      progress=False,
+                                      checkpoints=Checkpoints(tmp_path / "ckpt", every=4)))
     for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     np.testing.assert_array_equal(history[-1]["leaf"],

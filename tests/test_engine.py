@@ -42,7 +42,7 @@ from fedjax_sim import (
 )
 from fedjax_sim.algorithms import sgd, with_initial_params, with_weight_sharing
 from fedjax_sim.algorithms.base import broadcast_to_clients
-from fedjax_sim.execution import planned
+from fedjax_sim.execution import Execution, planned
 from fedjax_sim.metrics import summarize_clients
 from fedjax_sim.models import Model, client_loss, combine, squared_error
 from fedjax_sim.ops import cohort_sums, local_update, put, sample_cohort, take
@@ -419,7 +419,8 @@ SHARDED_SCRIPT = textwrap.dedent(
         chunked = planned(inputs, client_chunk=chunk)
         for name, m in (("one", None), ("four", mesh)):
             state, history = simulate.run(algorithm, chunked, jax.random.key(3), rounds=3,
-                                          eval_every=3, progress=False, mesh=m)
+                                          eval_every=3,
+                                          execution=Execution(progress=False, mesh=m))
             out["runs"][f"{cohort}/{chunk}/{name}"] = {
                 "params": {k: np.asarray(v).tolist() for k, v in state.params.items()},
                 "history": history,
@@ -662,7 +663,7 @@ def test_run_history_keeps_each_copys_round_metrics_with_columns_from_round_0(tm
                     for r in new for c in range(copies)])
 
     _, history = simulate.run(algorithm, data, jax.random.key(0), rounds=4, eval_every=2,
-                              progress=False, copies_axis=True, on_rows=on_rows)
+                              execution=Execution(progress=False, copies=1, on_rows=on_rows))
     assert [r["round"] for r in history] == [0, 2, 4] and rows == history
     assert np.isnan(history[0]["downlink_floats"]).all()
     for row in history[1:]:
@@ -834,5 +835,6 @@ def test_scan_rounds_traces_once(garbage_ragged):
     assert not np.allclose(first.cluster_params, second.cluster_params)
     # simulate.run compiles one chunk length once, however many chunks it runs.
     traces.clear()
-    simulate.run(algorithm, data, jax.random.key(3), rounds=9, eval_every=3, progress=False)
+    simulate.run(algorithm, data, jax.random.key(3), rounds=9, eval_every=3,
+                 execution=Execution(progress=False))
     assert len(traces) == 1

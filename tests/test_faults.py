@@ -26,6 +26,7 @@ import pytest
 from fedjax_sim import cli, metrics, simulate
 from fedjax_sim.algorithms import fedavg, sgd
 from fedjax_sim.data import FederatedData, linear_mixture, tfds_local
+from fedjax_sim.execution import Execution
 from fedjax_sim.models.zoo import mlp_classifier
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -224,7 +225,7 @@ def test_mlp_classifier_names_a_bad_size(args, named):
 
 def _run(model, data):
     return simulate.run(fedavg(model, sgd(0.1)), data, jax.random.key(0), rounds=2,
-                        progress=False)
+                        execution=Execution(progress=False))
 
 
 def _features(m=4, n=5, d=8, seed=0):

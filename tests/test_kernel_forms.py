@@ -15,7 +15,7 @@ import pytest
 from fedjax_sim import backend, simulate, tuning
 from fedjax_sim.algorithms import fedavg, ifca, sgd, with_initial_params, with_restarts
 from fedjax_sim.data import FederatedData, linear_mixture
-from fedjax_sim.execution import plan_of, planned
+from fedjax_sim.execution import Checkpoints, Execution, plan_of, planned
 from fedjax_sim.models import linear_regression
 from fedjax_sim.ops import sample_cohort
 from fedjax_sim.ops.linear import DEFAULT_LINEAR_FORM, LINEAR_FORMS
@@ -103,7 +103,7 @@ def test_forced_forms_give_the_same_assignments_and_models(d, monkeypatch):
         monkeypatch.setenv(tuning.FORM_ENV, form)
         timing = {}
         out[form] = simulate.run(_ifca(d), data, jax.random.key(1), rounds=15, eval_every=15,
-                                 progress=False, timing=timing)[0]
+                                 execution=Execution(progress=False, timing=timing))[0]
         assert timing["kernel_form"] == {"form": form, "source": "forced"}
     base = out[DEFAULT_LINEAR_FORM]
     for form, state in out.items():
@@ -124,7 +124,7 @@ def _fake_times(winner, calls):
 
 def _run(data, timing, alg=None):
     return simulate.run(alg or _ifca(), data, jax.random.key(1), rounds=6, eval_every=3,
-                        progress=False, timing=timing)[0]
+                        execution=Execution(progress=False, timing=timing))[0]
 
 
 def test_a_timed_choice_is_stored_and_reused(store, monkeypatch):
@@ -198,8 +198,8 @@ def test_a_resumed_run_takes_its_checkpoints_form(tmp_path, monkeypatch):
         monkeypatch.setenv(tuning.FORM_ENV, form)
         timing = {}
         state, _ = simulate.run(_ifca(), data, jax.random.key(1), rounds=rounds, eval_every=2,
-                                progress=False, checkpoint_dir=where, resume=resume,
-                                timing=timing)
+                                execution=Execution(progress=False, checkpoints=Checkpoints(where),
+                                                    resume=resume, timing=timing))
         return state, timing["kernel_form"]
 
     whole, _ = run(8, tmp_path / "whole", "dot")

@@ -1,4 +1,4 @@
-"""The chunk sizes experiments choose through `fedjax_sim.memory`, pinned.
+"""The chunk sizes the executor plans for experiments' footprints (`fedjax_sim.memory`), pinned.
 
 Each expected chunk is computed here from the byte counts written out by hand
 (float32 data and linear models: 4 bytes a number) and also pinned as the
@@ -15,6 +15,7 @@ import pytest
 
 from fedjax_sim import memory
 from fedjax_sim.data import copy_at
+from fedjax_sim.execution import Execution
 from fedjax_sim.experiments import PRESETS, ifca_success, ifca_synthetic
 from fedjax_sim.experiments import ifca_images as images
 from fedjax_sim.experiments.ifca_synthetic import sweep as synthetic_sweep
@@ -63,6 +64,12 @@ def _synthetic_state(s: dict, copies: int, algorithm: str) -> int:
     return copies * (models + per_client + counters)
 
 
+def _planned(s: dict, copies: int, algorithm: str | None = None):
+    """The executor's chunk for a synthetic run of `copies` copies under memory_budget_gb."""
+    footprint = ifca_synthetic.RUN.footprint_of(s, copies=copies, algorithm=algorithm)
+    return Execution(memory_budget=s["memory_budget_gb"] * 2**30).client_chunk(footprint)
+
+
 def _synthetic_chunk(s: dict, copies: int, per_client_models: bool, local_training: bool,
                      algorithm: str):
     m = s["m"]
@@ -88,7 +95,7 @@ SYNTHETIC = [  # (settings, copies, algorithm, the chunk chosen before the move)
 @pytest.mark.parametrize("over,copies,algorithm,pinned", SYNTHETIC)
 def test_synthetic_client_chunk(over, copies, algorithm, pinned):
     s = {**ifca_synthetic.RUN.defaults(), **over, "algorithm": algorithm}
-    got = ifca_synthetic.RUN.client_chunk(s, copies=copies, algorithm=algorithm)
+    got = _planned(s, copies, algorithm)
     assert got == pinned
     if s["memory_budget_gb"]:
         local = not (algorithm == "ifca" and s["option"] == "gradient")
@@ -100,7 +107,7 @@ def test_synthetic_refuses_what_the_machine_cannot_hold():
     s = {**ifca_synthetic.RUN.defaults(), "m": 10**6}
     with pytest.raises(ValueError, match=r"needs about .* \(m=1000000, n=100, n_test=100, "
                        r"d=1000, 10 copies: restarts × seeds\), more than this machine's"):
-        ifca_synthetic.RUN.client_chunk(s, copies=10)
+        _planned(s, 10)
 
 
 ISSUE_SHAPE = {"n": 10, "d": 10, "k": 4}  # issue 20's runs; 10 restarts, n_test = 100
@@ -112,7 +119,7 @@ def test_generated_plan_counts_restarts_and_the_test_evaluation():
     round_ = 4 * n * d + 4 * n + 2 * k * 4 * n  # rows, k predictions and their VJP: 760 B
     test_eval = 4 * nt * d + 4 * nt + k * 4 * nt  # 100 test rows, k predictions: 6000 B
     chunk = _chunk(10**8, restarts * max(round_, test_eval), memory.GENERATED_WORK_BYTES)
-    assert ifca_synthetic.RUN.client_chunk(s, copies=restarts) == chunk == 17893
+    assert _planned(s, restarts) == chunk == 17893
 
 
 def test_generated_plan_counts_per_client_state(monkeypatch):
@@ -126,8 +133,8 @@ def test_generated_plan_counts_per_client_state(monkeypatch):
     assert peak > 0.8 * 24 * 2**30
     with pytest.raises(ValueError, match=rf"needs about {peak / 2**30:.3g} GiB \(m=200000000, "
                        r"n=10, n_test=100, d=10, 10 copies: restarts × seeds, generated "):
-        ifca_synthetic.RUN.client_chunk({**s, "m": 2 * 10**8}, copies=10)
-    assert ifca_synthetic.RUN.client_chunk({**s, "m": 10**8}, copies=10) == 17893
+        _planned({**s, "m": 2 * 10**8}, 10)
+    assert _planned({**s, "m": 10**8}, 10) == 17893
 
 
 def test_copies_plan_counts_building_the_data(monkeypatch):
@@ -213,7 +220,8 @@ def test_images_client_chunk(digits, monkeypatch, name, gb, seeds, on_cpu, on_ac
     s = {**s, "memory_budget_gb": gb, "seeds": seeds}
     model = problem["models"][SPLIT_MODEL in images.DIGITS.method_table[name].needs]
     monkeypatch.setattr(jax, "default_backend", lambda: backend)  # only the chunk rule reads it
-    got = images.DIGITS.client_chunk(s, problem, model, name)
+    got = Execution(memory_budget=gb * 2**30).client_chunk(
+        images.DIGITS.footprint(name, s, problem))
     assert got == (on_cpu if backend == "cpu" else on_accelerator)
     # By hand: one seed's clients; the model's own params and activations are measured.
     train = copy_at(problem["train"], 0)

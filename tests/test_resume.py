@@ -27,7 +27,7 @@ from fedjax_sim import cli, experiments, simulate
 from fedjax_sim.algorithms import Algorithm, ifca, sgd, with_restarts
 from fedjax_sim.checkpoint import RunCheckpoints
 from fedjax_sim.data import linear_mixture
-from fedjax_sim.execution import planned
+from fedjax_sim.execution import Checkpoints, Execution, planned
 from fedjax_sim.experiments import ifca_synthetic, runner
 from fedjax_sim.io import write_json
 from fedjax_sim.models import linear_regression
@@ -84,29 +84,34 @@ def test_resume_keeps_the_history_columns_of_the_checkpointed_run(tmp_path, smal
     older version) keeps the checkpointed history's columns, so its metrics.csv takes
     the new rows."""
     algorithm, data, metrics = small_ifca
-    kw = dict(eval_every=5, evaluate=metrics, progress=False, copies_axis=True,
-              checkpoint_every=10, checkpoint_dir=tmp_path / "run")
-    simulate.run(algorithm, data, jax.random.key(1), rounds=10, **kw)
+    saved = Execution(progress=False, copies=1, checkpoints=Checkpoints(tmp_path / "run", 10))
+    kw = dict(eval_every=5, evaluate=metrics)
+    simulate.run(algorithm, data, jax.random.key(1), rounds=10, execution=saved, **kw)
 
     def round_with_extra(state, data, key):
         state, out = algorithm.round(state, data, key)
         return state, {**out, "extra": jnp.ones(np.shape(out["downlink_floats"]))}
 
     newer = algorithm._replace(round=round_with_extra)
-    _, history = simulate.run(newer, data, jax.random.key(1), rounds=20, resume=True, **kw)
+    _, history = simulate.run(newer, data, jax.random.key(1), rounds=20,
+                              execution=saved.replace(resume=True), **kw)
     assert [r["round"] for r in history] == [0, 5, 10, 15, 20]
     assert all(set(r) == set(history[0]) for r in history) and "extra" not in history[0]
     _, fresh = simulate.run(newer, data, jax.random.key(1), rounds=5, eval_every=5,
-                            evaluate=metrics, progress=False, copies_axis=True)
+                            evaluate=metrics, execution=Execution(progress=False, copies=1))
     assert np.isnan(fresh[0]["extra"]).all() and (fresh[1]["extra"] == 1).all()
 
 
 def test_simulate_resume_is_bitwise_identical(tmp_path, small_ifca):
     algorithm, data, metrics = small_ifca
-    kw = dict(rounds=40, eval_every=5, evaluate=metrics, progress=False, copies_axis=True,
-              checkpoint_every=10)
-    state, history = simulate.run(algorithm, data, jax.random.key(1),
-                                  checkpoint_dir=tmp_path / "whole", **kw)
+    kw = dict(rounds=40, eval_every=5, evaluate=metrics)
+
+    def saved(where, resume=False):
+        return Execution(progress=False, copies=1, resume=resume,
+                         checkpoints=Checkpoints(tmp_path / where, every=10))
+
+    state, history = simulate.run(algorithm, data, jax.random.key(1), execution=saved("whole"),
+                                  **kw)
 
     def killed_at_25(state):
         row = metrics(state)
@@ -115,19 +120,18 @@ def test_simulate_resume_is_bitwise_identical(tmp_path, small_ifca):
         return row
 
     with pytest.raises(_Killed):
-        simulate.run(algorithm, data, jax.random.key(1), checkpoint_dir=tmp_path / "killed",
+        simulate.run(algorithm, data, jax.random.key(1), execution=saved("killed"),
                      **{**kw, "evaluate": killed_at_25})
     with RunCheckpoints(tmp_path / "killed") as checkpoints:
         assert checkpoints.steps() == [10, 20]  # max_to_keep=2 of 10, 20
 
     # Without resume=True a directory holding checkpoints is refused.
     with pytest.raises(ValueError, match="already holds checkpoints"):
-        simulate.run(algorithm, data, jax.random.key(1), checkpoint_dir=tmp_path / "killed", **kw)
+        simulate.run(algorithm, data, jax.random.key(1), execution=saved("killed"), **kw)
     with pytest.raises(ValueError, match="another key"):
-        simulate.run(algorithm, data, jax.random.key(2), checkpoint_dir=tmp_path / "killed",
-                     resume=True, **kw)
+        simulate.run(algorithm, data, jax.random.key(2), execution=saved("killed", True), **kw)
     resumed_state, resumed = simulate.run(
-        algorithm, data, jax.random.key(1), checkpoint_dir=tmp_path / "killed", resume=True, **kw
+        algorithm, data, jax.random.key(1), execution=saved("killed", True), **kw
     )
     _assert_same_leaves(state, resumed_state)
     _assert_same_history(history, resumed)
@@ -149,10 +153,12 @@ def test_simulate_resume_is_bitwise_identical(tmp_path, small_ifca):
 
 def test_checkpoint_every_does_not_move_evaluations(tmp_path, small_ifca):
     algorithm, data, metrics = small_ifca
-    kw = dict(rounds=14, eval_every=4, evaluate=metrics, progress=False, copies_axis=True)
-    _, plain = simulate.run(algorithm, data, jax.random.key(1), **kw)
-    _, checkpointed = simulate.run(algorithm, data, jax.random.key(1), checkpoint_every=6,
-                                   checkpoint_dir=tmp_path / "c", **kw)
+    kw = dict(rounds=14, eval_every=4, evaluate=metrics)
+    plain_run = Execution(progress=False, copies=1)
+    _, plain = simulate.run(algorithm, data, jax.random.key(1), execution=plain_run, **kw)
+    _, checkpointed = simulate.run(algorithm, data, jax.random.key(1), **kw,
+                                   execution=plain_run.replace(
+                                       checkpoints=Checkpoints(tmp_path / "c", every=6)))
     assert [r["round"] for r in plain] == [r["round"] for r in checkpointed] == [
         0, 4, 8, 12, 14]
     for a, b in zip(plain, checkpointed, strict=True):
@@ -189,7 +195,7 @@ def test_divergence_names_the_round_and_metric(tmp_path, ragged):
     # 1e10^t overflows at t = 4; chunks of 3 rounds: the bad chunk is rounds 4-6.
     with pytest.raises(simulate.Diverged) as info:
         simulate.run(_blowup(1e10), ragged, jax.random.key(0), rounds=9, eval_every=3,
-                     progress=False, checkpoint_dir=tmp_path / "c", checkpoint_every=3)
+                     execution=Execution(progress=False, checkpoints=Checkpoints(tmp_path / "c")))
     err = info.value
     assert isinstance(err, RuntimeError)
     assert (err.round, err.metric, err.value) == (4, "train_loss", "inf")
@@ -207,17 +213,19 @@ def test_divergence_names_the_round_and_metric(tmp_path, ragged):
     # Before any checkpoint, and without checkpoints at all.
     with pytest.raises(simulate.Diverged, match="none written yet") as info:
         simulate.run(_blowup(1e20), ragged, jax.random.key(0), rounds=9, eval_every=3,
-                     progress=False, checkpoint_dir=tmp_path / "d", checkpoint_every=3)
+                     execution=Execution(progress=False, checkpoints=Checkpoints(tmp_path / "d")))
     assert (info.value.round, info.value.checkpoint_round) == (2, None)
     with pytest.raises(simulate.Diverged, match=r"^run diverged at round 2: train_loss is inf$"):
-        simulate.run(_blowup(1e20), ragged, jax.random.key(0), rounds=9, progress=False)
+        simulate.run(_blowup(1e20), ragged, jax.random.key(0), rounds=9,
+                     execution=Execution(progress=False))
 
 
 def test_a_run_with_copies_diverges_only_when_every_copy_has(ragged):
     def per_copy(state):
         return {"x": np.asarray(state.x)}
 
-    kw = dict(rounds=10, eval_every=5, evaluate=per_copy, progress=False, copies_axis=True)
+    kw = dict(rounds=10, eval_every=5, evaluate=per_copy,
+              execution=Execution(progress=False, copies=1))
     # Copies overflow at rounds 2, 4 and 8: the run diverges at 8, the last one.
     with pytest.raises(simulate.Diverged) as info:
         simulate.run(_blowup([1e20, 1e10, 1e5]), ragged, jax.random.key(0), **kw)
@@ -230,7 +238,7 @@ def test_a_run_with_copies_diverges_only_when_every_copy_has(ragged):
     # The same failures without the copies axis stop the run at the first copy.
     with pytest.raises(simulate.Diverged, match="round 2: train_loss is inf"):
         simulate.run(_blowup([1e20, 1.0]), ragged, jax.random.key(0),
-                     **{**kw, "copies_axis": False})
+                     **{**kw, "execution": Execution(progress=False)})
 
 
 # ----------------------------------------------------------------------------- the CLI

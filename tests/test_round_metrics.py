@@ -1,4 +1,5 @@
-"""simulate.run(round_metrics=True): every round's metrics across a resume; two copies axes."""
+"""simulate.run with Execution(round_metrics=True): every round's metrics across a resume;
+two copies axes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from fedjax_sim import simulate
 from fedjax_sim.algorithms import Algorithm, ifca, sgd, with_restarts, with_seeds
 from fedjax_sim.checkpoint import RunCheckpoints
 from fedjax_sim.data import FederatedData, linear_mixture
+from fedjax_sim.execution import Checkpoints, Execution
 from fedjax_sim.models import linear_regression
 
 
@@ -45,10 +47,14 @@ def _assert_identical(a: dict, b: dict):
 
 def test_resumed_run_returns_the_same_round_metrics_bytes(tmp_path, seeds_by_restarts):
     algorithm, data, metrics = seeds_by_restarts
-    kw = dict(rounds=20, eval_every=5, checkpoint_every=5, progress=False, copies_axis=2,
-              round_metrics=True)
+    kw = dict(rounds=20, eval_every=5)
+    plain = Execution(progress=False, copies=2, round_metrics=True)
+
+    def saved(where, resume=False):
+        return plain.replace(checkpoints=Checkpoints(tmp_path / where, every=5), resume=resume)
+
     state, history, every = simulate.run(algorithm, data, jax.random.key(1), evaluate=metrics,
-                                         checkpoint_dir=tmp_path / "whole", **kw)
+                                         execution=saved("whole"), **kw)
 
     def killed_at_15(state):
         if int(np.asarray(state.round).ravel()[0]) == 15:
@@ -57,12 +63,12 @@ def test_resumed_run_returns_the_same_round_metrics_bytes(tmp_path, seeds_by_res
 
     with pytest.raises(_Killed):
         simulate.run(algorithm, data, jax.random.key(1), evaluate=killed_at_15,
-                     checkpoint_dir=tmp_path / "killed", **kw)
+                     execution=saved("killed"), **kw)
     with RunCheckpoints(tmp_path / "killed") as checkpoints:
         assert checkpoints.steps() == [5, 10]
     resumed_state, resumed, resumed_every = simulate.run(
         algorithm, data, jax.random.key(1), evaluate=metrics,
-        checkpoint_dir=tmp_path / "killed", resume=True, **kw)
+        execution=saved("killed", resume=True), **kw)
     _assert_identical(every, resumed_every)
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(resumed_state), strict=True):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
@@ -74,30 +80,32 @@ def test_resumed_run_returns_the_same_round_metrics_bytes(tmp_path, seeds_by_res
             np.testing.assert_array_equal(row[name], values[row["round"] - 1])
     # An uninterrupted run without checkpoints returns the same arrays; without the
     # option, the old (state, history) pair.
-    _, _, plain = simulate.run(algorithm, data, jax.random.key(1), evaluate=metrics,
-                               **{**kw, "checkpoint_every": None})
-    _assert_identical(every, plain)
+    _, _, uninterrupted = simulate.run(algorithm, data, jax.random.key(1), evaluate=metrics,
+                                       execution=plain, **kw)
+    _assert_identical(every, uninterrupted)
     assert len(simulate.run(algorithm, data, jax.random.key(1), evaluate=metrics,
-                            **{**kw, "checkpoint_every": None, "round_metrics": False})) == 2
+                            execution=plain.replace(round_metrics=False), **kw)) == 2
 
 
 def test_resume_from_a_checkpoint_without_round_metrics_is_refused(tmp_path, seeds_by_restarts):
     algorithm, data, metrics = seeds_by_restarts
-    kw = dict(eval_every=5, progress=False, copies_axis=2, evaluate=metrics,
-              checkpoint_dir=tmp_path / "c")
-    simulate.run(algorithm, data, jax.random.key(1), rounds=5, **kw)
+    execution = Execution(progress=False, copies=2, checkpoints=Checkpoints(tmp_path / "c"))
+    kw = dict(eval_every=5, evaluate=metrics)
+    simulate.run(algorithm, data, jax.random.key(1), rounds=5, execution=execution, **kw)
     with pytest.raises(ValueError, match="round_metrics"):
-        simulate.run(algorithm, data, jax.random.key(1), rounds=10, resume=True,
-                     round_metrics=True, **kw)
+        simulate.run(algorithm, data, jax.random.key(1), rounds=10, **kw,
+                     execution=execution.replace(resume=True, round_metrics=True))
 
 
 def test_history_keeps_metrics_with_two_copies_axes(seeds_by_restarts):
-    """With copies_axis=2 a [seeds, restarts] round metric is a history column; with one
+    """With copies=2 a [seeds, restarts] round metric is a history column; with one
     copies axis it is not one number per copy, so it stays out (never guessed)."""
     algorithm, data, metrics = seeds_by_restarts
-    kw = dict(rounds=4, eval_every=2, progress=False, evaluate=metrics)
-    _, two = simulate.run(algorithm, data, jax.random.key(1), copies_axis=2, **kw)
-    _, one = simulate.run(algorithm, data, jax.random.key(1), copies_axis=1, **kw)
+    kw = dict(rounds=4, eval_every=2, evaluate=metrics)
+    _, two = simulate.run(algorithm, data, jax.random.key(1),
+                          execution=Execution(progress=False, copies=2), **kw)
+    _, one = simulate.run(algorithm, data, jax.random.key(1),
+                          execution=Execution(progress=False, copies=1), **kw)
     chunk = jax.eval_shape(lambda s: simulate.scan_rounds(algorithm, s, data, jax.random.key(0),
                                                           0, 2)[1],
                            jax.eval_shape(algorithm.init, jax.random.key(0), data))
@@ -108,8 +116,8 @@ def test_history_keeps_metrics_with_two_copies_axes(seeds_by_restarts):
     for name in per_copy:
         assert np.isnan(two[0][name]).all() and two[0][name].shape == (2, 3)
         assert np.isfinite(two[-1][name]).all()
-    with pytest.raises(ValueError, match="copies_axis"):
-        simulate.run(algorithm, data, jax.random.key(1), copies_axis=-1, **kw)
+    with pytest.raises(ValueError, match="copies must be the number of leading copies axes"):
+        Execution(copies=-1)
 
 
 class _Grow(NamedTuple):
@@ -130,20 +138,22 @@ def _grow(factor) -> Algorithm:
 
 def test_divergence_over_two_copies_axes_needs_every_copy():
     data = FederatedData.from_arrays(np.zeros((1, 1, 1), np.float32), np.zeros((1, 1), np.float32))
-    kw = dict(rounds=6, eval_every=3, progress=False, copies_axis=2, evaluate=lambda s: {})
+    execution = Execution(progress=False, copies=2)
+    kw = dict(rounds=6, eval_every=3, evaluate=lambda s: {})
     one_healthy = [[1e20, 1e20, 1e20], [1e20, 1e10, 1.0]]
-    _, history = simulate.run(_grow(one_healthy), data, jax.random.key(0), **kw)
+    _, history = simulate.run(_grow(one_healthy), data, jax.random.key(0), execution=execution,
+                              **kw)
     assert history[-1]["round"] == 6 and history[-1]["train_loss"][1, 2] == 1.0
     # Copies overflow at round 2 (1e20) and 4 (1e10): the run diverges at 4, the last one.
     with pytest.raises(simulate.Diverged) as info:
         simulate.run(_grow([[1e20, 1e20, 1e20], [1e20, 1e10, 1e20]]), data,
-                     jax.random.key(0), **kw)
+                     jax.random.key(0), execution=execution, **kw)
     assert (info.value.round, info.value.metric, info.value.value) == (4, "train_loss", "inf")
     assert info.value.round_metrics is None
     # With round_metrics, the error carries every round's metrics up to the last good chunk.
     with pytest.raises(simulate.Diverged) as info:
         simulate.run(_grow([[1e20, 1e20, 1e20], [1e20, 1e10, 1e20]]), data,
-                     jax.random.key(0), round_metrics=True, **kw)
+                     jax.random.key(0), execution=execution.replace(round_metrics=True), **kw)
     kept = info.value.round_metrics["train_loss"]
     assert kept.shape == (3, 2, 3) and kept[2, 1, 1] == np.float32(1e30)
     assert pickle.loads(pickle.dumps(info.value)).round_metrics["train_loss"].shape == (3, 2, 3)

@@ -256,6 +256,7 @@ def test_timing_counts_an_evaluation_as_evaluation_and_its_compiling_as_compilat
     from fedjax_sim import simulate
     from fedjax_sim.algorithms import ifca, sgd
     from fedjax_sim.data import linear_mixture
+    from fedjax_sim.execution import Execution
     from fedjax_sim.models import linear_regression
 
     problem = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0)
@@ -277,7 +278,7 @@ def test_timing_counts_an_evaluation_as_evaluation_and_its_compiling_as_compilat
 
     timing = {}
     simulate.run(algorithm, problem.train, jax.random.key(1), rounds=6, eval_every=2,
-                 evaluate=evaluate, progress=False, timing=timing)
+                 evaluate=evaluate, execution=Execution(progress=False, timing=timing))
     assert len(compiles) == 4  # rounds 0, 2, 4, 6
     assert 103.0 <= timing["evaluate_seconds"] < 103.0 + 30.0
     assert timing["compile_seconds"] < 30.0  # not the first evaluation's 100 s

@@ -86,6 +86,7 @@ SCRIPT = textwrap.dedent(
     import json, sys
     import jax, numpy as np
     from fedjax_sim import ALGORITHMS, simulate
+    from fedjax_sim.execution import Execution
     from federations import eight_clients, evaluate_as_run
     from fedjax_sim.algorithms import Work, sgd, with_server_optimizer, with_systems
     from fedjax_sim.systems import Systems
@@ -125,7 +126,7 @@ SCRIPT = textwrap.dedent(
             algorithm, data = build(name, case, model, clients)
             state, history = simulate.run(
                 algorithm, data, jax.random.key(7), rounds=5, eval_every=5,
-                progress=False, mesh=mesh,
+                execution=Execution(progress=False, mesh=mesh),
             )
             ev = evaluate_as_run(algorithm, state, data, mesh)
             out[f"{name}/{index}/{devices}"] = {

@@ -19,6 +19,7 @@ from fedjax_sim.algorithms import fedprox, sgd, with_grid
 from fedjax_sim.data import FederatedData, linear_mixture
 from fedjax_sim.data.federated import ClientViews, stack_views
 from fedjax_sim.data.holdout import validation_counts, validation_split
+from fedjax_sim.execution import Execution
 from fedjax_sim.experiments import tuned
 from fedjax_sim.models import linear_regression
 
@@ -125,8 +126,8 @@ def _train_alone(experiment, name, s, problem):
     spec = experiment.method_run(name, s, problem.fit)
     state, history = simulate.run(spec.algorithm, spec.data, spec.key, rounds=spec.rounds,
                                   eval_every=spec.eval_every, evaluate=spec.evaluate,
-                                  progress=False, copies_axis=True,
-                                  data_copies_axis=spec.data_copies)
+                                  execution=Execution(progress=False, copies=1,
+                                                      data_copies=spec.data_copies))
     val = experiment.method_run(name, s, problem.val).evaluate(state)["test_rmse_worst"]
     return history[-1], np.asarray(val, np.float64)
 

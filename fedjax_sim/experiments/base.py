@@ -25,6 +25,7 @@ from fedjax_sim import backend, compare, parallel
 from fedjax_sim.algorithms import ALIASES, ClientTraining, sgd
 from fedjax_sim.algorithms.base import NOT_PER_CLIENT, Algorithm
 from fedjax_sim.data.federated import FederatedData
+from fedjax_sim.execution import Checkpoints, Execution, Footprint
 from fedjax_sim.experiments import methods as catalog
 from fedjax_sim.experiments import tuned
 from fedjax_sim.experiments.settings import Setting, did_you_mean
@@ -52,6 +53,19 @@ class RunContext:
     on_rows: Callable[[list[dict]], None] = lambda rows: None
     on_method: Callable[[str, dict, list[dict]], None] = lambda name, per_seed, history: None
     timing: dict = field(default_factory=dict)
+
+    def execution(self, s: dict, **changes) -> Execution:
+        """How the run goes (`execution.Execution`): the runner's mesh, progress, resume and
+        timing; checkpoints into checkpoint_dir (none without one) every
+        s["checkpoint_every"] rounds (absent or 0: every evaluation); the memory budget
+        s["memory_budget_gb"] (GiB; 0 or absent: the machine's default). `changes` set
+        further fields (e.g. on_rows, copies)."""
+        every = s.get("checkpoint_every") or None
+        checkpoints = (None if self.checkpoint_dir is None
+                       else Checkpoints(self.checkpoint_dir, every))
+        return Execution(mesh=self.mesh, memory_budget=s.get("memory_budget_gb", 0.0) * 2**30,
+                         checkpoints=checkpoints, resume=self.resume and checkpoints is not None,
+                         progress=self.progress, timing=self.timing).replace(**changes)
 
 
 # Streams folded into the user's seed, so data, inits and rounds never share keys: every
@@ -256,8 +270,14 @@ class Experiment:
         raise NotImplementedError(f"{self.name} declares no comparison.")
 
     def method_run(self, name: str, s: dict, problem) -> compare.MethodRun:
-        """Method `name` over s["seeds"] vmapped seeds, ready to train."""
+        """Method `name` over s["seeds"] vmapped seeds, ready to train: `problem`'s clients
+        carry the executor's plan for the method's `footprint` (`method_spec`)."""
         raise NotImplementedError(f"{self.name} declares no comparison.")
+
+    def footprint(self, name: str, s: dict, problem) -> Footprint | None:
+        """What method `name`'s round holds (`execution.Footprint`), from which the executor
+        plans how many clients it processes at once; None (the default): all of them."""
+        return None
 
     # ---- tuning (`experiments.tuned`): an experiment that declares both takes tune_* grids
     #: (metric, "min" or "max"): what a tuned comparison chooses each method's grid point by,
@@ -279,11 +299,15 @@ class Experiment:
             return problem
         return tuned.Tuned(problem, *self.validation_problems(problem, s))
 
-    def method_spec(self, name: str, s: dict, problem) -> compare.MethodRun:
-        """`method_run`, over its tune_* grid where `problem` is a `tuned.Tuned`."""
+    def method_spec(self, name: str, s: dict, problem,
+                    execution: Execution | None = None) -> compare.MethodRun:
+        """`method_run` on `problem` planned by the executor for the method's `footprint`
+        (`Execution.planned`, under `execution`'s memory budget; default: none), over its
+        tune_* grid where `problem` is a `tuned.Tuned`."""
         if isinstance(problem, tuned.Tuned):
             return tuned.tuned_run(self, name, s, problem)
-        return self.method_run(name, s, problem)
+        planned = (execution or Execution()).planned(problem, self.footprint(name, s, problem))
+        return self.method_run(name, s, planned)
 
     def comparison_notes(self, s: dict, problem, results: dict) -> dict:
         """`notes`, and the grids and chosen values of a tuned comparison."""
@@ -462,9 +486,11 @@ class Experiment:
         tuned.check(s)
         problem = self.problem_for(s)
         table = self.table(s)
+        execution = ctx.execution(s)
         results = compare.run_methods(
-            {m: functools.partial(self.method_spec, m, s, problem) for m in self.compared(s)},
-            s["seeds"], None, progress=ctx.progress,
+            {m: functools.partial(self.method_spec, m, s, problem, execution)
+             for m in self.compared(s)},
+            s["seeds"], None, execution=execution,
             on_method=lambda r: ctx.on_method(
                 r.name, compare.table_per_seed({r.name: r}, table)[r.name],
                 r.seed_mean_rows()))
@@ -488,7 +514,8 @@ class Experiment:
         "diverged" holds each seed's round and metric), never one per seed.
         """
         name = s["method"]
-        spec = self.method_spec(name, s, self.problem_for(s))
+        execution = ctx.execution(s)
+        spec = self.method_spec(name, s, self.problem_for(s), execution)
         seeds = s["seeds"]
 
         def stream(rows):
@@ -498,11 +525,8 @@ class Experiment:
                              for k, v in row.items() if k != "round"}}
                          for row in rows for i in range(seeds)])
 
-        result = compare.train_method(
-            name, spec, seeds, checkpoint_dir=ctx.checkpoint_dir,
-            checkpoint_every=s.get("checkpoint_every") or None, resume=ctx.resume,
-            progress=ctx.progress, mesh=ctx.mesh,
-            on_rows=stream if spec.seed_rows is None else None, timing=ctx.timing)
+        result = compare.train_method(name, spec, seeds, execution.replace(
+            on_rows=stream if spec.seed_rows is None else None))
         ctx.timing.update(result.timing)
         rows = [{"seed": r.pop("seed"), **{k: v for k, v in r.items() if k != "method"}}
                 for r in result.long_rows()]

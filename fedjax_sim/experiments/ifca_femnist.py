@@ -34,7 +34,6 @@ from fedjax_sim.compare import MethodRun
 from fedjax_sim.data import ClientViews, copies_axes, stack_views
 from fedjax_sim.data.archives import DataUnavailable
 from fedjax_sim.data.partition import natural_id_partition
-from fedjax_sim.execution import planned
 from fedjax_sim.experiments import settings as st
 from fedjax_sim.experiments.base import ROUNDS, Experiment, Preset, client_mean, stream_key
 from fedjax_sim.experiments.ifca_images.experiment import RotatedImages
@@ -227,8 +226,8 @@ class FemnistIFCA(Experiment):
         self.methods = methods
         self.settings = (*self.settings, st.method_setting(tuple(TABLE), self.headline))
 
-    # The writers' client axis is planned as the rotated images' is.
-    client_chunk = RotatedImages.client_chunk
+    # The writers' round holds what the rotated images' does (the plan on train and test).
+    footprint = RotatedImages.footprint
 
     def validate(self, s: dict, command: str = "compare") -> None:
         """The data exist and leave enough writers, before anything is written."""
@@ -258,9 +257,6 @@ class FemnistIFCA(Experiment):
         self.check_method(name)
         s = self.with_cohort(s, problem)
         model = problem["models"][SPLIT_MODEL in TABLE[name].needs]
-        chunk = self.client_chunk(s, problem, model, name)
-        problem = {**problem, **{split: planned(problem[split], client_chunk=chunk)
-                                 for split in ("train", "test")}}
         algorithm = with_seeds(self.build_method(name, s, model, s["lr"]), s["seeds"])
         rounds = self.method_rounds(name, s)
         return MethodRun(algorithm, problem["train"], stream_key(s["seed"], ROUNDS), rounds,

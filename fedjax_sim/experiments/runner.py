@@ -464,7 +464,11 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
     else:
         _prepare_out(out_dir, COMPARE)
     problem = experiment.problem_for(settings)
-    builds = {m: functools.partial(experiment.method_spec, m, settings, problem) for m in methods}
+    # Each method's data planned by the executor (`Execution.planned`) under the settings'
+    # memory budget; the mesh is chosen once the first method's clients are counted.
+    execution = RunContext(progress=progress).execution(settings)
+    builds = {m: functools.partial(experiment.method_spec, m, settings, problem, execution)
+              for m in methods}
     # The mesh shards the client axis of the methods' data (after its seeds axis, where the
     # data has one): the clients are counted, and --devices checked, before config.json.
     first = builds[methods[0]]()
@@ -477,9 +481,8 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
             remove_temporaries(out_dir)  # a killed write's (the comparison's first write)
         write_json(out_dir / "config.json", record)
     results = compare.run_methods(
-        builds, settings["seeds"], out_dir, resume=resume,
-        checkpoint_every=settings.get("checkpoint_every"), progress=progress, primary=primary,
-        mesh=mesh)
+        builds, settings["seeds"], out_dir, execution=execution.replace(mesh=mesh),
+        resume=resume, checkpoint_every=settings.get("checkpoint_every"), primary=primary)
     forms = {name: r.timing["kernel_form"] for name, r in results.items()
              if r.timing.get("kernel_form") is not None}
     if primary and forms:  # the kernel form each method's rounds ran in (`tuning`)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from fedjax_sim import memory, plots
+from fedjax_sim import plots
 from fedjax_sim.algorithms import with_seeds
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.data import FederatedData, copy_at
 from fedjax_sim.data.images import default_rotations
-from fedjax_sim.execution import planned
+from fedjax_sim.execution import Footprint
 from fedjax_sim.experiments.base import ROUNDS, Comparison, Experiment, stream_key
 from fedjax_sim.experiments.ifca_images.data import (
     DATASETS,
@@ -172,28 +172,21 @@ class RotatedImages(Experiment):
             raise ValueError("setting adapt_steps is read only with unseen_clients > 0 (it "
                              "adapts a personal method's model for an unseen client).")
 
-    def client_chunk(self, s: dict, problem, model, name: str):
-        """The method's client_chunk: from memory_budget_gb; else, on a CPU, the clients of
-        `memory.CPU_ROUND_WORK_BYTES` of working memory at a time; elsewhere None, except
-        for per-client models (local, oneshot), which train `memory.PER_CLIENT_MODELS_BYTES`
-        at a time (`memory.working_memory_chunk`). Chunks change the cross-client sums in
-        their last bits (per-client results not at all), so a resume keeps the chunk."""
-        # One seed's clients as stored copies: for views this counts their rows as
-        # resident (an overestimate: views hold indices and the images once).
+    def footprint(self, name: str, s: dict, problem) -> Footprint:
+        """What method `name`'s round holds, for the executor's client chunk: one seed's
+        clients as stored copies (for views an overestimate: they hold indices and the
+        images once), × seeds, with k cluster models, and a model per client for local
+        models and one-shot; the executor bounds its working memory (`Footprint`:
+        256 MiB at a time on a CPU, per-client models 1 GiB elsewhere, or
+        memory_budget_gb). The plan is set on the train, test and paired clients (not on
+        unseen ones)."""
+        model = problem["models"][SPLIT_MODEL in TABLE[name].needs]
         shapes = jax.eval_shape(lambda d: _as_copies(copy_at(d, 0)), problem["train"])
-        per_client_models = TABLE[name].kind in ("personal", "fixed")
-        if s["memory_budget_gb"]:
-            return memory.choose_client_chunk(
-                model, shapes, s["memory_budget_gb"] * 2**30, num_clusters=s["k"],
-                copies=s["seeds"], per_client_models=per_client_models,
-                budget_name="memory_budget_gb")
-        if jax.default_backend() == "cpu":
-            return memory.working_memory_chunk(
-                model, shapes, copies=s["seeds"], work_bytes=memory.CPU_ROUND_WORK_BYTES,
-                num_clusters=1 if per_client_models else s["k"])
-        if per_client_models:
-            return memory.working_memory_chunk(model, shapes, copies=s["seeds"])
-        return None
+        return Footprint(model, shapes, copies=s["seeds"], num_clusters=s["k"],
+                         per_client_models=TABLE[name].kind in ("personal", "fixed"),
+                         applies_to=tuple(split for split in ("train", "test", "paired")
+                                          if split in problem),
+                         budget_name="memory_budget_gb")
 
     def problem(self, s: dict):
         """Every method's data: the same seeds' permutations and splits (seeds stacked)."""
@@ -212,9 +205,6 @@ class RotatedImages(Experiment):
         """
         self.check_method(name)
         model = problem["models"][SPLIT_MODEL in TABLE[name].needs]
-        chunk = self.client_chunk(s, problem, model, name)
-        problem = {**problem, **{split: planned(problem[split], client_chunk=chunk)
-                                 for split in ("train", "test", "paired")}}
         algorithm = with_lr_decay(lambda lr: self.build_method(name, s, model, lr), s["lr"],
                                   s["lr_decay"])
         algorithm = with_seeds(algorithm, s["seeds"])

@@ -17,7 +17,7 @@ import numpy as np
 from fedjax_sim import backend, logs, parallel
 from fedjax_sim.algorithms import sgd
 from fedjax_sim.data import generated_mixture, linear_mixture
-from fedjax_sim.execution import planned
+from fedjax_sim.execution import plan_of, planned
 from fedjax_sim.experiments.base import client_mean, evaluate_in_chunks
 from fedjax_sim.experiments.methods import FLOAT_TARGETS, METHODS, build, fits, setting_of
 from fedjax_sim.experiments.settings import Setting, count
@@ -143,15 +143,14 @@ def keeps_client_state(s: dict) -> bool:
     return s["participation"] < 1.0 or bool(s.get("stable_rounds"))
 
 
-def planned_problem(problem, s: dict, client_chunk):
-    """The problem's clients with the executor's plan: the chunk, and whether per-client
-    state no round reads back may be dropped (with every client in every round IFCA reads
-    no client's previous cluster: the metrics take it from the evaluation; the
-    communication reduction, `stable_rounds`, reads it)."""
-    keep = keeps_client_state(s)
+def keeping_client_state(problem, s: dict):
+    """The problem with its training clients saying whether per-client state no round
+    reads back may be dropped (with every client in every round IFCA reads no client's
+    previous cluster: the metrics take it from the evaluation; the communication
+    reduction, `stable_rounds`, reads it). How many clients a round processes at once is
+    the executor's (`Execution.planned`)."""
     return problem._replace(
-        train=planned(problem.train, client_chunk=client_chunk, keep_client_state=keep),
-        test=planned(problem.test, client_chunk=client_chunk))
+        train=planned(problem.train, keep_client_state=keeps_client_state(s)))
 
 
 def cluster_models(name: str, state):
@@ -165,16 +164,17 @@ def cluster_models(name: str, state):
     return None
 
 
-def metrics_fn(name: str, algorithm, problem, k: int, client_chunk: int | None = None, *,
-               progress: bool = False, description: str = "evaluation"):
+def metrics_fn(name: str, algorithm, problem, k: int, *, progress: bool = False,
+               description: str = "evaluation"):
     """state -> {metric: [copies...]} on train and test data, for a (vmapped) algorithm.
 
-    With client_chunk (and more clients than it, data without a seed axis) the
-    clients are evaluated and summed up chunk by chunk (`chunked_metrics_fn`):
-    no per-client value of every client exists at once; `progress` and
-    `description` are its progress lines'."""
+    When the executor planned the training clients in chunks (`plan_of(...).client_chunk`,
+    data without a seed axis, more clients than a chunk) they are evaluated and summed
+    up chunk by chunk (`chunked_metrics_fn`): no per-client value of every client exists
+    at once; `progress` and `description` are its progress lines'."""
     d = problem.theta_star.shape[-1]
     lead = problem.theta_star.ndim - 2  # a leading seed axis on the data
+    client_chunk = plan_of(problem.train).client_chunk
     if client_chunk is not None and not lead and problem.train.num_clients > client_chunk:
         return chunked_metrics_fn(name, algorithm, problem, k, client_chunk, progress=progress,
                                   description=description)

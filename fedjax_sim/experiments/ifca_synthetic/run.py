@@ -16,11 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim import logs, memory, plots, simulate
+from fedjax_sim import logs, plots, simulate
 from fedjax_sim.algorithms import ALGORITHMS, with_restarts, with_seeds
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.data import check_mixture_settings, generated_mixture
-from fedjax_sim.execution import planned
+from fedjax_sim.execution import Footprint, planned
 from fedjax_sim.experiments.base import DATA, ROUNDS, Experiment, Preset, RunContext, stream_key
 from fedjax_sim.experiments.ifca_synthetic import sweep
 from fedjax_sim.experiments.ifca_synthetic.common import (
@@ -34,6 +34,7 @@ from fedjax_sim.experiments.ifca_synthetic.common import (
     build_algorithm,
     client_sample_shapes,
     generated,
+    keeping_client_state,
     keeps_client_state,
     kind_of,
     least_squares_floor,
@@ -41,7 +42,6 @@ from fedjax_sim.experiments.ifca_synthetic.common import (
     metrics_fn,
     per_client_models,
     per_restart_rows,
-    planned_problem,
     problem_shapes,
     success_threshold,
     trains_locally,
@@ -65,15 +65,21 @@ from fedjax_sim.models import linear_regression
 BUILD_FACTOR = 5
 
 
-def state_bytes(name: str, s: dict, copies: int) -> int:
-    """Bytes of the state of `copies` runs of algorithm `name` (shapes only): e.g. IFCA's
+def state_shapes(name: str, s: dict, copies: int):
+    """The state of `copies` runs of algorithm `name` (shapes only): e.g. IFCA's
     [copies, m] assignments where it keeps them (participation < 1)."""
     data = jax.eval_shape(lambda key: generated_mixture(
         key, k=s["k"], m=s["m"], n=s["n"], d=s["d"], sigma=0.0, R=0.0).train,
         jax.random.key(0))
-    data = planned(data, keep_client_state=keeps_client_state(s))  # as the run plans it
+    data = planned(data, keep_client_state=keeps_client_state(s))  # as the run has it
     algorithm = with_restarts(build_algorithm(name, s), copies)
-    return memory.tree_bytes(jax.eval_shape(algorithm.init, jax.random.key(0), data))
+    return jax.eval_shape(algorithm.init, jax.random.key(0), data)
+
+
+def _fits(s: dict, footprint: Footprint) -> None:
+    """Refuses (ValueError naming the settings), before anything is written, a round the
+    executor could not plan under s["memory_budget_gb"] on this machine."""
+    RunContext(progress=False).execution(s).check(footprint)
 
 
 # Generated clients store nothing per client, so m may pass the copies' bound (MAX_COUNT);
@@ -167,8 +173,8 @@ class SyntheticRun(Experiment):
         if command == "compare":  # every method runs: each setting is read by one of them
             # (`algorithm`, the method of a run, is the one setting compare does not read.)
             for name in self.compared(s):
-                self.client_chunk(s, copies=s["restarts"] * s["seeds"], algorithm=name,
-                                  command=command)
+                _fits(s, self.footprint_of(s, copies=s["restarts"] * s["seeds"],
+                                           algorithm=name, command=command))
             return
         for key, reading in _READ_BY.items():
             if s[key] != defaults[key] and s["algorithm"] not in reading:
@@ -184,28 +190,26 @@ class SyntheticRun(Experiment):
                 )
             if s["option"] == "model" and s["divide_by"] != "m":
                 raise ValueError("setting divide_by applies to IFCA option gradient only.")
-        self.client_chunk(s, copies=s["restarts"], command=command)
+        _fits(s, self.footprint_of(s, copies=s["restarts"], command=command))
 
     def copies_fit(self, s: dict) -> bool:
         """Whether a run over stored copies fits this machine (and memory_budget_gb)."""
         if s["m"] > MAX_COUNT:
             return False
         try:
-            self.client_chunk({**s, "clients": "copies"}, copies=s["restarts"])
+            _fits(s, self.footprint_of({**s, "clients": "copies"}, copies=s["restarts"]))
         except ValueError:
             return False
         return True
 
-    def client_chunk(self, s: dict, copies: int, algorithm: str | None = None,
-                     command: str = "run"):
-        """client_chunk for memory_budget_gb (0: none) of `copies` runs side by side.
+    def footprint_of(self, s: dict, copies: int, algorithm: str | None = None,
+                     command: str = "run") -> Footprint:
+        """What `copies` runs side by side of the algorithm (default: s["algorithm"]) hold,
+        for the executor's client chunk under memory_budget_gb (0: none).
 
-        Shapes only (nothing is built). Without a budget the whole round must
-        fit this machine's memory; with one, the data must fit the budget and
-        the round is chunked to fit.
-
-        Raises:
-          ValueError naming the settings, before anything is written.
+        Shapes only (nothing is built). Checked against this machine
+        (`Footprint.fit_machine`): without a budget the whole round must fit it; with
+        one, the data must fit the budget and the round is chunked to fit.
         """
         name = algorithm or s["algorithm"]
         remedy = "lower m, n, n_test, d, restarts or seeds, or set memory_budget_gb to " \
@@ -214,30 +218,35 @@ class SyntheticRun(Experiment):
             # One client's rows stand for m drawn per chunk; a chunk is always chosen
             # when they do not all fit (the whole-cohort path would draw all m at once).
             train, test = client_sample_shapes(s, s.get("n_test", 0))
-            data, extra, more = train, 0, {"generated_clients": s["m"]}
+            data, resident, more = train, None, {"generated_clients": s["m"]}
         else:
             shapes = problem_shapes(s, s.get("n_test", 0))
             data, test = shapes.train, shapes.test
-            extra = memory.tree_bytes(test)
+            resident = test
             # One jitted draw of every client: its threefry bits and the sliced and
             # reshaped x are live at once (5.0x the data at m = 2·10⁵, n = 10, d = 10,
             # n_test = 100: benchmarks/MEMORY.md).
-            more = {"build_bytes": BUILD_FACTOR * (memory.tree_bytes(data) + extra)}
+            more = {"build_factor": BUILD_FACTOR}
             # Suggested where setting clients is read (a run; not ifca_success's cells,
             # whose run settings carry clients=None).
             if command == "run" and s.get("clients") == "copies":
                 remedy += ", or set clients=generated (nothing per client stored)"
         per_client = per_client_models(name)
-        return memory.client_chunk_within_machine(
-            linear_regression(s["d"]), data, s.get("memory_budget_gb", 0.0) * 2**30,
-            copies=copies, per_client_models=per_client,
-            local_training=trains_locally(name, s), num_clusters=s["k"],
-            extra_resident_bytes=extra, eval_data=test,
-            state_bytes=0 if per_client else state_bytes(name, s, copies),
+        return Footprint(
+            linear_regression(s["d"]), data, copies=copies, num_clusters=s["k"],
+            local_training=trains_locally(name, s), per_client_models=per_client,
+            evaluated=test, fit_machine=True, resident=resident,
+            state=None if per_client else state_shapes(name, s, copies),
+            budget_name="memory_budget_gb",
             describe=f"m={s['m']}, n={s['n']}, n_test={s.get('n_test', 0)}, d={s['d']}, "
                      f"{copies} copies: restarts × seeds"
                      + (", generated clients" if generated(s) else ""),
-            remedy=remedy + ".", budget_name="memory_budget_gb", **more)
+            remedy=remedy + ".", **more)
+
+    def footprint(self, name: str, s: dict, problem) -> Footprint:
+        """A comparison's method `name`: restarts × seeds copies."""
+        return self.footprint_of(s, copies=s["restarts"] * s["seeds"], algorithm=name,
+                                 command="compare")
 
     def run(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
         """Trains the algorithm (with `restarts` random inits in parallel) on one data seed.
@@ -250,23 +259,21 @@ class SyntheticRun(Experiment):
         key = jax.random.key(s["seed"])
         problem = make_problem(s, jax.random.fold_in(key, DATA), ctx.mesh)
         name = s["algorithm"]
-        client_chunk = self.client_chunk(s, copies=s["restarts"])
-        problem = planned_problem(problem, s, client_chunk)
+        execution = ctx.execution(
+            s, description=f"{name}-synthetic", copies=1,
+            on_rows=lambda rows: ctx.on_rows(per_restart_rows(rows)),
+            progress_summary=logs.best_copy("train_loss"))
+        problem = execution.planned(keeping_client_state(problem, s),
+                                    self.footprint_of(s, copies=s["restarts"]))
         algorithm = with_restarts(build_algorithm(name, s), s["restarts"])
-        every = s["checkpoint_every"]
         diverged = None
         try:
             _, history = simulate.run(
                 algorithm, problem.train, jax.random.fold_in(key, ROUNDS), rounds=s["rounds"],
                 eval_every=s["eval_every"],
-                evaluate=metrics_fn(name, algorithm, problem, s["k"], client_chunk,
-                                    progress=ctx.progress, description=f"{name}-synthetic"),
-                progress=ctx.progress, description=f"{name}-synthetic", mesh=ctx.mesh,
-                checkpoint_dir=ctx.checkpoint_dir if every else None,
-                checkpoint_every=every or None, resume=ctx.resume and bool(every),
-                copies_axis=True, on_rows=lambda rows: ctx.on_rows(per_restart_rows(rows)),
-                timing=ctx.timing, progress_summary=logs.best_copy("train_loss"),
-            )
+                evaluate=metrics_fn(name, algorithm, problem, s["k"], progress=ctx.progress,
+                                    description=f"{name}-synthetic"),
+                execution=execution)
         except simulate.Diverged as err:
             history, diverged = err.history, err
         final = history[-1]
@@ -278,7 +285,7 @@ class SyntheticRun(Experiment):
         summary = {
             "algorithm": name,
             "best_restart": best,
-            "client_chunk": client_chunk,
+            "client_chunk": ctx.timing.get("client_chunk"),
             "final": rows[-1] if best is not None else None,
             "success": bool(best is not None and kind_of(name) != "personal"
                             and rows[-1].get("min_dist", math.inf) < threshold),
@@ -347,9 +354,7 @@ class SyntheticRun(Experiment):
     def method_run(self, name: str, s: dict, problem) -> MethodRun:
         """Every method gets the same data and per-seed keys (`with_seeds`); within a seed
         it keeps its restart of lowest final training loss (as `run` does)."""
-        chunk = self.client_chunk(s, copies=s["restarts"] * s["seeds"], algorithm=name,
-                                  command="compare")
-        problem = planned_problem(problem, s, chunk)
+        problem = keeping_client_state(problem, s)
         algorithm = with_seeds(with_restarts(build_algorithm(name, s), s["restarts"]),
                                s["seeds"])
         return MethodRun(

@@ -32,6 +32,7 @@ from fedjax_sim.algorithms import with_seeds
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.algorithms.mixed import COMBINES, TRANSFERS, on_federated_data
 from fedjax_sim.compare import MethodRun
+from fedjax_sim.execution import Execution
 from fedjax_sim.experiments.base import Comparison, Experiment
 from fedjax_sim.experiments.methods import METHODS as TABLE
 from fedjax_sim.experiments.methods import SERVER_DATA
@@ -321,7 +322,7 @@ class MixedTask(Experiment):
 
         results = compare.run_methods(
             {m: functools.partial(spec, m) for m in self.methods}, problem.seeds, None,
-            progress=progress)
+            execution=Execution(progress=progress))
         return ({n: r.per_seed for n, r in results.items()},
                 {n: r.seed_mean_rows() for n, r in results.items()}, per_round_of, problem.info)
 
