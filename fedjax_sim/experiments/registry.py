@@ -12,6 +12,7 @@ from fedjax_sim.experiments import (
     ifca_synthetic,
     ifca_theory,
     mixed,
+    pfl_cifar10,
 )
 from fedjax_sim.experiments.base import Preset
 
@@ -26,6 +27,7 @@ _EXPERIMENT_MODULES = (
     mixed,
     hetero,
     fednova_quadratic,
+    pfl_cifar10,
 )
 
 
