@@ -304,3 +304,16 @@ def test_the_preset_runs_alike_from_the_archive_and_npz(tmp_path, dataset):
     assert [int(r["round"]) for r in rows["npz"]] == [0, 1, 2]
     for r in rows["npz"]:
         assert 0.0 <= float(r["test_accuracy"]) <= 1.0 and np.isfinite(float(r["test_loss"]))
+
+
+def test_cohort_size_rounds_as_documented():
+    """participation · m to the nearest integer (halves to even), at least 1
+    (algorithms.base.cohort_size, fedavg's docstring), and the round draws that many."""
+    from fedjax_sim.algorithms.base import cohort_size, draw_cohort
+    from fedjax_sim.data import linear_mixture
+
+    assert [cohort_size(m, p) for m, p in ((1000, 0.05), (5, 0.5), (7, 0.5), (10, 0.01),
+                                           (10, 0.26), (10, 0.34))] == [50, 2, 4, 1, 3, 3]
+    data = linear_mixture(jax.random.key(0), k=1, m=7, n=4, d=2, sigma=0.1, R=1.0).train
+    cohort = draw_cohort(jax.random.key(1), data, 0.5)
+    assert cohort.ids.shape == (4,) and len(set(np.asarray(cohort.ids).tolist())) == 4
