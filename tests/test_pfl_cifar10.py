@@ -204,10 +204,18 @@ def test_simple_cnn_refuses_bad_arguments(bad):
 # ----------------------------------------------------------------------------- a round
 
 
+def small_images(train: int, test: int, side: int = 8, seed: int = 0):
+    """Random uint8 images side×side×3 (the experiment takes any size ≥ 6×6; small ones
+    keep XLA:CPU's convolution gradients quick), labels cycling through the classes."""
+    rng = np.random.default_rng(seed)
+    return tuple((rng.integers(0, 256, (n, side, side, 3), dtype=np.uint8), np.arange(n) % 10)
+                 for n in (train, test))
+
+
 def test_a_round_equals_a_per_client_loop():
     """Every user, two full-batch local steps each, central SGD at 0.5: the experiment's
     vectorized round against a loop over users written here (float32)."""
-    train, test = tiny_cifar(train=40, test=10)
+    train, test = small_images(40, 10)
     s = {**PRESETS["fedavg-cifar10-pfl"].defaults, "datapoints_per_user": 8, "cohort_size": 5,
          "batch_size": 0, "local_epochs": 2, "central_lr": 0.5, "lr": 0.05}
     problem = P.PFL.problem(s, (*train, *test))
@@ -236,7 +244,7 @@ def test_a_round_equals_a_per_client_loop():
 
 
 def test_evaluation_is_the_mean_over_every_test_image():
-    train, test = tiny_cifar(train=40, test=13)
+    train, test = small_images(40, 13)
     s = {**PRESETS["fedavg-cifar10-pfl"].defaults, "datapoints_per_user": 8, "cohort_size": 5,
          "eval_batch_size": 5}
     problem = P.PFL.problem(s, (*train, *test))
