@@ -11,10 +11,11 @@ weighting every user alike (`WeightByUser`), and `FederatedAveraging` for `round
 central iterations. Images are standardized per channel by the training images'
 statistics, as pfl's loader does.
 
-It prints one JSON object: the seconds each central iteration ended after the previous
-one (the first measured from the start of `algorithm.run`), and the seconds of central
-evaluations of the whole test set (`PyTorchModel.evaluate`, batch 10 000, as pfl's
-`CentralEvaluationCallback` calls it), timed apart from the iterations.
+It first times central evaluations of the whole test set (`PyTorchModel.evaluate`, batch
+10 000, as pfl's `CentralEvaluationCallback` calls it) on the initial model, then runs the
+iterations, printing after each one a JSON object: the seconds each central iteration
+ended after the previous one (the first measured from the start of `algorithm.run`) and
+the evaluations' seconds; the last object has "finished": true.
 """
 
 from __future__ import annotations
@@ -123,14 +124,31 @@ def main(argv=None) -> int:
     backend = SimulatedBackend(training_data=training, val_data=None,
                                postprocessors=[WeightByUser()])
 
+    eval_params = NNEvalHyperParams(local_batch_size=args.eval_batch)
+    eval_s, evaluation = [], None
+    for _ in range(args.eval_reps):  # first: the time of an evaluation does not need training
+        t0 = time.perf_counter()
+        evaluation = model.evaluate(central, eval_params=eval_params)
+        eval_s.append(time.perf_counter() - t0)
+    accuracy = next((float(v.overall_value) for k, v in evaluation
+                     if str(k).endswith("accuracy")), None) if evaluation is not None else None
+    report = {"pfl_version": getattr(pfl, "__version__", None),
+              "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
+              "parameters": parameters, "setup_s": setup_s, "eval_s": eval_s,
+              "test_accuracy_at_init": accuracy, "users": len(users), "iteration_s": []}
     ends: list[float] = []
 
     class Clock(TrainingProcessCallback):
+        """Records when each central iteration ends and prints what is measured so far (a
+        run stopped midway keeps its iterations)."""
+
         def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
             ends.append(time.perf_counter())
+            report["iteration_s"] = [b - a for a, b in zip([started, *ends[:-1]], ends,
+                                                           strict=True)]
+            print(json.dumps(report), flush=True)
             return False, Metrics()
 
-    eval_params = NNEvalHyperParams(local_batch_size=args.eval_batch)
     started = time.perf_counter()
     FederatedAveraging().run(
         algorithm_params=NNAlgorithmParams(central_num_iterations=args.rounds,
@@ -141,20 +159,7 @@ def main(argv=None) -> int:
                                               local_num_epochs=args.epochs,
                                               local_batch_size=args.batch),
         model_eval_params=eval_params, callbacks=[Clock()])
-    iteration_s = [b - a for a, b in zip([started, *ends[:-1]], ends, strict=True)]
-    eval_s, evaluation = [], None
-    for _ in range(args.eval_reps):
-        t0 = time.perf_counter()
-        evaluation = model.evaluate(central, eval_params=eval_params)
-        eval_s.append(time.perf_counter() - t0)
-    accuracy = next((float(v.overall_value) for k, v in evaluation
-                     if str(k).endswith("accuracy")), None) if evaluation is not None else None
-    print(json.dumps({
-        "pfl_version": pfl.__version__ if hasattr(pfl, "__version__") else None,
-        "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
-        "parameters": parameters, "setup_s": setup_s, "iteration_s": iteration_s,
-        "eval_s": eval_s, "test_accuracy": accuracy, "users": len(users),
-    }))
+    print(json.dumps({**report, "finished": True}), flush=True)
     return 0
 
 
