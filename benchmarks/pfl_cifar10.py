@@ -3,7 +3,7 @@
 Run by `standard_workloads.py` with the Python of the venv it creates (pfl and torch
 installed there, not fedjax_sim), on the data it writes: one .npz holding the training
 images and labels, the users (index rows into them) and the test images. It builds what
-pfl-research's `benchmarks/image_classification/pytorch/train.py` builds for
+pfl-research's `pfl:benchmarks/image_classification/pytorch/train.py` builds for
 `configs/baseline.yaml`, from pfl's public API: the users as a `FederatedDataset` sampled
 by pfl's "random" user sampler, its `simple_cnn` (the same layers, written here in
 PyTorch), `PyTorchModel` with local SGD and a central SGD optimizer, a `SimulatedBackend`

@@ -3,7 +3,7 @@
 pfl-research (Apple, arXiv:2404.06430) times simulators on FedAvg over CIFAR-10 cut into
 1,000 users of 50 images, its `simple_cnn` (1,626,442 parameters), cohort 50, one local
 epoch of batch 10 at lr 0.1, central SGD at 1.0, 1,500 central iterations, central
-evaluation every 10 (`benchmarks/image_classification/configs/baseline.yaml` of
+evaluation every 10 (`pfl:benchmarks/image_classification/configs/baseline.yaml` of
 apple/pfl-research; our preset `fedavg-cifar10-pfl`). This script measures, side by
 side in one run, on the same synthetic CIFAR-shaped data (random uint8 images and
 labels: the time does not depend on the pixels) and the same users, each in a fresh
@@ -41,7 +41,7 @@ and the SGD updates are not counted.
 Usage:
   nice -n 5 python benchmarks/standard_workloads.py                 # the full side by side
   python benchmarks/standard_workloads.py --dry-run --out /tmp/sw.json   # tiny, seconds
-Results: benchmarks/results/standard_workloads.json (or --out), strict JSON with the CPU
+Results: `results/standard_workloads.json` beside this script (or --out), strict JSON with the CPU
 model and git HEAD (`harness.collect_meta`).
 """
 

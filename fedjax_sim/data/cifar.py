@@ -11,7 +11,7 @@ looks, in this order, for:
 2. `<data_dir>/cifar-10-python.tar.gz`: that archive itself, read member by member
    without extracting it.
 3. `<data_dir>/cifar10_train.p` and `cifar10_test.p`: the pickles pfl-research's
-   `benchmarks/dataset/cifar10/download_preprocess.py` writes, a tuple (images,
+   `pfl:benchmarks/dataset/cifar10/download_preprocess.py` writes, a tuple (images,
    labels [N, 1]) whose images are the archive's [N, 3072] rows reshaped to
    [N, 32, 32, 3] as they lie, i.e. not as pictures (see `pfl_layout`): they are
    turned back into pictures here, so every source gives the same images.

@@ -3,7 +3,7 @@
 pfl-research (Apple; Granqvist et al., "pfl-research: simulation framework for accelerating
 research in Private Federated Learning", NeurIPS 2024 Datasets and Benchmarks,
 arXiv:2404.06430) publishes the configuration it times simulators on,
-`benchmarks/image_classification/configs/baseline.yaml` of apple/pfl-research:
+`pfl:benchmarks/image_classification/configs/baseline.yaml` of apple/pfl-research:
 
     users    ← 50 000 CIFAR-10 training images, permuted, cut into 1 000 users of 50
                (cifar10_iid; cifar10: Dirichlet(0.1) class shares per user)

@@ -1,6 +1,6 @@
 """The users of pfl-research's CIFAR-10 benchmark: images read once, users cut per seed.
 
-pfl-research (Apple; arXiv:2404.06430), `benchmarks/dataset/cifar10/numpy.py` of
+pfl-research (Apple; arXiv:2404.06430), `pfl:benchmarks/dataset/cifar10/numpy.py` of
 apple/pfl-research, makes its users from the 50 000 training images
 (docs/protocols.md#cifar-10-pfl-research):
 

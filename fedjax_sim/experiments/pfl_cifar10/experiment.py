@@ -214,7 +214,7 @@ class PflCifar10(Experiment):
                         f"local epoch(s) of batch {b} at lr {s['lr']}, central SGD at "
                         f"{s['central_lr']}, {s['weighting']} average, {s['rounds']} "
                         f"iterations, evaluated every {s['eval_every']}, {s['seeds']} seed(s)",
-            "pfl": "pfl-research's benchmarks/image_classification/configs/baseline.yaml; "
+            "pfl": "pfl-research's pfl:benchmarks/image_classification/configs/baseline.yaml; "
                    "docs/protocols.md#cifar-10-pfl-research lists what matches and what differs",
         }
 
