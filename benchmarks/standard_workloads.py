@@ -321,6 +321,7 @@ def main(argv=None) -> int:
                 "simple_cnn) on synthetic CIFAR-shaped data: uniform random uint8 images "
                 "and labels, the preset's users (seed 0) given to both systems",
         "train_images": len(arrays[1]), "test_images": len(arrays[3]), "users": len(users),
+        "rounds": s["rounds"],
         **flops(s)}}
     with tempfile.TemporaryDirectory() as tmp:
         data = pathlib.Path(tmp) / "cifar_shaped.npz"
@@ -378,7 +379,8 @@ def summary(results: dict) -> str:
         lines.append(f"{name}: {row['round_s']:.3f} s/round, evaluation {row['eval_s']:.2f} s, "
                      f"{row['round_GFLOPs']:.1f} GFLOP/s"
                      + (f" ({frac:.1%} of the matmul peak)" if frac else "")
-                     + f", 1,500 iterations ≈ {row['projected_wall_s'] / 60:.1f} min")
+                     + f", {results['workload']['rounds']} iterations ≈ "
+                       f"{row['projected_wall_s'] / 60:.1f} min")
     ratio = results.get("ratio_pfl_over_fedjax_sim")
     if ratio:
         lines.append(f"pfl / fedjax_sim per round: {ratio['round']:.2f}×")

@@ -799,7 +799,8 @@ def headline(entry: dict) -> str:
         return (f"{_f(figures.get('round_s'), '.3g')} s/round (compile "
                 f"{_f(figures.get('compile_s'), '.0f')} s), evaluation "
                 f"{_f(figures.get('eval_s'), '.3g')} s, "
-                f"{_pct(figures.get('fraction_of_matmul_peak'))} of matmul; 1,500 iterations "
+                f"{_pct(figures.get('fraction_of_matmul_peak'))} of matmul; "
+                f"{(figures.get('settings') or {}).get('rounds')} iterations "
                 f"≈ {_f(None if wall is None else wall / 60, '.1f')} min")
     if name == "table1" and ok:
         ifca = [(p["n"], p["accuracy"].get("ifca") or {}) for p in ok]
