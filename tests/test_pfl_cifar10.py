@@ -325,3 +325,18 @@ def test_cohort_size_rounds_as_documented():
     data = linear_mixture(jax.random.key(0), k=1, m=7, n=4, d=2, sigma=0.1, R=1.0).train
     cohort = draw_cohort(jax.random.key(1), data, 0.5)
     assert cohort.ids.shape == (4,) and len(set(np.asarray(cohort.ids).tolist())) == 4
+
+
+def test_pixel_layout_pfl_gives_the_arrays_pfls_pickles_hold(tmp_path):
+    """pixel_layout=pfl: the images as pfl-research's own pickles store them (what its
+    network trains on), whichever source they were read from."""
+    train, test = tiny_cifar(train=20, test=10)
+    write_pfl_pickles(tmp_path / "pfl", train, test)
+    cifar.write_archive(tmp_path / "archive", train, test)
+    with open(tmp_path / "pfl" / "cifar10_train.p", "rb") as f:
+        stored = pickle.load(f)[0]
+    for source in ("pfl", "archive"):
+        s = {"data_dir": str(tmp_path / source), "cache_dir": "", "pixel_layout": "pfl"}
+        np.testing.assert_array_equal(P.load_split_images(s)[0], stored)
+        s["pixel_layout"] = "images"
+        np.testing.assert_array_equal(P.load_split_images(s)[0], train[0])
