@@ -78,6 +78,7 @@ SLOW = (
     "tests/test_compilation_cache.py::test_the_cache_can_be_turned_off_or_moved_and_an_unwritable_one_is_skipped",
     "tests/test_client_sources.py::test_rounds_over_views_equal_copies_one_device",
     "tests/test_hetero.py::test_robust_clusters_preset_tiny",
+    "tests/test_pfl_cifar10.py::test_the_preset_runs_alike_from_the_archive_and_npz",
     "tests/test_faults.py::test_ctrl_c_is_exit_130_and_one_line",
     "tests/test_faults.py::test_bad_distributed_settings_are_one_line",
     "tests/test_femnist.py::test_compare_end_to_end_tiny",

@@ -18,18 +18,22 @@ Sections, in the order they run (`SECTIONS`):
    `rounds_per_sec.bench_sweep_cell`).
 4. `mnist_round`: the rotated-MNIST IFCA round vs a per-client loop
    (`images.bench_round`), against the matmul probe.
-5. `table1`: the whole Table 1 protocol, `fedjax-sim compare ifca-rotated-mnist
+5. `cifar10_pfl`: pfl-research's CIFAR-10 benchmark round (preset `fedavg-cifar10-pfl`:
+   50 users × one epoch of batch 10 through its simple_cnn) and its central evaluation,
+   on synthetic CIFAR-shaped data (`standard_workloads.measure_ours`), against the matmul
+   probe, with the projected wall time of its 1,500 iterations.
+6. `table1`: the whole Table 1 protocol, `fedjax-sim compare ifca-rotated-mnist
    --set n=N` for n = 50, 100, 200 (5 seeds, 5 methods, 300 rounds each), its
    accuracies next to the paper's (docs/protocols.md#ifca-rotated-mnist).
-6. `drfa_mixed`: the DRFA, DRFLM and 2-GT rounds beside fair per-client loops
+7. `drfa_mixed`: the DRFA, DRFLM and 2-GT rounds beside fair per-client loops
    (`drfa.rows`, `mixed.rows`).
-7. `determinism`: the same `run` (rotated digits, 6 rounds) in two fresh
+8. `determinism`: the same `run` (rotated digits, 6 rounds) in two fresh
    processes with the compilation cache off, metrics.csv compared byte for
    byte — what `--resume`'s bit-for-bit promise rests on; off the CPU, again
    with `--xla_gpu_deterministic_ops=true`.
-8. `max_clients`: the largest population whose IFCA round fits in memory
+9. `max_clients`: the largest population whose IFCA round fits in memory
    (`max_clients.py`; on an accelerator its ladders reach device memory).
-9. `sweep_grids`: as many full official grids (presets `ifca-success-*`,
+10. `sweep_grids`: as many full official grids (presets `ifca-success-*`,
    `fedjax-sim sweep`) as the budget still allows. The official sweep cell
    (3) is the grid's unit of work and comes early; whole grids take minutes
    each even on an accelerator, so they fill what is left last.
@@ -279,6 +283,16 @@ def section_mnist_round(ctx: Context) -> dict:
     import images
 
     row = images.bench_round(ctx.dry, ctx.probe("matmul_f32_GFLOPs"), _log)
+    return {"figures": row}
+
+
+def section_cifar10_pfl(ctx: Context) -> dict:
+    import standard_workloads
+
+    # The rounds timed: what the section's time allows beyond the compile (which takes up
+    # to a minute on a CPU), at most 60 s of them.
+    budget = 1.0 if ctx.dry else max(5.0, min(60.0, ctx.left() - 90.0))
+    row = standard_workloads.measure_ours(ctx.dry, budget, ctx.probe("matmul_f32_GFLOPs"), _log)
     return {"figures": row}
 
 
@@ -586,6 +600,8 @@ SECTIONS: tuple[Section, ...] = (
             section_sweep_cell, min_s=30, cap_s=120),
     Section("mnist_round", "rotated-MNIST IFCA round vs a per-client loop", "child",
             section_mnist_round, min_s=30, cap_s=120),
+    Section("cifar10_pfl", "pfl-research's CIFAR-10 FedAvg round (fedavg-cifar10-pfl)", "child",
+            section_cifar10_pfl, min_s=60, cap_s=300),
     Section("table1", "Table 1: compare ifca-rotated-mnist, n = 50, 100, 200", "launcher",
             launch_table1, min_s=90, cap_s=3600),
     Section("drfa_mixed", "DRFA, DRFLM and 2-GT rounds vs fair per-client loops", "child",
@@ -778,6 +794,14 @@ def headline(entry: dict) -> str:
                 f"{_f(figures.get('loop_s'), '.3g')} s "
                 f"({_f(figures.get('speedup_vs_loop'), '.1f')}×), "
                 f"{_pct(figures.get('fraction_of_matmul_peak'))} of matmul")
+    if name == "cifar10_pfl" and figures:
+        wall = figures.get("projected_wall_s")
+        return (f"{_f(figures.get('round_s'), '.3g')} s/round (compile "
+                f"{_f(figures.get('compile_s'), '.0f')} s), evaluation "
+                f"{_f(figures.get('eval_s'), '.3g')} s, "
+                f"{_pct(figures.get('fraction_of_matmul_peak'))} of matmul; "
+                f"{(figures.get('settings') or {}).get('rounds')} iterations "
+                f"≈ {_f(None if wall is None else wall / 60, '.1f')} min")
     if name == "table1" and ok:
         ifca = [(p["n"], p["accuracy"].get("ifca") or {}) for p in ok]
         return "; ".join(f"n={n}: IFCA {_f(acc.get('ours_pct'), '.2f')} % (paper "

@@ -167,6 +167,7 @@ class PresetInfo:
 
 
 IFCA, DRFLM, MIXED, FEDNOVA = "IFCA", "DRFLM", "Mixed FL", "FedNova"
+PFL = "pfl-research's CIFAR-10 benchmark"
 
 PRESET_INFO = {
     "ifca-synthetic": PresetInfo("IFCA on the mixture of linear regressions (k = 2, d = 1000), "
@@ -253,6 +254,17 @@ PRESET_INFO = {
                                     "against the closed-form optima",
                                     f"{FEDNOVA} §3 (the quadratic case study)", SECONDS,
                                     "fednova-quadratic"),
+    "fedavg-cifar10-pfl": PresetInfo("FedAvg on CIFAR-10 as pfl-research times simulators: "
+                                     "1,000 iid users of 50 images, its simple_cnn, cohort 50, "
+                                     "1,500 central iterations (a local copy is needed: `--set "
+                                     "data_dir=DIR`; none ships)", f"{PFL} (baseline.yaml)",
+                                     DAYS + " (an accelerator is advised)",
+                                     "cifar-10-pfl-research", " --set data_dir=/path"),
+    "fedavg-cifar10-pfl-dirichlet": PresetInfo("the same with pfl's non-iid users "
+                                               "(Dirichlet(0.1) class shares), 3,000 iterations",
+                                               f"{PFL} (non-iid)",
+                                               DAYS + " (an accelerator is advised)",
+                                               "cifar-10-pfl-research", " --set data_dir=/path"),
 }
 
 
@@ -267,7 +279,8 @@ def _main_command(preset) -> str:
     commands = preset.commands
     if preset.name.startswith("ifca-success"):
         return "sweep"
-    if preset.name in ("ifca-synthetic", "ifca-synthetic-tiny") or "compare" not in commands:
+    if (preset.name in ("ifca-synthetic", "ifca-synthetic-tiny") or "compare" not in commands
+            or preset.name.startswith("fedavg-cifar10-pfl")):
         return "run"
     return "compare" if preset.experiment.methods else "run"
 

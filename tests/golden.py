@@ -49,6 +49,11 @@ _HETERO = ["rounds=2", "eval_every=1", "seeds=2", "num_clients=6", "hidden=8",
            "local_steps=2"]
 _NOVA = ["rounds=20", "eval_every=10", "seeds=2", "num_clients=4", "n_max=20", "tau_max=5",
          "lr=0.05"]
+# A case whose settings hold TINY_CIFAR10 runs on tiny CIFAR-10 archives `produce` writes
+# (`tiny_cifar10`): no CIFAR-10 ships.
+TINY_CIFAR10 = "data_dir={tiny_cifar10}"
+_PFL = [TINY_CIFAR10, "datapoints_per_user=5", "batch_size=5", "cohort_size=2", "rounds=2",
+        "eval_every=1", "eval_batch_size=10"]
 _EVERY_HETERO = ("methods=fedavg,fedavgm,fedadam,fedyogi,fedadagrad,fedprox,scaffold,qffl,afl,"
                  "ditto,hypcluster,cfl,ifca,robust_ifca,drfa,local")
 
@@ -116,7 +121,33 @@ CASES = {
                                 ["rounds=2", "eval_every=1", "seeds=2", "local_steps=1",
                                  "test_examples=64", "clients_per_round=8", "max_examples=5",
                                  "dim=4"]),
+    "fedavg-cifar10-pfl-run": ("run", "fedavg-cifar10-pfl", _PFL),
+    "fedavg-cifar10-pfl-dirichlet-compare": ("compare", "fedavg-cifar10-pfl-dirichlet",
+                                             [*_PFL, "seeds=2", "central_lr=0.5"]),
 }
+
+
+def tiny_cifar10(root: Path) -> Path:
+    """A tiny CIFAR-10 python archive (40 train, 10 test images of seeded noise, every class)
+    in `root`; returns `root`."""
+    import numpy as np
+
+    from fedjax_sim.data.cifar import write_archive
+
+    rng = np.random.default_rng(2024)
+    parts = [(rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), np.arange(n) % 10)
+             for n in (40, 10)]
+    write_archive(root, *parts)
+    return root
+
+
+def case_settings(case: str, scratch: Path) -> list[str]:
+    """The case's settings, its data written under `scratch` where it needs some."""
+    settings = list(CASES[case][2])
+    if TINY_CIFAR10 in settings:
+        data = tiny_cifar10(scratch / "tiny_cifar10")
+        settings = [f"data_dir={data}" if x == TINY_CIFAR10 else x for x in settings]
+    return settings
 
 
 def produce(case: str, out: Path) -> Path:
@@ -124,8 +155,8 @@ def produce(case: str, out: Path) -> Path:
     from fedjax_sim import experiments
     from fedjax_sim.experiments import runner
 
-    command, preset, settings = CASES[case]
-    settings = list(settings)
+    command, preset, _ = CASES[case]
+    settings = case_settings(case, out.parent)
     if command == "run" and "checkpoint_every" in experiments.PRESETS[preset].experiment.declared:
         settings.append("checkpoint_every=0")
     fn = runner.run_preset if command == "run" else runner.compare_preset

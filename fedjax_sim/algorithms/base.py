@@ -72,7 +72,8 @@ def per_client_fields(*names: str) -> Callable[[State], Any]:
 
 
 def cohort_size(num_clients: int, participation: float) -> int:
-    """Clients per round for a participation fraction (at least 1)."""
+    """Clients per round for a participation fraction: participation · m rounded to the
+    nearest integer (Python's `round`: a half goes to the even neighbour), at least 1."""
     return max(1, int(round(participation * num_clients)))
 
 

@@ -6,7 +6,7 @@ Data". AISTATS 2017, arXiv:1602.05629.
 
 One round (the paper's Algorithm 1):
 
-    S    ← ⌈participation · m⌉ clients, uniformly without replacement
+    S    ← round(participation · m) clients (at least 1), uniformly without replacement
     each i ∈ S:  w_i ← LocalUpdate(w)              (`training`: τ optimizer steps)
     w    ← Σ_{i∈S} p_i w_i / Σ_{i∈S} p_i           (p_i = 1, or n_i: weighting="examples")
 

@@ -6,7 +6,7 @@ See docs/protocols.md#ifca.
 
 One round (the paper's Algorithm 1):
 
-    S    ← ⌈participation · m⌉ clients, uniformly without replacement
+    S    ← round(participation · m) clients (at least 1), uniformly without replacement
     each i ∈ S:  ĵ_i ← argmin_j F_i(θ_j)           (a pinned client keeps its cluster)
     option I  (gradient averaging):
                  θ_j ← θ_j − (γ/m) Σ_{i∈S: ĵ_i=j} ∇F_i(θ_j)

@@ -12,6 +12,7 @@ from fedjax_sim.experiments import (
     ifca_synthetic,
     ifca_theory,
     mixed,
+    pfl_cifar10,
 )
 from fedjax_sim.experiments.base import Preset
 from fedjax_sim.experiments.manifest import find_preset, wrong_command
@@ -27,6 +28,7 @@ _EXPERIMENT_MODULES = (
     mixed,
     hetero,
     fednova_quadratic,
+    pfl_cifar10,
 )
 
 

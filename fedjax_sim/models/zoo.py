@@ -291,3 +291,60 @@ def femnist_cnn(num_classes: int = 62, *, split: bool = False) -> Model:
     _check_num_classes(num_classes)
     example = jnp.zeros((1, 28, 28), jnp.float32)
     return _trunk_and_head(FemnistTrunk(), nn.Dense(num_classes), example, split)
+
+
+class SimpleCNN(nn.Module):
+    """pfl-research's `simple_cnn` (its CIFAR-10 benchmark model), as a plain flax module.
+
+    conv 3×3×32 (valid) → ReLU → conv 3×3×64 (valid) → ReLU → maxpool 2 → dropout 0.25 →
+    flatten → dense 128 → ReLU → dropout 0.5 → dense classes; Glorot-uniform kernels and
+    zero biases (pfl's Keras model; its PyTorch one draws the same kernels). On
+    [n, 32, 32, 3]: 896 + 18 496 + 1 605 760 + 1 290 = 1 626 442 parameters for 10
+    classes. x is cast to float32 and standardized per channel by the fixed `mean` and
+    `std` (pfl standardizes its images by the training set's channel statistics).
+    Dropout is active only with train=True and a "dropout" rng.
+    """
+
+    num_classes: int = 10
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        x = (x.astype(jnp.float32) - jnp.asarray(self.mean, jnp.float32)) / jnp.asarray(
+            self.std, jnp.float32)
+        glorot = nn.initializers.xavier_uniform()
+        x = nn.relu(nn.Conv(32, (3, 3), padding="VALID", kernel_init=glorot)(x))
+        x = nn.relu(nn.Conv(64, (3, 3), padding="VALID", kernel_init=glorot)(x))
+        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = nn.Dropout(0.25)(x, deterministic=not train)
+        x = x.reshape((x.shape[0], -1))
+        x = nn.relu(nn.Dense(128, kernel_init=glorot)(x))
+        x = nn.Dropout(0.5)(x, deterministic=not train)
+        return nn.Dense(self.num_classes, kernel_init=glorot)(x)
+
+
+def simple_cnn(num_classes: int = 10, input_shape: Sequence[int] = (32, 32, 3), *,
+               mean: Sequence[float] = (0.0, 0.0, 0.0),
+               std: Sequence[float] = (1.0, 1.0, 1.0)) -> Model:
+    """pfl-research's `simple_cnn` (`SimpleCNN`) as a Model, softmax cross-entropy.
+
+    mean, std: per-channel statistics the model standardizes its (uint8 or float)
+    input by, e.g. the training images' (docs/protocols.md#cifar-10-pfl-research).
+
+    Raises:
+      ValueError: num_classes or input_shape is not positive integers, the image is
+        smaller than 6×6, or mean/std do not have one positive value per channel.
+    """
+    _check_num_classes(num_classes)
+    input_shape = _check_input_shape(input_shape)
+    if len(input_shape) != 3 or min(input_shape[:2]) < 6:
+        raise ValueError(f"input_shape must be (height, width, channels) of at least 6×6; got "
+                         f"{input_shape!r}.")
+    mean, std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
+    channels = input_shape[-1]
+    if len(mean) != channels or len(std) != channels or min(std) <= 0:
+        raise ValueError(f"mean and std must give one value per channel ({channels}), std > 0; "
+                         f"got mean={mean!r}, std={std!r}.")
+    example = jnp.zeros((1, *input_shape), jnp.float32)
+    return from_flax(SimpleCNN(num_classes, mean, std), example)
