@@ -13,6 +13,7 @@ the listing checks, the refusals and one run per experiment of its cheapest meth
 from __future__ import annotations
 
 import json
+import os
 
 import golden
 import numpy as np
@@ -60,16 +61,36 @@ def _listed(name: str) -> tuple[str, ...]:
     return preset.experiment.declared[_key(preset)].choices
 
 
-# The cheapest method of each experiment runs in the default selection; the rest are slow.
+# The cheapest method of each experiment runs in the default selection. The slow set (CI)
+# runs every method once (on the first preset that lists it) and every experiment once (its
+# first preset's first listed method): a compilation each, about 50 runs. The whole
+# preset × method matrix (about 500 runs, an hour or more on two cores) runs with
+# FEDJAX_SIM_EVERY_METHOD=1, the check before a release or after a change to the method
+# table or an experiment's `provides`.
 FAST = {"ifca_synthetic": "fedavg", "drfa_molecules": "fedavg"}
+EVERY = os.environ.get("FEDJAX_SIM_EVERY_METHOD") == "1"
 _FIRST = {}
 for _name in PRESETS:
     _FIRST.setdefault(experiments.PRESETS[_name].experiment.name, _name)
-CASES = [pytest.param(name, method, marks=() if (
-    _FIRST[experiments.PRESETS[name].experiment.name] == name
-    and FAST.get(experiments.PRESETS[name].experiment.name) == method) else pytest.mark.slow)
-    for name in PRESETS for method in _listed(name)]
+_ONCE: set[tuple[str, str]] = set()
+_seen_methods: set[str] = set()
+for _name in PRESETS:
+    for _method in _listed(_name):
+        if _method not in _seen_methods:
+            _seen_methods.add(_method)
+            _ONCE.add((_name, _method))
+for _experiment, _name in _FIRST.items():
+    _ONCE.add((_name, FAST.get(_experiment, _listed(_name)[0])))
 
+
+def _fast(name: str, method: str) -> bool:
+    experiment = experiments.PRESETS[name].experiment.name
+    return _FIRST[experiment] == name and FAST.get(experiment) == method
+
+
+CASES = [pytest.param(name, method, marks=() if _fast(name, method) else pytest.mark.slow)
+         for name in PRESETS for method in _listed(name)
+         if EVERY or (name, method) in _ONCE or _fast(name, method)]
 
 def _data(name: str, tmp_path) -> list[str]:
     """Tiny local data for a preset that reads a user's copy (none ships)."""
