@@ -36,6 +36,7 @@ PATTERNS = (
 # Paths that are written in the code but are not references to a file of this repository.
 NOT_REFERENCES = {
     "fedjax_sim/cli/",  # benchmarks/rounds_per_sec.py: a layout an older checkout may have
+    "benchmarks/.venv-pfl",  # created by benchmarks/standard_workloads.py, git-ignored
 }
 
 

@@ -394,7 +394,7 @@ SHARDED_SCRIPT = textwrap.dedent(
     import jax, numpy as np
     from jax.sharding import PartitionSpec as P
     from fedjax_sim import parallel, simulate
-    from fedjax_sim.execution import planned
+    from fedjax_sim.execution import Execution, planned
     from test_engine import fedavg_with_server_step, two_leaf_inputs, two_leaf_model
 
     assert jax.device_count() == 4

@@ -15,6 +15,7 @@ checks across settings (`Experiment.validate`) need the experiment and run after
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -96,7 +97,11 @@ def check(command: str, name: str, overrides: list[str]) -> None:
     """Raises the ValueError that `runner.resolve_settings` would raise first for this
     preset and these `--set` items, where the declarations alone decide it (an unknown
     preset or setting, a value of the wrong type or out of range); returns quietly
-    otherwise (the full check follows)."""
+    otherwise (the full check follows). Once the registry is imported (a program or a
+    test that registered its own preset) the full check decides alone: the fast path
+    exists only to refuse before JAX loads."""
+    if "fedjax_sim.experiments.registry" in sys.modules:
+        return
     parsed = parse_assignments(overrides)
     preset = find_preset(load(), name, command)
     resolve(preset.settings, preset.defaults, parsed, lists=command == "sweep", notes=False)

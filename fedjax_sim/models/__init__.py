@@ -16,7 +16,7 @@ from fedjax_sim.models.core import (
     split_model,
     squared_error,
 )
-from fedjax_sim.models.zoo import MLP, MLPTrunk, mlp_classifier
+from fedjax_sim.models.zoo import MLP, MLPTrunk, mlp_classifier, simple_cnn
 
 __all__ = [
     "DenseInput",
@@ -32,6 +32,7 @@ __all__ = [
     "masked_mean",
     "mlp_classifier",
     "partition",
+    "simple_cnn",
     "soft_cross_entropy",
     "softmax_cross_entropy",
     "split_model",
