@@ -97,13 +97,14 @@ def check(command: str, name: str, overrides: list[str]) -> None:
     """Raises the ValueError that `runner.resolve_settings` would raise first for this
     preset and these `--set` items, where the declarations alone decide it (an unknown
     preset or setting, a value of the wrong type or out of range); returns quietly
-    otherwise (the full check follows). Once the registry is imported (a program or a
-    test that registered its own preset) the full check decides alone: the fast path
-    exists only to refuse before JAX loads."""
-    if "fedjax_sim.experiments.registry" in sys.modules:
+    otherwise (the full check follows). A preset that a program registered itself (in
+    the imported registry, not in the generated manifest) is left to the full check."""
+    declared = load()
+    registry = sys.modules.get("fedjax_sim.experiments.registry")
+    if name not in declared and registry is not None and name in registry.PRESETS:
         return
     parsed = parse_assignments(overrides)
-    preset = find_preset(load(), name, command)
+    preset = find_preset(declared, name, command)
     resolve(preset.settings, preset.defaults, parsed, lists=command == "sweep", notes=False)
 
 
