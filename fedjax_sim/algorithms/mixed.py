@@ -60,13 +60,9 @@ from fedjax_sim.algorithms.base import (
     Algorithm,
     check_choice,
     check_inputs,
-    check_participation,
-    check_weighting,
-    client_weights,
-    draw_cohort,
+    cohorts,
     mean_over,
     num_params,
-    participants,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
 from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
@@ -306,12 +302,11 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
                          f"sampling must be with_replacement; got {central.sampling!r}.")
     local_steps, batch_size = training.steps, training.batch_size
     central_steps, central_batch_size = central.steps, central.batch_size
-    check_participation(participation)
+    clients = cohorts(participation, weighting)
     _check_weight("w_f", w_f)
     _check_weight("w_c", w_c)
     if all(isinstance(w, (int, float, np.number)) for w in (w_f, w_c)) and w_f + w_c == 0:
         raise ValueError("w_f and w_c must not both be 0 (f = w_f f_f + w_c f_c would be 0).")
-    check_weighting(weighting)
     check_choice("combine", combine, COMBINES)
     check_choice("transfer", transfer, TRANSFERS)
     if central_loss is not None and not callable(central_loss):
@@ -368,7 +363,7 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
         # The cohort and its slots' keys come from the round key exactly as in FedAvg, so
         # with w_c = 0 the client side is FedAvg's round draw for draw; the server's keys
         # are a separate stream folded off the same key.
-        cohort = draw_cohort(key, data, participation, round=state.round)
+        cohort = clients.draw(key, data, round=state.round)
         central_keys = jax.random.split(jax.random.fold_in(key, CENTRAL_STREAM), central_steps)
         g_c = central_grad(arrays)
 
@@ -399,7 +394,7 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
             deltas, grads0, losses0 = jax.vmap(one)(batch.data.x, batch.data.y,
                                                     batch.data.num_examples, batch.keys,
                                                     batch.slot_work())
-            weights = client_weights(batch.active, batch.data.num_examples, weighting)
+            weights = clients.weights(batch.active, batch.data.num_examples)
             sums = (weighted_sum(deltas, weights), weighted_sum(grads0, weights),
                     jnp.sum(weights))
             return sums, (losses0, batch.active)
@@ -434,7 +429,7 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
         up = 2 * d if variant == "gt2" else d
         metrics = {
             "cohort_loss": cohort_loss,
-            **participants(data, active),
+            **clients.participants(data, active),
             "central_loss": loss_c,
             "mixed_loss": w_f * cohort_loss + w_c * loss_c,
             "G_tilde": g_tilde,
@@ -463,7 +458,7 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
                 return client_batch_grad(model, x, y, n, batch_size)(p, step)
 
             losses, grads = jax.vmap(one)(part.x, part.y, part.num_examples, members.keys)
-            weights = client_weights(part.active(), part.num_examples, weighting)
+            weights = clients.weights(part.active(), part.num_examples)
             weight = jnp.sum(weights)
             grad_f = mean_or_keep(weighted_sum(grads, weights), weight, optax.tree.zeros_like(p))
             loss_f = mean_over(losses, weights)
