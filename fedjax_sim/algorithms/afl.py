@@ -58,10 +58,8 @@ from fedjax_sim.algorithms.base import (
     broadcast_to_clients,
     check_choice,
     check_inputs,
-    check_participation,
-    draw_cohort,
+    cohorts,
     mean_over,
-    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
@@ -132,7 +130,7 @@ def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
       Learning", ICML 2019, https://arxiv.org/abs/1902.00146.
     """
     check_training("afl", training)
-    check_participation(participation)
+    clients = cohorts(participation)
     check_learning_rate("lambda_lr", lambda_lr)
     check_choice("evaluate_iterate", evaluate_iterate, ITERATES)
 
@@ -145,7 +143,7 @@ def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
 
     def round_(state: AFLState, data: FederatedData, key):
         m = data.num_clients
-        cohort = draw_cohort(key, data, participation, round=state.round)
+        cohort = clients.draw(key, data, round=state.round)
         s = cohort.size
 
         def client_step(batch):  # τ steps from w; F_i(w) is the first step's loss
@@ -165,7 +163,7 @@ def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
         lam_avg = running_mean(state.lam_avg, lam, state.round)
         metrics = {
             "cohort_loss": mean_over(losses, active),
-            **participants(data, active),
+            **clients.participants(data, active),
             "worst_client_loss": jnp.max(jnp.where(active, losses, 0.0)),
             "lambda_max": jnp.max(lam),
         }

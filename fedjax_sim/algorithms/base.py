@@ -2,7 +2,7 @@
 
 This module also holds what every factory shares, so that a factory is its own
 maths: the checks of the settings every algorithm takes (`participation`,
-`weighting`), the round's cohort draw (`draw_cohort`), the weighted means over a
+`weighting`) and the round's cohort draw, both in `Cohorts`, the weighted means over a
 cohort, and the combinators that wrap a whole algorithm (`with_restarts`,
 `with_seeds`, `with_grid`, `with_server_optimizer`, `with_systems`). How a client trains is
 `training.ClientTraining`; how a round is executed (chunks, kernel forms) is the
@@ -157,6 +157,57 @@ def participants(data, active) -> dict:
     if systems_of(data).trivial:
         return {}
     return {"participants": jnp.sum(active).astype(jnp.float32)}
+
+
+class Cohorts(NamedTuple):
+    """Who takes part in a round, and how much each counts: the bookkeeping every
+    algorithm shares, written once so that a round reads as its paper's pseudocode.
+
+    participation: the fraction of the m clients drawn each round, in (0, 1].
+    weighting: "uniform" (p_i = 1) or "examples" (p_i = n_i) in the cohort's means;
+      None for an algorithm that weighs clients its own way.
+
+    Build it with `cohorts(participation, weighting)`, which checks both settings.
+
+    Examples:
+      >>> import jax
+      >>> from fedjax_sim.algorithms.base import cohorts
+      >>> from fedjax_sim.data import linear_mixture
+      >>> data = linear_mixture(jax.random.key(0), k=2, m=8, n=10, d=3, sigma=0.1, R=1.0).train
+      >>> cohort = cohorts(0.5, "uniform").draw(jax.random.key(1), data, round=0)
+      >>> cohort.ids.shape
+      (4,)
+      >>> cohorts(1.5)
+      Traceback (most recent call last):
+      ...
+      ValueError: participation must be in (0, 1]; got 1.5.
+    """
+
+    participation: float
+    weighting: str | None = None
+
+    def draw(self, key, data, *, round, weights=None):  # noqa: A002
+        """The round's cohort (`draw_cohort`): uniform without replacement, or i.i.d. ∝
+        `weights` ([m]); `round` is the state's round counter (the systems' clock)."""
+        return draw_cohort(key, data, self.participation, weights=weights, round=round)
+
+    def weights(self, active, num_examples):
+        """[c] p_i of a batch's slots in the cohort's mean (`client_weights`): 0 where inactive."""
+        return client_weights(active, num_examples, self.weighting)
+
+    @staticmethod
+    def participants(data, active) -> dict:
+        """The round metric `participants` where the data carry `Systems`; {} otherwise."""
+        return participants(data, active)
+
+
+def cohorts(participation: float, weighting: str | None = None) -> Cohorts:
+    """`Cohorts(participation, weighting)` after `check_participation` and, unless None,
+    `check_weighting` (ValueError naming the setting)."""
+    check_participation(participation)
+    if weighting is not None:
+        check_weighting(weighting)
+    return Cohorts(participation, weighting)
 
 
 def client_weights(batch_active, num_examples, weighting: str):

@@ -66,13 +66,9 @@ from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
     check_inputs,
-    check_participation,
     check_steps,
-    check_weighting,
-    client_weights,
-    draw_cohort,
+    cohorts,
     mean_over,
-    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.ifca import evaluate_clusters
@@ -142,8 +138,7 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
     check_training("cfl", training)
     if not isinstance(max_clusters, int) or isinstance(max_clusters, bool) or max_clusters < 1:
         raise ValueError(f"max_clusters must be an integer >= 1; got {max_clusters!r}.")
-    check_participation(participation)
-    check_weighting(weighting)
+    clients = cohorts(participation, weighting)
     check_steps("min_split_size", min_split_size)
     if min_split_size < 2:
         raise ValueError(f"min_split_size must be >= 2 (a bipartition needs two members); "
@@ -161,7 +156,7 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
                         jnp.zeros((), jnp.int32))
 
     def round_(state: CFLState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation, round=state.round)
+        cohort = clients.draw(key, data, round=state.round)
         ids = take(cohort, state.assignment)
 
         def client_step(batch):  # Δθ_i = LocalUpdate(θ_c(i)) − θ_c(i)
@@ -170,7 +165,7 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
                                                             **batch.work())
             c = batch.keys.shape[0]
             delta = _flat(trained, c) - _flat(start, c)
-            weights = client_weights(batch.active, batch.data.num_examples, weighting)
+            weights = clients.weights(batch.active, batch.data.num_examples)
             return (), (delta, weights, losses[:, 0])
 
         _, (delta, weights, losses) = cohort_sums(client_step, data, cohort, inputs=ids)
@@ -209,7 +204,7 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
         params = optax.tree.add(params, jax.vmap(unravel)(step))
         metrics = {
             "cohort_loss": mean_over(losses, active),
-            **participants(data, active),
+            **clients.participants(data, active),
             "num_clusters": used,
             "splits": used - state.num_clusters,
             "mean_update_norm": mean_norm,

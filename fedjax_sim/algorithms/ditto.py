@@ -36,13 +36,9 @@ from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
     check_inputs,
-    check_participation,
     check_same_clients,
-    check_weighting,
-    client_weights,
-    draw_cohort,
+    cohorts,
     mean_over,
-    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
@@ -101,8 +97,7 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
     if personal is not None:
         check_training("ditto", personal, "personal")
     personal_training = training if personal is None else personal
-    check_participation(participation)
-    check_weighting(weighting)
+    clients = cohorts(participation, weighting)
     check_learning_rate("ditto_lambda", ditto_lambda)
 
     def init(key, data: FederatedData) -> DittoState:
@@ -112,7 +107,7 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
                           jnp.zeros((), jnp.int32))
 
     def round_(state: DittoState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation, round=state.round)
+        cohort = clients.draw(key, data, round=state.round)
         w = state.params
 
         def personal_loss(v, xb, yb, mb, _key):  # F_k(v) + (λ/2)‖v − w^t‖² on a minibatch
@@ -134,14 +129,14 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
             personal = jax.vmap(personalize)(batch.inputs, batch.data.x, batch.data.y,
                                              batch.data.num_examples, batch.keys, batch.active,
                                              batch.slot_work())
-            weights = client_weights(batch.active, batch.data.num_examples, weighting)
+            weights = clients.weights(batch.active, batch.data.num_examples)
             return (weighted_sum(trained, weights), jnp.sum(weights)), (
                 personal, losses[:, 0], batch.active)
 
         (total, weight), (personal, losses, active) = cohort_sums(
             client_step, data, cohort, inputs=take(cohort, state.personal))
         params = mean_or_keep(total, weight, w)
-        metrics = {"cohort_loss": mean_over(losses, active), **participants(data, active)}
+        metrics = {"cohort_loss": mean_over(losses, active), **clients.participants(data, active)}
         return DittoState(params, put(cohort, state.personal, personal), state.round + 1), metrics
 
     def evaluate(state: DittoState, data: FederatedData) -> dict:

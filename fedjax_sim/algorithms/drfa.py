@@ -57,11 +57,9 @@ from fedjax_sim.algorithms.base import (
     broadcast_to_clients,
     check_choice,
     check_inputs,
-    check_participation,
     cohort_size,
-    draw_cohort,
+    cohorts,
     mean_over,
-    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
@@ -214,7 +212,7 @@ def _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
     """DRFA's round, with DRFLM's mixup step when `mixup` is (α, β)."""
     check_training("drfa", training)
     local_steps, batch_size = training.steps, training.batch_size
-    check_participation(participation)
+    clients = cohorts(participation)
     check_choice("lambda_loss", lambda_loss, LAMBDA_LOSSES)
     if lambda_loss == "mixup" and mixup is None:
         raise ValueError("lambda_loss='mixup' needs mixup=(alpha, beta) (use drflm).")
@@ -284,13 +282,13 @@ def _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
 
         # --- C_s: τ local steps, keeping the snapshot at t'
         if official_code:
-            cohort = draw_cohort(key_c, data, participation, round=state.round)
+            cohort = clients.draw(key_c, data, round=state.round)
             # FedTorch copies the model when its step counter reaches k, before that step's
             # update: the snapshot is the model after k − 1 updates.
             snap_steps = jax.random.randint(key_t, (m,), 1, local_steps) - 1
             slot_weight = take(cohort, state.lam) * (n / m)
         else:
-            cohort = draw_cohort(key_c, data, participation, weights=state.lam, round=state.round)
+            cohort = clients.draw(key_c, data, weights=state.lam, round=state.round)
             snap_steps = jnp.full((m,), jax.random.randint(key_t, (), 1, local_steps + 1))
             slot_weight = jnp.ones((m,), jnp.float32)
 
@@ -321,7 +319,7 @@ def _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
         w_tilde = mean_or_keep(snap_sum, count, state.params)
 
         # --- U_s: each returns the loss of w̃ on one minibatch; the λ step
-        lam_cohort = draw_cohort(key_u, data, participation, round=state.round)
+        lam_cohort = clients.draw(key_u, data, round=state.round)
         lam_loss = mixed_loss if lambda_loss == "mixup" else clean_loss
 
         def probe(batch):
@@ -352,7 +350,7 @@ def _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
             jnp.ones((m,), jnp.int32), cohort.ids, num_segments=n)
         metrics = {
             "cohort_loss": mean_over(first_losses, active),
-            **participants(data, active),
+            **clients.participants(data, active),
             "lambda_max": jnp.max(lam),
             "lambda_entropy": -jnp.sum(jnp.where(lam > 0, lam * jnp.log(lam), 0.0)),
             "probe_loss_worst": jnp.max(probe_losses),

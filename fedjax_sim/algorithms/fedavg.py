@@ -25,12 +25,8 @@ from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
     check_inputs,
-    check_participation,
-    check_weighting,
-    client_weights,
-    draw_cohort,
+    cohorts,
     mean_over,
-    participants,
 )
 from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
@@ -99,8 +95,7 @@ def fedavg(model: Model, training: ClientTraining, *, participation: float = 1.0
       Data", AISTATS 2017, https://arxiv.org/abs/1602.05629.
     """
     check_training("fedavg", training)
-    check_participation(participation)
-    check_weighting(weighting)
+    clients = cohorts(participation, weighting)
 
     def init(key, data: FederatedData) -> FedAvgState:
         params = model.init(key)
@@ -108,19 +103,20 @@ def fedavg(model: Model, training: ClientTraining, *, participation: float = 1.0
         return FedAvgState(params, jnp.zeros((), jnp.int32))
 
     def round_(state: FedAvgState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation, round=state.round)
+        cohort = clients.draw(key, data, round=state.round)
 
         def client_step(batch):  # τ local steps from the global model, weighted sum
             start = broadcast_to_clients(state.params, batch.keys.shape[0])
             trained, _, losses = training.update_clients(model, start, batch.data, batch.keys,
                                                             **batch.work())
-            weights = client_weights(batch.active, batch.data.num_examples, weighting)
+            weights = clients.weights(batch.active, batch.data.num_examples)
             sums = (weighted_sum(trained, weights), jnp.sum(weights))
             return sums, (losses[:, 0], batch.active)
 
         (total, weight), (first_losses, active) = cohort_sums(client_step, data, cohort)
         params = mean_or_keep(total, weight, state.params)
-        metrics = {"cohort_loss": mean_over(first_losses, active), **participants(data, active)}
+        metrics = {"cohort_loss": mean_over(first_losses, active),
+                   **clients.participants(data, active)}
         return state._replace(params=params, round=state.round + 1), metrics
 
     def evaluate(state: FedAvgState, data: FederatedData) -> dict:

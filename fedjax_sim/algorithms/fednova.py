@@ -50,10 +50,8 @@ import optax
 from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
-    client_weights,
-    draw_cohort,
+    cohorts,
     mean_over,
-    participants,
 )
 from fedjax_sim.algorithms.fedavg import FedAvgState, fedavg
 from fedjax_sim.algorithms.fedprox import proximal_term
@@ -141,9 +139,10 @@ def fednova(model: Model, training: ClientTraining, *, momentum: float = 0.0, mu
     # FedAvg's state, init and evaluation (and its checks of participation and weighting);
     # only the round's aggregation is FedNova's own.
     shared = fedavg(model, local, participation=participation, weighting=weighting)
+    clients = cohorts(participation, weighting)
 
     def round_(state: FedAvgState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation, round=state.round)
+        cohort = clients.draw(key, data, round=state.round)
 
         def client_step(batch):
             start = broadcast_to_clients(state.params, batch.keys.shape[0])
@@ -151,7 +150,7 @@ def fednova(model: Model, training: ClientTraining, *, momentum: float = 0.0, mu
                                                       **batch.work())
             tau = local.steps_taken(batch.data, batch.keys, **batch.work())
             norm = work_norm(tau, learning_rate=lr, momentum=momentum, mu=mu)  # ‖a_i‖₁
-            p = client_weights(batch.active, batch.data.num_examples, weighting)
+            p = clients.weights(batch.active, batch.data.num_examples)
             p = jnp.where(tau > 0, p, 0.0)
             delta = optax.tree.sub(start, trained)  # x − y_i
             scale = p / jnp.maximum(norm, 1e-30)  # p_i / ‖a_i‖₁ (unnormalised p)
@@ -167,8 +166,8 @@ def fednova(model: Model, training: ClientTraining, *, momentum: float = 0.0, mu
         tau_eff = pa_total / total
         params = optax.tree.where(
             some, optax.tree.add_scale(state.params, -tau_eff / total, d_total), state.params)
-        metrics = {"cohort_loss": mean_over(first_losses, active), **participants(data, active),
-                   "tau_eff": jnp.where(some, tau_eff, 0.0)}
+        metrics = {"cohort_loss": mean_over(first_losses, active),
+                   **clients.participants(data, active), "tau_eff": jnp.where(some, tau_eff, 0.0)}
         return state._replace(params=params, round=state.round + 1), metrics
 
     return Algorithm(shared.init, round_, shared.evaluate)

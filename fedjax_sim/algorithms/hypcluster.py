@@ -58,12 +58,8 @@ from fedjax_sim.algorithms.base import (
     broadcast_to_clients,
     check_choice,
     check_inputs,
-    check_participation,
-    check_weighting,
-    client_weights,
-    draw_cohort,
+    cohorts,
     mean_over,
-    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.ifca import evaluate_clusters
@@ -133,8 +129,7 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
     check_training("hypcluster", training)
     if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:
         raise ValueError(f"num_clusters (k) must be an integer >= 1; got {num_clusters!r}.")
-    check_participation(participation)
-    check_weighting(weighting)
+    clients = cohorts(participation, weighting)
     check_choice("init", init, INITS)
     # (an explicit init_steps: every client that many steps, whatever the training's work)
     seeding = (training if init_steps is None
@@ -174,7 +169,7 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
         return HypClusterState(params, jnp.full((m,), -1, jnp.int32), jnp.zeros((), jnp.int32))
 
     def round_(state: HypClusterState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation, round=state.round)
+        cohort = clients.draw(key, data, round=state.round)
 
         def client_step(batch):  # f(i) = argmin_j F_i(h_j), then τ steps from h_f(i)
             losses = cluster_losses(model, state.cluster_params, batch.data)
@@ -182,7 +177,7 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
             start = jax.tree.map(lambda p: p[chosen], state.cluster_params)
             trained, _, _ = training.update_clients(model, start, batch.data, batch.keys,
                                                      **batch.work())
-            weights = client_weights(batch.active, batch.data.num_examples, weighting)
+            weights = clients.weights(batch.active, batch.data.num_examples)
             segment = jnp.where(batch.active, chosen, k)  # id k is dropped
             return segment_totals(trained, segment, k, weights), (losses, chosen)
 
@@ -194,7 +189,7 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
         chosen_loss = jnp.take_along_axis(losses, chosen[:, None], axis=1)[:, 0]
         counts = jax.ops.segment_sum(active.astype(jnp.int32), chosen, k)
         metrics = {"cohort_loss": mean_over(chosen_loss, active), "cluster_sizes": counts,
-                   **participants(data, active)}
+                   **clients.participants(data, active)}
         return HypClusterState(params, put(cohort, state.assignment, assignment),
                                state.round + 1), metrics
 

@@ -50,17 +50,14 @@ import optax
 
 from fedjax_sim.algorithms.base import (
     Algorithm,
+    Cohorts,
     broadcast_to_clients,
     check_choice,
     check_inputs,
-    check_participation,
     check_same_clients,
     check_steps,
-    check_weighting,
-    client_weights,
-    draw_cohort,
+    cohorts,
     num_params,
-    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.training import ClientTraining, check_training
@@ -204,13 +201,14 @@ def _round_metrics(sums: dict, state: IFCAState) -> dict:
     }, with_data
 
 
-def _check(training, num_clusters, option, participation, weighting, divide_by, stable_rounds):
+def _check(training, num_clusters, option, participation, weighting, divide_by,
+           stable_rounds) -> Cohorts:
+    """ValueError naming the first bad setting; the round's `Cohorts` otherwise."""
     check_training("ifca", training)
     if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:
         raise ValueError(f"num_clusters (k) must be an integer >= 1; got {num_clusters!r}.")
     check_choice("option", option, OPTIONS)
-    check_participation(participation)
-    check_weighting(weighting)
+    clients = cohorts(participation, weighting)
     check_choice("divide_by", divide_by, DIVISORS)
     if option == "gradient" and (training.steps != 1 or training.batch_size is not None):
         raise ValueError(
@@ -221,6 +219,7 @@ def _check(training, num_clusters, option, participation, weighting, divide_by, 
         raise ValueError("divide_by applies to option 'gradient' only.")
     if stable_rounds is not None:
         check_steps("stable_rounds", stable_rounds)
+    return clients
 
 
 def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: str = "gradient",
@@ -273,7 +272,8 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
       Framework for Clustered Federated Learning", NeurIPS 2020,
       https://arxiv.org/abs/2006.04088.
     """
-    _check(training, num_clusters, option, participation, weighting, divide_by, stable_rounds)
+    clients = _check(training, num_clusters, option, participation, weighting, divide_by,
+                     stable_rounds)
     k = num_clusters
     whole = model.unsplit()
     opt = training.optimizer
@@ -338,7 +338,7 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
             trained, _, _ = training.update_clients(net, start, batch.data, batch.keys,
                                                     **batch.work())
             trunks, trained = partition(net, trained) if sharing else ({}, trained)
-        weights = client_weights(batch.active, batch.data.num_examples, weighting)
+        weights = clients.weights(batch.active, batch.data.num_examples)
         segment = jnp.where(batch.active, assignment, k)  # id k is dropped
         sums = (segment_totals(trained, segment, k, weights), weighted_sum(trunks, weights),
                 jnp.sum(weights))
@@ -361,7 +361,7 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
         return (sums, _metric_sums(losses, assignment, batch, _pinned(state, batch))), kept
 
     def round_(state: IFCAState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation, round=state.round)
+        cohort = clients.draw(key, data, round=state.round)
         prev = prev_stable = None  # no per-client state: nobody remembers a cluster
         if state.assignment is not None:
             prev, prev_stable = take(cohort, (state.assignment, state.stable))
@@ -371,7 +371,8 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
         (sums, metric_sums), assignment = cohort_sums(
             lambda batch: step(state, batch), data, cohort, inputs=(prev, stable))
         metrics, with_data = _round_metrics(metric_sums, state)
-        metrics.update(participants(data, with_data))  # (with_data: the slots that reported)
+        # (with_data: the slots that reported)
+        metrics.update(clients.participants(data, with_data))
         params, shared, opt_state = server_update(state, sums, data, cohort, with_data)
         new_assignment, new_stable = state.assignment, state.stable
         if state.assignment is not None:

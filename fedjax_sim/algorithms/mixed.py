@@ -12,9 +12,9 @@ regularizer (`central_loss(params, server_arrays, key) -> scalar`). Three
 ways to train it (docs/protocols.md#mixed-fl-algorithms, reconstructed; K = the clients'
 training steps):
 
-`mixed(model, ..., variant=...)` builds every variant from one body (the
-registry's `mixed_parallel`, `mixed_gt1`, `mixed_gt2` fix the variant); the
-clients' K local steps are `ops.client_update`'s, as every algorithm's:
+Each variant is its own factory over shared pieces (the checked settings, the
+clients' K local steps, which are `ops.client_update`'s as every algorithm's, the
+server step and the metrics); `mixed(variant=...)` picks one by name:
 
 * PT (`mixed_parallel`): clients take K steps on f_i, the server K steps on
   f_c, both from x^(t); Δ = w_f·mean_i Δ_i + w_c·Δ_c.
@@ -58,15 +58,12 @@ import optax
 
 from fedjax_sim.algorithms.base import (
     Algorithm,
+    Cohorts,
     check_choice,
     check_inputs,
-    check_participation,
-    check_weighting,
-    client_weights,
-    draw_cohort,
+    cohorts,
     mean_over,
     num_params,
-    participants,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
 from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
@@ -83,7 +80,6 @@ from fedjax_sim.ops import (
 
 COMBINES = ("half", "mixing")
 TRANSFERS = ("current", "stale")
-VARIANTS = ("parallel", "gt1", "gt2", "centralized")
 CENTRAL_STREAM = 0x5E7C  # the server's K step keys: split(fold_in(round key, CENTRAL_STREAM), K)
 
 #: central_loss(params, server_arrays, key) -> scalar: an extra loss term on the server.
@@ -274,67 +270,22 @@ def _check_weight(name: str, value) -> None:
         raise ValueError(f"{name} must be a finite number >= 0; got {value!r}.")
 
 
-def mixed(model: Model, training: ClientTraining, *, variant: str,
-          central: ClientTraining | None = None, w_f=0.5, w_c=0.5,
-          participation: float = 1.0, weighting: str = "uniform",
-          central_loss: CentralLoss | None = None, combine: str = "half",
-          transfer: str = "current", server_lr=None) -> Algorithm:
-    """Mixed FL, one body for every variant: "parallel" (PT), "gt1" (1-GT), "gt2" (2-GT) or
-    "centralized" (the oracle); `mixed_parallel`, `mixed_gt1`, `mixed_gt2` and
-    `mixed_centralized` are this with the variant fixed.
+class _Setup(NamedTuple):
+    """What the four variants share once their settings are checked."""
 
-    A setting that the variant does not read is refused rather than ignored:
-    combine and transfer are 2-GT's. variant: one of VARIANTS; combine: 2-GT's
-    α, "half" or "mixing"; transfer: 2-GT's ĝ_f, "current" or "stale" (the
-    module's docstring); the other settings below.
-    """
-    check_choice("variant", variant, VARIANTS)
-    unread = []
-    if variant != "gt2":
-        unread += [name for name, changed in (("combine", combine != "half"),
-                                              ("transfer", transfer != "current")) if changed]
-    if unread:
-        raise ValueError(f"mixed variant {variant!r} does not read {', '.join(unread)}; "
-                         "leave them unset.")
-    check_training(f"mixed_{variant}", training)
-    if central is None:  # the clients' optimizer and K on every row; the clients' sampling
-        # mode is theirs alone (the datacenter's batches are drawn afresh)
-        central = training.replace(batch_size=None, sampling="with_replacement")
-    check_training(f"mixed_{variant}", central, "central")
-    if central.sampling != "with_replacement":
-        raise ValueError("the central steps draw each datacenter batch afresh: central "
-                         f"sampling must be with_replacement; got {central.sampling!r}.")
-    local_steps, batch_size = training.steps, training.batch_size
-    central_steps, central_batch_size = central.steps, central.batch_size
-    check_participation(participation)
-    _check_weight("w_f", w_f)
-    _check_weight("w_c", w_c)
-    if all(isinstance(w, (int, float, np.number)) for w in (w_f, w_c)) and w_f + w_c == 0:
-        raise ValueError("w_f and w_c must not both be 0 (f = w_f f_f + w_c f_c would be 0).")
-    check_weighting(weighting)
-    check_choice("combine", combine, COMBINES)
-    check_choice("transfer", transfer, TRANSFERS)
-    if central_loss is not None and not callable(central_loss):
-        raise ValueError(
-            "central_loss must be None (a datacenter dataset in ServerData) or a callable "
-            f"(params, server_arrays, key) -> scalar; got {central_loss!r}."
-        )
-    server_lr = 1.0 if server_lr is None else server_lr
-    check_learning_rate("server_lr", server_lr)
-    opt = training.optimizer
-    # 1-GT's server takes one gradient and the oracle steps with the clients' optimizer:
-    # they read only the central batch size.
-    central_opt = opt if variant in ("gt1", "centralized") else central.optimizer
-    if variant in ("gt1", "centralized"):
-        central_steps = local_steps
-    # ServerOpt on −Δ: SGD at η_s (another: `with_server_optimizer` around server_lr = 1).
-    server_opt = optax.sgd(server_lr)
-    f_c = central_loss if central_loss is not None else datacenter_loss(model, central_batch_size)
-    # A plain central loss draws nothing apart: its step input is the step's key.
-    drawn = f_c if isinstance(f_c, DrawnLoss) else DrawnLoss(lambda arrays, key: key, f_c)
+    model: Model
+    training: ClientTraining  # the clients' K local steps
+    central: ClientTraining  # the server's steps (PT, 2-GT)
+    w_f: object
+    w_c: object
+    clients: Cohorts
+    server_opt: optax.GradientTransformation  # ServerOpt on −Δ
+    drawn: DrawnLoss  # f_c, its draws made apart
+    datacenter: bool  # f_c is a datacenter dataset (central_loss None)
 
-    def server_arrays(server):
-        if central_loss is None:
+    def arrays(self, server):
+        """The server arrays f_c reads (a datacenter dataset's checked)."""
+        if self.datacenter:
             if server is None or not isinstance(server.arrays, dict) or not {
                     "x", "y"} <= set(server.arrays):
                 raise ValueError(
@@ -345,61 +296,35 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
             return server.arrays
         return None if server is None else server.arrays
 
-    def init(key, inputs) -> MixedState:
-        data, server = split_inputs(inputs)
-        server_arrays(server)
-        params = model.init(key)
-        check_inputs(model, params, data)
-        return MixedState(params, optax.tree.zeros_like(params),
-                          jnp.zeros((), jnp.int32))
+    def central_keys(self, key, steps: int):
+        """The server's step keys: a stream folded off the round key, apart from the cohort's
+        (so with w_c = 0 the client side is FedAvg's round draw for draw)."""
+        return jax.random.split(jax.random.fold_in(key, CENTRAL_STREAM), steps)
 
-    def central_input(arrays, key):
-        """One central step's input: f_c's draw."""
-        return drawn.draw(arrays, key)
-
-    def central_grad(arrays):
+    def central_grad(self, arrays):
         """(params, central step input) -> (loss, grad) of f_c."""
-        return jax.value_and_grad(lambda p, step: drawn.loss(p, arrays, step))
+        return jax.value_and_grad(lambda p, step: self.drawn.loss(p, arrays, step))
 
-    def round_(state: MixedState, inputs, key):
-        data, server = split_inputs(inputs)
-        arrays = server_arrays(server)
+    def central_inputs(self, arrays, keys):
+        """Every central step's input (f_c's draws), drawn before the steps."""
+        return jax.vmap(lambda k: self.drawn.draw(arrays, k))(keys)
+
+    def clients_train(self, state: MixedState, data: FederatedData, cohort, direction=None):
+        """The cohort's K local steps from x^(t) (`ops.client_update`'s, on `direction`(g_i)
+        if given): (Δ_f = mean_i Δ_i, ĝ_f = mean_i g_i(x^(t)), first losses [s], active [s])."""
         x_t = state.params
-        # The cohort and its slots' keys come from the round key exactly as in FedAvg, so
-        # with w_c = 0 the client side is FedAvg's round draw for draw; the server's keys
-        # are a separate stream folded off the same key.
-        cohort = draw_cohort(key, data, participation, round=state.round)
-        central_keys = jax.random.split(jax.random.fold_in(key, CENTRAL_STREAM), central_steps)
-        g_c = central_grad(arrays)
-
-        if variant == "centralized":
-            return _centralized_round(state, data, g_c, lambda k: central_input(arrays, k),
-                                      cohort, central_keys)
-
-        # Every central step's batch, drawn before the steps (the same draws as in them).
-        central_in = jax.vmap(lambda k: central_input(arrays, k))(central_keys)
-        if variant in ("gt1", "gt2"):
-            # ĝ_c at the round-start model goes down with it. (2-GT's central scan
-            # starts with the same batch at x^(t), so its first gradient is this one.)
-            loss_c, hat_g_c = g_c(x_t, jax.tree.map(lambda a: a[0], central_in))
-            client_corr = optax.tree.scale(w_c, hat_g_c)
-
-            def client_direction(grad):  # w_f g_i(y) + w_c ĝ_c
-                return optax.tree.add(optax.tree.scale(w_f, grad), client_corr)
-        else:
-            client_direction = None
 
         def client_step(batch):
             def one(x, y, n, k, work):
-                end, _, losses, g0 = training.update(
-                    model, x_t, x, y, n, k, direction=client_direction, keep_first_grad=True,
+                end, _, losses, g0 = self.training.update(
+                    self.model, x_t, x, y, n, k, direction=direction, keep_first_grad=True,
                     **work)
                 return optax.tree.sub(end, x_t), g0, losses[0]
 
             deltas, grads0, losses0 = jax.vmap(one)(batch.data.x, batch.data.y,
                                                     batch.data.num_examples, batch.keys,
                                                     batch.slot_work())
-            weights = client_weights(batch.active, batch.data.num_examples, weighting)
+            weights = self.clients.weights(batch.active, batch.data.num_examples)
             sums = (weighted_sum(deltas, weights), weighted_sum(grads0, weights),
                     jnp.sum(weights))
             return sums, (losses0, batch.active)
@@ -407,94 +332,97 @@ def mixed(model: Model, training: ClientTraining, *, variant: str,
         (delta_total, grad_total, weight), (losses0, active) = cohort_sums(
             client_step, data, cohort)
         zeros = optax.tree.zeros_like(x_t)
-        delta_f = mean_or_keep(delta_total, weight, zeros)
-        hat_g_f = mean_or_keep(grad_total, weight, zeros)  # ∇̃f_f at x^(t)
+        return (mean_or_keep(delta_total, weight, zeros), mean_or_keep(grad_total, weight, zeros),
+                losses0, active)
 
-        if variant == "parallel":
-            y_c, hat_g_c, loss_c = descend(g_c, central_opt, x_t, central_in)
-            delta = optax.tree.add(optax.tree.scale(w_f, delta_f),
-                                   optax.tree.scale(w_c, optax.tree.sub(y_c, x_t)))
-        elif variant == "gt1":
-            delta = delta_f
-        else:
-            transferred = hat_g_f if transfer == "current" else state.grad_f
-            y_c, _, _ = descend(g_c, central_opt, x_t, central_in, scale=w_c,
-                                correction=optax.tree.scale(w_f, transferred))
-            alpha = 0.5 if combine == "half" else w_f / jnp.maximum(w_f + w_c, 1e-30)
-            delta = optax.tree.add(optax.tree.scale(alpha, delta_f),
-                                   optax.tree.scale(1.0 - alpha, optax.tree.sub(y_c, x_t)))
+    def server_step(self, x_t, delta):
+        """x^(t+1) = ServerOpt(x^(t), −Δ)."""
+        updates, _ = self.server_opt.update(optax.tree.scale(-1.0, delta),
+                                            self.server_opt.init(x_t), x_t)
+        return optax.apply_updates(x_t, updates)
 
-        updates, _ = server_opt.update(optax.tree.scale(-1.0, delta), server_opt.init(x_t),
-                                       x_t)
-        params = optax.apply_updates(x_t, updates)
-        g_tilde, b_tilde = dissimilarity(hat_g_f, hat_g_c, w_f, w_c)
+    def metrics(self, data, x_t, hat_g_f, hat_g_c, losses0, active, loss_c, *, down, up):
+        """The round's metrics; down, up: models' worth of floats each client receives, sends."""
+        g_tilde, b_tilde = dissimilarity(hat_g_f, hat_g_c, self.w_f, self.w_c)
         cohort_loss = mean_over(losses0, active)
         d = float(num_params(x_t))
-        down = 2 * d if variant in ("gt1", "gt2") else d
-        up = 2 * d if variant == "gt2" else d
-        metrics = {
+        return {
             "cohort_loss": cohort_loss,
-            **participants(data, active),
+            **self.clients.participants(data, active),
             "central_loss": loss_c,
-            "mixed_loss": w_f * cohort_loss + w_c * loss_c,
+            "mixed_loss": self.w_f * cohort_loss + self.w_c * loss_c,
             "G_tilde": g_tilde,
             "B_tilde": b_tilde,
-            "floats_down": jnp.float32(down),
-            "floats_up": jnp.float32(up),
+            "floats_down": jnp.float32(down * d),
+            "floats_up": jnp.float32(up * d),
         }
-        return state._replace(params=params, grad_f=hat_g_f, round=state.round + 1), metrics
 
-    def _centralized_round(state, data, g_c, central_input_of, cohort, central_keys):
-        """The oracle: K steps of minibatch SGD on the mixed loss with all data on the server.
+    def algorithm(self, round_) -> Algorithm:
+        """The variant's round with the shared init (x^(0), ĝ_f = 0) and evaluation."""
 
-        Step j draws a fresh cohort's batches (their mean gradient estimates
-        ∇f_f) and a central batch; nothing is communicated.
-        """
-        x_t = state.params
-        s = cohort.size
+        def init(key, inputs) -> MixedState:
+            data, server = split_inputs(inputs)
+            self.arrays(server)
+            params = self.model.init(key)
+            check_inputs(self.model, params, data)
+            return MixedState(params, optax.tree.zeros_like(params), jnp.zeros((), jnp.int32))
 
-        def mixed_grad(p, k):
-            k_cohort, k_c = jax.random.split(k)
-            members = sample_cohort(k_cohort, data.num_clients, s)
-            part = take(members, data)
+        def evaluate(state: MixedState, inputs) -> dict:
+            data, _ = split_inputs(inputs)
+            return evaluate_shared(self.model, state.params, data)
 
-            def one(x, y, n, kk):
-                step = client_step_input(kk, n, y.shape[0], batch_size)
-                return client_batch_grad(model, x, y, n, batch_size)(p, step)
-
-            losses, grads = jax.vmap(one)(part.x, part.y, part.num_examples, members.keys)
-            weights = client_weights(part.active(), part.num_examples, weighting)
-            weight = jnp.sum(weights)
-            grad_f = mean_or_keep(weighted_sum(grads, weights), weight, optax.tree.zeros_like(p))
-            loss_f = mean_over(losses, weights)
-            loss_c, grad_c = g_c(p, central_input_of(k_c))
-            mixed = optax.tree.add(optax.tree.scale(w_f, grad_f), optax.tree.scale(w_c, grad_c))
-            return (loss_f, loss_c, grad_f, grad_c), mixed
-
-        end, _, (loss_f, loss_c, grad_f, grad_c) = descend(mixed_grad, central_opt, x_t,
-                                                            central_keys)
-        updates, _ = server_opt.update(optax.tree.sub(x_t, end), server_opt.init(x_t), x_t)
-        params = optax.apply_updates(x_t, updates)
-        g_tilde, b_tilde = dissimilarity(grad_f, grad_c, w_f, w_c)
-        metrics = {
-            "cohort_loss": loss_f,
-            "central_loss": loss_c,
-            "mixed_loss": w_f * loss_f + w_c * loss_c,
-            "G_tilde": g_tilde,
-            "B_tilde": b_tilde,
-            "floats_down": jnp.float32(0.0),
-            "floats_up": jnp.float32(0.0),
-        }
-        return state._replace(params=params, grad_f=grad_f, round=state.round + 1), metrics
-
-    def evaluate(state: MixedState, inputs) -> dict:
-        data, _ = split_inputs(inputs)
-        return evaluate_shared(model, state.params, data)
-
-    return Algorithm(init, round_, evaluate)
+        return Algorithm(init, round_, evaluate)
 
 
-_DOC_ARGS = """
+def _setup(name: str, model: Model, training: ClientTraining, central, w_f, w_c,
+           participation, weighting, central_loss, server_lr) -> _Setup:
+    """The settings every variant takes, checked (ValueError naming the first bad one)."""
+    check_training(name, training)
+    if central is None:  # the clients' optimizer and K on every row; the clients' sampling
+        # mode is theirs alone (the datacenter's batches are drawn afresh)
+        central = training.replace(batch_size=None, sampling="with_replacement")
+    check_training(name, central, "central")
+    if central.sampling != "with_replacement":
+        raise ValueError("the central steps draw each datacenter batch afresh: central "
+                         f"sampling must be with_replacement; got {central.sampling!r}.")
+    clients = cohorts(participation, weighting)
+    _check_weight("w_f", w_f)
+    _check_weight("w_c", w_c)
+    if all(isinstance(w, (int, float, np.number)) for w in (w_f, w_c)) and w_f + w_c == 0:
+        raise ValueError("w_f and w_c must not both be 0 (f = w_f f_f + w_c f_c would be 0).")
+    if central_loss is not None and not callable(central_loss):
+        raise ValueError(
+            "central_loss must be None (a datacenter dataset in ServerData) or a callable "
+            f"(params, server_arrays, key) -> scalar; got {central_loss!r}."
+        )
+    server_lr = 1.0 if server_lr is None else server_lr
+    check_learning_rate("server_lr", server_lr)
+    f_c = central_loss if central_loss is not None else datacenter_loss(model, central.batch_size)
+    # A plain central loss draws nothing apart: its step input is the step's key.
+    drawn = f_c if isinstance(f_c, DrawnLoss) else DrawnLoss(lambda arrays, key: key, f_c)
+    # ServerOpt on −Δ: SGD at η_s (another: `with_server_optimizer` around server_lr = 1).
+    return _Setup(model, training, central, w_f, w_c, clients, optax.sgd(server_lr), drawn,
+                  central_loss is None)
+
+
+def _transferred(w_f, w_c, hat_g_c):
+    """A GT client's direction w_f g_i(y) + w_c ĝ_c (ĝ_c held fixed)."""
+    correction = optax.tree.scale(w_c, hat_g_c)
+    return lambda grad: optax.tree.add(optax.tree.scale(w_f, grad), correction)
+
+
+def mixed_parallel(model: Model, training: ClientTraining, *,
+                   central: ClientTraining | None = None, w_f=0.5, w_c=0.5,
+                   participation: float = 1.0, weighting: str = "uniform",
+                   central_loss: CentralLoss | None = None,
+                   server_lr=None) -> Algorithm:
+    """Mixed FL by parallel training (PT): client and server steps from x^(t), deltas mixed.
+
+    One round:
+
+        S ← the cohort;  each i ∈ S: Δ_i ← K steps on f_i from x^(t)
+        y_c ← K central steps on f_c from x^(t)
+        x^(t+1) ← ServerOpt(x^(t), −(w_f·mean_i Δ_i + w_c·(y_c − x^(t))))
     Args:
       model: the shared model.
       training: the clients' K local steps (`ClientTraining`: optimizer, K,
@@ -514,15 +442,6 @@ _DOC_ARGS = """
         the server (a regularizer; the inputs may then be FederatedData alone).
       server_lr: η_s of the server's SGD on −Δ (None: 1, x + Δ); another server
         optimizer is `with_server_optimizer` around the algorithm at server_lr = 1.
-"""
-
-
-def mixed_parallel(model: Model, training: ClientTraining, *,
-                   central: ClientTraining | None = None, w_f=0.5, w_c=0.5,
-                   participation: float = 1.0, weighting: str = "uniform",
-                   central_loss: CentralLoss | None = None,
-                   server_lr=None) -> Algorithm:
-    """Mixed FL by parallel training (PT): client and server steps from x^(t), deltas mixed.
 
     Examples:
       >>> import jax
@@ -547,9 +466,25 @@ def mixed_parallel(model: Model, training: ClientTraining, *,
       Partridge, Rajiv Mathews, "Mixed Federated Learning: Joint Decentralized and
       Centralized Learning", arXiv 2022, https://arxiv.org/abs/2205.13655.
     """
-    return mixed(model, training, variant="parallel", central=central, w_f=w_f, w_c=w_c,
-                 participation=participation, weighting=weighting, central_loss=central_loss,
-                 server_lr=server_lr)
+    mx = _setup("mixed_parallel", model, training, central, w_f, w_c, participation,
+                weighting, central_loss, server_lr)
+
+    def round_(state: MixedState, inputs, key):
+        data, server = split_inputs(inputs)
+        arrays, x_t = mx.arrays(server), state.params
+        cohort = mx.clients.draw(key, data, round=state.round)
+        central_in = mx.central_inputs(arrays, mx.central_keys(key, mx.central.steps))
+        delta_f, hat_g_f, losses0, active = mx.clients_train(state, data, cohort)
+        y_c, hat_g_c, loss_c = descend(mx.central_grad(arrays), mx.central.optimizer, x_t,
+                                       central_in)
+        delta = optax.tree.add(optax.tree.scale(w_f, delta_f),
+                               optax.tree.scale(w_c, optax.tree.sub(y_c, x_t)))
+        metrics = mx.metrics(data, x_t, hat_g_f, hat_g_c, losses0, active, loss_c,
+                             down=1, up=1)
+        return state._replace(params=mx.server_step(x_t, delta), grad_f=hat_g_f,
+                              round=state.round + 1), metrics
+
+    return mx.algorithm(round_)
 
 
 def mixed_gt1(model: Model, training: ClientTraining, *,
@@ -558,6 +493,16 @@ def mixed_gt1(model: Model, training: ClientTraining, *,
               central_loss: CentralLoss | None = None,
               server_lr=None) -> Algorithm:
     """Mixed FL by one-way gradient transfer (1-GT): clients step on w_f g_i + w_c ĝ_c.
+
+    One round:
+
+        ĝ_c ← g_c(x^(t)) on one central batch, sent down with x^(t)
+        S ← the cohort;  each i ∈ S: Δ_i ← K steps on w_f g_i(y) + w_c ĝ_c from x^(t)
+        x^(t+1) ← ServerOpt(x^(t), −mean_i Δ_i)
+
+    Args:
+      model, training, central, w_f, w_c, participation, weighting, central_loss,
+        server_lr: as in `mixed_parallel`.
 
     Examples:
       >>> import jax
@@ -581,9 +526,24 @@ def mixed_gt1(model: Model, training: ClientTraining, *,
       Partridge, Rajiv Mathews, "Mixed Federated Learning: Joint Decentralized and
       Centralized Learning", arXiv 2022, https://arxiv.org/abs/2205.13655.
     """
-    return mixed(model, training, variant="gt1", central=central, w_f=w_f, w_c=w_c,
-                 participation=participation, weighting=weighting, central_loss=central_loss,
-                 server_lr=server_lr)
+    mx = _setup("mixed_gt1", model, training, central, w_f, w_c, participation, weighting,
+                central_loss, server_lr)
+
+    def round_(state: MixedState, inputs, key):
+        data, server = split_inputs(inputs)
+        arrays, x_t = mx.arrays(server), state.params
+        cohort = mx.clients.draw(key, data, round=state.round)
+        # One central gradient, on the first of the K keys the other variants use.
+        central_in = mx.central_inputs(arrays, mx.central_keys(key, training.steps))
+        loss_c, hat_g_c = mx.central_grad(arrays)(x_t, jax.tree.map(lambda a: a[0], central_in))
+        delta_f, hat_g_f, losses0, active = mx.clients_train(
+            state, data, cohort, _transferred(w_f, w_c, hat_g_c))
+        metrics = mx.metrics(data, x_t, hat_g_f, hat_g_c, losses0, active, loss_c,
+                             down=2, up=1)
+        return state._replace(params=mx.server_step(x_t, delta_f), grad_f=hat_g_f,
+                              round=state.round + 1), metrics
+
+    return mx.algorithm(round_)
 
 
 def mixed_gt2(model: Model, training: ClientTraining, *,
@@ -592,6 +552,21 @@ def mixed_gt2(model: Model, training: ClientTraining, *,
               central_loss: CentralLoss | None = None, combine: str = "half",
               transfer: str = "current", server_lr=None) -> Algorithm:
     """Mixed FL by two-way gradient transfer (2-GT): both sides step on the mixed gradient.
+
+    One round:
+
+        ĝ_c ← g_c(x^(t)), sent down with x^(t)
+        S ← the cohort;  each i ∈ S: Δ_i ← K steps on w_f g_i(y) + w_c ĝ_c, and ĝ_i = g_i(x^(t))
+        y_c ← K central steps on w_c g_c(y) + w_f ĝ_f    (ĝ_f = mean_i ĝ_i: `transfer`)
+        x^(t+1) ← ServerOpt(x^(t), −(α·mean_i Δ_i + (1 − α)·(y_c − x^(t))))   (α: `combine`)
+
+    combine: α, "half" (½) or "mixing" (w_f / (w_f + w_c)); transfer: ĝ_f,
+    "current" (this round's) or "stale" (last round's, zeros in round 0).
+
+    Args:
+      model, training, central, w_f, w_c, participation, weighting, central_loss,
+        server_lr: as in `mixed_parallel`.
+      combine, transfer: above.
 
     Examples:
       >>> import jax
@@ -615,9 +590,33 @@ def mixed_gt2(model: Model, training: ClientTraining, *,
       Partridge, Rajiv Mathews, "Mixed Federated Learning: Joint Decentralized and
       Centralized Learning", arXiv 2022, https://arxiv.org/abs/2205.13655.
     """
-    return mixed(model, training, variant="gt2", central=central, w_f=w_f, w_c=w_c,
-                 participation=participation, weighting=weighting, central_loss=central_loss,
-                 combine=combine, transfer=transfer, server_lr=server_lr)
+    mx = _setup("mixed_gt2", model, training, central, w_f, w_c, participation, weighting,
+                central_loss, server_lr)
+    check_choice("combine", combine, COMBINES)
+    check_choice("transfer", transfer, TRANSFERS)
+
+    def round_(state: MixedState, inputs, key):
+        data, server = split_inputs(inputs)
+        arrays, x_t = mx.arrays(server), state.params
+        cohort = mx.clients.draw(key, data, round=state.round)
+        central_in = mx.central_inputs(arrays, mx.central_keys(key, mx.central.steps))
+        # The central scan starts with the same batch at x^(t): its first gradient is ĝ_c.
+        g_c = mx.central_grad(arrays)
+        loss_c, hat_g_c = g_c(x_t, jax.tree.map(lambda a: a[0], central_in))
+        delta_f, hat_g_f, losses0, active = mx.clients_train(
+            state, data, cohort, _transferred(w_f, w_c, hat_g_c))
+        transferred = hat_g_f if transfer == "current" else state.grad_f
+        y_c, _, _ = descend(g_c, mx.central.optimizer, x_t, central_in, scale=w_c,
+                            correction=optax.tree.scale(w_f, transferred))
+        alpha = 0.5 if combine == "half" else w_f / jnp.maximum(w_f + w_c, 1e-30)
+        delta = optax.tree.add(optax.tree.scale(alpha, delta_f),
+                               optax.tree.scale(1.0 - alpha, optax.tree.sub(y_c, x_t)))
+        metrics = mx.metrics(data, x_t, hat_g_f, hat_g_c, losses0, active, loss_c,
+                             down=2, up=2)
+        return state._replace(params=mx.server_step(x_t, delta), grad_f=hat_g_f,
+                              round=state.round + 1), metrics
+
+    return mx.algorithm(round_)
 
 
 def mixed_centralized(model: Model, training: ClientTraining, *,
@@ -627,6 +626,15 @@ def mixed_centralized(model: Model, training: ClientTraining, *,
                       server_lr=None) -> Algorithm:
     """The centrally trained oracle: K minibatch-SGD steps per round on the mixed loss, all
     data pooled on the server (each step a fresh cohort's batches and a central batch).
+
+    One round (nothing is communicated):
+
+        y ← x^(t);  K times: S_j ← a fresh cohort;  y ← y − η (w_f ∇̃f_f(y; S_j) + w_c ∇̃f_c(y))
+        x^(t+1) ← ServerOpt(x^(t), −(y − x^(t)))
+
+    Args:
+      model, training, central, w_f, w_c, participation, weighting, central_loss,
+        server_lr: as in `mixed_parallel`.
 
     Examples:
       >>> import jax
@@ -649,13 +657,75 @@ def mixed_centralized(model: Model, training: ClientTraining, *,
       Partridge, Rajiv Mathews, "Mixed Federated Learning: Joint Decentralized and
       Centralized Learning", arXiv 2022, https://arxiv.org/abs/2205.13655.
     """
-    return mixed(model, training, variant="centralized", central=central, w_f=w_f, w_c=w_c,
-                 participation=participation, weighting=weighting, central_loss=central_loss,
-                 server_lr=server_lr)
+    mx = _setup("mixed_centralized", model, training, central, w_f, w_c, participation,
+                weighting, central_loss, server_lr)
+    batch_size = training.batch_size
+
+    def round_(state: MixedState, inputs, key):
+        data, server = split_inputs(inputs)
+        arrays, x_t = mx.arrays(server), state.params
+        s = mx.clients.draw(key, data, round=state.round).size
+        g_c = mx.central_grad(arrays)
+
+        def mixed_grad(p, k):
+            k_cohort, k_c = jax.random.split(k)
+            members = sample_cohort(k_cohort, data.num_clients, s)
+            part = take(members, data)
+
+            def one(x, y, n, kk):
+                step = client_step_input(kk, n, y.shape[0], batch_size)
+                return client_batch_grad(model, x, y, n, batch_size)(p, step)
+
+            losses, grads = jax.vmap(one)(part.x, part.y, part.num_examples, members.keys)
+            weights = mx.clients.weights(part.active(), part.num_examples)
+            weight = jnp.sum(weights)
+            grad_f = mean_or_keep(weighted_sum(grads, weights), weight, optax.tree.zeros_like(p))
+            loss_f = mean_over(losses, weights)
+            loss_c, grad_c = g_c(p, mx.drawn.draw(arrays, k_c))
+            mixed = optax.tree.add(optax.tree.scale(w_f, grad_f), optax.tree.scale(w_c, grad_c))
+            return (loss_f, loss_c, grad_f, grad_c), mixed
+
+        end, _, (loss_f, loss_c, grad_f, grad_c) = descend(
+            mixed_grad, training.optimizer, x_t, mx.central_keys(key, training.steps))
+        updates, _ = mx.server_opt.update(optax.tree.sub(x_t, end), mx.server_opt.init(x_t),
+                                          x_t)
+        params = optax.apply_updates(x_t, updates)
+        g_tilde, b_tilde = dissimilarity(grad_f, grad_c, w_f, w_c)
+        metrics = {
+            "cohort_loss": loss_f,
+            "central_loss": loss_c,
+            "mixed_loss": w_f * loss_f + w_c * loss_c,
+            "G_tilde": g_tilde,
+            "B_tilde": b_tilde,
+            "floats_down": jnp.float32(0.0),
+            "floats_up": jnp.float32(0.0),
+        }
+        return state._replace(params=params, grad_f=grad_f, round=state.round + 1), metrics
+
+    return mx.algorithm(round_)
 
 
-for _factory in (mixed, mixed_parallel, mixed_gt1, mixed_gt2, mixed_centralized):
-    _factory.__doc__ += "\n" + _DOC_ARGS
+VARIANTS = {"parallel": mixed_parallel, "gt1": mixed_gt1, "gt2": mixed_gt2,
+            "centralized": mixed_centralized}
+
+
+def mixed(model: Model, training: ClientTraining, *, variant: str, combine: str = "half",
+          transfer: str = "current", **settings) -> Algorithm:
+    """The factory of VARIANTS[variant] ("parallel", "gt1", "gt2" or "centralized"), for a
+    caller that holds the variant as a name; `settings` are the factory's.
+
+    A setting the variant does not read is refused rather than ignored: combine and
+    transfer are 2-GT's.
+    """
+    check_choice("variant", variant, tuple(VARIANTS))
+    if variant == "gt2":
+        return mixed_gt2(model, training, combine=combine, transfer=transfer, **settings)
+    unread = [name for name, changed in (("combine", combine != "half"),
+                                         ("transfer", transfer != "current")) if changed]
+    if unread:
+        raise ValueError(f"mixed variant {variant!r} does not read {', '.join(unread)}; "
+                         "leave them unset.")
+    return VARIANTS[variant](model, training, **settings)
 
 
 def on_federated_data(algorithm: Algorithm) -> Algorithm:

@@ -41,10 +41,8 @@ import optax
 from fedjax_sim.algorithms.base import (
     Algorithm,
     check_inputs,
-    check_participation,
-    draw_cohort,
+    cohorts,
     mean_over,
-    participants,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
 from fedjax_sim.algorithms.training import (
@@ -110,7 +108,7 @@ def qffl(model: Model, training: ClientTraining, *, q=DEFAULT_Q,
     check_training("qffl", training)
     check_learning_rate("q", q)
     lipschitz = 1.0 / sgd_rate(training, "qffl", "its Lipschitz estimate is L = 1/η")
-    check_participation(participation)
+    clients = cohorts(participation)
 
     def init(key, data: FederatedData) -> QFFLState:
         params = model.init(key)
@@ -126,7 +124,7 @@ def qffl(model: Model, training: ClientTraining, *, q=DEFAULT_Q,
         return optax.tree.scale(fq, delta_w), h, fq, loss - LOSS_FLOOR
 
     def round_(state: QFFLState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation, round=state.round)
+        cohort = clients.draw(key, data, round=state.round)
 
         def client_step(batch):
             delta, h, fq, loss = jax.vmap(client, in_axes=(None, 0, 0, 0, 0, 0))(
@@ -145,7 +143,7 @@ def qffl(model: Model, training: ClientTraining, *, q=DEFAULT_Q,
             state.params, delta_total)
         metrics = {
             "cohort_loss": mean_over(losses, active),
-            **participants(data, active),
+            **clients.participants(data, active),
             "fair_weight_max": jnp.max(jnp.where(active, fq, 0.0))
             / jnp.maximum(fq_total, 1e-30),
         }

@@ -57,10 +57,8 @@ import jax.numpy as jnp
 from fedjax_sim.algorithms.base import (
     Algorithm,
     check_inputs,
-    check_participation,
-    draw_cohort,
+    cohorts,
     mean_over,
-    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.ifca import evaluate_clusters
@@ -128,7 +126,7 @@ def robust_ifca(model: Model, training: ClientTraining, *, num_clusters: int,
     check_training("robust_ifca", training)
     if not isinstance(num_clusters, int) or isinstance(num_clusters, bool) or num_clusters < 1:
         raise ValueError(f"num_clusters (k) must be an integer >= 1; got {num_clusters!r}.")
-    check_participation(participation)
+    clients = cohorts(participation)
     check_learning_rate("lambda_lr", lambda_lr)
     model = model.unsplit()
     k = num_clusters
@@ -147,7 +145,7 @@ def robust_ifca(model: Model, training: ClientTraining, *, num_clusters: int,
 
     def round_(state: RobustIFCAState, data: FederatedData, key):
         m = data.num_clients
-        cohort = draw_cohort(key, data, participation, round=state.round)
+        cohort = clients.draw(key, data, round=state.round)
         prev, lam_prev = take(cohort, (state.assignment, state.lam))
         entry_weight = 1.0 / jnp.maximum(members(state.assignment), 1.0)  # [k]
 
@@ -183,7 +181,7 @@ def robust_ifca(model: Model, training: ClientTraining, *, num_clusters: int,
                                jnp.where(assignment >= 0, assignment, -1), k)
         metrics = {
             "cohort_loss": mean_over(chosen_loss, active),
-            **participants(data, active),
+            **clients.participants(data, active),
             "worst_client_loss": jnp.max(jnp.where(active, chosen_loss, 0.0)),
             "cluster_sizes": in_cohort.astype(jnp.int32),
             "lambda_max": jnp.max(lam),

@@ -44,12 +44,8 @@ from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
     check_inputs,
-    check_participation,
-    check_weighting,
-    client_weights,
-    draw_cohort,
+    cohorts,
     mean_over,
-    participants,
     per_client_fields,
 )
 from fedjax_sim.algorithms.fedavg import evaluate_shared
@@ -117,8 +113,7 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
     check_training("scaffold", training)
     learning_rate = sgd_rate(training, "scaffold",
                              "option II's control variates are the mean corrected gradient")
-    check_participation(participation)
-    check_weighting(weighting)
+    clients = cohorts(participation, weighting)
     server = make_server_optimizer("sgd", server_lr)
 
     def init(key, data: FederatedData) -> ScaffoldState:
@@ -143,14 +138,14 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
         return delta_y, delta_c, losses[0]
 
     def round_(state: ScaffoldState, data: FederatedData, key):
-        cohort = draw_cohort(key, data, participation, round=state.round)
+        cohort = clients.draw(key, data, round=state.round)
 
         def client_step(batch):
             delta_y, delta_c, first_loss = jax.vmap(
                 client, in_axes=(None, None, 0, 0, 0, 0, 0, 0))(
                 state.params, state.control, batch.inputs, batch.data.x, batch.data.y,
                 batch.data.num_examples, batch.keys, batch.slot_work())
-            weights = client_weights(batch.active, batch.data.num_examples, weighting)
+            weights = clients.weights(batch.active, batch.data.num_examples)
             new_c_i = jax.tree.map(  # c_i ← c_i⁺ for the clients holding data
                 lambda c_i, d: jnp.where(_rows(batch.active, d), c_i + d, c_i),
                 batch.inputs, delta_c)
@@ -164,10 +159,11 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
         delta_x = mean_or_keep(dy_total, weight, optax.tree.zeros_like(state.params))
         params, _ = apply_server_update(server, state.params, server.init(state.params),
                                         delta_x, weight > 0)
-        all_weight = jnp.sum(client_weights(data.active(), data.num_examples, weighting))
+        all_weight = jnp.sum(clients.weights(data.active(), data.num_examples))
         control = jax.tree.map(lambda c, d: c + d / jnp.maximum(all_weight, 1e-30),
                                state.control, dc_total)
-        metrics = {"cohort_loss": mean_over(first_losses, active), **participants(data, active)}
+        metrics = {"cohort_loss": mean_over(first_losses, active),
+                   **clients.participants(data, active)}
         return ScaffoldState(params, control, put(cohort, state.client_controls, client_controls),
                              state.round + 1), metrics
 
