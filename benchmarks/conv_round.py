@@ -1,25 +1,28 @@
 """One FedAvg round of a CNN in both convolution forms, side by side in one run.
 
-The round of the `fedavg-cifar10-pfl` preset (built by its own experiment: cohort 50,
-users of 50 images, one local epoch of batch 10 = 5 local steps at lr 0.1, the cohort
-vmapped), on synthetic CIFAR-shaped data (random uint8 images: the time does not depend
-on the pixels), with pfl-research's `simple_cnn` (`models.zoo.simple_cnn`, flax
-`nn.Conv` layers as a user writes them), once per convolution form (`models.conv`):
+The round of the `fedavg-cifar10-pfl` preset (built by its own experiment: users of 50
+images, one local epoch of batch 10 = 5 local steps at lr 0.1, the cohort vmapped), on
+synthetic CIFAR-shaped data (random uint8 images: the time does not depend on the
+pixels), with pfl-research's `simple_cnn` (`models.zoo.simple_cnn`, flax `nn.Conv`
+layers as a user writes them), in each convolution form (`models.conv`):
 
   "xla":     XLA's convolution, the module as written;
   "patches": each nn.Conv as its input's shifted slices × the kernel, one dot_general
              (the default on CPU).
 
-For each form: `jax.jit(round)` compiled apart (`.lower().compile()`), then rounds timed
-one by one (`block_until_ready`) until `--budget` seconds have passed (at least one),
-median; GFLOP/s by the CNN's FLOP count (`standard_workloads.flops`: forward, weight
-gradients and input gradients of the layers but the first, ×2) and its fraction of the
-matmul peak (`harness.matmul_peak`) measured in the same run. The two forms' parameters
-after one round from the same state are compared too (max |Δ|): same numbers to float
-rounding.
+Rows: both forms at a cohort of `--small-cohort` users (default 2: XLA's form takes
+about 10 s per user on a 2-core CPU, so a 50-user round would take many minutes), and
+the patches form at the full cohort of 50. For each row: `jax.jit(round)` compiled apart
+(`.lower().compile()`), then rounds timed one by one (`block_until_ready`) until
+`--budget` seconds have passed (at least one), median (the first dropped when there
+are three or more); GFLOP/s by the CNN's FLOP count (`standard_workloads.flops`:
+forward, weight gradients and input gradients of the layers but the first, ×2) and its
+fraction of the matmul peak (`harness.matmul_peak`) measured in the same run. The two
+forms' parameters after one round from the same state at the small cohort are compared
+(max |Δ|): the same numbers to float rounding.
 
 Usage:
-  nice -n 5 python benchmarks/conv_round.py                   # ~3 minutes on 2 cores
+  nice -n 5 python benchmarks/conv_round.py                   # a few minutes on 2 cores
   python benchmarks/conv_round.py --dry-run --out /tmp/cr.json   # tiny, seconds
 Results: `results/conv_round.json` beside this script (or --out), strict JSON with the CPU
 model and git HEAD (`harness.collect_meta`).
@@ -38,10 +41,9 @@ import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "conv_round.json"
-FORMS = ("xla", "patches")
-# The round's workload: 50 users of 50 images, cohort 50, batch 10 (5 local steps).
-FULL = {"datapoints_per_user": 50, "cohort_size": 50, "batch_size": 10, "users": 50}
-DRY = {"datapoints_per_user": 5, "cohort_size": 2, "batch_size": 5, "users": 2}
+# The round's workload: users of 50 images, cohort 50, batch 10 (5 local steps).
+FULL = {"datapoints_per_user": 50, "cohort_size": 50, "batch_size": 10}
+DRY = {"datapoints_per_user": 5, "cohort_size": 3, "batch_size": 5}
 
 
 def measure(form: str, size: dict, budget_s: float, log=print):
@@ -56,7 +58,7 @@ def measure(form: str, size: dict, budget_s: float, log=print):
     s = dict(PRESETS["fedavg-cifar10-pfl"].defaults)
     s.update({k: v for k, v in size.items() if k in s})
     rng = np.random.default_rng(0)
-    train = size["users"] * size["datapoints_per_user"]
+    train = size["cohort_size"] * size["datapoints_per_user"]  # every user in the cohort
     arrays = (
         rng.integers(0, 256, (train, 32, 32, 3), dtype=np.uint8),
         rng.integers(0, 10, train).astype(np.int32),
@@ -84,6 +86,7 @@ def measure(form: str, size: dict, budget_s: float, log=print):
     work = flops(s)
     return {
         "form": form,
+        "cohort": size["cohort_size"],
         "compile_s": compile_s,
         "round_s_each": times,
         "round_s": round_s,
@@ -103,7 +106,9 @@ def main(argv=None) -> int:
         default=30.0,
         help="seconds of rounds to time per form (at least one round)",
     )
-    parser.add_argument("--forms", default=",".join(FORMS))
+    parser.add_argument(
+        "--small-cohort", type=int, default=2, help="users of the side-by-side rows"
+    )
     harness.add_checkout_arg(parser)
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -111,35 +116,40 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(HERE))
     import jax
 
-    size = DRY if args.dry_run else FULL
+    full = DRY if args.dry_run else FULL
+    small = {**full, "cohort_size": min(args.small_cohort, full["cohort_size"])}
     meta = harness.collect_meta(
-        args.checkout, dry_run=args.dry_run, workload=size, backend=jax.default_backend()
+        args.checkout, dry_run=args.dry_run, workload=full, backend=jax.default_backend()
     )
     peak = harness.matmul_peak(256, 3) if args.dry_run else harness.matmul_peak()
     print(f"matmul peak: {peak['matmul_peak_GFLOPs']:.1f} GFLOP/s", flush=True)
     rows, params = [], {}
-    for form in args.forms.split(","):
-        row, params[form] = measure(form, size, args.budget)
+    for form, size in (("xla", small), ("patches", small), ("patches", full)):
+        row, after = measure(form, size, args.budget)
+        params.setdefault(form, after)
         row["fraction_of_matmul_peak"] = row["round_GFLOPs"] / peak["matmul_peak_GFLOPs"]
         rows.append(row)
-    results = {"meta": meta, "matmul_peak": peak, "forms": rows}
-    if len(params) == 2:
-        a, b = params.values()
-        results["max_abs_param_difference_after_one_round"] = max(
-            float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
-            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    results = {"meta": meta, "matmul_peak": peak, "rows": rows}
+    results["max_abs_param_difference_after_one_round"] = max(
+        float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+        for x, y in zip(
+            jax.tree.leaves(params["xla"]), jax.tree.leaves(params["patches"]), strict=True
         )
-    by_form = {r["form"]: r["round_s"] for r in rows}
-    if "xla" in by_form and "patches" in by_form:
-        results["speedup_patches_over_xla"] = by_form["xla"] / by_form["patches"]
+    )
+    results["speedup_patches_over_xla"] = rows[0]["round_s"] / rows[1]["round_s"]
     harness.finish_meta(meta, started)
     harness.write_json(args.out, results)
     for r in rows:
         print(
-            f"{r['form']:8s} round {r['round_s']:.3f} s  compile {r['compile_s']:.1f} s  "
-            f"{r['round_GFLOPs']:.1f} GFLOP/s = {r['fraction_of_matmul_peak']:.1%} of the "
-            "matmul peak"
+            f"{r['form']:8s} cohort {r['cohort']:3d}  round {r['round_s']:.3f} s  "
+            f"compile {r['compile_s']:.1f} s  {r['round_GFLOPs']:.1f} GFLOP/s = "
+            f"{r['fraction_of_matmul_peak']:.1%} of the matmul peak"
         )
+    print(
+        f"patches / xla at cohort {small['cohort_size']}: "
+        f"{results['speedup_patches_over_xla']:.1f}x faster; max |param diff| "
+        f"{results['max_abs_param_difference_after_one_round']:.1e}"
+    )
     print(f"wrote {args.out}")
     return 0
 

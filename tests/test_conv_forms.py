@@ -11,6 +11,10 @@ module as written (XLA's convolution), one client at a time, explicit SGD.
 from __future__ import annotations
 
 import doctest
+import json
+import pathlib
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -213,3 +217,38 @@ def test_split_model_features_run_the_patches_form():
 def test_module_example_runs():
     failures, tried = doctest.testmod(conv, optionflags=doctest.ELLIPSIS)
     assert tried and not failures
+
+
+@pytest.mark.slow
+def test_benchmark_dry_run_times_both_forms_as_strict_json(tmp_path):
+    """benchmarks/conv_round.py --dry-run: both forms, their round's FLOPs and fraction of
+    the matmul peak, the same parameters after one round to float rounding."""
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    out = tmp_path / "cr.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(repo / "benchmarks" / "conv_round.py"),
+            "--dry-run",
+            "--budget",
+            "0",
+            "--out",
+            str(out),
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def refuse(token):
+        raise ValueError(f"non-strict JSON token {token}")
+
+    payload = json.loads(out.read_text(), parse_constant=refuse)
+    assert payload["meta"]["cpu_model"] and payload["meta"]["dry_run"] is True
+    assert [row["form"] for row in payload["rows"]] == ["xla", "patches", "patches"]
+    for row in payload["rows"]:
+        assert row["round_s"] > 0 and row["round_flops"] > 0
+        assert row["fraction_of_matmul_peak"] > 0
+    assert payload["max_abs_param_difference_after_one_round"] < 1e-5
