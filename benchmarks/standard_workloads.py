@@ -68,7 +68,7 @@ PRESET = "fedavg-cifar10-pfl"
 
 # The full workload (the preset's defaults), and the dry run's tiny one.
 FULL = {"train": 50_000, "test": 10_000}
-# (XLA:CPU's convolution gradients inside the local steps' scan take seconds even this small.)
+# (Tiny: the dry run is in the slow test set.)
 DRY = {"train": 60, "test": 20, "datapoints_per_user": 5, "cohort_size": 2,
        "batch_size": 5, "rounds": 20, "eval_every": 10, "eval_batch_size": 20}
 

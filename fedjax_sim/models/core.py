@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedjax_sim.models import conv
+
 Params = Any
 
 TRUNK, HEAD = "trunk", "head"
@@ -45,8 +47,10 @@ class DenseInput(NamedTuple):
 
     def with_kernel(self, params, kernel) -> Params:
         """params with `kernel` (None to drop it) at `path`; the other leaves shared."""
+
         def put(tree, keys):
             return kernel if not keys else {**tree, keys[0]: put(tree[keys[0]], keys[1:])}
+
         return put(params, self.path)
 
     def without_kernel(self, params) -> Params:
@@ -139,6 +143,7 @@ def check_model_data(model: Model, params, data) -> None:
     one value per row ([n]); a scalar-output model given [n, 1] labels would
     otherwise broadcast to an [n, n] loss silently.
     """
+
     def one_client(a):
         return jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
 
@@ -181,10 +186,14 @@ def _check_label_range(model: Model, pred, data) -> None:
     not class indices of the predictions.
     """
     y, counts = data.y, data.num_examples
-    if (model.correct is not argmax_correct or isinstance(y, jax.core.Tracer)
-            or isinstance(counts, jax.core.Tracer)
-            or not jnp.issubdtype(y.dtype, jnp.integer) or len(pred.shape) != y.ndim
-            or not getattr(y, "is_fully_addressable", True)):
+    if (
+        model.correct is not argmax_correct
+        or isinstance(y, jax.core.Tracer)
+        or isinstance(counts, jax.core.Tracer)
+        or not jnp.issubdtype(y.dtype, jnp.integer)
+        or len(pred.shape) != y.ndim
+        or not getattr(y, "is_fully_addressable", True)
+    ):
         return
     classes = pred.shape[-1]
     labels = np.asarray(y)
@@ -252,14 +261,24 @@ def from_flax(
     example_input,
     example_loss=softmax_cross_entropy,
     correct=argmax_correct,
+    *,
+    conv_form: str | None = None,
 ) -> Model:
-    """Wraps a flax module taking a batch [n, ...] into a Model."""
+    """Wraps a flax module taking a batch [n, ...] into a Model.
+
+    conv_form: the form its `nn.Conv` layers run in (`models.conv`): "auto" (patches ×
+      kernel as one GEMM on CPU, XLA's convolution on GPU/TPU), "patches" or "xla";
+      None: the environment variable FEDJAX_SIM_CONV_FORM, else "auto". Same numbers
+      to float rounding in every form.
+    """
+    conv_form = conv.check_conv_form(conv_form)
 
     def init(key):
         return module.init(key, example_input)["params"]
 
     def apply(params, x):
-        return module.apply({"params": params}, x)
+        with conv.conv_context(conv_form):
+            return module.apply({"params": params}, x)
 
     return Model(init, apply, example_loss, correct)
 
@@ -270,18 +289,23 @@ def split_model(
     example_input,
     example_loss=softmax_cross_entropy,
     correct=argmax_correct,
+    *,
+    conv_form: str | None = None,
 ) -> Model:
     """A Model made of a trunk (features g(x)) and a head (features -> predictions).
 
     Params are {"trunk": ..., "head": ...}; the two parts get independent
-    init keys.
+    init keys. conv_form: as in `from_flax`.
     """
+    conv_form = conv.check_conv_form(conv_form)
 
     def features(trunk_params, x):
-        return trunk.apply({"params": trunk_params}, x)
+        with conv.conv_context(conv_form):
+            return trunk.apply({"params": trunk_params}, x)
 
     def head_apply(head_params, f):
-        return head.apply({"params": head_params}, f)
+        with conv.conv_context(conv_form):
+            return head.apply({"params": head_params}, f)
 
     def init(key):
         k_trunk, k_head = jax.random.split(key)
