@@ -49,14 +49,22 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 
-# The default run skips the tests marked `slow` (multi-process and multi-device runs, the
-# golden outputs of every preset, the benchmark suite's dry run, ...), so that the README's
-# test command stays under ten minutes on two cores; `--run-slow` runs everything (CI does:
-# .ci/run), an explicit `-m` expression (`-m slow`) chooses for itself, and a test named
-# by its node id (`FILE::TEST`) runs.
+# Three tiers. The default run skips the tests marked `slow` (multi-process and
+# multi-device runs, golden outputs, end-to-end presets, ...), so that the README's test
+# command stays under ten minutes on two cores; `--run-slow` adds them (CI does: .ci/run,
+# about 16 minutes on two cores in all). The tests marked `exhaustive` (also slow) repeat
+# what CI's set already covers on more presets, methods or devices: the golden outputs of
+# the presets that share an experiment with a case CI runs, every method of the table
+# once, every scoped setting against every method, the benchmark suite's dry run, ...;
+# `--run-exhaustive` runs everything (about 27 minutes on two cores), the check before a
+# release or after a change to an experiment, the runner or the engine. An explicit `-m`
+# expression (`-m slow`, `-m exhaustive`) chooses for itself, and a test named by its
+# node id (`FILE::TEST`) runs.
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False,
-                     help="also run the tests marked slow (the full set, as CI runs it)")
+                     help="also run the tests marked slow (CI's set)")
+    parser.addoption("--run-exhaustive", action="store_true", default=False,
+                     help="also run the tests marked slow and exhaustive (everything)")
 
 
 # Slow tests marked here rather than where they are defined (`@pytest.mark.slow` does the
@@ -89,22 +97,75 @@ SLOW = (
 )
 
 
-def _listed_slow(nodeid: str) -> bool:
+# Exhaustive tests (see above), named as in SLOW; each is also slow. CI's set still runs
+# every experiment end to end (the golden cases left to it, or the slow cases of
+# tests/test_every_listed_method.py), the engine on several devices and processes
+# (tests/test_engine.py, test_chunked_sharding.py, test_async.py, test_sharding.py's
+# two processes) and a killed run resumed (tests/test_resume.py).
+EXHAUSTIVE = (
+    *(f"tests/test_golden.py::test_outputs_equal_the_recorded_ones[{case}]" for case in (
+        "ifca-rotated-mnist-compare", "ifca-rotated-digits-cifar-protocol-compare",
+        "ifca-weight-sharing-compare", "hetero-digits-compare", "hetero-digits-partial-compare",
+        "hetero-mnist-compare", "drflm-esol-compare", "mixed-smile-compare",
+        "mixed-movielens-compare", "mixed-charlm-wiki-compare",
+        "fedavg-cifar10-pfl-dirichlet-compare")),
+    "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read[ifca-rotated-digits]",
+    "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read[drfa-synthetic-noise]",
+    "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read[mixed-synthetic]",
+    "tests/test_femnist.py::test_compare_every_table_2_method_tiny",
+    "tests/test_suite.py::test_dry_run_writes_every_section_as_strict_json",
+    "tests/test_conv_forms.py::test_benchmark_dry_run_times_both_forms_as_strict_json",
+    "tests/test_client_sources.py::test_rounds_over_views_equal_copies_one_device",
+    "tests/test_compare_lifecycle.py::test_the_synthetic_baselines_stay_finite_at_their_defaults",
+    "tests/test_compare_devices.py::test_four_devices_give_the_numbers_of_one",
+    "tests/test_unseen_clients.py::test_comparison_end_to_end_has_the_unseen_columns",
+    "tests/test_ifca_images.py::test_cifar_views_compare_equals_copies",
+    "tests/test_compilation_cache.py::test_the_cache_can_be_turned_off_or_moved_and_an_unwritable_one_is_skipped",
+    "tests/test_mixed_charlm_wiki.py::test_preset_compares_every_method_at_a_tiny_size",
+    "tests/test_divergence_reporting.py::test_an_all_diverged_comparison_is_a_diverged_comparison[molecules]",
+    "tests/test_divergence_reporting.py::test_an_all_diverged_comparison_is_a_diverged_comparison[images]",
+    "tests/test_multiprocess_resume.py::test_killed_two_process_run_resumes_to_identical_results",
+    "tests/test_golden.py::test_outputs_equal_the_recorded_ones[robust-clusters-digits-compare]",
+    "tests/test_sharding.py::test_sharded_equals_unsharded",
+    "tests/test_sharding.py::test_compared_cfl_runs_split_a_cluster",
+    "tests/test_sharding.py::test_sweep_on_four_devices_equals_one",
+    "tests/test_client_sources.py::test_rounds_over_views_equal_copies_four_devices",
+    "tests/test_femnist.py::test_compare_end_to_end_tiny",
+    "tests/test_compare_lifecycle.py::test_killed_comparison_resumes_to_identical_outputs",
+    "tests/test_unseen_images.py::test_comparison_end_to_end_has_the_unseen_columns",
+    "tests/test_standard_workloads.py::test_dry_run_writes_both_systems_as_strict_json",
+    "notebooks/drflm_molecules.ipynb",
+    "notebooks/ifca_rotated_mnist.ipynb",
+)
+
+
+def _listed(nodeid: str, entries) -> bool:
     return any(nodeid == entry or nodeid.startswith((entry + "::", entry + "["))
-               for entry in SLOW)
+               for entry in entries)
+
+
+def _listed_slow(nodeid: str) -> bool:
+    return _listed(nodeid, SLOW)
+
+
+def _listed_exhaustive(nodeid: str) -> bool:
+    return _listed(nodeid, EXHAUSTIVE)
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if _listed_slow(item.nodeid):
+        if _listed_exhaustive(item.nodeid):
+            item.add_marker("exhaustive")
+        if item.get_closest_marker("exhaustive") or _listed_slow(item.nodeid):
             item.add_marker("slow")
-    if config.getoption("--run-slow") or config.getoption("markexpr"):
+    if config.getoption("--run-exhaustive") or config.getoption("markexpr"):
         return
+    tier = "exhaustive" if config.getoption("--run-slow") else "slow"
     named = {os.path.relpath(arg.split("::")[0], config.rootpath) + "::" + arg.split("::", 1)[1]
              for arg in config.args if "::" in arg}
 
     def skipped(item):
-        return item.get_closest_marker("slow") and not any(
+        return item.get_closest_marker(tier) and not any(
             item.nodeid == n or item.nodeid.startswith(n + "[") or item.nodeid.startswith(n + "::")
             for n in named)
 

@@ -62,8 +62,9 @@ def _listed(name: str) -> tuple[str, ...]:
 
 
 # The cheapest method of each experiment runs in the default selection. The slow set (CI)
-# runs every method once (on the first preset that lists it) and every experiment once (its
-# first preset's first listed method): a compilation each, about 50 runs. The whole
+# runs every experiment once (its first preset's first listed method); the exhaustive set
+# (`--run-exhaustive`) every method once too (on the first preset that lists it): a
+# compilation each, about 50 runs. The whole
 # preset × method matrix (about 500 runs, an hour or more on two cores) runs with
 # FEDJAX_SIM_EVERY_METHOD=1, the check before a release or after a change to the method
 # table or an experiment's `provides`.
@@ -79,8 +80,9 @@ for _name in PRESETS:
         if _method not in _seen_methods:
             _seen_methods.add(_method)
             _ONCE.add((_name, _method))
-for _experiment, _name in _FIRST.items():
-    _ONCE.add((_name, FAST.get(_experiment, _listed(_name)[0])))
+_EACH_EXPERIMENT = {(_name, FAST.get(_experiment, _listed(_name)[0]))
+                    for _experiment, _name in _FIRST.items()}
+_ONCE |= _EACH_EXPERIMENT
 
 
 def _fast(name: str, method: str) -> bool:
@@ -88,7 +90,13 @@ def _fast(name: str, method: str) -> bool:
     return _FIRST[experiment] == name and FAST.get(experiment) == method
 
 
-CASES = [pytest.param(name, method, marks=() if _fast(name, method) else pytest.mark.slow)
+def _marks(name: str, method: str):
+    if _fast(name, method):
+        return ()
+    return pytest.mark.slow if (name, method) in _EACH_EXPERIMENT else pytest.mark.exhaustive
+
+
+CASES = [pytest.param(name, method, marks=_marks(name, method))
          for name in PRESETS for method in _listed(name)
          if EVERY or (name, method) in _ONCE or _fast(name, method)]
 

@@ -30,14 +30,15 @@ def _test_names(path: Path) -> set[str]:
 
 
 def test_every_slow_entry_names_an_existing_test():
+    conftest = _root_conftest()
     missing = []
-    for entry in _root_conftest().SLOW:
+    for entry in (*conftest.SLOW, *conftest.EXHAUSTIVE):
         path, _, test = entry.partition("::")
         if not (ROOT / path).is_file():
             missing.append(entry)
         elif test and test.split("[")[0] not in _test_names(ROOT / path):
             missing.append(entry)
-    assert not missing, f"conftest.py SLOW names no such test: {missing}"
+    assert not missing, f"conftest.py SLOW or EXHAUSTIVE names no such test: {missing}"
 
 
 def test_listed_tests_are_matched_with_and_without_parameters():
@@ -50,6 +51,29 @@ def test_listed_tests_are_matched_with_and_without_parameters():
     assert not conftest._listed_slow(
         "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read[hetero-digits]")
     assert not conftest._listed_slow("notebooks/quickstart.ipynb::quickstart.ipynb")
+    assert conftest._listed_exhaustive(
+        "tests/test_golden.py::test_outputs_equal_the_recorded_ones[hetero-mnist-compare]")
+    assert not conftest._listed_exhaustive(
+        "tests/test_golden.py::test_outputs_equal_the_recorded_ones[hetero-digits-run]")
+
+
+def _collected(*args: str) -> set[str]:
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                           "-p", "no:xdist", "-p", "no:cacheprovider", *args,
+                           "tests/test_golden.py", "tests/test_every_listed_method.py"],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return {line for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_the_three_tiers_nest():
+    default, slow, everything = _collected(), _collected("--run-slow"), _collected(
+        "--run-exhaustive")
+    assert default < slow < everything
+    hetero = "tests/test_golden.py::test_outputs_equal_the_recorded_ones[hetero-digits-{}]"
+    assert hetero.format("run") in slow - default
+    assert hetero.format("compare") in everything - slow
+    assert _collected("-m", "exhaustive") == everything - slow
 
 
 def _ci_pytest_commands() -> list[list[str]]:
