@@ -161,8 +161,10 @@ def markdown_problems(markdown: str, name: str = "") -> list[str]:
 
 _SKIP = {"code", "pre", "script", "style", "kbd", "samp"}
 _VOID = {"br", "hr", "img", "input", "meta", "link", "wbr", "source", "area", "col", "base"}
-# Commands whose braced argument is text, not math.
-_TEXT_COMMANDS = re.compile(r"\\(?:text\w*|math(?:rm|tt|sf|it|bf)|operatorname\*?)\s*\{[^{}]*\}")
+# Commands whose braced argument is text, not math (and the environment names of
+# \begin{...} and \end{...}).
+_TEXT_COMMANDS = re.compile(
+    r"\\(?:text\w*|math(?:rm|tt|sf|it|bf)|operatorname\*?|begin|end)\s*\{[^{}]*\}")
 _WORD = re.compile(r"(?<![\\A-Za-z])[A-Za-z]{4,}")
 _TEX_COMMAND = re.compile(r"\\(?:[a-zA-Z]{2,}|[()\[\]])")
 _DOLLAR_PAIR = re.compile(r"\$(?!\s)[^$\n]+?(?<!\s)\$")

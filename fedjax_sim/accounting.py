@@ -33,8 +33,8 @@ Adaptive clipping (Andrew et al.) costs one Gaussian of its total multiplier
 that also noises its denominator count (sensitivity 1, noise σ_n) costs one
 Gaussian of `combined_noise_multiplier(σ_Δ, σ_n)`.
 
-dp-accounting is the optional extra `privacy` (`pip install
-'fedjax_sim[privacy]'`), imported when a function here first needs it. Every
+dp-accounting is the optional extra `privacy` (`pip install -e '.[privacy]'` in a
+checkout, or `pip install dp-accounting`), imported when a function here first needs it. Every
 function checks its inputs first and refuses a bad one in one line.
 """
 

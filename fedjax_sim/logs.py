@@ -11,7 +11,8 @@
   summarised by a rule the caller picks (`mean_of_copies`, `best_copy`).
 * `TensorBoardLog` writes scalar metrics as TensorBoard event files through
   tensorboardX (no TensorFlow needed); install it with
-  ``pip install 'fedjax_sim[tensorboard]'``. Non-finite values (the round-0
+  ``pip install -e '.[tensorboard]'`` in a checkout (or ``pip install tensorboardX``).
+  Non-finite values (the round-0
   placeholders, a diverged copy) are left out.
 """
 

@@ -153,7 +153,7 @@ def test_a_missing_dp_accounting_names_the_pip_line(monkeypatch):
         return real(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", fake)
-    with pytest.raises(ValueError, match=re.escape("pip install 'fedjax_sim[privacy]'")):
+    with pytest.raises(ValueError, match=re.escape("pip install -e '.[privacy]'")):
         accounting.epsilon(1.0, 1e-5, 10, q=0.1)
 
 

@@ -91,6 +91,7 @@ def test_broken_pages_are_found(html):
     "<pre><code>$x$ \\sqrt{d} w*</code></pre>",
     "<p>at <span class=\"arithmatex\">\\(\\lfloor \\text{val\\_fraction} \\cdot n_i \\rfloor\\)"
     "</span> rows</p>",
+    "<div class=\"arithmatex\">\\[\\begin{aligned} C &\\leftarrow C \\end{aligned}\\]</div>",
 ])
 def test_good_pages_pass(html):
     assert checks.html_problems(html) == [], html

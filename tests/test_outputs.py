@@ -318,7 +318,7 @@ def test_tensorboard_log_without_tensorboardx_says_how_to_install(tmp_path, monk
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_tensorboardx)
-    with pytest.raises(ValueError, match=re.escape("pip install 'fedjax_sim[tensorboard]'")):
+    with pytest.raises(ValueError, match=re.escape("pip install -e '.[tensorboard]'")):
         logs.TensorBoardLog(tmp_path / "tb")
 
 

@@ -136,9 +136,25 @@ def _block(monkeypatch, module):
     monkeypatch.setattr(builtins, "__import__", fake)
 
 
+def _pip_line(extra: str) -> str:
+    """What a user types to install `extra`'s requirements as pyproject.toml declares
+    them, and the extra's own name for a checkout."""
+    declared = PYPROJECT["optional-dependencies"][extra]
+    quoted = " ".join(f"'{r}'" for r in declared)
+    return f"pip install {quoted} (the extra '{extra}'; in a checkout: pip install -e '.[{extra}]')"
+
+
+@pytest.mark.parametrize("extra", sorted(extras.EXTRAS))
+def test_the_requirements_of_each_extra_are_those_pyproject_declares(extra):
+    assert extras.requirements(extra) == [
+        r.replace(" ", "") for r in PYPROJECT["optional-dependencies"][extra]]
+
+
 def test_require_names_the_pip_line(monkeypatch):
     _block(monkeypatch, "rdkit")
-    with pytest.raises(ValueError, match=re.escape("pip install 'fedjax_sim[molecules]'")):
+    assert _pip_line("molecules") == ("pip install 'rdkit>=2026.9.1' (the extra 'molecules'; "
+                                      "in a checkout: pip install -e '.[molecules]')")
+    with pytest.raises(ValueError, match=re.escape(_pip_line("molecules"))):
         extras.require("rdkit", "molecules", "dataset=esol")
     with pytest.raises(ValueError, match="extra 'molecules' does not provide module 'scipy'"):
         extras.require("scipy", "molecules")
@@ -159,14 +175,14 @@ def test_preset_needing_a_missing_extra_exits_2_and_writes_nothing(
     args = [a.format(data=data) for a in args]
     assert cli.main([command, *args, "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert f"pip install 'fedjax_sim[{extra}]'" in err, err
+    assert _pip_line(extra) in err, err
     assert module in err
     assert not out.exists()
 
 
 def test_tfds_reader_without_tfds_names_the_extra(tmp_path, monkeypatch):
     _block(monkeypatch, "tensorflow_datasets")
-    with pytest.raises(ValueError, match=re.escape("pip install 'fedjax_sim[tfds]'")):
+    with pytest.raises(ValueError, match=re.escape(_pip_line("tfds"))):
         tfds_local.load_images("cifar10", tmp_path, "train")
 
 
