@@ -51,8 +51,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 
 # Three tiers. The default run skips the tests marked `slow` (multi-process and
 # multi-device runs, golden outputs, end-to-end presets, ...), so that the README's test
-# command stays under ten minutes on two cores; `--run-slow` adds them (CI does: .ci/run,
-# about 16 minutes on two cores in all). The tests marked `exhaustive` (also slow) repeat
+# command stays under eight minutes on two cores; `--run-slow` adds them (CI does:
+# .ci/run, about 17 minutes on two cores in all). The tests marked `exhaustive` (also slow) repeat
 # what CI's set already covers on more presets, methods or devices: the golden outputs of
 # the presets that share an experiment with a case CI runs, every method of the table
 # once, every scoped setting against every method, the benchmark suite's dry run, ...;
@@ -121,6 +121,14 @@ SLOW = (
     "tests/test_drfa.py::test_synthetic_noise_preset_small_drfa_chases_noisy_clients",
     "tests/test_mixed.py::test_synthetic_preset_pt_matches_gt_at_gap_zero_and_lags_at_a_large_gap",
     "tests/test_sweep.py::test_cell_equals_separate_runs",
+    "tests/test_cli.py::test_every_run_preset_runs_tiny",
+    "tests/test_resume.py::test_killed_run_resumes_to_identical_results",
+    # Every factory twice (whole and chunked), every doctest, the guides' names against
+    # the built site, and the tiers' own collection (three pytest processes).
+    "tests/test_surface.py::test_every_factory_runs_and_chunked_rounds_agree",
+    "tests/test_doctests.py",
+    "tests/test_docs_guides.py::test_every_function_a_guide_names_resolves_and_is_in_the_api_reference",
+    "tests/test_slow_marks.py::test_the_three_tiers_nest",
 )
 
 
