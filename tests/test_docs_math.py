@@ -153,3 +153,35 @@ def test_a_browser_renders_every_formula_of_the_protocols_page(site, tmp_path):
     assert dom.count('class="katex"') == expected, json.dumps(
         {"formulas": expected, "rendered": dom.count('class="katex"')})
     assert "katex-error" not in dom
+
+
+_PARSE_EVERY_FORMULA = r"""
+const katex = require('katex'); const fs = require('fs');
+const failed = []; let count = 0;
+for (const file of process.argv.slice(1)) {
+  const html = fs.readFileSync(file, 'utf8');
+  const found = /class="arithmatex">([\s\S]*?)<\/(span|div)>/g; let m;
+  while ((m = found.exec(html))) {
+    const tex = m[1].replace(/&lt;/g, '<').replace(/&gt;/g, '>').replace(/&amp;/g, '&').trim();
+    count++;
+    try {
+      katex.renderToString(tex.slice(2, -2), {displayMode: tex.startsWith('\\['),
+                                              throwOnError: true});
+    } catch (err) { failed.push(file + ': ' + err.message.slice(0, 200)); }
+  }
+}
+console.log(JSON.stringify({count, failed}));
+"""
+
+
+def test_katex_parses_every_formula_of_every_page(site):
+    """Each formula as KaTeX's own parser reads it (`throwOnError`), in Node, no browser."""
+    if _katex_dist() is None:
+        pytest.skip("optional: needs node and the katex npm package (NODE_PATH)")
+    pages = [str(p) for p in sorted(site.rglob("*.html")) if 'class="arithmatex"' in
+             p.read_text(encoding="utf-8")]
+    done = subprocess.run([shutil.which("node"), "-e", _PARSE_EVERY_FORMULA, *pages],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["count"] >= 150 and not result["failed"], "\n".join(result["failed"])
