@@ -95,14 +95,12 @@ SLOW = (
     # per-client loops in the default run).
     "tests/test_hetero.py::test_views_compare_equals_copies",
     "tests/test_hetero.py::test_compare_cli_orders_methods_with_paired_differences",
-    "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read",
     "tests/test_unseen_images.py::test_participation_gap_compares_seen_and_unseen_clients_under_one_rule",
     "tests/test_unseen_images.py::test_unseen_clients_take_the_cluster_of_lowest_training_loss",
     "tests/test_unseen_images.py::test_seen_metrics_match_the_full_runs_layout_for_local_models",
     "tests/test_unseen_images.py::test_held_out_clients_are_the_same_for_every_method_and_never_trained_on",
     "tests/test_unseen_clients.py::test_adaptation_is_adapt_steps_of_full_batch_sgd_from_the_global_model",
     "tests/test_unseen_clients.py::test_unseen_clients_take_the_cluster_of_lowest_training_loss",
-    "tests/test_cli.py::test_every_compare_preset_compares_tiny",
     "tests/test_cli.py::test_every_success_preset_runs_one_cell",
     "tests/test_kernel_forms.py::test_config_json_records_the_form_that_ran",
     "tests/test_compilation_cache.py::test_a_rerun_loads_every_program_from_the_cache_and_gives_the_same_numbers",
@@ -124,11 +122,10 @@ SLOW = (
     "tests/test_cli.py::test_every_run_preset_runs_tiny",
     "tests/test_resume.py::test_killed_run_resumes_to_identical_results",
     # Every factory twice (whole and chunked), every doctest, the guides' names against
-    # the built site, and the tiers' own collection (three pytest processes).
+    # the built site.
     "tests/test_surface.py::test_every_factory_runs_and_chunked_rounds_agree",
     "tests/test_doctests.py",
     "tests/test_docs_guides.py::test_every_function_a_guide_names_resolves_and_is_in_the_api_reference",
-    "tests/test_slow_marks.py::test_the_three_tiers_nest",
 )
 
 
@@ -144,9 +141,6 @@ EXHAUSTIVE = (
         "hetero-mnist-compare", "drflm-esol-compare", "mixed-smile-compare",
         "mixed-movielens-compare", "mixed-charlm-wiki-compare",
         "fedavg-cifar10-pfl-dirichlet-compare")),
-    "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read[ifca-rotated-digits]",
-    "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read[drfa-synthetic-noise]",
-    "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read[mixed-synthetic]",
     "tests/test_femnist.py::test_compare_every_table_2_method_tiny",
     "tests/test_suite.py::test_dry_run_writes_every_section_as_strict_json",
     "tests/test_conv_forms.py::test_benchmark_dry_run_times_both_forms_as_strict_json",
@@ -171,6 +165,12 @@ EXHAUSTIVE = (
     "tests/test_standard_workloads.py::test_dry_run_writes_both_systems_as_strict_json",
     "notebooks/drflm_molecules.ipynb",
     "notebooks/ifca_rotated_mnist.ipynb",
+    "tests/test_golden.py::test_outputs_equal_the_recorded_ones[mixed-charlm-compare]",
+    "tests/test_golden.py::test_outputs_equal_the_recorded_ones[ifca-theory-run]",
+    "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read",
+    "tests/test_every_listed_method.py::test_every_listed_method_runs_tiny[ifca-rotated-cifar-ifca]",
+    "tests/test_cli.py::test_every_compare_preset_compares_tiny",
+    "tests/test_slow_marks.py::test_the_three_tiers_nest",
 )
 
 

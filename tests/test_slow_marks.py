@@ -47,12 +47,14 @@ def test_listed_tests_are_matched_with_and_without_parameters():
         "tests/test_faults.py::test_ctrl_c_is_exit_130_and_one_line[run-x]")
     assert conftest._listed_slow("notebooks/mixed_fl.ipynb::mixed_fl.ipynb")
     assert conftest._listed_slow(
-        "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read[hetero-digits]")
+        "tests/test_unseen_images.py::test_seen_metrics_match_the_full_runs_layout_for_local_models")
     assert not conftest._listed_slow(
         "tests/test_kernel_forms.py::test_every_form_equals_the_per_client_loop[ifca]")
     assert not conftest._listed_slow("notebooks/quickstart.ipynb::quickstart.ipynb")
     assert conftest._listed_exhaustive(
         "tests/test_golden.py::test_outputs_equal_the_recorded_ones[hetero-mnist-compare]")
+    assert conftest._listed_exhaustive(
+        "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read[hetero-digits]")
     assert not conftest._listed_exhaustive(
         "tests/test_golden.py::test_outputs_equal_the_recorded_ones[hetero-digits-run]")
 
