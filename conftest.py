@@ -52,10 +52,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # Three tiers. The default run skips the tests marked `slow` (multi-process and
 # multi-device runs, golden outputs, end-to-end presets, ...), so that the README's test
 # command stays under eight minutes on two cores; `--run-slow` adds them (CI does:
-# .ci/run, about 17 minutes on two cores in all). The tests marked `exhaustive` (also slow) repeat
-# what CI's set already covers on more presets, methods or devices: the golden outputs of
-# the presets that share an experiment with a case CI runs, every method of the table
-# once, every scoped setting against every method, the benchmark suite's dry run, ...;
+# .ci/run, about 17 minutes on two cores in all). The tests marked `exhaustive` (also
+# slow) repeat what CI's set already covers on more presets, methods or devices: 14 of the
+# golden cases, every method of the table once, every scoped setting against every
+# method, every algorithm on several devices, the benchmark suite's dry run, ...;
 # `--run-exhaustive` runs everything (about 27 minutes on two cores), the check before a
 # release or after a change to an experiment, the runner or the engine. An explicit `-m`
 # expression (`-m slow`, `-m exhaustive`) chooses for itself, and a test named by its
@@ -73,23 +73,13 @@ def pytest_addoption(parser):
 # entry is a file, a test (`file::name`, every parameter) or one parametrized case;
 # tests/test_slow_marks.py checks that each names an existing test.
 SLOW = (
-    "notebooks/drflm_molecules.ipynb",
-    "notebooks/ifca_rotated_mnist.ipynb",
     "notebooks/mixed_fl.ipynb",
-    "tests/test_ifca_images.py::test_cifar_views_compare_equals_copies",
     "tests/test_ifca_images.py::test_digits_quick_start_ifca_beats_global_and_local",
-    "tests/test_compare_lifecycle.py::test_killed_comparison_resumes_to_identical_outputs",
-    "tests/test_compare_lifecycle.py::test_the_synthetic_baselines_stay_finite_at_their_defaults",
-    "tests/test_compilation_cache.py::test_the_cache_can_be_turned_off_or_moved_and_an_unwritable_one_is_skipped",
-    "tests/test_client_sources.py::test_rounds_over_views_equal_copies_one_device",
     "tests/test_hetero.py::test_robust_clusters_preset_tiny",
     "tests/test_pfl_cifar10.py::test_the_preset_runs_alike_from_the_archive_and_npz",
     "tests/test_faults.py::test_ctrl_c_is_exit_130_and_one_line",
     "tests/test_faults.py::test_bad_distributed_settings_are_one_line",
-    "tests/test_femnist.py::test_compare_end_to_end_tiny",
     "tests/test_slow_marks.py::test_every_pytest_step_of_ci_selects_tests",
-    "tests/test_unseen_images.py::test_comparison_end_to_end_has_the_unseen_columns",
-    "tests/test_unseen_clients.py::test_comparison_end_to_end_has_the_unseen_columns",
     "tests/test_ifca_theory.py::test_preset_runs_end_to_end",
     # Whole presets through the runner or the CLI (their kernels are checked against
     # per-client loops in the default run).
@@ -140,7 +130,8 @@ EXHAUSTIVE = (
         "ifca-weight-sharing-compare", "hetero-digits-compare", "hetero-digits-partial-compare",
         "hetero-mnist-compare", "drflm-esol-compare", "mixed-smile-compare",
         "mixed-movielens-compare", "mixed-charlm-wiki-compare",
-        "fedavg-cifar10-pfl-dirichlet-compare")),
+        "fedavg-cifar10-pfl-dirichlet-compare", "robust-clusters-digits-compare",
+        "mixed-charlm-compare", "ifca-theory-run")),
     "tests/test_femnist.py::test_compare_every_table_2_method_tiny",
     "tests/test_suite.py::test_dry_run_writes_every_section_as_strict_json",
     "tests/test_conv_forms.py::test_benchmark_dry_run_times_both_forms_as_strict_json",
@@ -154,7 +145,6 @@ EXHAUSTIVE = (
     "tests/test_divergence_reporting.py::test_an_all_diverged_comparison_is_a_diverged_comparison[molecules]",
     "tests/test_divergence_reporting.py::test_an_all_diverged_comparison_is_a_diverged_comparison[images]",
     "tests/test_multiprocess_resume.py::test_killed_two_process_run_resumes_to_identical_results",
-    "tests/test_golden.py::test_outputs_equal_the_recorded_ones[robust-clusters-digits-compare]",
     "tests/test_sharding.py::test_sharded_equals_unsharded",
     "tests/test_sharding.py::test_compared_cfl_runs_split_a_cluster",
     "tests/test_sharding.py::test_sweep_on_four_devices_equals_one",
@@ -165,8 +155,6 @@ EXHAUSTIVE = (
     "tests/test_standard_workloads.py::test_dry_run_writes_both_systems_as_strict_json",
     "notebooks/drflm_molecules.ipynb",
     "notebooks/ifca_rotated_mnist.ipynb",
-    "tests/test_golden.py::test_outputs_equal_the_recorded_ones[mixed-charlm-compare]",
-    "tests/test_golden.py::test_outputs_equal_the_recorded_ones[ifca-theory-run]",
     "tests/test_method_settings.py::test_scoped_settings_match_what_methods_read",
     "tests/test_every_listed_method.py::test_every_listed_method_runs_tiny[ifca-rotated-cifar-ifca]",
     "tests/test_cli.py::test_every_compare_preset_compares_tiny",
