@@ -59,7 +59,8 @@ Artifacts of the CLI runs (the comparison and sweep directories, max_clients.jso
 go to `<stem>_artifacts/` beside the JSON.
 
 `--dry-run` runs every section at a tiny size (about 75 CPU-seconds: a minute on 2
-quiet CPU cores, two on a loaded one); `tests/test_suite.py` runs it.
+quiet CPU cores, two on a loaded one); `tests/test_suite.py` runs it (in the exhaustive
+tier: `python -m pytest --run-exhaustive tests/test_suite.py`).
 """
 
 from __future__ import annotations

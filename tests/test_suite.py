@@ -1,7 +1,8 @@
 """The device suite (benchmarks/suite.py): its dry run, its budget, its Table 1 reading.
 
-The dry run is the one slow test (every section at a tiny size, in subprocesses, about a
-minute on 2 CPU cores); the budget and signal logic run on fake sections that do no work.
+The dry run is the one slow test, in the exhaustive tier (every section at a tiny size, in
+subprocesses, about a minute on 2 CPU cores; `--run-exhaustive`); the budget and signal
+logic run on fake sections that do no work.
 """
 
 from __future__ import annotations
