@@ -52,7 +52,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # Three tiers. The default run skips the tests marked `slow` (multi-process and
 # multi-device runs, golden outputs, end-to-end presets, ...), so that the README's test
 # command stays under eight minutes on two cores; `--run-slow` adds them (CI does:
-# .ci/run, about 17 minutes on two cores in all). The tests marked `exhaustive` (also
+# .ci/run, about 16 minutes on two cores in all). The tests marked `exhaustive` (also
 # slow) repeat what CI's set already covers on more presets, methods or devices: 14 of the
 # golden cases, every method of the table once, every scoped setting against every
 # method, every algorithm on several devices, the benchmark suite's dry run, ...;
