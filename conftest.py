@@ -55,7 +55,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # .ci/run, about 16 minutes on two cores in all). The tests marked `exhaustive` (also
 # slow) repeat what CI's set already covers on more presets, methods or devices: 14 of the
 # golden cases, every method of the table once, every scoped setting against every
-# method, every algorithm on several devices, the benchmark suite's dry run, ...;
+# method, a comparison on four devices, the benchmark suite's dry run, ...;
 # `--run-exhaustive` runs everything (about 27 minutes on two cores), the check before a
 # release or after a change to an experiment, the runner or the engine. An explicit `-m`
 # expression (`-m slow`, `-m exhaustive`) chooses for itself, and a test named by its
@@ -121,9 +121,9 @@ SLOW = (
 
 # Exhaustive tests (see above), named as in SLOW; each is also slow. CI's set still runs
 # every experiment end to end (the golden cases left to it, or the slow cases of
-# tests/test_every_listed_method.py), the engine on several devices and processes
-# (tests/test_engine.py, test_chunked_sharding.py, test_async.py, test_sharding.py's
-# two processes) and a killed run resumed (tests/test_resume.py).
+# tests/test_every_listed_method.py), every algorithm on 1, 2 and 4 devices and the
+# engine on two processes (tests/test_sharding.py), and a killed run resumed
+# (tests/test_resume.py).
 EXHAUSTIVE = (
     *(f"tests/test_golden.py::test_outputs_equal_the_recorded_ones[{case}]" for case in (
         "ifca-rotated-mnist-compare", "ifca-rotated-digits-cifar-protocol-compare",
@@ -145,8 +145,6 @@ EXHAUSTIVE = (
     "tests/test_divergence_reporting.py::test_an_all_diverged_comparison_is_a_diverged_comparison[molecules]",
     "tests/test_divergence_reporting.py::test_an_all_diverged_comparison_is_a_diverged_comparison[images]",
     "tests/test_multiprocess_resume.py::test_killed_two_process_run_resumes_to_identical_results",
-    "tests/test_sharding.py::test_sharded_equals_unsharded",
-    "tests/test_sharding.py::test_compared_cfl_runs_split_a_cluster",
     "tests/test_sharding.py::test_sweep_on_four_devices_equals_one",
     "tests/test_client_sources.py::test_rounds_over_views_equal_copies_four_devices",
     "tests/test_femnist.py::test_compare_end_to_end_tiny",
