@@ -190,7 +190,7 @@ def pytest_collection_modifyitems(config, items):
             item.nodeid == n or item.nodeid.startswith(n + "[") or item.nodeid.startswith(n + "::")
             for n in named)
 
-    slow = [item for item in items if skipped(item)]
-    if slow:
-        config.hook.pytest_deselected(items=slow)
+    deselected = [item for item in items if skipped(item)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if not skipped(item)]

@@ -7,7 +7,8 @@ through the command line's own Python path (`runner.run_preset`, as `fedjax-sim 
 it) at the preset's tiniest sizes (the golden cases' settings, one seed) and writes its
 summary; every other method of the table is refused in one line naming the ones that fit,
 before anything is written. The runs are slow (a compilation each): the default run keeps
-the listing checks, the refusals and one run per experiment of its cheapest method.
+the listing checks, the refusals and the cheapest method of two experiments; the slow set
+one run per experiment; the exhaustive set every method once (see `_marks`).
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def _listed(name: str) -> tuple[str, ...]:
 
 # The cheapest method of each experiment runs in the default selection. The slow set (CI)
 # runs every experiment once (its first preset's first listed method); the exhaustive set
-# (`--run-exhaustive`) every method once too (on the first preset that lists it): a
-# compilation each, about 50 runs. The whole
+# (`--run-exhaustive`) every method once too (on the first preset that lists it), about
+# 50 runs in all. The whole
 # preset × method matrix (about 500 runs, an hour or more on two cores) runs with
 # FEDJAX_SIM_EVERY_METHOD=1, the check before a release or after a change to the method
 # table or an experiment's `provides`.
