@@ -51,7 +51,7 @@ def measure(form: str, size: dict, budget_s: float, log=print):
     import jax
     from standard_workloads import flops
 
-    from fedjax_sim.experiments import PRESETS
+    from fedjax_sim.experiments import PRESETS, study
     from fedjax_sim.experiments.pfl_cifar10 import PFL
 
     os.environ["FEDJAX_SIM_CONV_FORM"] = form  # read when the model is built
@@ -66,7 +66,7 @@ def measure(form: str, size: dict, budget_s: float, log=print):
         rng.integers(0, 10, 10).astype(np.int32),
     )
     problem = PFL.problem(s, arrays)
-    spec = PFL.method_run("fedavg", s, problem)
+    spec = study.method_run(PFL, "fedavg", s, problem)
     key = jax.random.key(0)
     state = jax.block_until_ready(jax.jit(spec.algorithm.init)(key, spec.data))
     compiled, compile_s = harness.compile_ahead(

@@ -125,13 +125,14 @@ def measure_ours(dry: bool, budget_s: float, peak_gflops: float | None, log=prin
     suite's child, or this script's): seconds, GFLOP/s, fraction of `peak_gflops`."""
     import jax
 
+    from fedjax_sim.experiments import study
     from fedjax_sim.experiments.pfl_cifar10 import PFL
 
     arrays = synthetic(dry) if arrays is None else arrays
     s = settings(dry, len(arrays[3]))
     t0 = time.perf_counter()
     problem = PFL.problem(s, arrays)
-    spec = PFL.method_run("fedavg", s, problem)
+    spec = study.method_run(PFL, "fedavg", s, problem)
     key = jax.random.key(0)
     state = jax.block_until_ready(jax.jit(spec.algorithm.init)(key, spec.data))
     setup_s = time.perf_counter() - t0

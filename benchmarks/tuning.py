@@ -26,6 +26,7 @@ evaluations, the choice included) against the G untuned runs one after another.
 from __future__ import annotations
 
 import argparse
+import functools
 import pathlib
 import statistics
 import sys
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
 
     from fedjax_sim import experiments, simulate
     from fedjax_sim.execution import Execution
-    from fedjax_sim.experiments import tuned
+    from fedjax_sim.experiments import study, tuned
 
     preset = experiments.get_preset("hetero-digits", "compare")
     overrides = {"methods": "fedavg"} | ({"rounds": cfg["rounds"]} if cfg["rounds"] else {})
@@ -63,9 +64,10 @@ def main(argv=None) -> int:
                                 method="fedavg", grid=s["tune_lr"], seeds=s["seeds"],
                                 rounds=s["rounds"])
     meta.update(harness.machine_ceilings(args.quick))
-    problem = experiment.problem_for(s)
-    grid_spec = tuned.tuned_run(experiment, "fedavg", s, problem)
-    alone = [experiment.method_run("fedavg", {**s, "lr": lr}, problem.fit)
+    problem = study.problem_for(experiment, s)
+    grid_spec = tuned.tuned_run(experiment, "fedavg", s, problem,
+                               functools.partial(study.method_run, experiment))
+    alone = [study.method_run(experiment, "fedavg", {**s, "lr": lr}, problem.fit)
              for lr in s["tune_lr"]]
     key = jax.random.key(0)
 

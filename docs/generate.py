@@ -341,7 +341,7 @@ def presets_page() -> str:
                        f"(paired differences to `{experiment.baseline}`).")
         out += ["", "| setting | type | default | range | help |", "|---|---|---|---|---|"]
         defaults = preset.defaults
-        for s in experiment.settings:
+        for s in experiment.declared.values():
             flags = [f for f, on in (("traced", s.traced), ("no effect on results", not s.result))
                      if on]
             if s.methods:

@@ -112,11 +112,11 @@ def trained(preset: str, name: str, s: dict):
     import jax
 
     from fedjax_sim import simulate
-    from fedjax_sim.experiments import get_preset
+    from fedjax_sim.experiments import get_preset, study
 
     experiment = get_preset(preset).experiment
     problem = experiment.problem(s)
-    run = experiment.method_run(name, s, problem)
+    run = study.method_run(experiment, name, s, problem)
     key_init, key_rounds = jax.random.split(run.key)
     state = jax.jit(run.algorithm.init)(key_init, run.data)
     state, _ = simulate.scan_rounds(run.algorithm, state, run.data, key_rounds, 0, run.rounds)

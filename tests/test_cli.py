@@ -259,7 +259,7 @@ def test_describe_lists_every_setting(capsys, name):
     out = capsys.readouterr().out
     preset = experiments.PRESETS[name]
     listed = {line.split()[0] for line in out.splitlines() if line.startswith("  ")}
-    for setting in preset.experiment.settings:
+    for setting in preset.experiment.declared.values():
         assert setting.name in listed, setting.name
         (line,) = [l for l in out.splitlines() if l.split()[:1] == [setting.name]]
         assert setting.help in line and setting.describe_range() in line

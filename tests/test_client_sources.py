@@ -618,7 +618,7 @@ def test_run_with_generated_clients_equals_copies(tmp_path, monkeypatch, chunk):
 
 def _planned(s: dict, copies: int):
     """The executor's chunk for a synthetic run of `copies` restarts (no budget)."""
-    return Execution().client_chunk(ifca_synthetic.RUN.footprint_of(s, copies=copies))
+    return Execution().client_chunk(ifca_synthetic.footprint_of(s, copies=copies))
 
 
 def test_generated_clients_plan_a_chunk_and_store_nothing():

@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 
 from fedjax_sim import cli, experiments
-from fedjax_sim.algorithms import Algorithm, with_seeds
-from fedjax_sim.compare import MethodRun
+from fedjax_sim.algorithms import Algorithm, sgd
 from fedjax_sim.data import FederatedData
+from fedjax_sim.experiments import study
 from fedjax_sim.experiments.base import Experiment, Preset
+from fedjax_sim.experiments.methods import Method
 from fedjax_sim.experiments.settings import checkpoint_setting, count, method_setting, seed_setting
 from fedjax_sim.io import read_csv
 
@@ -51,36 +52,38 @@ def _toy_algorithm(name):
     return Algorithm(init, round_, evaluate)
 
 
-class Toy(Experiment):
-    name = "toy"
-    description = "x ← rate · x per round"
-    methods = ("base", "better", "one_bad", "all_bad")
-    baseline = "base"
-    supports_sweep = False
-    settings = (count("seeds", 3, "seeds"), seed_setting(), count("rounds", 6, "rounds"),
-                count("eval_every", 2, "eval"), checkpoint_setting(0),
-                method_setting(("base", "better", "one_bad", "all_bad"), "base"))
-    panels = (("loss", "loss"),)
+def _toy_metrics(trained):
+    def evaluate(state):
+        return {"loss": np.asarray(state["x"], np.float64)}
 
-    def problem(self, s):
-        seeds = jnp.arange(s["seeds"], dtype=jnp.float32)
-        return FederatedData(x=seeds[:, None, None, None], y=jnp.zeros((s["seeds"], 1, 1)),
-                             num_examples=jnp.ones((s["seeds"], 1), jnp.int32),
-                             cluster=-jnp.ones((s["seeds"], 1), jnp.int32))
+    return evaluate
 
-    def method_run(self, name, s, problem):
-        algorithm = with_seeds(_toy_algorithm(name), s["seeds"])
 
-        def evaluate(state):
-            return {"loss": np.asarray(state["x"], np.float64)}
-
-        return MethodRun(algorithm, problem, __import__("jax").random.key(s["seed"]),
-                         s["rounds"], evaluate, s["eval_every"])
+TOY = Experiment(
+    name="toy",
+    description="x ← rate · x per round",
+    settings=(count("seeds", 3, "seeds"), seed_setting(), count("rounds", 6, "rounds"),
+              count("eval_every", 2, "eval"), checkpoint_setting(0),
+              method_setting(tuple(RATES), "base")),
+    # One client per seed holding one row: the seed's index.
+    problem=lambda s: {"train": FederatedData(
+        x=jnp.arange(s["seeds"], dtype=jnp.float32)[:, None, None, None],
+        y=jnp.zeros((s["seeds"], 1, 1)), num_examples=jnp.ones((s["seeds"], 1), jnp.int32),
+        cluster=-jnp.ones((s["seeds"], 1), jnp.int32)), "model": None},
+    metrics=_toy_metrics,
+    methods=tuple(RATES),
+    baseline="base",
+    panels=(("loss", "loss"),),
+    # Methods of its own: each row's factory is the toy algorithm at the method's rate.
+    method_table={name: Method(lambda model, training, name=name: _toy_algorithm(name),
+                               f"x <- {rate} x") for name, rate in RATES.items()},
+    client_training=lambda s, learning_rate: sgd(1.0),
+)
 
 
 @pytest.fixture
 def toy(monkeypatch):
-    preset = Preset("toy", Toy(), "toy")
+    preset = Preset("toy", TOY, "toy")
     monkeypatch.setitem(experiments.PRESETS, "toy", preset)
     return preset
 
@@ -166,7 +169,7 @@ def test_run_of_a_comparison_preset_trains_one_method(tmp_path, capsys, toy):
 
 
 def test_the_python_api_reports_divergence_in_one_line(capsys, toy):
-    comparison = toy.experiment.compare(toy.defaults)
+    comparison = study.compare(toy.experiment, toy.defaults)
     assert capsys.readouterr().err == (
         "fedjax-sim: comparison finished with diverged seeds: 4 of 12 seeds in 2 of 4 methods "
         "(one_bad 1/3, all_bad 3/3) diverged, the first at round 2 (method all_bad seed 0: "

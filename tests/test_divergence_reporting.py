@@ -122,18 +122,6 @@ def test_a_sweep_preset_run_at_its_defaults_names_the_sweep(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_a_comparison_preset_given_to_sweep_names_the_comparison(tmp_path, capsys):
-    out = tmp_path / "out"
-    code, err = _cli(capsys, "sweep", "ifca-rotated-digits", "--set", "lr=0.1,0.2", "--out",
-                     str(out))
-    assert code == cli.EXIT_BAD_INPUT
-    assert err == ("fedjax-sim: error: preset ifca-rotated-digits is a comparison preset "
-                   "(commands: run, compare); it has no sweep: use `fedjax-sim compare "
-                   "ifca-rotated-digits` or `fedjax-sim run ifca-rotated-digits` for one "
-                   "method.\n")
-    assert not out.exists()
-
-
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep") / "sweep"

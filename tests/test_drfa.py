@@ -280,16 +280,15 @@ def test_synthetic_noise_preset_small_drfa_chases_noisy_clients():
     of its mass on the 2 noisy clients (uniform: 0.2), and the runner's paired comparison
     calls the difference significant."""
     from fedjax_sim import experiments, stats
-    from fedjax_sim.experiments.drfa_molecules import DRFAExperiment
+    from fedjax_sim.experiments import drfa_molecules, study
 
     preset = experiments.get_preset("drfa-synthetic-noise", "compare")
     s = experiments.resolve_settings(preset, {"seeds": 3, "rounds": 30, "eval_every": 30,
                                               "n_test": 20, "methods": "fedavg,drfa"},
                                      "compare")
-    experiment = DRFAExperiment()
-    experiment.methods = ("fedavg", "drfa")
+    experiment = drfa_molecules.EXPERIMENT.replace(methods=("fedavg", "drfa"))
     ctx, finished = recording_context()
-    comparison = experiment.compare(s, ctx)
+    comparison = study.compare(experiment, s, ctx)
     assert_reported_as_finished(finished, comparison, experiment.methods)
     fa, dr = comparison.per_seed["fedavg"], comparison.per_seed["drfa"]
     assert np.all(dr["test_rmse_worst"] > 2 * fa["test_rmse_worst"])

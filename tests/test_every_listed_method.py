@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from fedjax_sim import experiments
-from fedjax_sim.experiments import runner
+from fedjax_sim.experiments import base, runner
 from fedjax_sim.experiments.methods import METHODS
 
 # preset -> its tiniest settings: the golden cases' (one seed), else written here.
@@ -156,7 +156,7 @@ def test_describe_lists_exactly_the_methods_the_experiment_can_train(name, capsy
 
     preset = experiments.PRESETS[name]
     experiment = preset.experiment
-    available = experiment.available()
+    available = base.available(experiment)
     assert _listed(name) == available
     assert set(experiment.methods) <= set(available)
     assert preset.defaults[_key(preset)] in available

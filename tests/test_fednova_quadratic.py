@@ -15,7 +15,7 @@ import pytest
 
 from conftest import np_client_grad, np_client_loss
 from fedjax_sim import cli
-from fedjax_sim.experiments import get_preset, resolve_settings
+from fedjax_sim.experiments import get_preset, resolve_settings, study
 from fedjax_sim.experiments.fednova_quadratic import (
     EXPERIMENT,
     build_problem,
@@ -117,7 +117,7 @@ def test_work_table_and_data_follow_the_settings():
     s = _settings({"tau_min": 2, "tau_max": 11, "num_clients": 4})
     assert work_table(s) == (2, 5, 8, 11)
     assert work_table({**s, "tau_min": 11}) == (11,) * 4
-    training = EXPERIMENT.training_of("fednova", s)  # plain SGD rebuilt: the work kept
+    training = study.training_of(EXPERIMENT, "fednova", s)  # plain SGD rebuilt: the work kept
     assert training.work.per_client == (2, 5, 8, 11) and training.steps == 11
     assert training.batch_size is None  # full-batch GD
     a, b = build_problem(s), build_problem(s)

@@ -11,7 +11,8 @@ import pytest
 
 from fedjax_sim import cli
 from fedjax_sim.algorithms import ALGORITHMS
-from fedjax_sim.experiments import get_preset, hetero, resolve_settings
+from fedjax_sim.experiments import get_preset, hetero, resolve_settings, study
+from fedjax_sim.experiments.base import available
 from fedjax_sim.io import read_csv
 
 DIGITS = 1797  # sklearn's 8×8 digits
@@ -95,15 +96,15 @@ def test_methods_build_with_their_settings(monkeypatch):
                                                          "participation": 0.5}, "compare")
     experiment = hetero.HETERO
     monkeypatch.setitem(ALGORITHMS, "fedprox", fake)
-    assert experiment.build_method("fedprox", s, None) == "built"
+    assert study.build_method(experiment, "fedprox", s, None) == "built"
     assert seen["mu"] == 0.3 and seen["participation"] == 0.5
     assert s["batch_size"] == 0 and seen["training"].batch_size is None  # 0: full batch
     assert seen["training"].steps == 7
     monkeypatch.setitem(ALGORITHMS, "fedadam", fake)
-    experiment.build_method("fedadam", s, None)
+    study.build_method(experiment, "fedadam", s, None)
     assert seen["server_lr"] is None  # server_lr=0: the server optimizer's own default
     monkeypatch.setitem(ALGORITHMS, "fedavgm", fake)
-    experiment.build_method("fedavgm", {**s, "server_lr": 2.0}, None)
+    study.build_method(experiment, "fedavgm", {**s, "server_lr": 2.0}, None)
     assert seen["server_lr"] == 2.0
 
 
@@ -179,7 +180,7 @@ def test_default_methods_are_the_declared_ones_and_every_fitting_method_is_offer
     for experiment, declared in ((hetero.HETERO, hetero.HETERO_METHODS),
                                  (hetero.ROBUST, hetero.ROBUST_METHODS)):
         assert experiment.defaults()["methods"] == list(declared)
-        offered = experiment.available()
+        offered = available(experiment)
         assert offered[:len(declared)] == declared and {"fedavg", "ifca"} <= set(offered)
         # Registered algorithms the images fit are offered too (not only the declared).
         assert "fedyogi" in offered and "mixed_gt2" not in offered
@@ -265,24 +266,19 @@ def test_views_compare_equals_copies(tmp_path, preset, sizes, methods):
 
 def test_methods_cannot_be_reassigned_once_settings_are_read():
     """A notebook set `experiment.methods = ...` after resolving settings, which was silently
-    ignored (the methods setting decides what compare trains); it is now refused."""
-    from fedjax_sim.experiments.base import Experiment
+    ignored (the methods setting decides what compare trains); a declared experiment is a
+    frozen record, and `replace` declares another one, its methods setting completed anew."""
+    import dataclasses
 
-    class Two(Experiment):
-        name = "two"
-        methods = ("fedavg", "ifca", "local")
-        baseline = "fedavg"
-
-        def method_run(self, name, s, problem):
-            raise AssertionError("not trained here")
-
-    experiment = Two()
-    experiment.methods = ("fedavg", "ifca")  # before any setting is read: a declaration
-    assert experiment.defaults()["methods"] == ["fedavg", "ifca"]
-    with pytest.raises(AttributeError, match="two: methods cannot change.*--set methods="):
-        experiment.methods = ("fedavg",)
-    assert experiment.methods == ("fedavg", "ifca")
-    preset = get_preset("ifca-synthetic-tiny")
+    two = hetero.HETERO.replace(name="two", methods=("fedavg", "ifca", "local"))
+    assert two.defaults()["methods"] == ["fedavg", "ifca", "local"]
+    narrowed = two.replace(methods=("fedavg", "ifca"))
+    assert narrowed.defaults()["methods"] == ["fedavg", "ifca"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        narrowed.methods = ("fedavg",)
+    assert narrowed.methods == ("fedavg", "ifca")
+    assert two.defaults()["methods"] == ["fedavg", "ifca", "local"]  # the original unchanged
+    preset = get_preset("hetero-digits")
     resolve_settings(preset, {}, "compare")
-    with pytest.raises(AttributeError, match="methods cannot change"):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         preset.experiment.methods = ("ifca",)

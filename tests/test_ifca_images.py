@@ -28,7 +28,7 @@ from fedjax_sim.algorithms.ifca import (
 from fedjax_sim.data import FederatedData, copies_axes
 from fedjax_sim.data.archives import DataUnavailable
 from fedjax_sim.data.images import fixed_split, mnist_5k, rotated_clusters
-from fedjax_sim.experiments import compare_preset
+from fedjax_sim.experiments import compare_preset, study
 from fedjax_sim.experiments import ifca_images as E
 from fedjax_sim.experiments.base import RunContext
 from fedjax_sim.experiments.registry import get_preset
@@ -427,7 +427,7 @@ def test_digits_quick_start_ifca_beats_global_and_local():
     s = resolve(experiment.declared, preset.defaults, {"methods": ",".join(compared)})
     experiment.validate(s)
     ctx, finished = recording_context()
-    result = experiment.compare(s, ctx)
+    result = study.compare(experiment, s, ctx)
     assert_reported_as_finished(finished, result, compared)
     acc = {m: result.per_seed[m]["test_accuracy"] for m in result.per_seed}
     assert np.all(acc["ifca"] > acc["fedavg"]), acc
@@ -451,7 +451,7 @@ def test_cfl_thresholds_are_settings_and_the_digits_preset_splits():
     for eps2 in (0.5, 1.6):
         s = resolve(experiment.declared, preset.defaults, {"seeds": "1", "cfl_eps2": str(eps2)})
         problem = experiment.problem(s)
-        algorithm = experiment.build_method("cfl", s, problem["models"][False])
+        algorithm = study.build_method(experiment, "cfl", s, problem["model"][False])
         train, axes = problem["train"], copies_axes(problem["train"])
         state = jax.vmap(algorithm.init, in_axes=(0, axes))(jax.random.split(jax.random.key(0), 1),
                                                             train)
@@ -471,13 +471,13 @@ def test_frozen_trunk_method_of_the_weight_sharing_preset(tmp_path):
     """ifca-weight-sharing's frozen-trunk method (FedAvg pretraining inside init), tiny."""
     preset = get_preset("ifca-weight-sharing", "compare")
     assert "ifca_frozen" in preset.experiment.methods
-    experiment = E.RotatedImages("frozen-test", "frozen trunk", ("ifca_frozen",))
+    experiment = E.rotated_images("frozen-test", "frozen trunk", ("ifca_frozen",))
     s = resolve(experiment.declared, preset.defaults, {
         "dataset": "digits", "test_per_class": 30, "n": 100, "hidden": 8, "rounds": 3,
         "seeds": 2, "local_steps": 2, "pretrain_rounds": 2, "warm_start_rounds": 1,
         "eval_every": 3, "methods": "ifca_frozen"})
     experiment.validate(s)
-    result = experiment.compare(s, RunContext(progress=False))
+    result = study.compare(experiment, s, RunContext(progress=False))
     assert np.all(np.isfinite(result.per_seed["ifca_frozen"]["test_accuracy"]))
     assert "frozen in every cluster" in result.notes["ifca_frozen"]
     experiment.plot_compare(result, tmp_path)
@@ -624,7 +624,7 @@ def test_views_compare_equals_copies():
             "local_steps": 2, "local_rounds": 2, "eval_every": 2, "methods": "ifca,fedavg,local",
             "clients": clients})
         experiment.validate(s)
-        results[clients] = experiment.compare(s, RunContext(progress=False))
+        results[clients] = study.compare(experiment, s, RunContext(progress=False))
     copies, views = results["copies"], results["views"]
     assert set(copies.per_seed) == set(views.per_seed) == {"ifca", "fedavg", "local"}
     for method in copies.per_seed:
@@ -736,7 +736,7 @@ def test_weight_init_setting_reaches_the_model():
     base = resolve(p.experiment.declared, p.defaults, {"seeds": 1})
     for init, zero_biases in (("flax", True), ("torch", False)):
         s = {**base, "weight_init": init}
-        run = p.experiment.method_run("ifca", s, p.experiment.problem(s))
+        run = study.method_run(p.experiment, "ifca", s, p.experiment.problem(s))
         state = jax.jit(run.algorithm.init)(jax.random.key(0), run.data)
         biases = [b for _, b in _dense_layers(state.cluster_params)]
         assert biases and all(not b.any() for b in biases) == zero_biases

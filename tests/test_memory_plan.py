@@ -66,7 +66,7 @@ def _synthetic_state(s: dict, copies: int, algorithm: str) -> int:
 
 def _planned(s: dict, copies: int, algorithm: str | None = None):
     """The executor's chunk for a synthetic run of `copies` copies under memory_budget_gb."""
-    footprint = ifca_synthetic.RUN.footprint_of(s, copies=copies, algorithm=algorithm)
+    footprint = ifca_synthetic.footprint_of(s, copies=copies, algorithm=algorithm)
     return Execution(memory_budget=s["memory_budget_gb"] * 2**30).client_chunk(footprint)
 
 
@@ -187,7 +187,7 @@ def test_success_seeds_per_chunk(preset, m, n, gb, pinned):
     # X and y three times over, and 4 [rows, k] buffers per (lr, restart)
     per_seed = 4 * m * n * (cell["d"] + 1) * 3 + 4 * m * n * cell["k"] * runs * 4
     expected = int(max(1, min(cell["seeds"], gb * 2**30 // per_seed)))
-    assert ifca_success.SUCCESS.seeds_per_chunk(cell) == expected == pinned
+    assert ifca_success.SUCCESS.sweep.seeds_per_chunk(cell) == expected == pinned
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +218,7 @@ def test_images_client_chunk(digits, monkeypatch, name, gb, seeds, on_cpu, on_ac
                              backend):
     s, problem = digits
     s = {**s, "memory_budget_gb": gb, "seeds": seeds}
-    model = problem["models"][SPLIT_MODEL in images.DIGITS.method_table[name].needs]
+    model = problem["model"][SPLIT_MODEL in images.DIGITS.method_table[name].needs]
     monkeypatch.setattr(jax, "default_backend", lambda: backend)  # only the chunk rule reads it
     got = Execution(memory_budget=gb * 2**30).client_chunk(
         images.DIGITS.footprint(name, s, problem))

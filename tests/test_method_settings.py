@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from fedjax_sim import cli, simulate
-from fedjax_sim.experiments import get_preset, resolve_settings
+from fedjax_sim.experiments import get_preset, resolve_settings, study
+from fedjax_sim.experiments.base import available
 from fedjax_sim.experiments.settings import resolve
 
 
@@ -31,7 +32,7 @@ def _host(tree):
 
 def _trained(experiment, name: str, s: dict):
     """(rounds, leaves of the state after the settings' rounds and of their round metrics)."""
-    run = experiment.method_run(name, s, experiment.problem(s))
+    run = study.method_run(experiment, name, s, experiment.problem(s))
     key_init, key_rounds = jax.random.split(run.key)
     state = jax.jit(run.algorithm.init)(key_init, run.data)
     state, metrics = simulate.scan_rounds(run.algorithm, state, run.data, key_rounds, 0,
@@ -104,7 +105,7 @@ def test_scoped_settings_match_what_methods_read(preset):
     small, changes = CASES[preset]
     # A tune_* grid is scoped as the setting it tunes (tests/test_tuned.py checks that the
     # grid reaches exactly those methods); `method_run` alone, trained here, reads none.
-    scoped = {s.name: s.methods for s in experiment.settings
+    scoped = {s.name: s.methods for s in experiment.declared.values()
               if s.methods and not s.name.startswith("tune_")}
     assert set(scoped) == set(changes), "every scoped setting has a change to try here"
     # The declarations' own checks only: the runner would refuse the small values of
@@ -112,7 +113,7 @@ def test_scoped_settings_match_what_methods_read(preset):
     base = resolve(experiment.declared, p.defaults, small)
     # Every method a run can train, with every setting it does not read changed at once:
     # the same run.
-    for name in experiment.available():
+    for name in available(experiment):
         ignored = {k: v for k, (_, v) in changes.items() if name not in scoped[k]}
         if not ignored:
             continue

@@ -10,6 +10,7 @@ import pytest
 
 from fedjax_sim import experiments
 from fedjax_sim.algorithms import ALGORITHMS
+from fedjax_sim.experiments import base, study
 from fedjax_sim.experiments.methods import METHODS
 from fedjax_sim.experiments.runner import resolve_settings
 
@@ -48,13 +49,13 @@ def test_every_fitting_method_builds_in_every_comparison(name):
     init and round trace on the experiment's data (shapes only: nothing is trained)."""
     preset, settings = _CASES[name]
     experiment = experiments.PRESETS[preset].experiment
-    available = experiment.available()
+    available = base.available(experiment)
     assert set(experiment.methods) <= set(available)
     s = resolve_settings(experiments.PRESETS[preset],
                          [*settings, "methods=" + ",".join(available)], "compare")
     problem = experiment.problem(s)
     for method in available:
-        spec = experiment.method_run(method, s, problem)
+        spec = study.method_run(experiment, method, s, problem)
         state = jax.eval_shape(spec.algorithm.init, spec.key, spec.data)
         new, metrics = jax.eval_shape(spec.algorithm.round, state, spec.data, spec.key)
         assert jax.tree.structure(new) == jax.tree.structure(state), method
@@ -65,7 +66,7 @@ def test_every_fitting_method_builds_in_every_comparison(name):
 def test_a_method_that_does_not_fit_is_refused_in_one_line(name):
     preset, settings = _CASES[name]
     experiment = experiments.PRESETS[preset].experiment
-    unfit = [m for m in METHODS if m not in experiment.available()]
+    unfit = [m for m in METHODS if m not in base.available(experiment)]
     if not unfit:
         pytest.skip(f"every method fits {name}")
     baseline = [experiment.baseline] if experiment.baseline else []

@@ -26,7 +26,8 @@ from fedjax_sim.algorithms.mixed import (
 )
 from fedjax_sim.data import FederatedData, ServerData
 from fedjax_sim.execution import planned
-from fedjax_sim.experiments.mixed import MixedSynthetic, binary_auc, rounds_to_target
+from fedjax_sim.experiments import study
+from fedjax_sim.experiments.mixed import SYNTHETIC, binary_auc, rounds_to_target
 from fedjax_sim.models import linear_regression
 from fedjax_sim.ops import sample_batch, sample_cohort
 
@@ -336,12 +337,8 @@ def test_dissimilarity_is_zero_for_equal_gradients():
 # --------------------------------------------------------------------------- the synthetic preset
 
 
-class _PTAndGT(MixedSynthetic):
-    methods = ("mixed_parallel", "mixed_gt1")
-
-
 def test_synthetic_preset_pt_matches_gt_at_gap_zero_and_lags_at_a_large_gap():
-    experiment = _PTAndGT()
+    experiment = SYNTHETIC.replace(methods=("mixed_parallel", "mixed_gt1"))
     small = {**experiment.defaults(), "m": 5, "n_c": 100, "rounds": 40, "eval_every": 40,
              "seeds": 2}
     runs = {}
@@ -349,7 +346,7 @@ def test_synthetic_preset_pt_matches_gt_at_gap_zero_and_lags_at_a_large_gap():
         s = {**small, "gap": gap}
         experiment.validate(s)
         ctx, finished = recording_context()
-        comparison = experiment.compare(s, ctx)
+        comparison = study.compare(experiment, s, ctx)
         assert_reported_as_finished(finished, comparison, experiment.methods)
         runs[gap] = comparison.per_seed
     pt0, gt0 = runs[0.0]["mixed_parallel"], runs[0.0]["mixed_gt1"]

@@ -15,7 +15,7 @@ import pytest
 
 from fedjax_sim import experiments
 from fedjax_sim.data import text, wiki
-from fedjax_sim.experiments.mixed import CHARLM_WIKI
+from fedjax_sim.experiments.mixed import CHARLM_WIKI, charlm_wiki
 from fedjax_sim.experiments.runner import compare_preset, resolve_settings
 
 PRESET = "mixed-charlm-wiki"
@@ -71,7 +71,7 @@ def _settings(cache, *extra):
 
 def test_clients_and_datacenter_windows_equal_a_loop(cache):
     s = _settings(cache)
-    fed, center, info = CHARLM_WIKI._sources(s)
+    fed, center, info = charlm_wiki.sources(s)
     # The loop: speakers with 3 full windows of 10 (31 characters), 4 chosen with the seed.
     speakers = text.shakespeare_speakers(cache, download=False)
     eligible = [sp for sp in speakers if len(sp.text) >= 31]
@@ -125,10 +125,10 @@ def test_accuracies_per_source_and_on_both_sides_equal_a_loop(cache):
 
     s = _settings(cache)
     problem = CHARLM_WIKI.problem(s)
-    _, _, test = problem.inputs
+    _, _, test = problem.train
     keys = jax.random.split(jax.random.key(5), problem.seeds)
     params = jax.vmap(problem.model.init)(keys)  # a different model per seed
-    got = problem.evaluate(params, problem.inputs)
+    got = problem.evaluate(params, problem.train)
     assert "accuracy" in CHARLM_WIKI.table(s)
     for i in range(problem.seeds):
         p = jax.tree.map(lambda a, i=i: a[i], params)

@@ -143,10 +143,9 @@ def test_movielens_preset_ranks_only_movies_not_known_watched(tmp_path):
         zf.writestr("recbole/dataset_example/ml-100k/ml-100k.user", USER)
         zf.writestr("recbole/dataset_example/ml-100k/ml-100k.item", "item_id:token\n" + "".join(
             f"{j + 1}\n" for j in range(40)))
-    experiment = mixed.MixedMovieLens()
-    s = {**experiment.defaults(), "cache_dir": str(tmp_path), "context_len": 3,
+    s = {**mixed.MOVIELENS.defaults(), "cache_dir": str(tmp_path), "context_len": 3,
          "max_examples": 6, "clients_per_round": 0, "test_examples": 100}
-    (data, _, test), info = experiment.seed_data(s, [0])
+    (data, _, test), info = mixed.movielens.seed_data(s, [0])
     clients = movielens.movielens_clients(movielens.load_ml100k(tmp_path, download=False),
                                           context_len=3, max_examples=6)
     test = {k: np.asarray(v[0]) for k, v in test.items()}

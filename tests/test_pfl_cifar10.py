@@ -15,7 +15,7 @@ import pytest
 from fedjax_sim import cli
 from fedjax_sim.data import cifar
 from fedjax_sim.experiments import pfl_cifar10 as P
-from fedjax_sim.experiments import run_preset
+from fedjax_sim.experiments import run_preset, study
 from fedjax_sim.experiments.registry import PRESETS
 from fedjax_sim.models.zoo import SimpleCNN, simple_cnn
 
@@ -219,7 +219,7 @@ def test_a_round_equals_a_per_client_loop():
     s = {**PRESETS["fedavg-cifar10-pfl"].defaults, "datapoints_per_user": 8, "cohort_size": 5,
          "batch_size": 0, "local_epochs": 2, "central_lr": 0.5, "lr": 0.05}
     problem = P.PFL.problem(s, (*train, *test))
-    spec = P.PFL.method_run("fedavg", s, problem)
+    spec = study.method_run(P.PFL, "fedavg", s, problem)
     key = jax.random.key(0)
     state = spec.algorithm.init(key, spec.data)
     new, _ = jax.jit(spec.algorithm.round)(state, spec.data, jax.random.key(1))
@@ -248,7 +248,7 @@ def test_evaluation_is_the_mean_over_every_test_image():
     s = {**PRESETS["fedavg-cifar10-pfl"].defaults, "datapoints_per_user": 8, "cohort_size": 5,
          "eval_batch_size": 5}
     problem = P.PFL.problem(s, (*train, *test))
-    spec = P.PFL.method_run("fedavg", s, problem)
+    spec = study.method_run(P.PFL, "fedavg", s, problem)
     state = spec.algorithm.init(jax.random.key(0), spec.data)
     got = spec.evaluate(state)
     p = jax.tree.map(lambda a: a[0], state.params)

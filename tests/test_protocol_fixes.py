@@ -14,7 +14,7 @@ import pytest
 
 from fedjax_sim.algorithms import drfa, fedavg, ifca, sgd, with_seeds
 from fedjax_sim.data import FederatedData
-from fedjax_sim.experiments import drfa_molecules, ifca_images
+from fedjax_sim.experiments import drfa_molecules, ifca_images, study
 from fedjax_sim.experiments.registry import get_preset
 from fedjax_sim.experiments.runner import resolve_settings
 from fedjax_sim.models import linear_regression
@@ -106,7 +106,7 @@ def test_drfa_presets_weight_fedavg_by_rows_and_fedavg_mixup_honours_official_co
     model = linear_regression(D)
     for weighting, official in itertools.product(("examples", "uniform"), (False, True)):
         s = _molecule_settings(weighting=weighting, official_code=official, d=D)
-        alg = drfa_molecules.EXPERIMENT.build_method("fedavg_mixup", s, model)
+        alg = study.build_method(drfa_molecules.EXPERIMENT, "fedavg_mixup", s, model)
         state = alg.init(jax.random.key(0), data)
         want = rows / rows.sum() if weighting == "examples" else np.full(6, 1 / 6)
         np.testing.assert_allclose(state.lam, want, rtol=1e-6)
@@ -116,7 +116,7 @@ def test_drfa_presets_weight_fedavg_by_rows_and_fedavg_mixup_honours_official_co
         floor = 1e-3 if official else 0.0  # FedTorch's clip floor raises the empty client
         lam = np.maximum(want, floor)
         np.testing.assert_allclose(state.lam, lam / lam.sum(), rtol=1e-5, atol=1e-7)
-        weighted = drfa_molecules.EXPERIMENT.build_method("fedavg", s, model)
+        weighted = study.build_method(drfa_molecules.EXPERIMENT, "fedavg", s, model)
         st = weighted.init(jax.random.key(0), data)
         st, _ = jax.jit(weighted.round)(st, data, jax.random.key(1))
         assert np.all(np.isfinite(np.asarray(st.params)))

@@ -89,7 +89,7 @@ def test_kmeans_under_vmap_matches_each_seed():
 
 def _digits_problem(seeds=2, n=100):
     preset = next(p for p in PRESETS if p.name == "ifca-rotated-digits")
-    s = resolve({st.name: st for st in DIGITS.settings}, preset.defaults,
+    s = resolve(DIGITS.declared, preset.defaults,
                 {"seeds": seeds, "n": n, "hidden": 8, "test_per_class": 30})
     return s, DIGITS.problem(s)
 
@@ -107,7 +107,7 @@ def test_local_official_accuracy_equals_loop_over_test_clients(monkeypatch, n, r
     their padded length."""
     monkeypatch.setattr(E.metrics, "ROWS_PER_PRODUCT", rows_per_product)
     s, problem = _digits_problem(n=n)
-    model = problem["models"][False]
+    model = problem["model"][False]
     train, test = problem["train"], problem["test"]
     if short:  # every third test client keeps only its first n - 13 - t rows
         cut = np.asarray(test.num_examples).copy()

@@ -78,7 +78,7 @@ def test_cell_equals_separate_runs():
                     state, _ = step(state, problem.train, key)
                 want = float(min_dist(state.cluster_params, problem.theta_star))
                 np.testing.assert_allclose(got[seed, i, r], want, rtol=2e-4, atol=1e-6)
-    rows = ifca_success.SUCCESS.trials(cell, [0, 1])
+    rows = ifca_success.SUCCESS.sweep.trials(cell, [0, 1])
     for row, runs in zip(rows, got, strict=True):
         assert row["best_min_dist"] == pytest.approx(float(runs.min()), rel=1e-6)
 
@@ -86,14 +86,14 @@ def test_cell_equals_separate_runs():
 def test_seed_whose_runs_all_diverge_is_a_failure():
     cell = dict(k=2, m=8, n=6, d=4, sigma=0.1, R=0.5, lr=[1e6, 1e5], rounds=30, restarts=2,
                 seeds=2, seed=0, threshold_offset=0.001)
-    rows = ifca_success.SUCCESS.trials(cell, [0, 1])
+    rows = ifca_success.SUCCESS.sweep.trials(cell, [0, 1])
     for row in rows:
         assert row["all_diverged"] == 1
         assert row["diverged_runs"] == 4
         assert row["success"] == 0
         assert np.isnan(row["best_min_dist"])
     key = runner.cell_id(experiments.PRESETS["ifca-success-small"], cell)
-    summary = ifca_success.SUCCESS.summarize_cells(
+    summary = ifca_success.SUCCESS.sweep.summarize(
         [{**r, "cell_id": key} for r in rows], [{**cell, "cell_id": key}], [])
     assert summary[0]["success_prob"] == 0.0
     assert summary[0]["all_diverged_seeds"] == 2
@@ -106,7 +106,7 @@ def test_diverged_runs_are_never_the_best():
     # lr=1e6 diverges, lr=0.5 does not: the best is the finite one.
     cell = dict(k=2, m=8, n=20, d=4, sigma=0.1, R=1.0, lr=[1e6, 0.5], rounds=60, restarts=4,
                 seeds=1, seed=0, threshold_offset=0.001)
-    (row,) = ifca_success.SUCCESS.trials(cell, [0])
+    (row,) = ifca_success.SUCCESS.sweep.trials(cell, [0])
     assert row["diverged_runs"] == 4 and row["all_diverged"] == 0
     assert row["best_lr"] == 0.5
     assert np.isfinite(row["best_min_dist"])
@@ -174,7 +174,7 @@ def test_m_n_grid_expands_to_cells_and_plots_a_curve_per_n(tmp_path, monkeypatch
         return real_plot_curves(rows, path, **kw)
 
     monkeypatch.setattr(plots, "plot_curves", spy)
-    written = ifca_success.SUCCESS.plot_sweep(summary, tmp_path)
+    written = ifca_success.SUCCESS.sweep.plot(summary, tmp_path)
     assert sorted(p.name for p in written) == ["success_vs_R.png", "success_vs_m.png"]
     kwargs = dict(calls)
     assert kwargs["success_vs_R.png"]["log_x"] is True  # R on a log axis

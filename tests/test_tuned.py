@@ -20,7 +20,8 @@ from fedjax_sim.data import FederatedData, linear_mixture
 from fedjax_sim.data.federated import ClientViews, stack_views
 from fedjax_sim.data.holdout import validation_counts, validation_split
 from fedjax_sim.execution import Execution
-from fedjax_sim.experiments import tuned
+from fedjax_sim.experiments import study, tuned
+from fedjax_sim.experiments.base import available
 from fedjax_sim.models import linear_regression
 
 
@@ -123,12 +124,12 @@ def _settings(**more):
 def _train_alone(experiment, name, s, problem):
     """Method `name` trained alone on problem.fit (one program per value), with its final
     state: its test finals and its validation metric from the experiment's own evaluation."""
-    spec = experiment.method_run(name, s, problem.fit)
+    spec = study.method_run(experiment, name, s, problem.fit)
     state, history = simulate.run(spec.algorithm, spec.data, spec.key, rounds=spec.rounds,
                                   eval_every=spec.eval_every, evaluate=spec.evaluate,
                                   execution=Execution(progress=False, copies=1,
                                                       data_copies=spec.data_copies))
-    val = experiment.method_run(name, s, problem.val).evaluate(state)["test_rmse_worst"]
+    val = study.method_run(experiment, name, s, problem.val).evaluate(state)["test_rmse_worst"]
     return history[-1], np.asarray(val, np.float64)
 
 
@@ -137,8 +138,8 @@ def test_chosen_value_equals_a_loop_over_the_grid():
     per method and seed the reported value is the grid value whose run alone has the
     lowest validation worst-client RMSE, and the reported test metrics are that run's."""
     experiment, s = _settings()
-    comparison = experiment.compare(s)
-    problem = experiment.problem_for(s)
+    comparison = study.compare(experiment, s)
+    problem = study.problem_for(experiment, s)
     assert isinstance(problem, tuned.Tuned)
     for name, setting in (("fedavg", "lr"), ("qffl", "qffl_lr")):
         grid = s[f"tune_{setting}"]
@@ -155,17 +156,16 @@ def test_chosen_value_equals_a_loop_over_the_grid():
     assert "tuning" in comparison.notes and "chosen_per_seed" in comparison.notes
 
 
-def test_choice_never_reads_the_test_rows(monkeypatch):
+def test_choice_never_reads_the_test_rows():
     """The same comparison with every test row (features and targets) NaN: the same values
     are chosen on the same validation metrics, and only the test metrics change."""
     experiment, s = _settings()
-    clean = experiment.compare(s)
+    clean = study.compare(experiment, s)
     problem = experiment.problem(s)
-    problem.test = problem.test.replace(
+    problem = problem._replace(test=problem.test.replace(
         x=jax.tree.map(lambda a: jnp.full_like(a, jnp.nan), problem.test.x),
-        y=jnp.full_like(problem.test.y, jnp.nan))
-    monkeypatch.setattr(experiment, "problem", lambda settings: problem)
-    poisoned = experiment.compare(s)
+        y=jnp.full_like(problem.test.y, jnp.nan)))
+    poisoned = study.compare(experiment.replace(problem=lambda settings: problem), s)
     for name in ("fedavg", "qffl"):
         a, b = clean.results[name].per_seed, poisoned.results[name].per_seed
         chosen = [k for k in a if k.startswith("chosen_")]
@@ -210,7 +210,7 @@ def test_each_grid_reaches_exactly_the_methods_reading_its_setting(preset):
     s = {**p.defaults, **{f"tune_{x}": [1.0, 2.0] for x in grids}}
     for x in grids:
         assert declared[f"tune_{x}"].methods == declared[x].methods
-        for name in experiment.available():
+        for name in available(experiment):
             method = experiment.method_table[name]
             reads = (x in method.reads
                      or experiments.methods.setting_of(method, "lr", s) == x)

@@ -14,7 +14,7 @@ import pytest
 from federations import trained
 
 from fedjax_sim import cli
-from fedjax_sim.experiments import get_preset, hetero, resolve_settings
+from fedjax_sim.experiments import get_preset, hetero, resolve_settings, study
 from fedjax_sim.experiments.hetero import metrics as hetero_metrics
 from fedjax_sim.models.core import client_accuracy, client_loss
 
@@ -31,11 +31,6 @@ def _host(data):
     """x, y, num_examples of seed-stacked clients, on the host ([seeds, m, ...])."""
     d = data.materialize()
     return np.asarray(d.x), np.asarray(d.y), np.asarray(d.num_examples)
-
-
-def _trained(name: str, s: dict):
-    """(problem, the method's run, its state after s["rounds"] rounds)."""
-    return trained("hetero-digits", name, s)
 
 
 def _mean_over_clients(values, counts) -> float:
@@ -75,7 +70,7 @@ def test_held_out_clients_are_the_seeds_own_and_never_trained_on():
     # Every method of the comparison trains on those clients only (a cohort of
     # participation 1 is every client of its data): the same data for each.
     for name in ("fedavg", "fedavg_ft", "ditto", "ifca", "hypcluster"):
-        run = experiment.method_run(name, s, problem)
+        run = study.method_run(experiment, name, s, problem)
         _, _, n = _host(run.data)
         np.testing.assert_array_equal(n, tn)
         state = jax.eval_shape(run.algorithm.init, run.key, run.data)
@@ -86,7 +81,7 @@ def test_held_out_clients_are_the_seeds_own_and_never_trained_on():
 @pytest.mark.parametrize("name", ["ifca", "hypcluster"])
 def test_unseen_clients_take_the_cluster_of_lowest_training_loss(name):
     s = _settings()
-    problem, run, state = _trained(name, s)
+    problem, run, state = trained("hetero-digits", name, s)
     model = problem["model"]
     ux, uy, un = _host(problem["unseen_train"])
     vx, vy, vn = _host(problem["unseen_test"])
@@ -127,13 +122,14 @@ def _sgd_loop(model, params, x, y, n, lr: float, steps: int):
 @pytest.mark.parametrize("name", ["fedavg_ft", "ditto"])
 def test_adaptation_is_adapt_steps_of_full_batch_sgd_from_the_global_model(name):
     s = _settings(batch_size=0, adapt_steps=3, lr=0.2)
-    problem, run, state = _trained(name, s)
+    problem, run, state = trained("hetero-digits", name, s)
     model = problem["model"]
     ux, uy, un = _host(problem["unseen_train"])
     vx, vy, vn = _host(problem["unseen_test"])
     got = run.evaluate(state)
     experiment = get_preset("hetero-digits").experiment
-    training = experiment.adapt_training(name, s)
+    training = study.training_of(experiment, name, s).replace(
+        steps=s["adapt_steps"] or s["local_steps"])
     for i in range(s["seeds"]):
         start = jax.tree.map(lambda a: np.asarray(a[i]), state.params)  # the global model
         adapted = hetero_metrics.adapt(model, training, start,
@@ -162,7 +158,7 @@ def test_adaptation_is_adapt_steps_of_full_batch_sgd_from_the_global_model(name)
 
 def test_global_models_score_unseen_clients_as_they_are():
     s = _settings()
-    problem, run, state = _trained("fedavg", s)
+    problem, run, state = trained("hetero-digits", "fedavg", s)
     model = problem["model"]
     vx, vy, vn = _host(problem["unseen_test"])
     got = run.evaluate(state)
@@ -201,7 +197,7 @@ def test_no_unseen_clients_changes_nothing():
                          "compare")
     experiment = get_preset("hetero-digits").experiment
     assert not any(m.startswith("unseen_") or m == "participation_gap"
-                   for m in experiment.table(s))
+                   for m in study.table(experiment, s))
     assert "unseen_train" not in hetero.build_problem(s)
 
 

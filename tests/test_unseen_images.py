@@ -14,7 +14,7 @@ import pytest
 from federations import trained
 
 from fedjax_sim import cli
-from fedjax_sim.experiments import get_preset, resolve_settings
+from fedjax_sim.experiments import get_preset, resolve_settings, study
 from fedjax_sim.experiments.unseen import assign_unseen
 from fedjax_sim.models.core import client_accuracy, client_loss
 
@@ -65,7 +65,7 @@ def test_held_out_clients_are_the_same_for_every_method_and_never_trained_on():
         for a, b in zip(_host(copies[part]), _host(problem[part]), strict=True):
             np.testing.assert_array_equal(a, b)
     for name in experiment.methods:  # every method trains on the seen clients only
-        run = experiment.method_run(name, s, problem)
+        run = study.method_run(experiment, name, s, problem)
         x, _, n = _host(run.data)
         np.testing.assert_array_equal(n, tn)
         np.testing.assert_array_equal(x, tx)
@@ -77,7 +77,7 @@ def test_held_out_clients_are_the_same_for_every_method_and_never_trained_on():
 def test_unseen_clients_take_the_cluster_of_lowest_training_loss(name):
     s = _settings(local_rounds=2)
     problem, run, state = _trained(name, s)
-    model = problem["models"][False]
+    model = problem["model"][False]
     ux, uy, un = _host(problem["unseen_train"])
     vx, vy, vn = _host(problem["unseen_paired"])
     got = run.evaluate(state)
@@ -131,7 +131,7 @@ def test_participation_gap_compares_seen_and_unseen_clients_under_one_rule(name)
     problem, run, state = _trained(name, s)
     experiment = get_preset(PRESET).experiment
     full = experiment.problem({**s, "unseen_clients": 0.0})
-    model = problem["models"][False]
+    model = problem["model"][False]
     fx, fy, fn = _host(full["train"])
     tx, ty, tn = _host(full["test"])
     pairing = np.asarray(full["test_of_client"])
@@ -169,7 +169,7 @@ def test_seen_metrics_match_the_full_runs_layout_for_local_models():
     s = _settings(local_rounds=1)
     problem, run, state = _trained("local", s)
     got = run.evaluate(state)
-    model = problem["models"][False]
+    model = problem["model"][False]
     tx, ty, tn = _host(problem["test"])
     per_test = problem["test_clients"] // s["k"]
     truth = np.asarray(problem["train"].cluster)

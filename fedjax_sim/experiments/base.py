@@ -1,27 +1,28 @@
 """What an experiment declares, and what the runner hands it.
 
-An experiment is one module under `experiments/` holding an `Experiment`
-subclass: its settings (`Setting`: name, type, default, range, help), its
-checks, how it builds data, model and algorithm(s), the methods it compares,
-its metrics and its plots. `runner.py` turns any registered experiment into
-run directories, sweeps and comparisons; nothing else needs editing to add one.
+An experiment is one frozen `Experiment` record: its settings (`Setting`: name,
+type, default, range, help), a problem built from them, its metrics, the methods it
+compares (rows of the one method table, `experiments.methods`) and its baseline,
+results table and notes; one with a run of its own (a theory check, a success sweep)
+declares `run` and `sweep` instead. `study` turns any record into runs, comparisons
+and sweeps, and `runner` into their directories; nothing else needs editing to add
+one. Also here: the PRNG streams of a seed, the host-side means and stacks the
+experiments share, and `Preset` (a name, a record, its defaults).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim import backend, compare, parallel
+from fedjax_sim import backend, parallel
 from fedjax_sim.algorithms import ALIASES, ClientTraining, sgd
 from fedjax_sim.algorithms.base import NOT_PER_CLIENT, Algorithm
 from fedjax_sim.data.federated import FederatedData
@@ -199,427 +200,288 @@ class Comparison:
     results: dict = field(default_factory=dict)
 
 
-class Experiment:
-    """Base class: subclasses set the attributes and override what they support."""
+class Trained(NamedTuple):
+    """What an experiment's `metrics` sees of one method it trains (`study.method_run`).
 
-    name: str = ""
-    description: str = ""
-    settings: tuple[Setting, ...] = ()
-    #: registry names of the algorithms `compare` trains side by side.
-    methods: tuple[str, ...] = ()
-    baseline: str | None = None
-    #: panels of metrics.png / comparison.png: (metric, label).
-    panels: tuple[tuple[str, str], ...] = ()
-    #: metrics of those panels drawn on a log axis.
-    log_metrics: tuple[str, ...] = ()
-    #: method -> label in plot legends (default: the method's name).
-    labels: dict | None = None
-    #: the methods it can train: `methods.METHODS`, with its own entries where its
-    #: protocol trains a method its own way.
-    method_table = catalog.METHODS
-    #: what its data provide to the methods (`methods.SERVER_DATA`, `methods.SPLIT_MODEL`).
-    provides: frozenset = frozenset()
-    #: the kinds of method its metrics evaluate (`methods.KINDS`; fine-tuned methods only
-    #: where it declares them).
-    kinds: tuple[str, ...] = catalog.BASIC_KINDS
-    #: the setting that names the method a `run` trains (its choices become the methods
-    #: it can train, `available`).
-    method_key: str = "method"
+    name: the method's name; method: its row of the experiment's method table (None for
+    a method of its own); s: the settings it trains with (`Experiment.derived` applied);
+    problem: what every method shares (`Experiment.problem`); model: the model it trains
+    (the split one where it needs a split model); algorithm: the method over every seed
+    (`with_seeds`: a leading [seeds] axis on every state leaf); rounds: the rounds it
+    trains; training: its client training (`study.training_of`).
+    """
 
-    @property
-    def declared(self) -> dict[str, Setting]:
-        self.declare_methods_setting()
-        self.__dict__["_settings_read"] = True
-        return {s.name: s for s in self.settings}
+    name: str
+    method: Any
+    s: dict
+    problem: Any
+    model: Any
+    algorithm: Algorithm
+    rounds: int
+    training: ClientTraining
 
-    def defaults(self) -> dict:
-        self.declare_methods_setting()
-        self.__dict__["_settings_read"] = True
-        return {s.name: s.default for s in self.settings}
 
-    def __setattr__(self, name: str, value) -> None:
-        # Settings resolved earlier carry the `methods` setting built from the old list,
-        # and `compared` follows the setting: a later assignment would be ignored.
-        if name == "methods" and self.__dict__.get("_settings_read"):
-            raise AttributeError(
-                f"experiment {self.name}: methods cannot change once its settings have been "
-                "read (a comparison trains what the methods setting says); choose them with "
-                "the setting instead, e.g. settings {'methods': 'fedavg,drflm'} or "
-                "--set methods=fedavg,drflm.")
-        super().__setattr__(name, value)
+class Metrics(NamedTuple):
+    """A method's evaluation, where it says more than `state -> {metric: [seeds]}`.
 
-    def validate(self, s: dict, command: str = "run") -> None:
-        """Checks across settings (each value is already checked against its Setting).
+    evaluate: state -> one history row's values ([seeds] arrays).
+    every: rounds between evaluations (None: the setting eval_every); an evaluation that
+      is partly cheap (cluster identity every round, the whole test every eval_every
+      rounds) takes every=1 and leaves out what a round does not compute.
+    seed_rows, finals, round_metrics, progress_summary: as `compare.MethodRun`'s
+      (histories with more than a seeds axis, finals over every round's metrics).
+    """
 
-        command: "run", "sweep" (s is one cell) or "compare": which settings
-        are read can depend on it.
-        """
+    evaluate: Callable[[Any], dict]
+    every: int | None = None
+    seed_rows: Callable | None = None
+    finals: Callable | None = None
+    round_metrics: bool = False
+    progress_summary: Callable | None = None
 
-    supports_run = True
 
-    # ---- compare: the experiment declares its methods; `compare.run_methods` trains them
-    #: the method a `run` of a comparison preset trains by default (setting `method`).
-    headline: str | None = None
+@dataclass(frozen=True)
+class Sweep:
+    """What a sweep of an experiment writes (`fedjax-sim sweep`): trials.csv rows of
+    every (cell, seed), summary.csv rows of every cell, plots. `study.sweep_of` gives
+    every comparison experiment one (a cell trains its headline method); an experiment
+    with a faster sweep of its own declares it.
 
-    @property
-    def supports_compare(self) -> bool:
-        return bool(self.methods)
+    trials: (cell, seed_ids, mesh) -> one trials.csv row per seed of a cell.
+    columns: (the sweep's axes, its settings) -> trials.csv's columns.
+    summarize: (trials, cells, axes) -> summary.csv's rows.
+    group: cells that differ only in traced settings go to `group_trials` together
+      (one compiled, vmapped program); False: one cell at a time.
+    group_trials: (cells, seed_ids, mesh) -> rows (each with its cell's "cell_id") of
+      every (cell, seed); None: `trials` cell by cell.
+    seeds_per_chunk: cell -> the seeds one call trains.
+    trials_per_program: group of cells -> how many trials (cell × seed) one compiled
+      program holds: XLA compiles programs of other sizes differently, so the numbers
+      may depend on it (in their last bits), and a resume keeps it (None:
+      `seeds_per_chunk`).
+    cell_cost: cell -> the relative cost of one seed (for the ETA).
+    plot: (summary, out_dir) -> plots of a finished sweep.
+    """
 
-    def problem(self, s: dict) -> Any:
-        """The data every method of a comparison (or a one-method run) shares."""
-        raise NotImplementedError(f"{self.name} declares no comparison.")
+    trials: Callable[..., list[dict]]
+    columns: Callable[[list[str], dict], list[str]]
+    summarize: Callable[[list[dict], list[dict], list[str]], list[dict]]
+    group: bool = False
+    group_trials: Callable | None = None
+    seeds_per_chunk: Callable[[dict], int] = lambda cell: 1
+    trials_per_program: Callable[[list[dict]], int] | None = None
+    cell_cost: Callable[[dict], float] = lambda cell: 1.0
+    plot: Callable | None = None
 
-    def method_run(self, name: str, s: dict, problem) -> compare.MethodRun:
-        """Method `name` over s["seeds"] vmapped seeds, ready to train: `problem`'s clients
-        carry the executor's plan for the method's `footprint` (`method_spec`)."""
-        raise NotImplementedError(f"{self.name} declares no comparison.")
-
-    def footprint(self, name: str, s: dict, problem) -> Footprint | None:
-        """What method `name`'s round holds (`execution.Footprint`), from which the executor
-        plans how many clients it processes at once; None (the default): all of them."""
-        return None
-
-    # ---- tuning (`experiments.tuned`): an experiment that declares both takes tune_* grids
-    #: (metric, "min" or "max"): what a tuned comparison chooses each method's grid point by,
-    #: measured on the validation rows as `method_run`'s evaluation measures it on the test
-    #: rows; None: the experiment takes no tune_* settings.
-    tune_metric: tuple[str, str] | None = None
-
-    def validation_problems(self, problem, s: dict) -> tuple[Any, Any]:
-        """(fit, val): `problem` with its training clients less their validation rows
-        (`data.holdout.validation_split`, s["val_fraction"]), and the same with the
-        validation rows in place of the test rows (`tuned.Tuned`)."""
-        raise NotImplementedError(f"{self.name} takes no tune_* grids.")
-
-    def problem_for(self, s: dict) -> Any:
-        """The problem its methods train on: `problem(s)`, or with a tune_* grid set the
-        `tuned.Tuned` of it."""
-        problem = self.problem(s)
-        if self.tune_metric is None or not tuned.tunes(s):
-            return problem
-        return tuned.Tuned(problem, *self.validation_problems(problem, s))
-
-    def method_spec(self, name: str, s: dict, problem,
-                    execution: Execution | None = None) -> compare.MethodRun:
-        """`method_run` on `problem` planned by the executor for the method's `footprint`
-        (`Execution.planned`, under `execution`'s memory budget; default: none), over its
-        tune_* grid where `problem` is a `tuned.Tuned`."""
-        if isinstance(problem, tuned.Tuned):
-            return tuned.tuned_run(self, name, s, problem)
-        planned = (execution or Execution()).planned(problem, self.footprint(name, s, problem))
-        return self.method_run(name, s, planned)
-
-    def comparison_notes(self, s: dict, problem, results: dict) -> dict:
-        """`notes`, and the grids and chosen values of a tuned comparison."""
-        full = problem.full if isinstance(problem, tuned.Tuned) else problem
-        metric = self.tune_metric[0] if self.tune_metric else ""
-        return {**self.notes(s, full, results), **tuned.notes(s, results, metric)}
-
-    def available(self) -> tuple[str, ...]:
-        """The methods of its table that fit its data: its declared ones first."""
-        fitting = [n for n, m in self.method_table.items()
-                   if catalog.fits(m, self.provides) is None and m.kind in self.kinds]
-        return tuple(dict.fromkeys([*(n for n in self.methods if n in fitting or self.own(n)),
-                                    *fitting]))
-
-    def own(self, name: str) -> bool:
-        """Whether `name` is a method of its own, outside the method table, that its
-        `method_run` builds itself."""
-        return name in self.methods and name not in self.method_table
-
-    def check_method(self, name: str) -> None:
-        """ValueError in one line when method `name` cannot be trained here, saying why."""
-        if self.own(name):
-            return
-        if name not in self.method_table:
-            raise ValueError(f"unknown method {name!r}{did_you_mean(name, self.available())}; "
-                             f"{self.name} can train {', '.join(self.available())}.")
-        why = self.unfit(name)
-        if why is not None:
-            raise ValueError(why)
-
-    def unfit(self, name: str) -> str | None:
-        """Why method `name` of its table cannot be trained here, in one line naming the
-        methods that can (None: it can)."""
-        method = self.method_table[name]
-        why = catalog.fits(method, self.provides)
-        if why is None and method.kind not in self.kinds:
-            why = ("an evaluation that fine-tunes each client's copy of the model before its "
-                   "test" if method.kind == "fine_tuned" else
-                   f"an evaluation of {method.kind} models")
-        if why is None:
-            return None
-        return (f"method {name} needs {why}, which {self.name} does not have; it can train "
-                f"{', '.join(self.available())}.")
-
-    def client_training(self, s: dict, learning_rate) -> ClientTraining:
-        """How its clients train at `learning_rate`: plain SGD (declared linear in its
-        gradients) with its local_steps, batch_size (0: full batch) and sampling."""
-        return sgd(learning_rate, steps=s["local_steps"], batch_size=s.get("batch_size") or None,
-                   sampling=s.get("sampling", "with_replacement"))
-
-    def training_of(self, name: str, s: dict, learning_rate=None) -> ClientTraining:
-        """Method `name`'s client training: at its own learning rate (or `learning_rate`);
-        plain SGD at it, with the same steps, batches and per-client work, for a method
-        whose maths assume it."""
-        method = self.method_table[name]
-        if learning_rate is None:
-            learning_rate = s[catalog.setting_of(method, "lr", s)]
-        training = self.client_training(s, learning_rate)
-        if method.sgd:
-            training = sgd(learning_rate, steps=training.steps, batch_size=training.batch_size,
-                           sampling=training.sampling, work=training.work)
-        return training
-
-    def adapt_training(self, name: str, s: dict) -> ClientTraining:
-        """Method `name`'s client training with adapt_steps steps (0: local_steps), every
-        client taking all of them: how its evaluation fine-tunes or adapts a client
-        (experiments with the setting adapt_steps)."""
-        return self.training_of(name, s).replace(steps=s["adapt_steps"] or s["local_steps"])
-
-    def build_method(self, name: str, s: dict, model, learning_rate=None, **extra) -> Algorithm:
-        """Method `name` (unvmapped) with these settings, through the one method table."""
-        self.check_method(name)
-        return catalog.build(name, self.method_table, model,
-                                  self.training_of(name, s, learning_rate), s, **extra)
-
-    def method_rounds(self, name: str, s: dict) -> int:
-        return s[catalog.setting_of(self.method_table[name], "rounds", s)]
-
-    def compared(self, s: dict) -> tuple[str, ...]:
-        """The methods a comparison trains, the baseline among them: the `methods` setting
-        (a narrowed or reordered list, `methods_setting`) where the experiment takes one,
-        else every declared method.
-
-        Raises:
-          ValueError: the setting repeats a method or leaves out the baseline (the
-            paired differences are taken to it).
-        """
-        chosen = s.get("methods") if "methods" in self.declared else None
-        if chosen is None:
-            return tuple(self.methods)
-        names = (chosen,) if isinstance(chosen, str) else tuple(chosen)
-        for name in names:
-            self.check_method(name)
-        repeated = sorted({n for n in names if names.count(n) > 1})
-        if repeated:
-            raise ValueError(f"setting methods names {', '.join(repeated)} twice; give each "
-                             "method once.")
-        if self.baseline in self.methods and self.baseline not in names:
-            raise ValueError(
-                f"setting methods must include the baseline {self.baseline} (the paired "
-                f"differences are taken to it); got {','.join(names)}.")
-        return names
-
-    #: per-experiment defaults of the method settings it gains (`methods.METHOD_SETTINGS`)
-    method_defaults: dict = {}
-    #: its own settings that its problem reads too (IFCA's k: the clusters of the data as
-    #: well as the cluster models), so they are never scoped to the methods that read them
-    unscoped: tuple[str, ...] = ()
-
-    def declare_methods_setting(self) -> None:
-        """Completes the settings of an experiment that compares methods through
-        `method_run` (a `Preset` calls this): the `methods` setting and the setting of the
-        method a run trains (`method_key`), which offer the methods it can train
-        (`available`; one of its table that does not fit is refused saying why), the
-        settings of every method it can train that it does not declare itself
-        (`methods.METHOD_SETTINGS`), and the methods that read each method setting
-        (`Setting.methods`), so `describe` marks them and the runner refuses them where
-        no trained method reads them."""
-        if (not self.methods or type(self).method_run is Experiment.method_run
-                or self.__dict__.get("_methods_declared")):
-            return
-        self.__dict__["_methods_declared"] = True
-        available = self.available()
-        names = {st.name for st in self.settings}
-        readers = catalog.readers({n: self.method_table[n] for n in available
-                                   if not self.own(n)})
-        added = [dataclasses.replace(st, default=self.method_defaults.get(st.name, st.default))
-                 for name, st in catalog.METHOD_SETTINGS.items()
-                 if name in readers and name not in names]
-
-        def scoped(st: Setting) -> Setting:
-            if st.name in readers and st.methods is None and st.name not in self.unscoped:
-                return dataclasses.replace(st, methods=readers[st.name])
-            return st
-
-        settings = [scoped(st) for st in (*self.settings, *added)]
-        if self.tune_metric is not None:
-            settings += tuned.tune_settings({st.name: st for st in settings},
-                                            self.tune_metric[0])
-        if "methods" not in names:
-            settings.append(methods_setting(available, tuple(self.methods)))
-        self.settings = tuple(self.offering(st, available) for st in settings)
-
-    def offering(self, st: Setting, available: tuple[str, ...]) -> Setting:
-        """A setting that names methods (`method_key`, `methods`) with the methods it can
-        train as its choices: one of its table that does not fit is refused saying why
-        (`unfit`), and an older name of a method (`algorithms.ALIASES`) is read as the
-        method's name."""
-        if st.name not in (self.method_key, "methods") or st.choices is None:
-            return st
-        refused = {n: self.unfit(n) for n in self.method_table if n not in available}
-        aliases = {old: new for old, new in ALIASES.items() if new in available}
-        return dataclasses.replace(st, choices=available, refused=refused or None,
-                                   aliases=aliases or None)
-
-    def table(self, s: dict) -> list[str]:
-        """The metrics of results.csv, in order."""
-        return [metric for metric, _ in self.panels]
-
-    def notes(self, s: dict, problem, results: dict) -> dict:
-        """Caption lines of a finished comparison (protocol choices, paper references)."""
-        return {}
-
-    def plot_compare(self, comparison: Comparison, out_dir) -> None:
-        """Plots of a finished comparison beyond comparison.png (default: none)."""
-
-    def compare(self, s: dict, ctx: RunContext | None = None) -> Comparison:
-        """Every compared method over s["seeds"] seeds, in memory (no files): the Python
-        API of `fedjax-sim compare` (which also checkpoints and writes its directory).
-
-        Diverged seeds are reported as the command reports them: one line on stderr
-        for the whole comparison (`compare.divergence_summary`); each seed's round and
-        metric are in the returned `results[method].diverged`.
-        """
-        ctx = ctx or RunContext(progress=False)
-        tuned.check(s)
-        problem = self.problem_for(s)
-        table = self.table(s)
-        execution = ctx.execution(s)
-        results = compare.run_methods(
-            {m: functools.partial(self.method_spec, m, s, problem, execution)
-             for m in self.compared(s)},
-            s["seeds"], None, execution=execution,
-            on_method=lambda r: ctx.on_method(
-                r.name, compare.table_per_seed({r.name: r}, table)[r.name],
-                r.seed_mean_rows()))
-        summary = compare.divergence_summary(results)
-        if summary is not None:
-            print(f"fedjax-sim: comparison finished with diverged seeds: {summary}; they are "
-                  "left out of means and differences (results[method].diverged gives each "
-                  "seed's round and metric)", file=sys.stderr)
-        return Comparison(compare.table_per_seed(results, table),
-                          {n: r.seed_mean_rows() for n, r in results.items()}, table,
-                          self.baseline, self.comparison_notes(s, problem, results), results)
-
-    def run_method(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
-        """`run` of a comparison preset: method s["method"] over s["seeds"] seeds.
-
-        metrics.csv gets one row per (round, seed); summary.json each final
-        metric per seed and its mean over the seeds that did not diverge. The
-        run has diverged (exit 3) when every seed has: the runner's
-        `simulate.Diverged` is then its one line. When only some seeds have, one
-        line on stderr says how many and where the first went (summary.json's
-        "diverged" holds each seed's round and metric), never one per seed.
-        """
-        name = s["method"]
-        execution = ctx.execution(s)
-        spec = self.method_spec(name, s, self.problem_for(s), execution)
-        seeds = s["seeds"]
-
-        def stream(rows):
-            ctx.on_rows([{"seed": i, "round": int(row["round"]),
-                          **{k: float(np.asarray(v, np.float64).reshape(-1)[i]
-                                      if np.ndim(v) else v)
-                             for k, v in row.items() if k != "round"}}
-                         for row in rows for i in range(seeds)])
-
-        result = compare.train_method(name, spec, seeds, execution.replace(
-            on_rows=stream if spec.seed_rows is None else None))
-        ctx.timing.update(result.timing)
-        rows = [{"seed": r.pop("seed"), **{k: v for k, v in r.items() if k != "method"}}
-                for r in result.long_rows()]
-        if spec.seed_rows is not None:
-            ctx.on_rows(rows)
-        if 0 < result.diverged_seeds < seeds:
-            _, seed, first = compare.first_divergence({name: result})
-            print(f"fedjax-sim: method {name} diverged in {result.diverged_seeds} of {seeds} "
-                  f"seeds, the first at round {first['round']} (seed {seed}: "
-                  f"{first['metric']} is {first['value']}); they are left out of "
-                  "summary.json's final_mean (its \"diverged\" gives each seed's round and "
-                  "metric)", file=sys.stderr)
-        seconds = result.timing.get("run_seconds") or 0.0
-        summary = {
-            "method": name,
-            "seeds": seeds,
-            "final_mean": {m: seed_mean(v) for m, v in result.per_seed.items()},
-            "final_per_seed": {m: np.asarray(v).tolist() for m, v in result.per_seed.items()},
-            "diverged_seeds": result.diverged_seeds,
-            "diverged": result.diverged,
-            **result.timing,
-            "rounds_per_second": result.timing["rounds_run"] / seconds
-            if result.timing.get("rounds_run") and seconds > 0 else None,
-        }
-        if result.diverged_seeds == seeds:
-            last = max(result.diverged, key=lambda d: d["round"])
-            summary.update(diverged_round=last["round"], diverged_metric=last["metric"],
-                           diverged_value=last["value"], last_checkpoint_round=None)
-        return rows, summary
-
-    def run(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
-        if self.methods:
-            return self.run_method(s, ctx)
-        raise NotImplementedError
-
-    def plot_run(self, rows: list[dict], summary: dict, out_dir) -> None:
-        """Plots of a finished run (default: none)."""
-
-    def run_facts(self, summary: dict, s: dict) -> list[str]:
-        """What a finished run found, as clauses of the paragraph `fedjax-sim run` ends with
-        (`runner.run_summary` adds the files written). Default: a comparison preset's run,
-        its method and seeds and the mean final value of each metric of its results table
-        (`table`), over the seeds that did not diverge."""
-        final = summary.get("final_mean")
-        if not isinstance(final, dict):
-            return []
-        seeds = summary.get("seeds", 1)
-        shown = [f"{m} {_number(final[m])}" for m in self.table(s) if m in final]
-        facts = [f"{summary.get('method', s.get(self.method_key))} over {seeds} "
-                 f"seed{'s' if seeds != 1 else ''}" + (
-                     f": final {', '.join(shown)}" if shown else "")]
-        if summary.get("diverged_seeds"):
-            facts.append(f"{summary['diverged_seeds']} diverged seed"
-                         f"{'s' if summary['diverged_seeds'] != 1 else ''} left out of the means")
-        return facts
-
-    # ---- sweep
-    supports_sweep = True
-
-    def trial_columns(self, axes: list[str]) -> list[str]:
-        raise NotImplementedError
-
-    def trials(self, cell: dict, seed_ids: list[int], mesh=None) -> list[dict]:
-        """One trials.csv row per seed of a cell."""
-        raise NotImplementedError
-
-    #: cells that differ only in traced settings go to `group_trials` together
-    #: (one compiled, vmapped program); False: one cell at a time.
-    group_cells = False
-
-    def group_trials(self, cells: list[dict], seed_ids: list[int], mesh=None) -> list[dict]:
-        """Rows (each with its cell's "cell_id") of every (cell, seed); default: cell by cell."""
+    def run_group(self, cells: list[dict], seed_ids: list[int], mesh=None) -> list[dict]:
+        """Rows (each with its cell's "cell_id") of every (cell, seed) of a group."""
+        if self.group_trials is not None:
+            return self.group_trials(cells, seed_ids, mesh)
         return [{"cell_id": cell["cell_id"], **row}
                 for cell in cells for row in self.trials(cell, seed_ids, mesh)]
 
-    def seeds_per_chunk(self, cell: dict) -> int:
-        return 1
-
-    def trials_per_program(self, group: list[dict]) -> int:
-        """How many trials (cell × seed) of this group of cells one compiled sweep program
-        holds: XLA compiles programs of other sizes differently, so the numbers may depend
-        on it (in their last bits), and a resume keeps it. Default: `seeds_per_chunk`."""
+    def program_size(self, group: list[dict]) -> int:
+        if self.trials_per_program is not None:
+            return self.trials_per_program(group)
         return self.seeds_per_chunk(group[0])
 
-    def cell_cost(self, cell: dict) -> float:
-        """Relative cost of one seed of a cell (for the sweep's ETA)."""
-        return 1.0
 
-    def summarize_cells(self, trials: list[dict], cells: list[dict], axes: list[str]) -> list:
-        raise NotImplementedError
+def plain_sgd(s: dict, learning_rate) -> ClientTraining:
+    """Plain SGD (declared linear in its gradients) at `learning_rate` with the settings
+    local_steps, batch_size (0 or absent: full batch) and sampling."""
+    return sgd(learning_rate, steps=s["local_steps"], batch_size=s.get("batch_size") or None,
+               sampling=s.get("sampling", "with_replacement"))
 
-    def plot_sweep(self, summary: list[dict], out_dir) -> None:
-        """Plots of a finished sweep (default: none)."""
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment, declared: what it is, never how it runs.
+
+    `study` turns any declaration into runs, comparisons (tuned or not), sweeps and
+    their outputs, and the executor (`simulate`, `compare`) decides how: chunks,
+    devices, memory, checkpoints, progress. An experiment that compares methods
+    declares its settings, `problem` and `metrics`; one with a run of its own (a
+    theory check, a success-probability sweep) declares `run` and `sweep`.
+
+    Attributes:
+      name, description: as `describe` shows them.
+      settings: its own settings (`Setting`); `declared` adds those of the methods it
+        can train, the `methods` setting and the tune_* grids.
+      problem: settings -> what every method of a comparison shares, a mapping (or a
+        record with these fields) holding "train" (the clients the methods train on, a
+        leading [seeds] axis) and "model" (a `Model`, or {False: whole, True: split}
+        for methods that need a split model); "copies": 0 where every seed shares one
+        data set (default 1: a data set per seed).
+      metrics: `Trained` -> the method's evaluation: state -> {metric: [seeds]}, or a
+        `Metrics` saying more.
+      methods: what `compare` trains by default, from `method_table`; baseline: the
+        method the others are compared with; headline: what `run` trains by default.
+      table: settings -> the metrics of results.csv, in order (default: the panels').
+      notes: (settings, problem, results) -> caption lines of a finished comparison.
+      validate: (settings, command) -> None, raising ValueError for what spans settings
+        (each value is already checked against its Setting).
+      panels: (metric, label) of metrics.png / comparison.png; log_metrics: those drawn
+        on a log axis; labels: method -> legend label.
+      method_table: the methods it can train (`methods.METHODS`, with its own entries
+        where its protocol trains a method its own way); provides: what its data offer
+        the methods (`methods.SERVER_DATA`, `methods.SPLIT_MODEL`); kinds: the kinds of
+        method its metrics evaluate; method_key: the setting naming the method a run
+        trains; method_defaults: its defaults of the method settings it gains;
+        unscoped: its own settings that its problem reads too (never scoped to the
+        methods that read them).
+      client_training: (settings, learning rate) -> how its clients train (default
+        `plain_sgd`).
+      derived: (settings, problem) -> the settings with values the problem decides (a
+        cohort from the clients it holds), before a method is built.
+      footprint: (method, settings, problem) -> what the method's round holds
+        (`execution.Footprint`), from which the executor plans its client chunk.
+      tune_metric: (metric, "min" or "max"): a tuned comparison (settings tune_*) chooses
+        each method's grid point by it, measured on validation rows;
+        validation_problems: (problem, settings) -> (fit, val) (`tuned.Tuned`; default
+        `study.validation_problems`: each client's training rows less a validation
+        share, which then stand in for the test rows).
+      run: (settings, RunContext) -> (rows, summary), for an experiment whose run is its
+        own (None: `run` trains a method of the comparison); run_facts: (summary,
+        settings) -> clauses of the paragraph a run ends with; plot_run, plot_compare:
+        plots beyond metrics.png / comparison.png.
+      sweep: its own `Sweep` (None: `study.sweep_of`'s, for a comparison).
+    """
+
+    name: str
+    description: str
+    settings: tuple[Setting, ...]
+    problem: Callable[[dict], Any] | None = None
+    metrics: Callable[[Trained], Any] | None = None
+    methods: tuple[str, ...] = ()
+    baseline: str | None = None
+    headline: str | None = None
+    table: Callable[[dict], list[str]] | None = None
+    notes: Callable[[dict, Any, dict], dict] | None = None
+    validate: Callable[[dict, str], None] | None = None
+    panels: tuple[tuple[str, str], ...] = ()
+    log_metrics: tuple[str, ...] = ()
+    labels: Mapping | None = None
+    method_table: Mapping = field(default_factory=lambda: catalog.METHODS)
+    provides: frozenset = frozenset()
+    kinds: tuple[str, ...] = catalog.BASIC_KINDS
+    method_key: str = "method"
+    method_defaults: Mapping = field(default_factory=dict)
+    unscoped: tuple[str, ...] = ()
+    client_training: Callable[[dict, Any], ClientTraining] = plain_sgd
+    derived: Callable[[dict, Any], dict] | None = None
+    footprint: Callable[[str, dict, Any], Footprint | None] | None = None
+    tune_metric: tuple[str, str] | None = None
+    validation_problems: Callable[[Any, dict], tuple[Any, Any]] | None = None
+    run: Callable[[dict, Any], tuple[list[dict], dict]] | None = None
+    run_facts: Callable[[dict, dict], list[str]] | None = None
+    plot_run: Callable | None = None
+    plot_compare: Callable | None = None
+    sweep: Sweep | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "methods", tuple(self.methods))
+        object.__setattr__(self, "_declared", {st.name: st for st in _complete(self)})
+
+    @property
+    def compares(self) -> bool:
+        """Whether it trains methods side by side (`problem`, `metrics` and methods)."""
+        return bool(self.methods) and self.problem is not None
+
+    @property
+    def declared(self) -> dict[str, Setting]:
+        """Every setting it takes, by name: its own, then those of the methods it can
+        train, the tune_* grids and the `methods` setting."""
+        return self._declared
+
+    def defaults(self) -> dict:
+        return {name: st.default for name, st in self._declared.items()}
+
+    def replace(self, **changes) -> Experiment:
+        """A copy with some fields changed (its settings completed again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def available(e: Experiment) -> tuple[str, ...]:
+    """The methods of its table that fit its data: its declared ones first."""
+    fitting = [n for n, m in e.method_table.items()
+               if catalog.fits(m, e.provides) is None and m.kind in e.kinds]
+    return tuple(dict.fromkeys([*(n for n in e.methods if n in fitting or own(e, n)),
+                                *fitting]))
+
+
+def own(e: Experiment, name: str) -> bool:
+    """Whether `name` is a method of its own, outside the method table."""
+    return name in e.methods and name not in e.method_table
+
+
+def unfit(e: Experiment, name: str) -> str | None:
+    """Why method `name` of its table cannot be trained here, in one line naming the
+    methods that can (None: it can)."""
+    method = e.method_table[name]
+    why = catalog.fits(method, e.provides)
+    if why is None and method.kind not in e.kinds:
+        why = ("an evaluation that fine-tunes each client's copy of the model before its "
+               "test" if method.kind == "fine_tuned" else
+               f"an evaluation of {method.kind} models")
+    if why is None:
+        return None
+    return (f"method {name} needs {why}, which {e.name} does not have; it can train "
+            f"{', '.join(available(e))}.")
+
+
+def check_method(e: Experiment, name: str) -> None:
+    """ValueError in one line when method `name` cannot be trained here, saying why."""
+    if own(e, name):
+        return
+    if name not in e.method_table:
+        raise ValueError(f"unknown method {name!r}{did_you_mean(name, available(e))}; "
+                         f"{e.name} can train {', '.join(available(e))}.")
+    why = unfit(e, name)
+    if why is not None:
+        raise ValueError(why)
+
+
+def _complete(e: Experiment) -> list[Setting]:
+    """Its settings, completed where it compares methods: the settings of every method
+    it can train that it does not declare itself (`methods.METHOD_SETTINGS`, at its
+    `method_defaults`), each method setting scoped to the methods that read it
+    (`Setting.methods`: `describe` marks them and the runner refuses them where no
+    trained method reads them), the tune_* grids, the `methods` setting, and the
+    settings that name methods offering the methods it can train (one of its table
+    that does not fit is refused saying why; an older name, `algorithms.ALIASES`, is
+    read as the method's; the generic sweep's cells read the method a run trains)."""
+    if not e.compares:
+        return list(e.settings)
+    offered = available(e)
+    names = {st.name for st in e.settings}
+    readers = catalog.readers({n: e.method_table[n] for n in offered if not own(e, n)})
+    added = [dataclasses.replace(st, default=e.method_defaults.get(st.name, st.default))
+             for name, st in catalog.METHOD_SETTINGS.items()
+             if name in readers and name not in names]
+
+    def scoped(st: Setting) -> Setting:
+        if st.name in readers and st.methods is None and st.name not in e.unscoped:
+            return dataclasses.replace(st, methods=readers[st.name])
+        return st
+
+    settings = [scoped(st) for st in (*e.settings, *added)]
+    if e.tune_metric is not None:
+        settings += tuned.tune_settings({st.name: st for st in settings}, e.tune_metric[0])
+    if "methods" not in names:
+        settings.append(methods_setting(offered, e.methods))
+    refused = {n: unfit(e, n) for n in e.method_table if n not in offered}
+    aliases = {old: new for old, new in ALIASES.items() if new in offered}
+
+    def offering(st: Setting) -> Setting:
+        if st.name not in (e.method_key, "methods") or st.choices is None:
+            return st
+        commands = st.commands
+        if st.name == e.method_key and e.sweep is None and commands is not None:
+            commands = tuple(dict.fromkeys((*commands, "sweep")))  # the generic sweep's cells
+        return dataclasses.replace(st, choices=offered, refused=refused or None,
+                                   aliases=aliases or None, commands=commands)
+
+    return [offering(st) for st in settings]
 
 
 def _number(value) -> str:
@@ -642,13 +504,12 @@ def methods_setting(methods: tuple[str, ...], default: tuple[str, ...] | None = 
 
 @dataclass(frozen=True)
 class Preset:
+    """A name, an experiment and its defaults: what `fedjax-sim run NAME` runs."""
+
     name: str
     experiment: Experiment
     description: str
     overrides: dict = field(default_factory=dict)  # preset defaults over the experiment's
-
-    def __post_init__(self):
-        self.experiment.declare_methods_setting()
 
     @property
     def defaults(self) -> dict:
@@ -657,5 +518,6 @@ class Preset:
     @property
     def commands(self) -> tuple[str, ...]:
         e = self.experiment
-        return tuple(c for c, ok in (("run", e.supports_run), ("sweep", e.supports_sweep),
-                                     ("compare", e.supports_compare)) if ok)
+        return tuple(c for c, ok in (("run", e.run is not None or e.compares),
+                                     ("sweep", e.sweep is not None or e.compares),
+                                     ("compare", e.compares)) if ok)

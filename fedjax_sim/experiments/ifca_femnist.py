@@ -29,14 +29,12 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from fedjax_sim.algorithms import with_seeds
-from fedjax_sim.compare import MethodRun
 from fedjax_sim.data import ClientViews, copies_axes, stack_views
 from fedjax_sim.data.archives import DataUnavailable
 from fedjax_sim.data.partition import natural_id_partition
 from fedjax_sim.experiments import settings as st
-from fedjax_sim.experiments.base import ROUNDS, Experiment, Preset, client_mean, stream_key
-from fedjax_sim.experiments.ifca_images.experiment import RotatedImages
+from fedjax_sim.experiments.base import Experiment, Metrics, Preset, Trained, client_mean
+from fedjax_sim.experiments.ifca_images.experiment import footprint
 from fedjax_sim.experiments.ifca_images.methods import TABLE
 from fedjax_sim.experiments.ifca_images.metrics import serve_clusters, summarize
 from fedjax_sim.experiments.methods import SPLIT_MODEL
@@ -170,141 +168,137 @@ def metrics_fn(kind: str, algorithm, model, problem, s: dict, total_rounds: int)
     return metrics
 
 
-class FemnistIFCA(Experiment):
-    """IFCA (weight sharing, frozen pretrained trunk) against global, local and one-shot
-    models on a user's FEMNIST, clients = writers."""
+SETTINGS = (
+    st.Setting("data_dir", str, "", "directory with FEMNIST (LEAF JSON in femnist/train and "
+            "femnist/test, or femnist/train.npz and test.npz; nothing ships or downloads)",
+            result=False),
+    st.Setting("cache_dir", str, "", "decoded-array cache of a tfds build (default: "
+            "$FEDJAX_SIM_CACHE or ~/.cache/fedjax_sim)", result=False),
+    st.count("min_samples", 100, "writers with at least this many rows (train + test; LEAF "
+          "-k 100)", minimum=2, maximum=10**6),
+    st.count("max_writers", 0, "keep this many writers at random (0: all; LEAF's --sf 0.05 "
+          "sampled 5 % of them)", minimum=0, maximum=10**6),
+    st.Setting("train_fraction", float, 0.9, "each writer's training share when data_dir "
+            "has no test split (LEAF -tf 0.9)", minimum=1e-9, maximum=1.0),
+    st.Setting("k", int, 2, "cluster models (paper Table 2: 2 and 3)", minimum=1,
+            maximum=100),
+    st.count("clients_per_round", 6, "writers per round (0: all; official 6)", minimum=0,
+          maximum=10**6),
+    st.lr_setting(0.004),
+    st.local_steps_setting(20, "local steps per round (official: one epoch at batch 10, "
+                        "~20 steps for a writer of 200 rows)"),
+    st.batch_size_setting(10),
+    st.sampling_setting("epochs", help="local minibatches: epochs (each a fresh permutation "
+                     "of the writer's rows) or with_replacement"),
+    st.rounds_setting(4000, "communication rounds (IFCA's after pretraining; the others')"),
+    st.count("pretrain_rounds", 2000, "ifca_frozen: FedAvg rounds that pretrain the trunk",
+          minimum=0, methods=("ifca_frozen",)),
+    st.count("warm_start_rounds", 20, "ifca_frozen: rounds training each head on its random "
+          "writer group", minimum=0, methods=("ifca_frozen",)),
+    st.count("local_rounds", 100, "local baseline: rounds of τ steps; one-shot pretrains as "
+          "long", methods=("local", "oneshot")),
+    st.seeds_setting(3, "seeds (init, cohorts, minibatches), one vmapped axis", maximum=1000),
+    st.seed_setting(),
+    st.eval_every_setting(50, "evaluate every this many rounds"),
+    st.checkpoint_setting(200),
+    st.Setting("memory_budget_gb", float, 0.0, "GiB for the client axis; 0: on a CPU, "
+            "writers in chunks of 256 MiB working memory; elsewhere no chunking but "
+            "per-client models in chunks of 1 GiB", minimum=0.0, result=False),
+)
 
-    supports_sweep = False
-    method_table = TABLE
-    provides = frozenset({SPLIT_MODEL})
-    unscoped = ("k",)
-    baseline = "fedavg"
-    headline = "ifca_frozen"
-    panels = (("test_accuracy", "test accuracy"), ("train_loss", "train loss (avg client)"))
-    log_metrics = ("train_loss",)
-    settings = (
-        st.Setting("data_dir", str, "", "directory with FEMNIST (LEAF JSON in femnist/train and "
-                "femnist/test, or femnist/train.npz and test.npz; nothing ships or downloads)",
-                result=False),
-        st.Setting("cache_dir", str, "", "decoded-array cache of a tfds build (default: "
-                "$FEDJAX_SIM_CACHE or ~/.cache/fedjax_sim)", result=False),
-        st.count("min_samples", 100, "writers with at least this many rows (train + test; LEAF "
-              "-k 100)", minimum=2, maximum=10**6),
-        st.count("max_writers", 0, "keep this many writers at random (0: all; LEAF's --sf 0.05 "
-              "sampled 5 % of them)", minimum=0, maximum=10**6),
-        st.Setting("train_fraction", float, 0.9, "each writer's training share when data_dir "
-                "has no test split (LEAF -tf 0.9)", minimum=1e-9, maximum=1.0),
-        st.Setting("k", int, 2, "cluster models (paper Table 2: 2 and 3)", minimum=1,
-                maximum=100),
-        st.count("clients_per_round", 6, "writers per round (0: all; official 6)", minimum=0,
-              maximum=10**6),
-        st.lr_setting(0.004),
-        st.local_steps_setting(20, "local steps per round (official: one epoch at batch 10, "
-                            "~20 steps for a writer of 200 rows)"),
-        st.batch_size_setting(10),
-        st.sampling_setting("epochs", help="local minibatches: epochs (each a fresh permutation "
-                         "of the writer's rows) or with_replacement"),
-        st.rounds_setting(4000, "communication rounds (IFCA's after pretraining; the others')"),
-        st.count("pretrain_rounds", 2000, "ifca_frozen: FedAvg rounds that pretrain the trunk",
-              minimum=0, methods=("ifca_frozen",)),
-        st.count("warm_start_rounds", 20, "ifca_frozen: rounds training each head on its random "
-              "writer group", minimum=0, methods=("ifca_frozen",)),
-        st.count("local_rounds", 100, "local baseline: rounds of τ steps; one-shot pretrains as "
-              "long", methods=("local", "oneshot")),
-        st.seeds_setting(3, "seeds (init, cohorts, minibatches), one vmapped axis", maximum=1000),
-        st.seed_setting(),
-        st.eval_every_setting(50, "evaluate every this many rounds"),
-        st.checkpoint_setting(200),
-        st.Setting("memory_budget_gb", float, 0.0, "GiB for the client axis; 0: on a CPU, "
-                "writers in chunks of 256 MiB working memory; elsewhere no chunking but "
-                "per-client models in chunks of 1 GiB", minimum=0.0, result=False),
-    )
 
-    def __init__(self, name: str, description: str, methods: tuple[str, ...]):
-        self.name = name
-        self.description = description
-        self.methods = methods
-        self.settings = (*self.settings, st.method_setting(tuple(TABLE), self.headline))
+def validate(s: dict, command: str = "compare") -> None:
+    """The data exist and leave enough writers, before anything is written."""
+    w = writer_splits(s)
+    m = len(w["writers"])
+    if m < max(2, s["k"]):
+        raise ValueError(
+            f"setting min_samples={s['min_samples']}: {m} of the {w['all_writers']} "
+            f"writers in data_dir have that many rows and test rows; k={s['k']} needs at "
+            "least max(2, k); lower min_samples or k.")
 
+
+def problem(s: dict) -> dict:
+    """The kept writers' train and test rows (views, stacked for every seed) and the LEAF
+    CNN, whole (False) and split into trunk and head (True)."""
+    w = writer_splits(s)
+    return {"train": _views(w["images"], w["labels"], w["train"], s["seeds"]),
+            "test": _views(w["images"], w["labels"], w["test"], s["seeds"]),
+            "writers": w["writers"], "leaf_split": w["leaf_split"],
+            "all_writers": w["all_writers"],
+            "model": {split: femnist_cnn(62, split=split) for split in (False, True)}}
+
+
+def with_cohort(s: dict, problem) -> dict:
+    """s with participation = clients_per_round / m (0 or more than m: every writer)."""
+    m = len(problem["writers"])
+    cohort = s["clients_per_round"] or m
+    return {**s, "participation": min(1.0, cohort / m)}
+
+
+def metrics(t: Trained) -> Metrics:
+    """Called every round, evaluating every eval_every rounds and at the last (`metrics_fn`)."""
+    return Metrics(metrics_fn(t.method.kind, t.algorithm, t.model, t.problem, t.s, t.rounds),
+                   every=1)
+
+
+def notes(s: dict, problem, results: dict) -> dict:
+    m = len(problem["writers"])
+    train_rows = np.asarray(problem["train"].num_examples)[0]
+    test_rows = np.asarray(problem["test"].num_examples)[0]
+    cohort = round(with_cohort(s, problem)["participation"] * m)
+    notes = {
+        "data": f"FEMNIST from data_dir: {m} of {problem['all_writers']} writers (≥ "
+                f"{s['min_samples']} rows" + (f", {s['max_writers']} drawn at random"
+                                               if s["max_writers"] else "") +
+                f"), {int(train_rows.sum())} train / {int(test_rows.sum())} test rows; "
+                + ("LEAF's per-user split" if problem["leaf_split"] else
+                   f"each writer's rows split {s['train_fraction']:g} train / rest test "
+                   f"(seed {s['seed']})"),
+        "training": f"LEAF CNN, {cohort} writers per round, τ={s['local_steps']} local "
+                    f"steps of batch {s['batch_size'] or 'all'} ({s['sampling']}), lr "
+                    f"{s['lr']}, {s['rounds']} rounds, {s['seeds']} seeds",
+        "test_accuracy": "sample-weighted over the writers' test rows; cluster models: "
+                         "each writer the cluster its training rows pick by training loss "
+                         "(official FEMNIST code); local and one-shot: the writer's own "
+                         "model; the final evaluation (the paper reports the best one)",
+        "paper": "Table 2 (recalled, approximate): IFCA (k = 2, 3) ≈ 87.5–88 %, global and "
+                 "one-shot ≈ 84–85 %, local ≈ 75–76 %",
+        "accuracy units": "fractions in [0, 1]",
+    }
+    if "ifca_frozen" in results:
+        notes["ifca_frozen"] = (
+            f"FedAvg pretrains {s['pretrain_rounds']} rounds, its trunk frozen in every "
+            f"cluster, only the last layer clustered; warm start {s['warm_start_rounds']} "
+            f"rounds on random equal writer groups; then {s['rounds']} rounds")
+    if "local" in results or "oneshot" in results:
+        notes["local"] = (f"local and one-shot pretraining: {s['local_rounds']}×τ steps on "
+                          "each writer alone")
+    return notes
+
+
+FEMNIST = Experiment(
+    name="ifca_femnist",
+    description="IFCA with weight sharing and a frozen pretrained trunk vs global, local "
+                "and one-shot models on FEMNIST (writers as clients, from data_dir)",
+    settings=(*SETTINGS, st.method_setting(tuple(TABLE), "ifca_frozen")),
+    problem=problem,
+    metrics=metrics,
+    methods=("fedavg", "local", "oneshot", "ifca_ws", "ifca_frozen"),
+    baseline="fedavg",
+    headline="ifca_frozen",
+    table=lambda s: list(METRICS),
+    notes=notes,
+    validate=validate,
+    panels=(("test_accuracy", "test accuracy"), ("train_loss", "train loss (avg client)")),
+    log_metrics=("train_loss",),
+    method_table=TABLE,
+    provides=frozenset({SPLIT_MODEL}),
+    unscoped=("k",),
+    derived=with_cohort,
     # The writers' round holds what the rotated images' does (the plan on train and test).
-    footprint = RotatedImages.footprint
-
-    def validate(self, s: dict, command: str = "compare") -> None:
-        """The data exist and leave enough writers, before anything is written."""
-        w = writer_splits(s)
-        m = len(w["writers"])
-        if m < max(2, s["k"]):
-            raise ValueError(
-                f"setting min_samples={s['min_samples']}: {m} of the {w['all_writers']} "
-                f"writers in data_dir have that many rows and test rows; k={s['k']} needs at "
-                "least max(2, k); lower min_samples or k.")
-
-    def problem(self, s: dict) -> dict:
-        w = writer_splits(s)
-        return {"train": _views(w["images"], w["labels"], w["train"], s["seeds"]),
-                "test": _views(w["images"], w["labels"], w["test"], s["seeds"]),
-                "writers": w["writers"], "leaf_split": w["leaf_split"],
-                "all_writers": w["all_writers"],
-                "models": {split: femnist_cnn(62, split=split) for split in (False, True)}}
-
-    def with_cohort(self, s: dict, problem) -> dict:
-        """s with participation = clients_per_round / m (0 or more than m: every writer)."""
-        m = len(problem["writers"])
-        cohort = s["clients_per_round"] or m
-        return {**s, "participation": min(1.0, cohort / m)}
-
-    def method_run(self, name: str, s: dict, problem) -> MethodRun:
-        self.check_method(name)
-        s = self.with_cohort(s, problem)
-        model = problem["models"][SPLIT_MODEL in TABLE[name].needs]
-        algorithm = with_seeds(self.build_method(name, s, model, s["lr"]), s["seeds"])
-        rounds = self.method_rounds(name, s)
-        return MethodRun(algorithm, problem["train"], stream_key(s["seed"], ROUNDS), rounds,
-                         metrics_fn(TABLE[name].kind, algorithm, model, problem, s, rounds),
-                         eval_every=1)
-
-    def table(self, s: dict) -> list[str]:
-        return list(METRICS)
-
-    def notes(self, s: dict, problem, results: dict) -> dict:
-        m = len(problem["writers"])
-        train_rows = np.asarray(problem["train"].num_examples)[0]
-        test_rows = np.asarray(problem["test"].num_examples)[0]
-        cohort = round(self.with_cohort(s, problem)["participation"] * m)
-        notes = {
-            "data": f"FEMNIST from data_dir: {m} of {problem['all_writers']} writers (≥ "
-                    f"{s['min_samples']} rows" + (f", {s['max_writers']} drawn at random"
-                                                   if s["max_writers"] else "") +
-                    f"), {int(train_rows.sum())} train / {int(test_rows.sum())} test rows; "
-                    + ("LEAF's per-user split" if problem["leaf_split"] else
-                       f"each writer's rows split {s['train_fraction']:g} train / rest test "
-                       f"(seed {s['seed']})"),
-            "training": f"LEAF CNN, {cohort} writers per round, τ={s['local_steps']} local "
-                        f"steps of batch {s['batch_size'] or 'all'} ({s['sampling']}), lr "
-                        f"{s['lr']}, {s['rounds']} rounds, {s['seeds']} seeds",
-            "test_accuracy": "sample-weighted over the writers' test rows; cluster models: "
-                             "each writer the cluster its training rows pick by training loss "
-                             "(official FEMNIST code); local and one-shot: the writer's own "
-                             "model; the final evaluation (the paper reports the best one)",
-            "paper": "Table 2 (recalled, approximate): IFCA (k = 2, 3) ≈ 87.5–88 %, global and "
-                     "one-shot ≈ 84–85 %, local ≈ 75–76 %",
-            "accuracy units": "fractions in [0, 1]",
-        }
-        if "ifca_frozen" in results:
-            notes["ifca_frozen"] = (
-                f"FedAvg pretrains {s['pretrain_rounds']} rounds, its trunk frozen in every "
-                f"cluster, only the last layer clustered; warm start {s['warm_start_rounds']} "
-                f"rounds on random equal writer groups; then {s['rounds']} rounds")
-        if "local" in results or "oneshot" in results:
-            notes["local"] = (f"local and one-shot pretraining: {s['local_rounds']}×τ steps on "
-                              "each writer alone")
-        return notes
-
-
-FEMNIST = FemnistIFCA(
-    "ifca_femnist", "IFCA with weight sharing and a frozen pretrained trunk vs global, local "
-    "and one-shot models on FEMNIST (writers as clients, from data_dir)",
-    ("fedavg", "local", "oneshot", "ifca_ws", "ifca_frozen"))
+    footprint=footprint,
+)
 
 PRESETS = [
     Preset("ifca-femnist", FEMNIST,

@@ -235,162 +235,155 @@ def _as_list(value) -> list:
 # ----------------------------------------------------------------------------- experiment
 
 
-class TheoryRun(Experiment):
-    """IFCA's theory measured (docs/protocols.md#ifca-theory)."""
+SETTINGS = (
+    count("k", 2, "clusters", maximum=MAX_K),
+    count("m", 20, "clients (m/k per cluster)", maximum=100_000),
+    count("n", 800, "examples per client in (a) and (c) (split: n/(2·rounds) rows per "
+          "part, at least 1)", maximum=100_000),
+    count("d", 20, "dimension", maximum=10_000),
+    Setting("sigma", float, 0.5, "noise standard deviation (> 0: the floor σ√(d/N))",
+            minimum=0.0),
+    Setting("R", float, 1.0, "scale of θ* = R·Bernoulli(½)^d", minimum=0.0),
+    lr_setting(0.1, "step γ of option I (option II: the local SGD step)"),
+    Setting("option", str, "gradient", "IFCA option: gradient (I) or model (II)",
+            choices=("gradient", "model")),
+    count("local_steps", 5, "option II's local full-batch steps τ", maximum=10_000),
+    rounds_setting(80, "iterations"),
+    seeds_setting(8, "data seeds of (a) and (b), one vmapped axis"),
+    seed_setting(),
+    Setting("deltas", float, [0.1, 0.3, 0.45], "(a) init closeness δ (a comma list)",
+            minimum=0.0, listable=True),
+    Setting("n_grid", int, [160, 480, 1600, 4800], "(b) examples per client n (a comma "
+            "list, each >= 2·rounds; N = m·n/k; compiled once per n)", minimum=1,
+            maximum=100_000, listable=True),
+    Setting("delta_n", float, 0.1, "(b) init closeness δ", minimum=0.0),
+    Setting("success_deltas", float, [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
+            "(c) init closeness δ (a comma list; k = 2 only)", minimum=0.0,
+            listable=True),
+    count("success_seeds", 64, "(c) data seeds per δ", maximum=100_000),
+    Setting("threshold", float, 0.3, "(c) success when the final error is below this",
+            minimum=0.0),
+)
 
-    name = "ifca_theory"
-    description = ("IFCA's theory measured: linear-rate error decay from close inits (fixed "
-                   "data, the paper's sample splitting of it, a fresh-data stream), final "
-                   "error against N, success against δ.")
-    supports_sweep = False
-    settings = (
-        count("k", 2, "clusters", maximum=MAX_K),
-        count("m", 20, "clients (m/k per cluster)", maximum=100_000),
-        count("n", 800, "examples per client in (a) and (c) (split: n/(2·rounds) rows per "
-              "part, at least 1)", maximum=100_000),
-        count("d", 20, "dimension", maximum=10_000),
-        Setting("sigma", float, 0.5, "noise standard deviation (> 0: the floor σ√(d/N))",
-                minimum=0.0),
-        Setting("R", float, 1.0, "scale of θ* = R·Bernoulli(½)^d", minimum=0.0),
-        lr_setting(0.1, "step γ of option I (option II: the local SGD step)"),
-        Setting("option", str, "gradient", "IFCA option: gradient (I) or model (II)",
-                choices=("gradient", "model")),
-        count("local_steps", 5, "option II's local full-batch steps τ", maximum=10_000),
-        rounds_setting(80, "iterations"),
-        seeds_setting(8, "data seeds of (a) and (b), one vmapped axis"),
-        seed_setting(),
-        Setting("deltas", float, [0.1, 0.3, 0.45], "(a) init closeness δ (a comma list)",
-                minimum=0.0, listable=True),
-        Setting("n_grid", int, [160, 480, 1600, 4800], "(b) examples per client n (a comma "
-                "list, each >= 2·rounds; N = m·n/k; compiled once per n)", minimum=1,
-                maximum=100_000, listable=True),
-        Setting("delta_n", float, 0.1, "(b) init closeness δ", minimum=0.0),
-        Setting("success_deltas", float, [0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0],
-                "(c) init closeness δ (a comma list; k = 2 only)", minimum=0.0,
-                listable=True),
-        count("success_seeds", 64, "(c) data seeds per δ", maximum=100_000),
-        Setting("threshold", float, 0.3, "(c) success when the final error is below this",
-                minimum=0.0),
-    )
 
-    def validate(self, s: dict, command: str = "run") -> None:
-        check_mixture_settings(s["k"], s["m"], s["n"], s["d"], s["sigma"], s["R"])
-        if s["k"] < 2:
-            raise ValueError(f"setting k={s['k']}: the theory is about k >= 2 clusters.")
-        if s["sigma"] <= 0:
-            raise ValueError(f"setting sigma={s['sigma']}: the statistical floor σ√(d/N) is 0 "
-                             "without noise; give sigma > 0.")
-        if s["R"] <= 0:
-            raise ValueError(f"setting R={s['R']}: the clusters coincide; give R > 0.")
-        if s["threshold"] <= 0:
-            raise ValueError(f"setting threshold={s['threshold']}: give a threshold > 0.")
-        n_grid = _as_list(s["n_grid"])
-        if len(n_grid) < 2:
-            raise ValueError(f"setting n_grid={s['n_grid']}: the slope needs two n or more.")
-        parts = 2 * s["rounds"]
-        for name, n in [("n", s["n"]), *(("n_grid", n) for n in n_grid)]:
-            if n < parts:
-                shown = s["n_grid"] if name == "n_grid" else n
-                raise ValueError(f"setting {name}={shown}: sample splitting cuts n into 2·rounds "
-                                 f"= {parts} parts, and n={n} leaves n/(2T) = {n / parts:.3g} "
-                                 f"< 1 row per part; give n >= {parts} or fewer rounds.")
-        for n in [s["n"], *n_grid]:
-            if s["m"] * n / s["k"] <= s["d"]:
-                raise ValueError(f"setting n_grid={s['n_grid']} (or n={s['n']}): n={n} gives "
-                                 f"N = m·n/k = {s['m'] * n / s['k']:g} examples per cluster, "
-                                 f"not above d={s['d']}; raise n or m.")
+def validate(s: dict, command: str = "run") -> None:
+    check_mixture_settings(s["k"], s["m"], s["n"], s["d"], s["sigma"], s["R"])
+    if s["k"] < 2:
+        raise ValueError(f"setting k={s['k']}: the theory is about k >= 2 clusters.")
+    if s["sigma"] <= 0:
+        raise ValueError(f"setting sigma={s['sigma']}: the statistical floor σ√(d/N) is 0 "
+                         "without noise; give sigma > 0.")
+    if s["R"] <= 0:
+        raise ValueError(f"setting R={s['R']}: the clusters coincide; give R > 0.")
+    if s["threshold"] <= 0:
+        raise ValueError(f"setting threshold={s['threshold']}: give a threshold > 0.")
+    n_grid = _as_list(s["n_grid"])
+    if len(n_grid) < 2:
+        raise ValueError(f"setting n_grid={s['n_grid']}: the slope needs two n or more.")
+    parts = 2 * s["rounds"]
+    for name, n in [("n", s["n"]), *(("n_grid", n) for n in n_grid)]:
+        if n < parts:
+            shown = s["n_grid"] if name == "n_grid" else n
+            raise ValueError(f"setting {name}={shown}: sample splitting cuts n into 2·rounds "
+                             f"= {parts} parts, and n={n} leaves n/(2T) = {n / parts:.3g} "
+                             f"< 1 row per part; give n >= {parts} or fewer rounds.")
+    for n in [s["n"], *n_grid]:
+        if s["m"] * n / s["k"] <= s["d"]:
+            raise ValueError(f"setting n_grid={s['n_grid']} (or n={s['n']}): n={n} gives "
+                             f"N = m·n/k = {s['m'] * n / s['k']:g} examples per cluster, "
+                             f"not above d={s['d']}; raise n or m.")
 
-    def run(self, s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
-        k, d, sigma = s["k"], s["d"], s["sigma"]
-        deltas = _as_list(s["deltas"])
-        population_rate = population_contraction(s)
-        big_n = s["m"] * s["n"] / k
-        # (a) error against iterations, each data variant
-        curves, rates = {}, []
+def run(s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
+    k, d, sigma = s["k"], s["d"], s["sigma"]
+    deltas = _as_list(s["deltas"])
+    population_rate = population_contraction(s)
+    big_n = s["m"] * s["n"] / k
+    # (a) error against iterations, each data variant
+    curves, rates = {}, []
+    for variant in VARIANTS:
+        errors = trajectories(s, n=s["n"], deltas=deltas, seeds=s["seeds"],
+                              variant=variant)
+        mean = _geomean(errors)  # [deltas, rounds + 1]
+        for i, delta in enumerate(deltas):
+            curves[f"{variant}_delta{delta:g}"] = mean[i]
+            rate, fitted = linear_rate(mean[i])
+            rates.append({"variant": variant, "delta": delta, "rate": rate,
+                          "iterations_fitted": fitted,
+                          "final_error": float(mean[i, -1])})
+    rows = [{"round": t, **{name: float(c[t]) for name, c in curves.items()}}
+            for t in range(s["rounds"] + 1)]
+    ctx.on_rows(rows)
+    # (b) final error against N
+    vs_n = []
+    for n in _as_list(s["n_grid"]):
+        row = {"n": n, "N": s["m"] * n / k, "split_part_rows": n // (2 * s["rounds"]),
+               "least_squares_floor": least_squares_floor(sigma, d, s["m"] * n / k),
+               "minimax": sigma * math.sqrt(d / (s["m"] * n / k))}
+        for variant in ("split", "fresh_stream"):
+            row[f"constant_step_floor_{variant}"] = constant_step_floor(
+                s, rows_per_step(s, n)[variant])
         for variant in VARIANTS:
-            errors = trajectories(s, n=s["n"], deltas=deltas, seeds=s["seeds"],
+            errors = trajectories(s, n=n, deltas=[s["delta_n"]], seeds=s["seeds"],
                                   variant=variant)
-            mean = _geomean(errors)  # [deltas, rounds + 1]
-            for i, delta in enumerate(deltas):
-                curves[f"{variant}_delta{delta:g}"] = mean[i]
-                rate, fitted = linear_rate(mean[i])
-                rates.append({"variant": variant, "delta": delta, "rate": rate,
-                              "iterations_fitted": fitted,
-                              "final_error": float(mean[i, -1])})
-        rows = [{"round": t, **{name: float(c[t]) for name, c in curves.items()}}
-                for t in range(s["rounds"] + 1)]
-        ctx.on_rows(rows)
-        # (b) final error against N
-        vs_n = []
-        for n in _as_list(s["n_grid"]):
-            row = {"n": n, "N": s["m"] * n / k, "split_part_rows": n // (2 * s["rounds"]),
-                   "least_squares_floor": least_squares_floor(sigma, d, s["m"] * n / k),
-                   "minimax": sigma * math.sqrt(d / (s["m"] * n / k))}
-            for variant in ("split", "fresh_stream"):
-                row[f"constant_step_floor_{variant}"] = constant_step_floor(
-                    s, rows_per_step(s, n)[variant])
-            for variant in VARIANTS:
-                errors = trajectories(s, n=n, deltas=[s["delta_n"]], seeds=s["seeds"],
-                                      variant=variant)
-                row[f"final_error_{variant}"] = float(_geomean(errors[:, 0, -1]))
-            vs_n.append(row)
-        big_ns = [r["N"] for r in vs_n]
-        slopes = {v: loglog_slope(big_ns, [r[f"final_error_{v}"] for r in vs_n])
-                  for v in VARIANTS}
-        # (c) success against δ, k = 2
-        success = []
-        random_prob = None
-        if k == 2:
-            grid = _as_list(s["success_deltas"])
-            final = trajectories(s, n=s["n"], deltas=grid, seeds=s["success_seeds"])[:, :, -1]
-            for i, delta in enumerate(grid):
-                hits = np.isfinite(final[:, i]) & (final[:, i] < s["threshold"])
-                success.append({"delta": delta, "success_prob": float(hits.mean()),
-                                "seeds": s["success_seeds"],
-                                "median_final_error": float(np.nanmedian(final[:, i]))})
-            rand = trajectories(s, n=s["n"], deltas=[0.0], seeds=s["success_seeds"],
-                                random_init=True)
-            random_prob = float(np.mean(np.isfinite(rand[:, 0, -1])
-                                        & (rand[:, 0, -1] < s["threshold"])))
-        summary = {
-            "linear_phase": rates,
-            "population_rate": population_rate,
-            "least_squares_floor": least_squares_floor(sigma, d, big_n),
-            "minimax": sigma * math.sqrt(d / big_n),
-            "split_part_rows": s["n"] // (2 * s["rounds"]),
-            "constant_step_floor": {v: constant_step_floor(s, rows_per_step(s, s["n"])[v])
-                                    for v in ("split", "fresh_stream")},
-            "error_vs_N": vs_n,
-            "slope_vs_N": slopes,
-            "minimax_slope": -0.5,
-            "success_vs_delta": success,
-            "random_init_success_prob": random_prob,
-            "threshold": s["threshold"],
-            "compiled": "one program per (n, variant): n changes the data's shapes; seeds "
-                        "and δ are vmapped",
-        }
-        return rows, summary
+            row[f"final_error_{variant}"] = float(_geomean(errors[:, 0, -1]))
+        vs_n.append(row)
+    big_ns = [r["N"] for r in vs_n]
+    slopes = {v: loglog_slope(big_ns, [r[f"final_error_{v}"] for r in vs_n])
+              for v in VARIANTS}
+    # (c) success against δ, k = 2
+    success = []
+    random_prob = None
+    if k == 2:
+        grid = _as_list(s["success_deltas"])
+        final = trajectories(s, n=s["n"], deltas=grid, seeds=s["success_seeds"])[:, :, -1]
+        for i, delta in enumerate(grid):
+            hits = np.isfinite(final[:, i]) & (final[:, i] < s["threshold"])
+            success.append({"delta": delta, "success_prob": float(hits.mean()),
+                            "seeds": s["success_seeds"],
+                            "median_final_error": float(np.nanmedian(final[:, i]))})
+        rand = trajectories(s, n=s["n"], deltas=[0.0], seeds=s["success_seeds"],
+                            random_init=True)
+        random_prob = float(np.mean(np.isfinite(rand[:, 0, -1])
+                                    & (rand[:, 0, -1] < s["threshold"])))
+    summary = {
+        "linear_phase": rates,
+        "population_rate": population_rate,
+        "least_squares_floor": least_squares_floor(sigma, d, big_n),
+        "minimax": sigma * math.sqrt(d / big_n),
+        "split_part_rows": s["n"] // (2 * s["rounds"]),
+        "constant_step_floor": {v: constant_step_floor(s, rows_per_step(s, s["n"])[v])
+                                for v in ("split", "fresh_stream")},
+        "error_vs_N": vs_n,
+        "slope_vs_N": slopes,
+        "minimax_slope": -0.5,
+        "success_vs_delta": success,
+        "random_init_success_prob": random_prob,
+        "threshold": s["threshold"],
+        "compiled": "one program per (n, variant): n changes the data's shapes; seeds "
+                    "and δ are vmapped",
+    }
+    return rows, summary
 
-    def run_facts(self, summary: dict, s: dict) -> list[str]:
-        """The final error's slope against N (the minimax rate's is −0.5), and how often an
-        init δ-close to θ* succeeds against a random one."""
-        slopes = summary["slope_vs_N"]
-        facts = ["the final error falls with N at slope " + " and ".join(
-            f"{slope:.3g} ({variant})" for variant, slope in slopes.items())
-            + f" against the minimax {summary['minimax_slope']}"]
-        success = summary["success_vs_delta"]
-        if success:
-            facts.append("success " + ", ".join(f"{row['success_prob']:.2g} at δ = {row['delta']:g}"
-                                                 for row in success)
-                         + f" against {summary['random_init_success_prob']:.2g} from a random init")
-        return facts
+def run_facts(summary: dict, s: dict) -> list[str]:
+    """The final error's slope against N (the minimax rate's is −0.5), and how often an
+    init δ-close to θ* succeeds against a random one."""
+    slopes = summary["slope_vs_N"]
+    facts = ["the final error falls with N at slope " + " and ".join(
+        f"{slope:.3g} ({variant})" for variant, slope in slopes.items())
+        + f" against the minimax {summary['minimax_slope']}"]
+    success = summary["success_vs_delta"]
+    if success:
+        facts.append("success " + ", ".join(f"{row['success_prob']:.2g} at δ = {row['delta']:g}"
+                                             for row in success)
+                     + f" against {summary['random_init_success_prob']:.2g} from a random init")
+    return facts
 
-    def plot_run(self, rows, summary, out_dir) -> None:
-        write_csv(out_dir / "error_vs_N.csv", summary["error_vs_N"])
-        write_csv(out_dir / "linear_phase.csv", summary["linear_phase"])
-        if summary["success_vs_delta"]:
-            write_csv(out_dir / "success_vs_delta.csv", summary["success_vs_delta"])
-        plot(rows, summary, out_dir / "theory.png")
+def plot_run(rows, summary, out_dir) -> None:
+    write_csv(out_dir / "error_vs_N.csv", summary["error_vs_N"])
+    write_csv(out_dir / "linear_phase.csv", summary["linear_phase"])
+    if summary["success_vs_delta"]:
+        write_csv(out_dir / "success_vs_delta.csv", summary["success_vs_delta"])
+    plot(rows, summary, out_dir / "theory.png")
 
 
 def plot(rows, summary, path) -> None:
@@ -433,7 +426,19 @@ def plot(rows, summary, path) -> None:
     fig.savefig(path, dpi=100)
 
 
-THEORY = TheoryRun()
+# IFCA's theory measured (docs/protocols.md#ifca-theory): a run of its own, no comparison
+# and no sweep.
+THEORY = Experiment(
+    name="ifca_theory",
+    description=("IFCA's theory measured: linear-rate error decay from close inits (fixed "
+                 "data, the paper's sample splitting of it, a fresh-data stream), final "
+                 "error against N, success against δ."),
+    settings=SETTINGS,
+    validate=validate,
+    run=run,
+    run_facts=run_facts,
+    plot_run=plot_run,
+)
 
 PRESETS = [
     Preset("ifca-theory", THEORY, "IFCA's theory measured (k = 2, d = 20): linear rate and "

@@ -126,7 +126,7 @@ def render() -> str:
     tables: dict[str, list] = {}
     presets = {}
     for name, preset in PRESETS.items():
-        rows = [_row(s) for s in preset.experiment.settings]
+        rows = [_row(s) for s in preset.experiment.declared.values()]
         key = preset.experiment.name
         if tables.setdefault(key, rows) != rows:  # another instance, declared otherwise
             key = f"{key}@{name}"

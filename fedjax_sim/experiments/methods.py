@@ -59,6 +59,7 @@ class Build(NamedTuple):
     training: ClientTraining  # the experiment's client training for it
     s: dict  # the experiment's settings
     table: Mapping  # the experiment's method table (to build another method)
+    problem: Any = None  # what every method of the comparison shares (`Experiment.problem`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +67,8 @@ class Method:
     """One method a comparison can train.
 
     Attributes:
-      algorithm: its factory's name in `algorithms.ALGORITHMS`.
+      algorithm: its factory's name in `algorithms.ALGORITHMS`, or, for a method of an
+        experiment's own, the factory itself: (model, training, **options) -> Algorithm.
       help: one line for `describe` and the notes.
       options: fixed keyword arguments of the factory.
       reads: experiment setting -> factory keyword, applied where the experiment
@@ -95,7 +97,7 @@ class Method:
         setting `straggler_policy` says (the FedProx paper's FedAvg drops them).
     """
 
-    algorithm: str
+    algorithm: str | Callable[..., Algorithm]
     help: str
     options: Mapping = dataclasses.field(default_factory=dict)
     reads: Mapping = dataclasses.field(default_factory=dict)
@@ -418,16 +420,17 @@ def setting_of(method: Method, which: str, s: dict) -> str:
 
 
 def build(name: str, table: Mapping[str, Method], model: Model, training: ClientTraining,
-          s: dict, **extra) -> Algorithm:
+          s: dict, problem=None, **extra) -> Algorithm:
     """Method `name` of `table` (unvmapped), trained by `training`, with the settings `s`.
 
     `training` is the experiment's client training at the method's own learning rate
-    (`setting_of(method, "lr", s)`); extra: keyword arguments an experiment passes to
-    every factory that takes them (Mixed FL's `central_loss`).
+    (`setting_of(method, "lr", s)`); problem: what the comparison's methods share, which
+    the row's adapters and combinators may read (`Build.problem`); extra: keyword
+    arguments passed to every factory that takes them.
     """
     method = table[name]
     training = work_of(s, training)
-    b = Build(model, training, s, table)
+    b = Build(model, training, s, table, problem)
     if method.training is not None:
         training = method.training(training, b)
         b = b._replace(training=training)
@@ -439,7 +442,8 @@ def build(name: str, table: Mapping[str, Method], model: Model, training: Client
             kwargs.update(keyword(s[setting], b))
         else:
             kwargs[keyword] = s[setting]
-    factory = ALGORITHMS[method.algorithm]
+    factory = (ALGORITHMS[method.algorithm] if isinstance(method.algorithm, str)
+               else method.algorithm)
     if "participation" in s and _takes(factory, "participation"):
         kwargs.setdefault("participation", s["participation"])
     kwargs.update({k: v for k, v in extra.items() if _takes(factory, k)})

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedjax_sim import compare, plots, stats
-from fedjax_sim.experiments import tuned
+from fedjax_sim.experiments import study, tuned
 from fedjax_sim.experiments.base import Comparison, Preset
 from fedjax_sim.io import write_csv, write_json
 from fedjax_sim.logs import MetricsCSV, TensorBoardLog, write_bands
@@ -59,7 +59,7 @@ def _after_first_rows(on_rows, write_config):
 def _write_comparison(preset: Preset, settings: dict, problem, results: dict, out_dir: Path,
                       tensorboard: bool) -> None:
     experiment = preset.experiment
-    metrics = experiment.table(settings)
+    metrics = study.table(experiment, settings)
     seeds = settings["seeds"]
     rows = compare.results_table(results, experiment.baseline, metrics)
     table = stats.results_markdown(rows, metrics, experiment.baseline, seeds=seeds,
@@ -69,7 +69,7 @@ def _write_comparison(preset: Preset, settings: dict, problem, results: dict, ou
     write_csv(out_dir / "results.csv", rows,
               compare.results_columns(metrics) + tuned.chosen_columns(settings))
     per_seed_finals = compare.table_per_seed(results, metrics)
-    notes = experiment.comparison_notes(settings, problem, results)
+    notes = study.comparison_notes(experiment, settings, problem, results)
     if notes:  # the experiment's caption: protocol choices, deviations, extra counts
         table = table.rstrip("\n") + "\n\n" + "\n".join(
             f"- {key}: {value}" for key, value in notes.items()) + "\n"
@@ -94,7 +94,8 @@ def _write_comparison(preset: Preset, settings: dict, problem, results: dict, ou
                           title=f"{preset.name}: {seeds} seeds", methods=methods,
                           colors=plots.method_colors(methods), labels=experiment.labels,
                           log_y=experiment.log_metrics)
-    experiment.plot_compare(comparison, out_dir)
+    if experiment.plot_compare is not None:
+        experiment.plot_compare(comparison, out_dir)
     if tensorboard:  # one run folder per method: the seed mean and its band per metric
         write_bands(out_dir / "tensorboard", plots.seed_bands(
             kept, [m for m, _ in experiment.panels] + [

@@ -20,8 +20,8 @@ import jax
 
 from fedjax_sim import compare, parallel, simulate
 from fedjax_sim.execution import PlanChanged, describe_chunk, plan_record
-from fedjax_sim.experiments import tuned
-from fedjax_sim.experiments.base import RunContext
+from fedjax_sim.experiments import study, tuned
+from fedjax_sim.experiments.base import RunContext, Sweep, check_method
 from fedjax_sim.experiments.outputs import _after_first_rows, _rows_writer, _write_comparison
 from fedjax_sim.experiments.registry import Preset, get_preset
 from fedjax_sim.experiments.rundir import (
@@ -101,10 +101,12 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN,
     else:
         _refuse_axes(preset, settings, overrides or {}, base or {}, command)
         if command == COMPARE and experiment.methods:
-            experiment.compared(settings)  # each named method fits (or is refused, saying why)
+            # each named method fits (or is refused, saying why)
+            study.compared(experiment, settings)
         elif "method" in experiment.declared and experiment.methods:
-            experiment.check_method(settings["method"])
-        experiment.validate(settings, command)
+            check_method(experiment, settings["method"])
+        if experiment.validate is not None:
+            experiment.validate(settings, command)
         tuned.check(settings, tuple(k for k in overrides or {}
                                     if settings[k] != preset.defaults[k]))
     return settings
@@ -146,7 +148,7 @@ def _names(keys: list[str]) -> str:
 def _trained(experiment, settings: dict, command: str) -> tuple[str, ...] | None:
     """The methods this command trains (None: the experiment has no choice of method)."""
     if command == COMPARE:
-        return tuple(experiment.compared(settings)) if experiment.methods else None
+        return tuple(study.compared(experiment, settings)) if experiment.methods else None
     if "method" not in experiment.declared:
         return None
     method = settings["method"]
@@ -228,7 +230,7 @@ def run_preset(name, overrides=None, out_dir=None, progress: bool = True,
                      resume=resume, on_rows=on_rows, timing=timing)
     refused = False
     try:
-        rows, summary = preset.experiment.run(settings, ctx)
+        rows, summary = study.run(preset.experiment, settings, ctx)
     except PlanChanged as err:
         refused = True
         raise _plan_refused(out_dir, RUN, "", describe_chunk(err.saved.get("client_chunk")),
@@ -241,7 +243,8 @@ def run_preset(name, overrides=None, out_dir=None, progress: bool = True,
             write_json(out_dir / "config.json", record)
     if primary:
         write_json(out_dir / "summary.json", summary)
-        preset.experiment.plot_run(rows, summary, out_dir)
+        if preset.experiment.plot_run is not None:
+            preset.experiment.plot_run(rows, summary, out_dir)
     if "diverged_round" in summary:
         raise simulate.Diverged(
             summary["diverged_round"], summary["diverged_metric"], summary["diverged_value"],
@@ -259,7 +262,7 @@ def run_summary(out_dir) -> str:
     config = json.loads((out_dir / "config.json").read_text())
     summary = json.loads((out_dir / "summary.json").read_text())
     preset = get_preset(config["preset"])
-    facts = preset.experiment.run_facts(summary, config["settings"])
+    facts = study.run_facts(preset.experiment, summary, config["settings"])
     names = sorted(p.name + ("/" if p.is_dir() else "") for p in out_dir.iterdir()
                    if not p.name.startswith("."))
     files = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
@@ -296,9 +299,9 @@ def cell_id(preset: Preset, cell: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _group_cells(experiment, cells: list[dict]) -> list[list[dict]]:
-    """Cells that differ only in traced settings, together (when the experiment vmaps them)."""
-    if not experiment.group_cells:
+def _group_cells(experiment, sweep: Sweep, cells: list[dict]) -> list[list[dict]]:
+    """Cells that differ only in traced settings, together (when the sweep vmaps them)."""
+    if not sweep.group:
         return [[c] for c in cells]
     untraced = [k for k, st in experiment.declared.items() if not st.traced]
     groups: dict[str, list[dict]] = {}
@@ -326,7 +329,8 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
     axes = sweep_axes(preset, settings)
     cells = expand_cells(settings, axes)
     for cell in cells:  # every cell is checked before anything is written
-        experiment.validate(cell, SWEEP)
+        if experiment.validate is not None:
+            experiment.validate(cell, SWEEP)
         cell["cell_id"] = cell_id(preset, cell)
     mesh = choose_mesh(devices)
     out_dir = Path(out_dir) if out_dir else default_out_dir(preset.name)
@@ -336,15 +340,16 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
         previous = _check_resumable(out_dir, settings, experiment.declared, SWEEP)
     else:
         _prepare_out(out_dir, SWEEP)
-    columns = experiment.trial_columns(axes)
+    sweep = study.sweep_of(experiment)
+    columns = sweep.columns(axes, settings)
     trials_path = out_dir / "trials.csv"
     existing = read_csv(trials_path)
     done = {(r["cell_id"], int(r["data_seed"])) for r in existing}
     kept: list[dict] = []
-    groups = _group_cells(experiment, cells)
+    groups = _group_cells(experiment, sweep, cells)
     todo = [(group, sorted({s for c in group for s in range(c["seeds"])
                             if (c["cell_id"], s) not in done})) for group in groups]
-    plan = _sweep_plan(experiment, todo, axes, out_dir, previous, settings)
+    plan = _sweep_plan(sweep, todo, axes, out_dir, previous, settings)
     if primary:
         record = _config(preset, SWEEP, settings, mesh)
         record["axes"] = axes
@@ -355,31 +360,32 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
             remove_temporaries(out_dir)  # a killed write's (the sweep's first write)
         write_json(out_dir / "config.json", record)
     wanted = {(c["cell_id"], s) for c in cells for s in range(c["seeds"])}
-    total_cost = sum(experiment.cell_cost(c) for c in cells for s in range(c["seeds"])
+    total_cost = sum(sweep.cell_cost(c) for c in cells for s in range(c["seeds"])
                      if (c["cell_id"], s) not in done)
     with Progress(len(wanted), initial=len(done & wanted), description=preset.name,
                   unit="seed", enabled=progress and primary, total_cost=total_cost) as bar:
         for group, seeds in todo:
-            size = experiment.seeds_per_chunk(group[0])
+            size = sweep.seeds_per_chunk(group[0])
             by_id = {c["cell_id"]: c for c in group}
             for start in range(0, len(seeds), size):
                 chunk = seeds[start : start + size]
                 rows = [{**{a: by_id[r["cell_id"]][a] for a in axes}, **r}
-                        for r in experiment.group_trials(group, chunk, mesh)
+                        for r in sweep.run_group(group, chunk, mesh)
                         if (r["cell_id"], r["data_seed"]) in wanted - done]
                 if primary:
                     append_csv(trials_path, rows, columns)
                 else:
                     kept.extend(rows)
-                bar.advance(len(rows), cost=sum(experiment.cell_cost(by_id[r["cell_id"]])
+                bar.advance(len(rows), cost=sum(sweep.cell_cost(by_id[r["cell_id"]])
                                                 for r in rows),
                             postfix={a: group[0][a] for a in axes
                                      if len({c[a] for c in group}) == 1})
     trials = read_csv(trials_path) if primary else existing + kept
-    summary = experiment.summarize_cells(trials, cells, axes)
+    summary = sweep.summarize(trials, cells, axes)
     if primary:
         write_csv(out_dir / "summary.csv", summary)
-        experiment.plot_sweep(summary, out_dir)
+        if sweep.plot is not None:
+            sweep.plot(summary, out_dir)
         if tensorboard:  # each cell's summary as scalars, one step per cell
             with TensorBoardLog(out_dir / "tensorboard") as tb:
                 for i, row in enumerate(summary):
@@ -388,7 +394,7 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
     return out_dir
 
 
-def _sweep_plan(experiment, todo, axes: list[str], out_dir: Path, previous: dict,
+def _sweep_plan(sweep: Sweep, todo, axes: list[str], out_dir: Path, previous: dict,
                 settings: dict) -> dict:
     """config.json's "plan" of a sweep: how many trials (cell × seed) one compiled program
     holds, per group of cells (keyed by its first cell's id; `trials_per_program`).
@@ -400,7 +406,7 @@ def _sweep_plan(experiment, todo, axes: list[str], out_dir: Path, previous: dict
     plans = {}
     for group, seeds in todo:
         key = group[0]["cell_id"]
-        plans[key] = experiment.trials_per_program(group)
+        plans[key] = sweep.program_size(group)
         if not seeds and key in saved:
             plans[key] = saved[key]  # done: as it ran
         elif key in saved and saved[key] != plans[key]:
@@ -453,7 +459,7 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
         parallel.make_mesh(devices)  # a count JAX lacks: refused before anything is written
     out_dir = Path(out_dir) if out_dir else default_out_dir(f"{preset.name}-compare")
     primary = parallel.is_primary()
-    methods = tuple(experiment.compared(settings))
+    methods = tuple(study.compared(experiment, settings))
     record = {**_config(preset, COMPARE, settings), "methods": list(methods),
               "baseline": experiment.baseline}
     previous = {}
@@ -463,11 +469,12 @@ def compare_preset(name=None, overrides=None, out_dir=None, progress: bool = Tru
         record["resumed"] = [*previous.get("resumed", []), _now()]
     else:
         _prepare_out(out_dir, COMPARE)
-    problem = experiment.problem_for(settings)
+    problem = study.problem_for(experiment, settings)
     # Each method's data planned by the executor (`Execution.planned`) under the settings'
     # memory budget; the mesh is chosen once the first method's clients are counted.
     execution = RunContext(progress=progress).execution(settings)
-    builds = {m: functools.partial(experiment.method_spec, m, settings, problem, execution)
+    builds = {m: functools.partial(study.method_spec, experiment, m, settings, problem,
+                                   execution)
               for m in methods}
     # The mesh shards the client axis of the methods' data (after its seeds axis, where the
     # data has one): the clients are counted, and --devices checked, before config.json.
@@ -527,7 +534,7 @@ def describe_preset(name: str) -> str:
                      f"(baseline {preset.experiment.baseline})")
     lines.append("settings:")
     defaults = preset.defaults
-    for s in preset.experiment.settings:
+    for s in preset.experiment.declared.values():
         value = defaults[s.name]
         shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
         flags = [f for f, on in (("traced", s.traced), ("no effect on results", not s.result))

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -129,25 +129,27 @@ def validation_name(metric: str) -> str:
     return "val_" + metric.removeprefix("test_")
 
 
-def tuned_run(experiment, name: str, s: dict, problem: Tuned) -> MethodRun:
+def tuned_run(experiment, name: str, s: dict, problem: Tuned,
+              method_run: Callable[[str, dict, Any], MethodRun]) -> MethodRun:
     """Method `name` on `problem.fit`, over its grid when it has one (`with_grid`), its
-    history and finals those of the point chosen per seed on `problem.val`."""
+    history and finals those of the point chosen per seed on `problem.val`;
+    method_run(name, settings, problem) builds the method's run (`study.method_run`)."""
     grid = method_grid(experiment.method_table.get(name), s)
     if not grid:
-        return experiment.method_run(name, s, problem.fit)
+        return method_run(name, s, problem.fit)
     names = list(grid)
     combos = list(itertools.product(*(grid[x] for x in names)))
     values = {x: [c[i] for c in combos] for i, x in enumerate(names)}
     count, seeds = len(combos), s["seeds"]
     points = [{x: values[x][g] for x in names} for g in range(count)]
-    base = experiment.method_run(name, {**s, **points[0]}, problem.fit)
+    base = method_run(name, {**s, **points[0]}, problem.fit)
     # An evaluation that trains clients first (fine-tuning, adapting unseen clients) trains
     # them at each point's own values; any other evaluates every point alike.
     own = points if experiment.method_table[name].kind in ("fine_tuned", "personal") \
         else points[:1]
-    evaluations = [base.evaluate, *(experiment.method_run(name, {**s, **p}, problem.fit)
+    evaluations = [base.evaluate, *(method_run(name, {**s, **p}, problem.fit)
                                     .evaluate for p in own[1:])]
-    on_val = [experiment.method_run(name, {**s, **p}, problem.val) for p in own]
+    on_val = [method_run(name, {**s, **p}, problem.val) for p in own]
     if base.round_metrics:
         raise ValueError(f"method {name} of {experiment.name} reads every round's metrics for "
                          "its finals, which a tune_* grid does not select: leave the tune_* "
@@ -156,7 +158,7 @@ def tuned_run(experiment, name: str, s: dict, problem: Tuned) -> MethodRun:
     val_name = validation_name(metric)
 
     def build_at(point):  # the point's values are traced: one program for every point
-        return experiment.method_run(name, {**s, **point}, problem.fit).algorithm
+        return method_run(name, {**s, **point}, problem.fit).algorithm
 
     def at(state, g):
         return jax.tree.map(lambda a: a[g], state)

@@ -21,7 +21,6 @@ from fedjax_sim.experiments.drfa_molecules.experiment import (
     METHODS,
     PAPER_ESOL_WORST,
     PRESETS,
-    DRFAExperiment,
 )
 from fedjax_sim.experiments.drfa_molecules.metrics import (
     FINAL_METRICS,
@@ -30,5 +29,5 @@ from fedjax_sim.experiments.drfa_molecules.metrics import (
 )
 
 __all__ = ["DATASET_NAMES", "EXPERIMENT", "FINAL_METRICS", "METHODS", "MOLECULES",
-           "PAPER_ESOL_WORST", "PRESETS", "DRFAExperiment", "Problem", "build_problem",
-           "final_metrics", "metrics_fn"]
+           "PAPER_ESOL_WORST", "PRESETS", "Problem", "build_problem", "final_metrics",
+           "metrics_fn"]

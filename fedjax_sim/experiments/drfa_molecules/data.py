@@ -9,6 +9,8 @@ and its clean-test RMSE rises above FedAvg's).
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,14 +23,24 @@ MOLECULES = ("esol", "freesolv", "lipophilicity")
 DATASET_NAMES = (*MOLECULES, "synthetic")
 
 
-class Problem:
-    """Train/test clients with a leading [seeds] axis (or none when shared), and metadata."""
+class Problem(NamedTuple):
+    """What every method of the comparison shares: train/test clients with a leading
+    [seeds] axis (none when shared), and metadata."""
 
-    def __init__(self, train, test, target_std, noisy, units, notes, model, shared):
-        self.train, self.test = train, test
-        self.target_std = np.asarray(target_std, np.float64)  # [seeds]
-        self.noisy = np.asarray(noisy, bool)  # [N]
-        self.units, self.notes, self.model, self.shared = units, notes, model, shared
+    train: Any
+    test: Any
+    target_std: Any  # [seeds]: RMSE in target units is √loss · target_std
+    noisy: Any  # [N] bool: the clients with label noise
+    units: str
+    notes: dict
+    model: Any
+    shared: bool  # one federation for every seed (no [seeds] axis on the clients)
+
+    @property
+    def copies(self) -> int:
+        """Leading copies axes of the clients before the client axis (`study.method_run`):
+        0 for one federation every seed shares, else 1."""
+        return 0 if self.shared else 1
 
 
 def _pad_rows(data: FederatedData, width: int) -> FederatedData:
@@ -100,4 +112,5 @@ def build_problem(s: dict) -> Problem:
     else:
         train, test, std = train[0], test[0], std * seeds
         shared = True
-    return Problem(train, test, std, noisy, units, notes, model, shared)
+    return Problem(train, test, np.asarray(std, np.float64), np.asarray(noisy, bool), units,
+                   notes, model, shared)

@@ -7,16 +7,9 @@ import math
 import numpy as np
 import optax
 
-from fedjax_sim.algorithms import ClientTraining, with_seeds
-from fedjax_sim.compare import MethodRun
+from fedjax_sim.algorithms import ClientTraining
 from fedjax_sim.data.holdout import validation_split
-from fedjax_sim.experiments.base import (
-    ROUNDS,
-    Comparison,
-    Experiment,
-    Preset,
-    stream_key,
-)
+from fedjax_sim.experiments.base import Comparison, Experiment, Preset, Trained
 from fedjax_sim.experiments.drfa_molecules.data import (
     DATASET_NAMES,
     MOLECULES,
@@ -57,15 +50,136 @@ _ON_MOLECULES = ("dataset", MOLECULES)
 _SYNTHETIC = ("dataset", ("synthetic",))
 
 
-class DRFAExperiment(Experiment):
-    name = "drfa_molecules"
-    description = "FedAvg, DRFA, DRFLM and FedAvg+mixup on molecules or noisy synthetic clients."
-    supports_sweep = False
-    methods = METHODS
-    provides = frozenset({FLOAT_TARGETS})
-    baseline = "fedavg"
-    headline = "drflm"
-    settings = (
+def validate(s: dict, command: str = "compare") -> None:
+    if s["dataset"] in MOLECULES:
+        require("rdkit", "molecules", f"dataset={s['dataset']}")
+    if s["noisy_clients"] > s["num_clients"]:
+        raise ValueError(f"setting noisy_clients={s['noisy_clients']} exceeds num_clients="
+                         f"{s['num_clients']}.")
+    if s["noisy_clients"] and s["noise_std"] == 0:
+        raise ValueError("setting noise_std must be > 0 when noisy_clients > 0.")
+    if s["official_code"] and s["local_steps"] < 2:
+        raise ValueError("setting local_steps must be >= 2 with official_code (FedTorch "
+                         "draws the snapshot step from {1, ..., τ − 1}).")
+    if s["lambda_floor"] * s["num_clients"] > 1:
+        raise ValueError(f"setting lambda_floor={s['lambda_floor']} times num_clients="
+                         f"{s['num_clients']} exceeds 1.")
+    if s["dataset"] == "synthetic" and s["batch_size"] > s["n"]:
+        raise ValueError(f"setting batch_size={s['batch_size']} exceeds n={s['n']}.")
+
+
+def validation_problems(problem: Problem, s: dict) -> tuple[Problem, Problem]:
+    fit, val = validation_split(problem.train, s["val_fraction"], s["seed"])
+    return problem._replace(train=fit), problem._replace(train=fit, test=val)
+
+
+def client_training(s: dict, learning_rate) -> ClientTraining:
+    """The setting optimizer (Adam or plain SGD) at the setting lr, τ = local_steps,
+    minibatches of batch_size (a fresh optimizer state on every client every round)."""
+    optimizer = (optax.adam if s["optimizer"] == "adam" else optax.sgd)(learning_rate)
+    return ClientTraining(optimizer, s["local_steps"], s["batch_size"])
+
+
+def metrics(t: Trained):
+    """`metrics_fn` with the client weights a method without λ reports: its fixed ones
+    (none: q-FFL's change every round)."""
+    method = t.method
+    weighting = (None if method.adaptive_weights else t.s["weighting"]
+                 if "weighting" in method.reads else "uniform")
+    return metrics_fn(t.algorithm, t.problem, weighting)
+
+
+def notes(s: dict, problem: Problem, results: dict) -> dict:
+    per_seed = {name: r.per_seed for name, r in results.items()}
+    federations = ("a new federation per seed" if s["resplit_per_seed"]
+                   else "one federation for all seeds")
+    weights = ("by training rows" if s["weighting"] == "examples" else "uniformly")
+    fixed = ("∝ training rows" if s["weighting"] == "examples" else "uniform")
+    form = ("FedTorch form (official_code)" if s["official_code"] else "paper form")
+    notes = {
+        "protocol": (
+            f"{s['seeds']} seeds as one vmapped axis; every method gets the same "
+            f"federation and initial weights within a seed ({federations}); RMSE in "
+            f"target units ({problem.units}); average RMSE = mean over clients of "
+            "each client's RMSE"),
+        "methods": (
+            "fedavg: registered FedAvg (uniform cohort without replacement, clients "
+            f"weighted {weights}); drfa, drflm: {form}; fedavg_mixup: DRFLM with "
+            f"lambda_lr = 0 and λ fixed {fixed} ({form})"),
+        "choices": (
+            "t' uniform on {1..τ} (paper form; official_code: each client's model after "
+            "k − 1 local steps, k uniform on {1..τ−1} per client, as FedTorch); U_s uniform "
+            "without replacement; one γ ~ "
+            "Beta per minibatch, pairs within the minibatch; mixup after g = "
+            + ("the identity (inputs mixed)" if s["dataset"] == "synthetic"
+               else "the GNN's graph embedding (trained through the mixed embeddings)")
+            + f"; DRFLM's λ probe uses the {s['lambda_loss']} loss"),
+        **problem.notes,
+    }
+    if s["dataset"] == "esol":
+        measured = {m: float(np.nanmean(per_seed[m]["test_rmse_worst"]))
+                    for m in PAPER_ESOL_WORST if m in per_seed}
+        order = " < ".join(sorted(measured, key=measured.get))
+        notes["paper_reference_esol_worst_rmse"] = (
+            "paper: DRFLM 1.121 < FedAvg 1.232 < DRFA 1.357 (its N, split, GNN and "
+            "hyper-parameters are unknown); measured here: " + ", ".join(
+                f"{m} {v:.3f}" for m, v in measured.items()) + f" (order {order})")
+    elif s["dataset"] == "freesolv":
+        notes["paper_reference"] = ("paper: DRFLM has the best worst-client RMSE on FreeSolv "
+                                    "(its Table 1 numbers were not retrieved)")
+    return notes
+
+
+def plot_compare(comparison: Comparison, out_dir) -> None:
+    """lambda.png: λ per client of DRFA and DRFLM per round and how often each client
+    was sampled (seed means); worst_client_loss.png: the worst-client training loss
+    per round, each method's seed mean with its 95 % band (per_seed_metrics.csv)."""
+    from matplotlib.figure import Figure
+
+    from fedjax_sim import plots
+
+    colors = plots.method_colors(METHODS)
+    robust = [m for m in ("drfa", "drflm") if m in comparison.histories]
+    lam_cols = sorted({k for m in robust for row in comparison.histories[m] for k in row
+                       if k.startswith("lambda_") and k[7:].isdigit()},
+                      key=lambda k: int(k[7:]))
+    if lam_cols:
+        fig = Figure(figsize=(4.4 * (len(robust) + 1), 3.5))
+        axes = fig.subplots(1, len(robust) + 1, squeeze=False)
+        for ax, m in zip(axes[0], robust, strict=False):
+            rows = comparison.histories[m]
+            rounds = [r["round"] for r in rows]
+            for c in lam_cols:
+                ax.plot(rounds, [r[c] for r in rows], label=c.replace("lambda_", "client "))
+            ax.set_title(f"{m}: λ per client (mean over seeds)", fontsize=9)
+            ax.set_xlabel("round")
+            ax.set_ylabel("λ (client weight)")
+            ax.legend(fontsize=6, ncol=2)
+        ax = axes[0][-1]
+        width = 0.8 / max(len(robust), 1)
+        clients = np.arange(len(lam_cols))
+        for j, m in enumerate(robust):
+            last = comparison.histories[m][-1]
+            counts = [last.get(c.replace("lambda_", "sampled_"), math.nan) for c in lam_cols]
+            ax.bar(clients + (j - (len(robust) - 1) / 2) * width, counts, width, label=m,
+                   color=colors.get(m))
+        ax.set_xticks(clients, [c[7:] for c in lam_cols], fontsize=7)
+        ax.set_title("sampling by the final round (mean over seeds)", fontsize=9)
+        ax.set_xlabel("client")
+        ax.set_ylabel("times sampled in C_s")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out_dir / "lambda.png", dpi=110)
+    plots.plot_comparison(
+        plots.per_seed_rows(out_dir, comparison.histories), out_dir / "worst_client_loss.png",
+        [("train_loss_worst", "worst-client train loss")],
+        title="worst-client training loss per round", methods=METHODS, colors=colors)
+
+
+EXPERIMENT = Experiment(
+    name="drfa_molecules",
+    description="FedAvg, DRFA, DRFLM and FedAvg+mixup on molecules or noisy synthetic clients.",
+    settings=(
         Setting("dataset", str, "esol", "molecules (scaffold clients, a GIN) or synthetic "
                 "(noisy linear clients)", choices=DATASET_NAMES),
         count("num_clients", 8, "N, the number of clients", minimum=2, maximum=100_000),
@@ -124,154 +238,30 @@ class DRFAExperiment(Experiment):
                 minimum=0.0, when=_SYNTHETIC),
         Setting("cache_dir", str, "", "archive / featurisation cache (empty: the default)",
                 result=False),
-    )
-    panels = (
+    ),
+    problem=build_problem,
+    metrics=metrics,
+    methods=METHODS,
+    baseline="fedavg",
+    headline="drflm",
+    table=final_metrics,
+    notes=notes,
+    validate=validate,
+    panels=(
         ("test_rmse_worst", "worst-client test RMSE"),
         ("test_rmse_avg", "average-client test RMSE"),
         ("train_loss_worst", "worst-client train loss"),
         ("lambda_hat_max", "max λ̂"),
-    )
-    log_metrics = ()
-
-    def validate(self, s: dict, command: str = "compare") -> None:
-        if s["dataset"] in MOLECULES:
-            require("rdkit", "molecules", f"dataset={s['dataset']}")
-        if s["noisy_clients"] > s["num_clients"]:
-            raise ValueError(f"setting noisy_clients={s['noisy_clients']} exceeds num_clients="
-                             f"{s['num_clients']}.")
-        if s["noisy_clients"] and s["noise_std"] == 0:
-            raise ValueError("setting noise_std must be > 0 when noisy_clients > 0.")
-        if s["official_code"] and s["local_steps"] < 2:
-            raise ValueError("setting local_steps must be >= 2 with official_code (FedTorch "
-                             "draws the snapshot step from {1, ..., τ − 1}).")
-        if s["lambda_floor"] * s["num_clients"] > 1:
-            raise ValueError(f"setting lambda_floor={s['lambda_floor']} times num_clients="
-                             f"{s['num_clients']} exceeds 1.")
-        if s["dataset"] == "synthetic" and s["batch_size"] > s["n"]:
-            raise ValueError(f"setting batch_size={s['batch_size']} exceeds n={s['n']}.")
-
+    ),
+    method_table=TABLE,
+    provides=frozenset({FLOAT_TARGETS}),
+    client_training=client_training,
     # A tuned comparison (tune_* settings) chooses each method's grid point by its
     # worst-client RMSE on the validation rows.
-    tune_metric = ("test_rmse_worst", "min")
-
-    def problem(self, s: dict) -> Problem:
-        return build_problem(s)
-
-    def validation_problems(self, problem: Problem, s: dict) -> tuple[Problem, Problem]:
-        fit, val = validation_split(problem.train, s["val_fraction"], s["seed"])
-        parts = (problem.target_std, problem.noisy, problem.units, problem.notes,
-                 problem.model, problem.shared)
-        return Problem(fit, problem.test, *parts), Problem(fit, val, *parts)
-
-    def client_training(self, s: dict, learning_rate) -> ClientTraining:
-        """The setting optimizer (Adam or plain SGD) at the setting lr, τ = local_steps,
-        minibatches of batch_size (a fresh optimizer state on every client every round)."""
-        optimizer = (optax.adam if s["optimizer"] == "adam" else optax.sgd)(learning_rate)
-        return ClientTraining(optimizer, s["local_steps"], s["batch_size"])
-
-    def method_run(self, name: str, s: dict, problem: Problem) -> MethodRun:
-        """Method `name` on every seed: the same federation and initial weights as the others."""
-        algorithm = with_seeds(self.build_method(name, s, problem.model), s["seeds"],
-                               shared_data=problem.shared)
-        method = self.method_table[name]
-        # The client weights a method without λ reports: its fixed ones (none: q-FFL's change).
-        weighting = (None if method.adaptive_weights else s["weighting"]
-                     if "weighting" in method.reads else "uniform")
-        return MethodRun(algorithm, problem.train,
-                         stream_key(s["seed"], ROUNDS), s["rounds"],
-                         metrics_fn(algorithm, problem, weighting),
-                         s["eval_every"], data_copies=0 if problem.shared else 1)
-
-    def table(self, s: dict) -> list[str]:
-        return final_metrics(s)
-
-    def notes(self, s, problem, results) -> dict:
-        per_seed = {name: r.per_seed for name, r in results.items()}
-        federations = ("a new federation per seed" if s["resplit_per_seed"]
-                       else "one federation for all seeds")
-        weights = ("by training rows" if s["weighting"] == "examples" else "uniformly")
-        fixed = ("∝ training rows" if s["weighting"] == "examples" else "uniform")
-        form = ("FedTorch form (official_code)" if s["official_code"] else "paper form")
-        notes = {
-            "protocol": (
-                f"{s['seeds']} seeds as one vmapped axis; every method gets the same "
-                f"federation and initial weights within a seed ({federations}); RMSE in "
-                f"target units ({problem.units}); average RMSE = mean over clients of "
-                "each client's RMSE"),
-            "methods": (
-                "fedavg: registered FedAvg (uniform cohort without replacement, clients "
-                f"weighted {weights}); drfa, drflm: {form}; fedavg_mixup: DRFLM with "
-                f"lambda_lr = 0 and λ fixed {fixed} ({form})"),
-            "choices": (
-                "t' uniform on {1..τ} (paper form; official_code: each client's model after "
-                "k − 1 local steps, k uniform on {1..τ−1} per client, as FedTorch); U_s uniform "
-                "without replacement; one γ ~ "
-                "Beta per minibatch, pairs within the minibatch; mixup after g = "
-                + ("the identity (inputs mixed)" if s["dataset"] == "synthetic"
-                   else "the GNN's graph embedding (trained through the mixed embeddings)")
-                + f"; DRFLM's λ probe uses the {s['lambda_loss']} loss"),
-            **problem.notes,
-        }
-        if s["dataset"] == "esol":
-            measured = {m: float(np.nanmean(per_seed[m]["test_rmse_worst"]))
-                        for m in PAPER_ESOL_WORST if m in per_seed}
-            order = " < ".join(sorted(measured, key=measured.get))
-            notes["paper_reference_esol_worst_rmse"] = (
-                "paper: DRFLM 1.121 < FedAvg 1.232 < DRFA 1.357 (its N, split, GNN and "
-                "hyper-parameters are unknown); measured here: " + ", ".join(
-                    f"{m} {v:.3f}" for m, v in measured.items()) + f" (order {order})")
-        elif s["dataset"] == "freesolv":
-            notes["paper_reference"] = ("paper: DRFLM has the best worst-client RMSE on FreeSolv "
-                                        "(its Table 1 numbers were not retrieved)")
-        return notes
-
-    def plot_compare(self, comparison: Comparison, out_dir) -> None:
-        """lambda.png: λ per client of DRFA and DRFLM per round and how often each client
-        was sampled (seed means); worst_client_loss.png: the worst-client training loss
-        per round, each method's seed mean with its 95 % band (per_seed_metrics.csv)."""
-        from matplotlib.figure import Figure
-
-        from fedjax_sim import plots
-
-        colors = plots.method_colors(self.methods)
-        robust = [m for m in ("drfa", "drflm") if m in comparison.histories]
-        lam_cols = sorted({k for m in robust for row in comparison.histories[m] for k in row
-                           if k.startswith("lambda_") and k[7:].isdigit()},
-                          key=lambda k: int(k[7:]))
-        if lam_cols:
-            fig = Figure(figsize=(4.4 * (len(robust) + 1), 3.5))
-            axes = fig.subplots(1, len(robust) + 1, squeeze=False)
-            for ax, m in zip(axes[0], robust, strict=False):
-                rows = comparison.histories[m]
-                rounds = [r["round"] for r in rows]
-                for c in lam_cols:
-                    ax.plot(rounds, [r[c] for r in rows], label=c.replace("lambda_", "client "))
-                ax.set_title(f"{m}: λ per client (mean over seeds)", fontsize=9)
-                ax.set_xlabel("round")
-                ax.set_ylabel("λ (client weight)")
-                ax.legend(fontsize=6, ncol=2)
-            ax = axes[0][-1]
-            width = 0.8 / max(len(robust), 1)
-            clients = np.arange(len(lam_cols))
-            for j, m in enumerate(robust):
-                last = comparison.histories[m][-1]
-                counts = [last.get(c.replace("lambda_", "sampled_"), math.nan) for c in lam_cols]
-                ax.bar(clients + (j - (len(robust) - 1) / 2) * width, counts, width, label=m,
-                       color=colors.get(m))
-            ax.set_xticks(clients, [c[7:] for c in lam_cols], fontsize=7)
-            ax.set_title("sampling by the final round (mean over seeds)", fontsize=9)
-            ax.set_xlabel("client")
-            ax.set_ylabel("times sampled in C_s")
-            ax.legend(fontsize=8)
-            fig.tight_layout()
-            fig.savefig(out_dir / "lambda.png", dpi=110)
-        plots.plot_comparison(
-            plots.per_seed_rows(out_dir, comparison.histories), out_dir / "worst_client_loss.png",
-            [("train_loss_worst", "worst-client train loss")],
-            title="worst-client training loss per round", methods=self.methods, colors=colors)
-
-
-EXPERIMENT = DRFAExperiment()
+    tune_metric=("test_rmse_worst", "min"),
+    validation_problems=validation_problems,
+    plot_compare=plot_compare,
+)
 
 # Each method's client step size tuned per seed on validation rows (`experiments.tuned`):
 # Adam's lr, and q-FFL's plain-SGD step (docs/protocols.md#tuned-comparisons).

@@ -34,8 +34,9 @@ def metrics_fn(algorithm, problem: Problem, weighting: str | None = "uniform"):
     A method with neither (q-FFL: weights that change every round; weighting None)
     reports NaN there; one without a sampling counter (AFL) NaN sampled counts."""
     evaluate = jax.jit(algorithm.evaluate)
-    std = problem.target_std[:, None]
-    n_clients = problem.noisy.shape[0]
+    std = np.asarray(problem.target_std, np.float64)[:, None]
+    noisy = np.asarray(problem.noisy, bool)
+    n_clients = noisy.shape[0]
 
     def metrics(state):
         test = jax.tree.map(np.asarray, evaluate(state, problem.test))
@@ -64,8 +65,8 @@ def metrics_fn(algorithm, problem: Problem, weighting: str | None = "uniform"):
                 lam = lam_hat = np.full((seeds, n_clients), 1.0 / n_clients)
             sampled = np.full((seeds, n_clients), np.nan)
         # Rounded: a λ that never moved would otherwise differ from 1/N by float rounding.
-        out["lambda_hat_noisy"] = (np.round(lam_hat[:, problem.noisy].sum(-1), 6)
-                                   if problem.noisy.any() else np.full(seeds, np.nan))
+        out["lambda_hat_noisy"] = (np.round(lam_hat[:, noisy].sum(-1), 6)
+                                   if noisy.any() else np.full(seeds, np.nan))
         out["lambda_hat_max"] = lam_hat.max(-1)
         if n_clients <= _MAX_LAMBDA_COLUMNS:
             for i in range(n_clients):

@@ -14,10 +14,9 @@ from fedjax_sim.experiments.fednova_quadratic.data import build_problem, weighte
 from fedjax_sim.experiments.fednova_quadratic.experiment import (
     EXPERIMENT,
     PRESETS,
-    FedNovaQuadratic,
     proximal_work,
 )
 from fedjax_sim.experiments.fednova_quadratic.metrics import metrics_fn
 
-__all__ = ["EXPERIMENT", "PRESETS", "FedNovaQuadratic", "build_problem", "metrics_fn",
+__all__ = ["EXPERIMENT", "PRESETS", "build_problem", "metrics_fn",
            "proximal_work", "weighted_argmin", "work_table"]

@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedjax_sim.algorithms import ClientTraining, Work, sgd, with_seeds
-from fedjax_sim.compare import MethodRun
-from fedjax_sim.experiments.base import ROUNDS, Experiment, Preset, stream_key
+from fedjax_sim.algorithms import ClientTraining, Work, sgd
+from fedjax_sim.experiments.base import Experiment, Preset
 from fedjax_sim.experiments.fednova_quadratic.data import (
     argmin_per_seed,
     build_problem,
@@ -60,20 +59,66 @@ def proximal_work(tau, lr: float, mu: float) -> np.ndarray:
     return tau if decay == 0 else (1.0 - (1.0 - decay) ** tau) / decay
 
 
-class FedNovaQuadratic(Experiment):
-    name = "fednova_quadratic"
-    description = ("FedAvg, FedNova and FedProx on quadratic clients with different optima "
-                   "and local work τ_i: distances to the true and the surrogate optimum.")
-    supports_sweep = False
-    methods = COMPARED
-    baseline = "fedavg"
-    headline = "fednova"
-    method_table = TABLE
-    kinds = ("global",)  # the metrics read one model
-    # ημ τ_max = 1 at the default lr and work: the proximal term visibly shrinks the work
-    # norms ‖a_i‖₁ (FedProx's partial correction); the table's 0.01 would leave FedAvg.
-    method_defaults = {"prox_mu": 10.0}
-    settings = (
+def validate(s: dict, command: str = "compare") -> None:
+    if s["tau_min"] > s["tau_max"]:
+        raise ValueError(f"setting tau_min={s['tau_min']} exceeds tau_max={s['tau_max']}: "
+                         "give tau_min <= tau_max (the local steps of the least and the "
+                         "most working client).")
+    if s["n_min"] > s["n_max"]:
+        raise ValueError(f"setting n_min={s['n_min']} exceeds n_max={s['n_max']}: give "
+                         "n_min <= n_max.")
+    if s["num_clients"] * s["n_min"] < s["d"]:
+        raise ValueError(f"settings num_clients={s['num_clients']} × n_min={s['n_min']} "
+                         f"rows may be fewer than d={s['d']}: w* would not be unique; "
+                         "raise n_min or num_clients, or lower d.")
+
+
+def problem(s: dict) -> dict:
+    """Every seed's clients, work table and closed forms, and the linear model."""
+    return {**build_problem(s), "model": linear_regression(s["d"])}
+
+
+def client_training(s: dict, learning_rate) -> ClientTraining:
+    """Full-batch GD at `learning_rate`: a scan of tau_max steps, client i stepping τ_i of
+    them (`Work(per_client=...)`)."""
+    return sgd(learning_rate, steps=s["tau_max"], work=Work(per_client=work_table(s)))
+
+
+def notes(s: dict, problem: dict, results: dict) -> dict:
+    """The setup, the work table and the fixed points' distances (means over seeds)."""
+    sizes = np.asarray(problem["train"].num_examples)
+    gap = np.linalg.norm(problem["optimum"] - problem["surrogate"], axis=-1)
+    notes = {
+        "data": f"{s['num_clients']} clients, d = {s['d']}: θ_i ~ N(0, {s['R']}² I), n_i "
+                f"uniform on {{{s['n_min']}, ..., {s['n_max']}}} ({sizes.min()}–"
+                f"{sizes.max()} over seeds), x ~ N(0, I), y = xᵀθ_i + {s['sigma']} ε; "
+                "F_i the mean squared error, p_i "
+                + ("∝ n_i" if s["weighting"] == "examples" else "= 1/m"),
+        "work": f"τ_i = {', '.join(map(str, problem['work']))} (tau_min to tau_max evenly "
+                "spaced, the same every seed and round); full-batch GD at lr "
+                f"{s['lr']}, full participation, {s['rounds']} rounds, {s['seeds']} seeds",
+        "fixed_points": f"‖w* − w̃‖ = {gap.mean():.4g} (mean over seeds; {gap.min():.4g} "
+                        f"to {gap.max():.4g}): w* = argmin Σ p_i F_i (FedNova's fixed point "
+                        "as lr → 0), w̃ = argmin Σ p_i τ_i F_i (FedAvg's)",
+        "methods": "; ".join(f"{m} = {TABLE[m].help}"
+                             + (f" μ = {s['prox_mu']}" if m == "fedprox" else "")
+                             for m in results),
+    }
+    if "fedprox" in results:
+        norm = proximal_work(problem["work"], s["lr"], s["prox_mu"])
+        far = np.linalg.norm(argmin_per_seed(problem, norm) - problem["optimum"], axis=-1)
+        notes["fedprox_fixed_point"] = (
+            f"argmin Σ p_i ‖a_i‖₁ F_i for small lr at ημ = {s['lr'] * s['prox_mu']:.3g}, "
+            f"‖a_i‖₁ = [1 − (1 − ημ)^τ_i]/(ημ) from {norm.min():.3g} to "
+            f"{norm.max():.3g}: {far.mean():.4g} from w* (mean over seeds)")
+    return notes
+
+
+EXPERIMENT = Experiment(
+    name="fednova_quadratic",
+    description=("FedAvg, FedNova and FedProx on quadratic clients with different optima "
+                 "and local work τ_i: distances to the true and the surrogate optimum."),
+    settings=(
         count("num_clients", 10, "m, the number of clients", minimum=2, maximum=100_000),
         count("d", 5, "features (the model: linear regression without bias)", maximum=10_000),
         count("n_min", 10, "fewest examples of a client (n_i uniform on {n_min, ..., n_max}, "
@@ -96,73 +141,26 @@ class FedNovaQuadratic(Experiment):
         seed_setting(),
         eval_every_setting(10),
         method_setting(tuple(TABLE), "fednova"),
-    )
-    panels = (("dist_to_optimum", "‖w − w*‖, w* = argmin Σ p_i F_i"),
-              ("dist_to_surrogate", "‖w − w̃‖, w̃ = argmin Σ p_i τ_i F_i"),
-              ("train_loss", "train loss F(w) = Σ p_i F_i(w)"),
-              ("excess_loss", "F(w) − F(w*)"))
-    log_metrics = ("dist_to_optimum", "excess_loss")
-
-    def validate(self, s: dict, command: str = "compare") -> None:
-        if s["tau_min"] > s["tau_max"]:
-            raise ValueError(f"setting tau_min={s['tau_min']} exceeds tau_max={s['tau_max']}: "
-                             "give tau_min <= tau_max (the local steps of the least and the "
-                             "most working client).")
-        if s["n_min"] > s["n_max"]:
-            raise ValueError(f"setting n_min={s['n_min']} exceeds n_max={s['n_max']}: give "
-                             "n_min <= n_max.")
-        if s["num_clients"] * s["n_min"] < s["d"]:
-            raise ValueError(f"settings num_clients={s['num_clients']} × n_min={s['n_min']} "
-                             f"rows may be fewer than d={s['d']}: w* would not be unique; "
-                             "raise n_min or num_clients, or lower d.")
-
-    def problem(self, s: dict) -> dict:
-        problem = build_problem(s)
-        problem["model"] = linear_regression(s["d"])
-        return problem
-
-    def client_training(self, s: dict, learning_rate) -> ClientTraining:
-        """Full-batch GD at `learning_rate`: a scan of tau_max steps, client i stepping τ_i
-        of them (`Work(per_client=...)`)."""
-        return sgd(learning_rate, steps=s["tau_max"], work=Work(per_client=work_table(s)))
-
-    def method_run(self, name: str, s: dict, problem: dict) -> MethodRun:
-        """Method `name` over every seed: the same data, init and round keys as the others."""
-        algorithm = with_seeds(self.build_method(name, s, problem["model"]), s["seeds"])
-        return MethodRun(algorithm, problem["train"], stream_key(s["seed"], ROUNDS),
-                         s["rounds"], metrics_fn(algorithm, problem), s["eval_every"])
-
-    def notes(self, s: dict, problem: dict, results: dict) -> dict:
-        """The setup, the work table and the fixed points' distances (means over seeds)."""
-        sizes = np.asarray(problem["train"].num_examples)
-        gap = np.linalg.norm(problem["optimum"] - problem["surrogate"], axis=-1)
-        notes = {
-            "data": f"{s['num_clients']} clients, d = {s['d']}: θ_i ~ N(0, {s['R']}² I), n_i "
-                    f"uniform on {{{s['n_min']}, ..., {s['n_max']}}} ({sizes.min()}–"
-                    f"{sizes.max()} over seeds), x ~ N(0, I), y = xᵀθ_i + {s['sigma']} ε; "
-                    "F_i the mean squared error, p_i "
-                    + ("∝ n_i" if s["weighting"] == "examples" else "= 1/m"),
-            "work": f"τ_i = {', '.join(map(str, problem['work']))} (tau_min to tau_max evenly "
-                    "spaced, the same every seed and round); full-batch GD at lr "
-                    f"{s['lr']}, full participation, {s['rounds']} rounds, {s['seeds']} seeds",
-            "fixed_points": f"‖w* − w̃‖ = {gap.mean():.4g} (mean over seeds; {gap.min():.4g} "
-                            f"to {gap.max():.4g}): w* = argmin Σ p_i F_i (FedNova's fixed point "
-                            "as lr → 0), w̃ = argmin Σ p_i τ_i F_i (FedAvg's)",
-            "methods": "; ".join(f"{m} = {TABLE[m].help}"
-                                 + (f" μ = {s['prox_mu']}" if m == "fedprox" else "")
-                                 for m in results),
-        }
-        if "fedprox" in results:
-            norm = proximal_work(problem["work"], s["lr"], s["prox_mu"])
-            far = np.linalg.norm(argmin_per_seed(problem, norm) - problem["optimum"], axis=-1)
-            notes["fedprox_fixed_point"] = (
-                f"argmin Σ p_i ‖a_i‖₁ F_i for small lr at ημ = {s['lr'] * s['prox_mu']:.3g}, "
-                f"‖a_i‖₁ = [1 − (1 − ημ)^τ_i]/(ημ) from {norm.min():.3g} to "
-                f"{norm.max():.3g}: {far.mean():.4g} from w* (mean over seeds)")
-        return notes
-
-
-EXPERIMENT = FedNovaQuadratic()
+    ),
+    problem=problem,
+    metrics=lambda t: metrics_fn(t.algorithm, t.problem),
+    methods=COMPARED,
+    baseline="fedavg",
+    headline="fednova",
+    notes=notes,
+    validate=validate,
+    panels=(("dist_to_optimum", "‖w − w*‖, w* = argmin Σ p_i F_i"),
+            ("dist_to_surrogate", "‖w − w̃‖, w̃ = argmin Σ p_i τ_i F_i"),
+            ("train_loss", "train loss F(w) = Σ p_i F_i(w)"),
+            ("excess_loss", "F(w) − F(w*)")),
+    log_metrics=("dist_to_optimum", "excess_loss"),
+    method_table=TABLE,
+    kinds=("global",),  # the metrics read one model
+    # ημ τ_max = 1 at the default lr and work: the proximal term visibly shrinks the work
+    # norms ‖a_i‖₁ (FedProx's partial correction); the table's 0.01 would leave FedAvg.
+    method_defaults={"prox_mu": 10.0},
+    client_training=client_training,
+)
 
 PRESETS = [
     Preset("fednova-quadratic", EXPERIMENT,

@@ -15,8 +15,8 @@
   and SCAFFOLD, as in the FedProx paper's Figure 1.
 
 One package: `data` (the clients: partitions, rotations, noise, test splits),
-`metrics`, and `experiment` (settings, checks, results table, notes and the
-presets).
+`metrics`, and `experiment` (settings, checks, results table, notes, the three
+declared experiments `hetero_experiment` makes, and the presets).
 """
 
 from fedjax_sim.experiments.hetero.data import build_problem, client_indices, seed_clients
@@ -28,10 +28,10 @@ from fedjax_sim.experiments.hetero.experiment import (
     ROBUST_METHODS,
     SYSTEMS,
     SYSTEMS_METHODS,
-    Hetero,
+    hetero_experiment,
 )
 from fedjax_sim.experiments.hetero.metrics import metrics_fn
 
 __all__ = ["HETERO", "HETERO_METHODS", "PRESETS", "ROBUST", "ROBUST_METHODS", "SYSTEMS",
-           "SYSTEMS_METHODS", "Hetero",
-           "build_problem", "client_indices", "metrics_fn", "seed_clients"]
+           "SYSTEMS_METHODS", "build_problem", "client_indices", "hetero_experiment", "metrics_fn",
+           "seed_clients"]

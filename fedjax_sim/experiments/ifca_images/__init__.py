@@ -25,8 +25,9 @@ a fixed, class-stratified 4000/1000 train/test split (400/100 per class) stands
 in for MNIST's 60 000/10 000, so m = 4·4000/n instead of 4·60 000/n.
 
 Modules: `data` (images, federations, models), `methods` (its entries of the one
-method table, and its client training), `metrics`, `experiment` (`RotatedImages`:
-settings, memory plan, comparison notes and plots), `presets`.
+method table, and its client training), `metrics`, `experiment` (`rotated_images`:
+the record of a preset's methods, its settings, memory plan, comparison notes and plots),
+`presets`.
 """
 
 from fedjax_sim.experiments.ifca_images.data import (
@@ -36,8 +37,12 @@ from fedjax_sim.experiments.ifca_images.data import (
     build_problem,
     load_split_images,
 )
-from fedjax_sim.experiments.ifca_images.experiment import RotatedImages
-from fedjax_sim.experiments.ifca_images.methods import CLUSTERING, client_training
+from fedjax_sim.experiments.ifca_images.experiment import (
+    DECAYED,
+    footprint,
+    rotated_images,
+)
+from fedjax_sim.experiments.ifca_images.methods import CLUSTERING, client_training, lr_decayed
 from fedjax_sim.experiments.ifca_images.metrics import (
     TABLE as RESULTS_TABLE,
 )
@@ -55,7 +60,8 @@ from fedjax_sim.experiments.ifca_images.presets import (
     WEIGHT_SHARING,
 )
 
-__all__ = ["CIFAR", "CIFAR_FILES_HELP", "CLUSTERING", "DATASETS", "DIGITS", "DIGITS_QUICK",
-           "MNIST", "PRESETS", "RESULTS_TABLE", "WEIGHT_SHARING", "RotatedImages",
-           "build_model", "build_problem", "client_training", "load_split_images",
-           "local_on_cluster_tests", "metrics_fn", "participant_identity_accuracy"]
+__all__ = ["CIFAR", "CIFAR_FILES_HELP", "CLUSTERING", "DATASETS", "DECAYED", "DIGITS",
+           "DIGITS_QUICK", "MNIST", "PRESETS", "RESULTS_TABLE", "WEIGHT_SHARING",
+           "build_model", "build_problem", "client_training", "footprint", "load_split_images",
+           "local_on_cluster_tests", "lr_decayed", "metrics_fn",
+           "participant_identity_accuracy", "rotated_images"]

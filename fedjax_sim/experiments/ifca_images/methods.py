@@ -8,14 +8,18 @@ trains three its own way:
 - one-shot clustering: the local pre-training is `local_rounds` × τ steps of that
   training, and its cluster means are uniform over members;
 - CFL has up to k clusters.
+
+`lr_decayed` gives every row the rotated-CIFAR schedule lr·lr_decay^t by the round.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+
 import optax
 
 from fedjax_sim.algorithms import ClientTraining, sgd
-from fedjax_sim.experiments.methods import METHODS, Build
+from fedjax_sim.experiments.methods import METHODS, Build, Method, build, setting_of, with_lr_decay
 from fedjax_sim.models.zoo import cifar_weight_decay_mask
 
 
@@ -45,3 +49,38 @@ def client_training(s: dict, learning_rate) -> ClientTraining:
                               optax.sgd(learning_rate))
         return ClientTraining(decayed, steps, batch, sampling)
     return sgd(learning_rate, steps=steps, batch_size=batch, sampling=sampling)
+
+
+def lr_decayed(table: Mapping[str, Method],
+               client_training: Callable[[dict, object], ClientTraining]) -> dict[str, Method]:
+    """`table` with every row's clients training at lr·lr_decay^t in round t (setting
+    lr_decay; 1 or absent: the row as it is): the row's algorithm with its round rebuilt
+    at that rate (`methods.with_lr_decay`), from `client_training` (plain SGD at the rate
+    for a row whose maths assume it, as `study.training_of`)."""
+
+    def decayed(name: str, row: Method) -> Method:
+        def training_at(s: dict, rate) -> ClientTraining:
+            training = client_training(s, rate)
+            if row.sgd:
+                training = sgd(rate, steps=training.steps, batch_size=training.batch_size,
+                               sampling=training.sampling, work=training.work)
+            return training
+
+        def wrap(algorithm, b: Build):
+            if row.wrap is not None:
+                algorithm = row.wrap(algorithm, b)
+            decay = b.s.get("lr_decay", 1.0)
+            if decay == 1.0:
+                return algorithm
+            plain = {**b.table, name: row}
+
+            def build_at(rate):
+                return build(name, plain, b.model, training_at(b.s, rate), b.s,
+                             problem=b.problem)
+
+            lr = b.s[setting_of(row, "lr", b.s)]
+            return algorithm._replace(round=with_lr_decay(build_at, lr, decay).round)
+
+        return row.replace(wrap=wrap)
+
+    return {name: decayed(name, row) for name, row in table.items()}

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from fedjax_sim.experiments.base import Preset
-from fedjax_sim.experiments.ifca_images.experiment import RotatedImages
+from fedjax_sim.experiments.ifca_images.experiment import rotated_images
 
-MNIST = RotatedImages("ifca_rotated_mnist",
+MNIST = rotated_images("ifca_rotated_mnist",
                       "IFCA vs global, local, one-shot and weight sharing on rotated MNIST (k=4)",
                       ("ifca", "fedavg", "local", "oneshot", "ifca_ws"))
-DIGITS = RotatedImages("ifca_rotated_digits",
+DIGITS = rotated_images("ifca_rotated_digits",
                        "IFCA vs global vs local, HypCluster and CFL on rotated 8×8 digits "
                        "(CI / quick-start scale)",
                        ("ifca", "fedavg", "local", "hypcluster", "cfl"))
-CIFAR = RotatedImages("ifca_rotated_cifar", "IFCA vs global vs local on rotated CIFAR-10 (k=2)",
+CIFAR = rotated_images("ifca_rotated_cifar", "IFCA vs global vs local on rotated CIFAR-10 (k=2)",
                       ("ifca", "fedavg", "local"))
-WEIGHT_SHARING = RotatedImages(
+WEIGHT_SHARING = rotated_images(
     "ifca_weight_sharing", "IFCA with weight sharing (and a frozen pretrained trunk) vs plain "
     "IFCA on rotated MNIST", ("fedavg", "ifca", "ifca_ws", "ifca_frozen"))
 

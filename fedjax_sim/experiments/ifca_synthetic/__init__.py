@@ -2,7 +2,7 @@
 
 - `common`: the data, the algorithms with the experiment's settings, their
   metrics and the restart reported;
-- `run`: `SyntheticRun` (presets ifca-synthetic, fedavg-synthetic,
+- `run`: the record `EXPERIMENT` (presets ifca-synthetic, fedavg-synthetic,
   local-synthetic, ...): one algorithm trained on one data seed with
   `restarts` random inits at once, reporting the restart with the lowest final
   training loss; its comparison trains IFCA, FedAvg, local models, one-shot
@@ -28,7 +28,13 @@ from fedjax_sim.experiments.ifca_synthetic.common import (
     make_problem,
     success_threshold,
 )
-from fedjax_sim.experiments.ifca_synthetic.run import PRESETS, RUN, SyntheticRun
+from fedjax_sim.experiments.ifca_synthetic.run import (
+    EXPERIMENT,
+    PRESETS,
+    RUN,
+    copies_fit,
+    footprint_of,
+)
 from fedjax_sim.experiments.ifca_synthetic.sweep import (
     SWEEP_KEYS,
     _final_runs,
@@ -36,6 +42,6 @@ from fedjax_sim.experiments.ifca_synthetic.sweep import (
     rows_by_cell,
 )
 
-__all__ = ["DATA", "PRESETS", "ROUNDS", "RUN", "SHAPE", "SHAPE_NAMES", "SWEEP_KEYS",
-           "SyntheticRun", "_final_runs", "build_algorithm", "cell_min_dist", "make_problem",
-           "rows_by_cell", "success_threshold"]
+__all__ = ["DATA", "EXPERIMENT", "PRESETS", "ROUNDS", "RUN", "SHAPE", "SHAPE_NAMES",
+           "SWEEP_KEYS", "_final_runs", "build_algorithm", "cell_min_dist", "copies_fit",
+           "footprint_of", "make_problem", "rows_by_cell", "success_threshold"]

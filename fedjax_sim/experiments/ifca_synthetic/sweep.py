@@ -1,6 +1,6 @@
 """Two vmapped sweep programs on the synthetic mixture.
 
-- `group_trials` (the generic sweep of `SyntheticRun`: any setting as an axis):
+- `group_trials` (the sweep of the `ifca_synthetic` record: any setting as an axis):
   every (cell, seed) pair of cells that differ only in traced settings (lr, σ,
   R), restarts included, is one vmap of one compiled program (`_final_runs`).
 - `cell_min_dist` (the success protocol, `ifca_success`): data seeds ×

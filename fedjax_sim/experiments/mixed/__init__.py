@@ -8,33 +8,31 @@
   Wikipedia in the datacenter (the paper's regime);
 * `movielens` (`mixed-movielens`): a dual encoder with a server-side regularizer.
 
-`base` holds what they share: the compared methods, the settings, and the
-comparison that runs every method through `simulate.run`.
+`base` holds what they share: the compared methods and their rows of the method table,
+the settings, the metrics, and `mixed_task`, which makes a task's pieces (`Task`) one
+`Experiment` record trained through the generic path (`study`).
 """
 
 from fedjax_sim.experiments.mixed.base import (
     LABELS,
     METHODS,
     MIXED,
-    MixedTask,
+    Task,
+    mixed_task,
     rounds_to_target,
+    run_methods,
     with_objective,
 )
-from fedjax_sim.experiments.mixed.charlm import CHARLM, MixedCharLM
+from fedjax_sim.experiments.mixed.charlm import CHARLM
 from fedjax_sim.experiments.mixed.charlm import PRESET as _CHARLM_PRESET
-from fedjax_sim.experiments.mixed.charlm_wiki import CHARLM_WIKI, MixedCharLMWiki
+from fedjax_sim.experiments.mixed.charlm_wiki import CHARLM_WIKI
 from fedjax_sim.experiments.mixed.charlm_wiki import PRESET as _CHARLM_WIKI_PRESET
-from fedjax_sim.experiments.mixed.movielens import MOVIELENS, Costs, MixedMovieLens, costs
+from fedjax_sim.experiments.mixed.movielens import MOVIELENS, Costs, costs
 from fedjax_sim.experiments.mixed.movielens import PRESET as _MOVIELENS_PRESET
 from fedjax_sim.experiments.mixed.smile import PRESET as _SMILE_PRESET
-from fedjax_sim.experiments.mixed.smile import (
-    SMILE,
-    MixedSmile,
-    binary_auc,
-    digits_label_imbalance,
-)
+from fedjax_sim.experiments.mixed.smile import SMILE, binary_auc, digits_label_imbalance
 from fedjax_sim.experiments.mixed.synthetic import PRESET as _SYNTHETIC_PRESET
-from fedjax_sim.experiments.mixed.synthetic import SYNTHETIC, MixedSynthetic, mixed_linear
+from fedjax_sim.experiments.mixed.synthetic import SYNTHETIC, mixed_linear
 
 PRESETS = [_SYNTHETIC_PRESET, _SMILE_PRESET, _CHARLM_PRESET, _CHARLM_WIKI_PRESET,
            _MOVIELENS_PRESET]
@@ -50,16 +48,13 @@ __all__ = [
     "SMILE",
     "SYNTHETIC",
     "Costs",
-    "MixedCharLM",
-    "MixedCharLMWiki",
-    "MixedMovieLens",
-    "MixedSmile",
-    "MixedSynthetic",
-    "MixedTask",
+    "Task",
     "binary_auc",
     "costs",
     "digits_label_imbalance",
     "mixed_linear",
+    "mixed_task",
     "rounds_to_target",
+    "run_methods",
     "with_objective",
 ]

@@ -14,7 +14,10 @@ metrics. Each round logs the sampled G̃_t, B̃_t (docs/protocols.md) at its rou
 model; the table reports their mean and median over rounds per seed (Table 2),
 and the floats each client receives and sends per round. Every method runs
 through `simulate.run` (seeds as its copies axis, every round's metrics kept).
-The tasks are one module each: synthetic, smile, charlm, charlm_wiki, movielens.
+The tasks are one module each: synthetic, smile, charlm, charlm_wiki, movielens; each
+declares its pieces (`Task`) and `mixed_task` makes them one `Experiment` record, whose
+methods are the rows of `TABLE`: every method of the one method table, on the task's
+(clients, server, metric-only extras) inputs, logging the task's objective every round.
 """
 
 from __future__ import annotations
@@ -28,14 +31,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim import compare, plots
-from fedjax_sim.algorithms import with_seeds
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.algorithms.mixed import COMBINES, TRANSFERS, on_federated_data
-from fedjax_sim.compare import MethodRun
 from fedjax_sim.execution import Execution
-from fedjax_sim.experiments.base import Comparison, Experiment
-from fedjax_sim.experiments.methods import METHODS as TABLE
-from fedjax_sim.experiments.methods import SERVER_DATA
+from fedjax_sim.experiments import study
+from fedjax_sim.experiments.base import Comparison, Experiment, Metrics, Sweep, Trained
+from fedjax_sim.experiments.methods import METHODS as CATALOG
+from fedjax_sim.experiments.methods import SERVER_DATA, Build, Method
 from fedjax_sim.experiments.settings import (
     Setting,
     batch_size_setting,
@@ -50,15 +52,13 @@ from fedjax_sim.experiments.settings import (
     seeds_setting,
 )
 
-# Stream ids folded into the user's seed, so data and rounds never share keys.
-DATA_STREAM, ROUNDS_STREAM = 0, 2
-
 METHODS = ("fedavg", "mixed_parallel", "mixed_gt1", "mixed_gt2", "oracle")
 MIXED = ("mixed_parallel", "mixed_gt1", "mixed_gt2")
 SERVER_STEP = (*MIXED, "oracle")  # the methods with a server step and a datacenter batch
 LABELS = {"fedavg": "FL only", "mixed_parallel": "PT", "mixed_gt1": "1-GT",
           "mixed_gt2": "2-GT", "oracle": "oracle"}
 ROUND_STATS = ("G_tilde", "B_tilde")
+
 
 def with_objective(algorithm: Algorithm, objective) -> Algorithm:
     """Adds objective(params, inputs) (a dict of scalars) of each round's new model to its metrics.
@@ -127,7 +127,7 @@ def shared_settings(**defaults) -> tuple[Setting, ...]:
         seed_setting(),
         eval_every_setting(d["eval_every"]),
         checkpoint_setting(d.get("checkpoint_every", 50)),
-        method_setting(tuple(TABLE), "mixed_gt2"),
+        method_setting(tuple(CATALOG), "mixed_gt2"),
     )
 
 
@@ -157,7 +157,7 @@ def cache_dir(s: dict):
 class MixedProblem(NamedTuple):
     """What every method of a comparison shares."""
 
-    inputs: Any  # (FederatedData, ServerData, metric-only extras), leading [seeds] axes
+    train: Any  # (FederatedData, ServerData, metric-only extras), leading [seeds] axes
     info: dict  # {"num_params": d, ...} and what the notes report
     seeds: int
     model: Any
@@ -166,176 +166,215 @@ class MixedProblem(NamedTuple):
     central_loss: Any  # None (the datacenter in ServerData) or a callable
 
 
-class MixedTask(Experiment):
-    """Base of the mixed-FL comparisons; subclasses build the data and their metrics.
+class Task(NamedTuple):
+    """What one Mixed FL task declares; `mixed_task` makes it an `Experiment`.
 
-    Every method trains through `compare` (and so `simulate.run`): the seeds
-    are one vmapped axis, every round's metrics are kept (G̃/B̃ statistics,
-    rounds-to-target), and seed i's data comes from the seed's DATA stream.
+    num_clients: settings -> its federated clients.
+    seed_data: (settings, seed ids) -> (inputs, info): inputs (FederatedData, ServerData,
+      extras) with a leading [seeds] axis, the extras (a test set, f*) read only by the
+      metrics; info {"num_params": d, ...} and what the notes report.
+    functions: settings -> (model, objective, evaluate, central_loss): objective(params,
+      inputs) and evaluate(params, inputs) dicts of scalars of one seed (objective every
+      round, None for none; evaluate every eval_every); central_loss None (the datacenter
+      in ServerData) or a callable.
+    table_metrics: the metrics of the results table, in order.
+    finals: (settings, method, rows, every round's metrics, info) -> its own per-seed
+      table metrics of a method (None: none).
+    notes: (settings, info) -> its own caption lines.
+    check: settings -> None, raising ValueError for what only this task refuses.
     """
-    unscoped = ("w_f", "w_c")  # the mixed objective every method is evaluated on
 
-    supports_sweep = False
-    methods = METHODS
-    provides = frozenset({SERVER_DATA})
-    kinds = ("global",)  # the objective and the metrics read one global model
-    baseline = "fedavg"
-    headline = "mixed_gt2"
-    labels = LABELS
-    #: metrics of the results table, in order (subclasses).
-    table_metrics: tuple[str, ...] = ()
+    num_clients: Callable[[dict], int]
+    seed_data: Callable[[dict, list[int]], tuple[Any, dict]]
+    functions: Callable[[dict], tuple]
+    table_metrics: tuple[str, ...]
+    finals: Callable | None = None
+    notes: Callable[[dict, dict], dict] | None = None
+    check: Callable[[dict], None] | None = None
 
-    def validate(self, s: dict, command: str = "compare") -> None:
-        if s["w_f"] + s["w_c"] <= 0:
-            raise ValueError("settings w_f and w_c must not both be 0.")
-        m = self.num_clients(s)
-        if s["clients_per_round"] > m:
-            raise ValueError(f"setting clients_per_round={s['clients_per_round']} exceeds the "
-                             f"{m} clients of this task.")
 
-    # subclasses ---------------------------------------------------------------
-    def num_clients(self, s: dict) -> int:
-        raise NotImplementedError
+def participation(task: Task, s: dict) -> float:
+    """The cohort's share of the clients (clients_per_round 0: every client)."""
+    return 1.0 if s["clients_per_round"] == 0 else s["clients_per_round"] / task.num_clients(s)
 
-    def seed_data(self, s: dict, seed_ids: list[int]):
-        """(inputs, info) of the seeds' data.
 
-        inputs: (FederatedData, ServerData, extras) with a leading [seeds] axis;
-        the extras (a test set, f*) are read only by the metrics.
-        info: {"num_params": d, ...} and what the notes report.
-        """
-        raise NotImplementedError
+def validate(task: Task, s: dict, command: str = "compare") -> None:
+    if task.check is not None:
+        task.check(s)
+    if s["w_f"] + s["w_c"] <= 0:
+        raise ValueError("settings w_f and w_c must not both be 0.")
+    m = task.num_clients(s)
+    if s["clients_per_round"] > m:
+        raise ValueError(f"setting clients_per_round={s['clients_per_round']} exceeds the "
+                         f"{m} clients of this task.")
 
-    def functions(self, s: dict):
-        """(model, objective, evaluate, central_loss).
 
-        objective(params, inputs), evaluate(params, inputs): dicts of scalars
-        of one seed (objective in every round, evaluate every eval_every);
-        central_loss: None (the datacenter in ServerData) or a callable.
-        """
-        raise NotImplementedError
+def mixed_problem(task: Task, s: dict, seed_ids: list[int] | None = None) -> MixedProblem:
+    """The seeds' data (seeds 0..s["seeds"]−1 unless `seed_ids` says which) and the task's
+    functions, `evaluate` jitted and vmapped over the seeds."""
+    seed_ids = list(range(s["seeds"])) if seed_ids is None else list(seed_ids)
+    inputs, info = task.seed_data(s, seed_ids)
+    model, objective, evaluate, central_loss = task.functions(s)
+    return MixedProblem(inputs, info, len(seed_ids), model, objective,
+                        jax.jit(jax.vmap(evaluate)), central_loss)
 
-    def finals(self, s: dict, name: str, rows, per_round, info) -> dict:
-        """Extra per-seed table metrics of a method (default: none)."""
-        return {}
 
-    def task_notes(self, s: dict, info) -> dict:
-        return {}
+def _on_mixed_inputs(method: Method) -> Method:
+    """A row of the method table trained on a task's (clients, server, extras) inputs: an
+    FL-only method on the clients alone (`on_federated_data`), every method on the pair
+    (`split_extra`), the task's objective logged every round (`with_objective`); a method
+    with a server step also gets the task's central loss (`Build.problem`)."""
 
-    # the comparison (`compare.run_methods`) -------------------------------------
-    def participation(self, s: dict) -> float:
-        m = self.num_clients(s)
-        return 1.0 if s["clients_per_round"] == 0 else s["clients_per_round"] / m
+    def wrap(algorithm: Algorithm, b: Build) -> Algorithm:
+        if method.wrap is not None:
+            algorithm = method.wrap(algorithm, b)
+        if SERVER_DATA not in method.needs:
+            algorithm = on_federated_data(algorithm)
+        objective = None if b.problem is None else b.problem.objective
+        return with_objective(split_extra(algorithm), objective)
 
-    def problem(self, s: dict, seed_ids: list[int] | None = None) -> MixedProblem:
-        seed_ids = list(range(s["seeds"])) if seed_ids is None else list(seed_ids)
-        inputs, info = self.seed_data(s, seed_ids)
-        model, objective, evaluate, central_loss = self.functions(s)
-        return MixedProblem(inputs, info, len(seed_ids), model, objective,
-                            jax.jit(jax.vmap(evaluate)), central_loss)
+    if SERVER_DATA not in method.needs:
+        return method.replace(wrap=wrap)
+    central = method.reads["central_batch_size"]
 
-    def method_run(self, name: str, s: dict, problem: MixedProblem) -> MethodRun:
-        """Method `name` over the problem's seeds: the same data and keys as the others."""
-        s = {**s, "participation": self.participation(s)}
-        built = self.build_method(name, s, problem.model, central_loss=problem.central_loss)
-        if SERVER_DATA not in self.method_table[name].needs:  # FL only: the clients alone
-            built = on_federated_data(built)
-        # The inputs are (clients, server, metric-only extras): the method sees the pair.
-        method = split_extra(built)
-        algorithm = with_seeds(with_objective(method, problem.objective), problem.seeds)
+    def central_step(value, b: Build) -> dict:
+        loss = None if b.problem is None else b.problem.central_loss
+        return {**central(value, b), "central_loss": loss}
 
-        def evaluate(state):
-            return jax.tree.map(np.asarray, problem.evaluate(state.params, problem.inputs))
+    return method.replace(wrap=wrap, reads={**method.reads, "central_batch_size": central_step})
+
+
+#: every method of the one table, on a task's inputs.
+TABLE = {name: _on_mixed_inputs(method) for name, method in CATALOG.items()}
+
+
+def metrics(task: Task, t: Trained) -> Metrics:
+    """The task's evaluation of a method every eval_every rounds, every round's metrics
+    kept for its finals (`method_finals`)."""
+    problem = t.problem
+
+    def evaluate(state):
+        return jax.tree.map(np.asarray, problem.evaluate(state.params, problem.train))
+
+    def finals(rows, per_round):
+        return method_finals(task, t.name, t.s, rows, per_round, problem)
+
+    return Metrics(evaluate, finals=finals, round_metrics=True)
+
+
+def method_finals(task: Task, name: str, s: dict, rows, per_round, problem) -> dict:
+    """A method's finals beside its last logged values: G̃/B̃ mean and median over
+    rounds, floats per client, the task's own, NaN for a table metric it lacks."""
+    seeds = problem.seeds
+    per_round = {k: np.asarray(v, np.float64) for k, v in (per_round or {}).items()}
+    final = {}
+    for stat in ROUND_STATS:
+        values = per_round.get(stat)
+        if values is not None and len(values):
+            final[f"{stat}_mean"] = _nanstat(np.nanmean, values)
+            final[f"{stat}_median"] = _nanstat(np.nanmedian, values)
+    d = problem.info["num_params"]
+    down, up = {"fedavg": (d, d), "oracle": (0.0, 0.0)}.get(name, (None, None))
+    if down is None:
+        down, up = (per_round[k][-1] if len(per_round.get(k, ())) else np.nan
+                    for k in ("floats_down", "floats_up"))
+    final["floats_down"] = np.broadcast_to(np.asarray(down, np.float64), (seeds,)).copy()
+    final["floats_up"] = np.broadcast_to(np.asarray(up, np.float64), (seeds,)).copy()
+    if per_round and task.finals is not None:
+        final.update(task.finals(s, name, rows, per_round, problem.info))
+    for metric in task.table_metrics:  # NaN where a method has no such metric
+        if metric not in rows[-1]:
+            final.setdefault(metric, np.full(seeds, np.nan))
+    return final
+
+
+def notes(task: Task, s: dict, problem: MixedProblem, results) -> dict:
+    info = problem.info
+    return {
+        "methods": ", ".join(f"{m} = {LABELS[m]}" for m in METHODS),
+        "2-GT": f"combine={s['combine']} (α = ½ is the reconstruction's; mixing: "
+                f"α = w_f/(w_f+w_c)), transfer={s['transfer']} (current: the central "
+                "steps use this round's ĝ_f; stale: last round's)",
+        "central steps": "the server's K central steps use the client SGD at lr η "
+                         "(the paper: the same η); ServerOpt is SGD at server_lr on −Δ",
+        "G̃/B̃": "sampled at each round-start model from the cohort's first-step gradients "
+                "and a central batch gradient, on the normalised weights w/(w_f + w_c) "
+                "(so B̃ >= 1 for any weights); mean/median over all rounds and seeds. B̃ "
+                "assumes G = 0, so it grows without bound as ∇f → 0 near the optimum of a "
+                "task whose two optima differ",
+        "oracle": "K minibatch-SGD steps per round on the mixed loss with all data pooled "
+                  "on the server (a fresh cohort's batches and a central batch per step); "
+                  "it communicates nothing",
+        "floats": "per client per round: PT d down/d up, 1-GT 2d/d, 2-GT 2d/2d, FedAvg d/d "
+                  f"(d = {info['num_params']} parameters)",
+        **(task.notes(s, info) if task.notes is not None else {}),
+    }
+
+
+def plot_dissimilarity(name: str, comparison: Comparison, out_dir) -> None:
+    """dissimilarity.png: G̃ and B̃ per round of the methods that sample them, seed
+    means with bands, on log axes, in the colours of comparison.png."""
+    rows = [row for r in comparison.results.values() for row in r.long_rows()
+            if r.diverged[row["seed"]] is None]
+    plots.plot_comparison(
+        rows, out_dir / "dissimilarity.png",
+        [("G_tilde", "G̃_t (B = 1)"), ("B_tilde", "B̃_t (G = 0)")],
+        title=f"{name}: sampled gradient dissimilarity",
+        methods=[m for m in METHODS if m in MIXED or m == "oracle"],
+        colors=plots.method_colors(METHODS), labels=LABELS,
+        log_y={"G_tilde", "B_tilde"})
+
+
+def mixed_task(task: Task, *, name: str, description: str, settings: tuple[Setting, ...],
+               panels: tuple[tuple[str, str], ...], log_metrics: tuple[str, ...] = (),
+               sweep: Sweep | None = None) -> Experiment:
+    """The comparison of `METHODS` on a task: FedAvg on the clients alone (the baseline),
+    PT, 1-GT, 2-GT and the oracle on the mixed loss, each through the generic path
+    (`study.method_run`) with the cohort share the task's clients decide."""
+    return Experiment(
+        name=name,
+        description=description,
+        settings=settings,
+        problem=functools.partial(mixed_problem, task),
+        metrics=functools.partial(metrics, task),
+        methods=METHODS,
+        baseline="fedavg",
+        headline="mixed_gt2",
+        table=lambda s: list(task.table_metrics),
+        notes=functools.partial(notes, task),
+        validate=functools.partial(validate, task),
+        panels=panels,
+        log_metrics=log_metrics,
+        labels=LABELS,
+        method_table=TABLE,
+        provides=frozenset({SERVER_DATA}),
+        kinds=("global",),  # the objective and the metrics read one global model
+        unscoped=("w_f", "w_c"),  # the mixed objective every method is evaluated on
+        derived=lambda s, problem: {**s, "participation": participation(task, s)},
+        plot_compare=functools.partial(plot_dissimilarity, name),
+        sweep=sweep,
+    )
+
+
+def run_methods(e: Experiment, s: dict, seed_ids: list[int], progress: bool = False):
+    """Every method of a mixed record `e` on the seeds' data, in memory
+    (`compare.run_methods`): (per_seed, histories, every round's metrics {method: {name:
+    [rounds, seeds]}}, info)."""
+    s = {**s, "seeds": len(seed_ids)}
+    shared = e.problem(s, seed_ids)
+    per_round_of = {}
+
+    def spec(name):
+        run = study.method_run(e, name, s, shared)
 
         def finals(rows, per_round):
-            return self.method_finals(name, s, rows, per_round, problem)
+            per_round_of[name] = per_round
+            return run.finals(rows, per_round)
 
-        key = jax.random.fold_in(jax.random.key(s["seed"]), ROUNDS_STREAM)
-        return MethodRun(algorithm, problem.inputs, key,
-                         s["rounds"], evaluate, s["eval_every"], finals=finals,
-                         round_metrics=True)
+        return run._replace(finals=finals)
 
-    def method_finals(self, name: str, s: dict, rows, per_round, problem) -> dict:
-        """A method's finals beside its last logged values: G̃/B̃ mean and median over
-        rounds, floats per client, the task's own, NaN for a table metric it lacks."""
-        seeds = problem.seeds
-        per_round = {k: np.asarray(v, np.float64) for k, v in (per_round or {}).items()}
-        final = {}
-        for stat in ROUND_STATS:
-            values = per_round.get(stat)
-            if values is not None and len(values):
-                final[f"{stat}_mean"] = _nanstat(np.nanmean, values)
-                final[f"{stat}_median"] = _nanstat(np.nanmedian, values)
-        d = problem.info["num_params"]
-        down, up = {"fedavg": (d, d), "oracle": (0.0, 0.0)}.get(name, (None, None))
-        if down is None:
-            down, up = (per_round[k][-1] if len(per_round.get(k, ())) else np.nan
-                        for k in ("floats_down", "floats_up"))
-        final["floats_down"] = np.broadcast_to(np.asarray(down, np.float64), (seeds,)).copy()
-        final["floats_up"] = np.broadcast_to(np.asarray(up, np.float64), (seeds,)).copy()
-        if per_round:
-            final.update(self.finals(s, name, rows, per_round, problem.info))
-        for metric in self.table_metrics:  # NaN where a method has no such metric
-            if metric not in rows[-1]:
-                final.setdefault(metric, np.full(seeds, np.nan))
-        return final
-
-    def table(self, s: dict) -> list[str]:
-        return list(self.table_metrics)
-
-    def notes(self, s: dict, problem, results) -> dict:
-        info = problem.info
-        return {
-            "methods": ", ".join(f"{m} = {LABELS[m]}" for m in self.methods),
-            "2-GT": f"combine={s['combine']} (α = ½ is the reconstruction's; mixing: "
-                    f"α = w_f/(w_f+w_c)), transfer={s['transfer']} (current: the central "
-                    "steps use this round's ĝ_f; stale: last round's)",
-            "central steps": "the server's K central steps use the client SGD at lr η "
-                             "(the paper: the same η); ServerOpt is SGD at server_lr on −Δ",
-            "G̃/B̃": "sampled at each round-start model from the cohort's first-step gradients "
-                    "and a central batch gradient, on the normalised weights w/(w_f + w_c) "
-                    "(so B̃ >= 1 for any weights); mean/median over all rounds and seeds. B̃ "
-                    "assumes G = 0, so it grows without bound as ∇f → 0 near the optimum of a "
-                    "task whose two optima differ",
-            "oracle": "K minibatch-SGD steps per round on the mixed loss with all data pooled "
-                      "on the server (a fresh cohort's batches and a central batch per step); "
-                      "it communicates nothing",
-            "floats": "per client per round: PT d down/d up, 1-GT 2d/d, 2-GT 2d/2d, FedAvg d/d "
-                      f"(d = {info['num_params']} parameters)",
-            **self.task_notes(s, info),
-        }
-
-    def run_methods(self, s: dict, seed_ids: list[int], progress: bool = False):
-        """Every method on the seeds' data, in memory (`compare.run_methods`):
-        (per_seed, histories, every round's metrics {method: {name: [rounds, seeds]}}, info)."""
-        problem = self.problem(s, seed_ids)
-        per_round_of = {}
-
-        def spec(name):
-            run = self.method_run(name, s, problem)
-
-            def finals(rows, per_round):
-                per_round_of[name] = per_round
-                return run.finals(rows, per_round)
-
-            return run._replace(finals=finals)
-
-        results = compare.run_methods(
-            {m: functools.partial(spec, m) for m in self.methods}, problem.seeds, None,
-            execution=Execution(progress=progress))
-        return ({n: r.per_seed for n, r in results.items()},
-                {n: r.seed_mean_rows() for n, r in results.items()}, per_round_of, problem.info)
-
-    def plot_compare(self, comparison: Comparison, out_dir) -> None:
-        """dissimilarity.png: G̃ and B̃ per round of the methods that sample them, seed
-        means with bands, on log axes, in the colours of comparison.png."""
-        rows = [row for r in comparison.results.values() for row in r.long_rows()
-                if r.diverged[row["seed"]] is None]
-        plots.plot_comparison(
-            rows, out_dir / "dissimilarity.png",
-            [("G_tilde", "G̃_t (B = 1)"), ("B_tilde", "B̃_t (G = 0)")],
-            title=f"{self.name}: sampled gradient dissimilarity",
-            methods=[m for m in self.methods if m in MIXED or m == "oracle"],
-            colors=plots.method_colors(self.methods), labels=self.labels,
-            log_y={"G_tilde", "B_tilde"})
-
+    results = compare.run_methods(
+        {m: functools.partial(spec, m) for m in e.methods}, shared.seeds, None,
+        execution=Execution(progress=progress))
+    return ({n: r.per_seed for n, r in results.items()},
+            {n: r.seed_mean_rows() for n, r in results.items()}, per_round_of, shared.info)

@@ -13,13 +13,15 @@ import numpy as np
 
 from fedjax_sim import plots
 from fedjax_sim.data import FederatedData, ServerData
-from fedjax_sim.experiments.base import Preset
+from fedjax_sim.experiments.base import DATA, Preset, Sweep, stream_key
 from fedjax_sim.experiments.mixed.base import (
-    DATA_STREAM,
     LABELS,
+    METHODS,
     MIXED,
-    MixedTask,
+    Task,
+    mixed_task,
     rounds_to_target,
+    run_methods,
     shared_settings,
 )
 from fedjax_sim.experiments.settings import Setting, count
@@ -72,12 +74,136 @@ def _linear_optimum(data: FederatedData, server: ServerData, w_f: float, w_c: fl
     return np.asarray(out)
 
 
-class MixedSynthetic(MixedTask):
-    name = "mixed_synthetic"
-    description = ("Mixed FL on two linear regressions whose optima differ by `gap`: FL only, "
-                   "PT, 1-GT, 2-GT and the oracle.")
-    supports_sweep = True
-    settings = (
+def seed_data(s: dict, seed_ids: list[int]):
+    """Each seed's clients and datacenter (from its DATA stream) and its f*."""
+    base = stream_key(s["seed"], DATA)
+    keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(seed_ids))
+    sizes = {k: s[k] for k in ("m", "n", "n_c", "d")}
+    data, server = jax.jit(jax.vmap(lambda k: mixed_linear(
+        k, **sizes, gap=s["gap"], sigma=s["sigma"], spread=s["spread"])))(keys)
+    f_star = jnp.asarray(_linear_optimum(data, server, s["w_f"], s["w_c"]), jnp.float32)
+    return (data, server, f_star), {"num_params": float(s["d"])}
+
+
+def functions(s: dict):
+    """The linear model; its losses are both the per-round objective and the evaluation."""
+    w_f, w_c = s["w_f"], s["w_c"]
+
+    def losses(params, inputs):
+        data, server, f_star = inputs
+        fed = jnp.mean(jnp.square(data.x @ params - data.y))  # every client holds n rows
+        cen = jnp.mean(jnp.square(server.arrays["x"] @ params - server.arrays["y"]))
+        mixed = w_f * fed + w_c * cen
+        return {"excess_loss": mixed - f_star, "mixed_loss": mixed, "federated_loss": fed,
+                "central_loss": cen}
+
+    return linear_regression(s["d"]), losses, losses, None
+
+
+def finals(s, name, rows, per_round, info):
+    return {"rounds_to_target": rounds_to_target(per_round["excess_loss"], s["target"])}
+
+
+def notes(s, info):
+    return {
+        "task": "federated clients share θ_f* (homogeneous), the datacenter holds θ_c* = "
+                f"θ_f* + gap·u (gap={s['gap']}); feature scales differ (spread="
+                f"{s['spread']}) so the two Hessians differ; squared loss without ½",
+        "rounds_to_target": f"first round whose model has mixed loss − f* <= {s['target']} "
+                            "(f* solved exactly per seed); NaN: not reached in "
+                            f"{s['rounds']} rounds",
+    }
+
+
+TASK = Task(
+    num_clients=lambda s: s["m"],
+    seed_data=seed_data,
+    functions=functions,
+    table_metrics=("excess_loss", "rounds_to_target", "mixed_loss", "federated_loss",
+                   "central_loss", "G_tilde_mean", "G_tilde_median", "B_tilde_mean",
+                   "B_tilde_median", "floats_down", "floats_up"),
+    finals=finals,
+    notes=notes,
+)
+
+
+# ---- sweep over gap (or any setting): rounds-to-target per method vs mean G̃
+_PER_METHOD = ("rounds_to_target", "excess_loss", "G_tilde_mean")
+
+
+def trial_columns(axes: list[str], s: dict | None = None) -> list[str]:
+    per_method = [f"{metric}_{m}" for m in METHODS for metric in _PER_METHOD]
+    return [*axes, "cell_id", "data_seed", "G_tilde_mean", "B_tilde_median", *per_method]
+
+
+def trials(cell: dict, seed_ids: list[int], mesh=None) -> list[dict]:
+    """One row per data seed: rounds-to-target, final excess and mean G̃ of every method.
+
+    The cell's G_tilde_mean is the mean over the mixed methods (PT, 1-GT,
+    2-GT) of their per-round G̃ averaged over rounds.
+    """
+    del mesh
+    SYNTHETIC.validate(cell)
+    per_seed, _, _, _ = run_methods(SYNTHETIC, cell, list(seed_ids))
+    rows = []
+    for j, seed_id in enumerate(seed_ids):
+        row = {"data_seed": int(seed_id)}
+        for m in METHODS:
+            for metric in _PER_METHOD:
+                row[f"{metric}_{m}"] = float(per_seed[m][metric][j])
+        row["G_tilde_mean"] = float(np.mean([per_seed[m]["G_tilde_mean"][j] for m in MIXED]))
+        row["B_tilde_median"] = float(np.mean([per_seed[m]["B_tilde_median"][j]
+                                               for m in MIXED]))
+        rows.append({"cell_id": cell.get("cell_id"), **row})
+    return rows
+
+
+def summarize_cells(trials: list[dict], cells: list[dict], axes: list[str]) -> list[dict]:
+    by_cell: dict = {}
+    for row in trials:
+        by_cell.setdefault(row["cell_id"], []).append(row)
+    summary = []
+    for cell in cells:
+        rows = [r for r in by_cell.get(cell["cell_id"], [])
+                if int(r["data_seed"]) < cell["seeds"]]
+        out = {**{a: cell[a] for a in axes}, "seeds": len(rows)}
+        for column in trial_columns([])[2:]:
+            values = np.array([_float(r.get(column)) for r in rows])
+            finite = values[np.isfinite(values)]
+            out[f"{column}"] = float(finite.mean()) if finite.size else None
+            if column.startswith("rounds_to_target"):
+                out[f"{column}_reached"] = int(finite.size)
+        summary.append(out)
+    return summary
+
+
+def plot_sweep(summary: list[dict], out_dir) -> list:
+    points = [{"G_tilde_mean": row["G_tilde_mean"], "method": LABELS[m],
+               "rounds_to_target": row.get(f"rounds_to_target_{m}")}
+              for row in summary for m in METHODS
+              if row.get("G_tilde_mean") is not None]
+    colors = {LABELS[m]: c for m, c in plots.method_colors(METHODS).items()}
+    path = plots.plot_curves(points, out_dir / "rounds_to_target_vs_G.png",
+                             x="G_tilde_mean", y="rounds_to_target", group="method",
+                             log_x=True, missing="not reached", colors=colors,
+                             label_format="{value}", xlabel="mean G̃ (PT, 1-GT, 2-GT)",
+                             ylabel="rounds to target (mean over seeds that reached it)")
+    return [path] if path is not None else []
+
+
+def _float(value) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+SYNTHETIC = mixed_task(
+    TASK,
+    name="mixed_synthetic",
+    description=("Mixed FL on two linear regressions whose optima differ by `gap`: FL only, "
+                 "PT, 1-GT, 2-GT and the oracle."),
+    settings=(
         Setting("gap", float, 2.0, "‖θ_c* − θ_f*‖, the distance between the two optima",
                 minimum=0.0),
         count("m", 20, "federated clients"),
@@ -90,126 +216,20 @@ class MixedSynthetic(MixedTask):
         Setting("target", float, 1e-3, "rounds-to-target: first round with mixed loss − f* <= "
                 "this", minimum=0.0),
         *shared_settings(rounds=150, lr=0.02, local_steps=5, eval_every=5),
-    )
-    table_metrics = ("excess_loss", "rounds_to_target", "mixed_loss", "federated_loss",
-                     "central_loss", "G_tilde_mean", "G_tilde_median", "B_tilde_mean",
-                     "B_tilde_median", "floats_down", "floats_up")
-    panels = (("excess_loss", "mixed loss − f*"), ("federated_loss", "federated loss f_f"),
-              ("central_loss", "centralized loss f_c"), ("G_tilde", "G̃_t"))
-    log_metrics = ("excess_loss", "G_tilde")
-
-    def num_clients(self, s):
-        return s["m"]
-
-    def seed_data(self, s, seed_ids):
-        base = jax.random.fold_in(jax.random.key(s["seed"]), DATA_STREAM)
-        keys = jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.asarray(seed_ids))
-        sizes = {k: s[k] for k in ("m", "n", "n_c", "d")}
-        data, server = jax.jit(jax.vmap(lambda k: mixed_linear(
-            k, **sizes, gap=s["gap"], sigma=s["sigma"], spread=s["spread"])))(keys)
-        f_star = jnp.asarray(_linear_optimum(data, server, s["w_f"], s["w_c"]), jnp.float32)
-        return (data, server, f_star), {"num_params": float(s["d"])}
-
-    def functions(self, s):
-        w_f, w_c = s["w_f"], s["w_c"]
-
-        def losses(params, inputs):
-            data, server, f_star = inputs
-            fed = jnp.mean(jnp.square(data.x @ params - data.y))  # every client holds n rows
-            cen = jnp.mean(jnp.square(server.arrays["x"] @ params - server.arrays["y"]))
-            mixed = w_f * fed + w_c * cen
-            return {"excess_loss": mixed - f_star, "mixed_loss": mixed, "federated_loss": fed,
-                    "central_loss": cen}
-
-        return linear_regression(s["d"]), losses, losses, None
-
-    def finals(self, s, name, rows, per_round, info):
-        return {"rounds_to_target": rounds_to_target(per_round["excess_loss"], s["target"])}
-
-    def task_notes(self, s, info):
-        return {
-            "task": "federated clients share θ_f* (homogeneous), the datacenter holds θ_c* = "
-                    f"θ_f* + gap·u (gap={s['gap']}); feature scales differ (spread="
-                    f"{s['spread']}) so the two Hessians differ; squared loss without ½",
-            "rounds_to_target": f"first round whose model has mixed loss − f* <= {s['target']} "
-                                "(f* solved exactly per seed); NaN: not reached in "
-                                f"{s['rounds']} rounds",
-        }
-
-    # ---- sweep over gap (or any setting): rounds-to-target per method vs mean G̃
-    def seeds_per_chunk(self, cell):
-        return cell["seeds"]
-
-    def cell_cost(self, cell):
-        return cell["m"] * cell["n"] * cell["d"] * cell["rounds"] * cell["local_steps"]
-
-    def trial_columns(self, axes):
-        per_method = [f"{metric}_{m}" for m in self.methods
-                      for metric in ("rounds_to_target", "excess_loss", "G_tilde_mean")]
-        return [*axes, "cell_id", "data_seed", "G_tilde_mean", "B_tilde_median", *per_method]
-
-    def trials(self, cell, seed_ids, mesh=None):
-        """One row per data seed: rounds-to-target, final excess and mean G̃ of every method.
-
-        The cell's G_tilde_mean is the mean over the mixed methods (PT, 1-GT,
-        2-GT) of their per-round G̃ averaged over rounds.
-        """
-        del mesh
-        self.validate(cell)
-        per_seed, _, _, _ = self.run_methods(cell, list(seed_ids))
-        rows = []
-        for j, seed_id in enumerate(seed_ids):
-            row = {"data_seed": int(seed_id)}
-            for m in self.methods:
-                for metric in ("rounds_to_target", "excess_loss", "G_tilde_mean"):
-                    row[f"{metric}_{m}"] = float(per_seed[m][metric][j])
-            row["G_tilde_mean"] = float(np.mean([per_seed[m]["G_tilde_mean"][j]
-                                                 for m in MIXED]))
-            row["B_tilde_median"] = float(np.mean([per_seed[m]["B_tilde_median"][j]
-                                                   for m in MIXED]))
-            rows.append({"cell_id": cell.get("cell_id"), **row})
-        return rows
-
-    def summarize_cells(self, trials, cells, axes):
-        by_cell: dict = {}
-        for row in trials:
-            by_cell.setdefault(row["cell_id"], []).append(row)
-        summary = []
-        for cell in cells:
-            rows = [r for r in by_cell.get(cell["cell_id"], [])
-                    if int(r["data_seed"]) < cell["seeds"]]
-            out = {**{a: cell[a] for a in axes}, "seeds": len(rows)}
-            for column in self.trial_columns([])[2:]:
-                values = np.array([_float(r.get(column)) for r in rows])
-                finite = values[np.isfinite(values)]
-                out[f"{column}"] = float(finite.mean()) if finite.size else None
-                if column.startswith("rounds_to_target"):
-                    out[f"{column}_reached"] = int(finite.size)
-            summary.append(out)
-        return summary
-
-    def plot_sweep(self, summary, out_dir):
-        points = [{"G_tilde_mean": row["G_tilde_mean"], "method": LABELS[m],
-                   "rounds_to_target": row.get(f"rounds_to_target_{m}")}
-                  for row in summary for m in self.methods
-                  if row.get("G_tilde_mean") is not None]
-        colors = {LABELS[m]: c for m, c in plots.method_colors(self.methods).items()}
-        path = plots.plot_curves(points, out_dir / "rounds_to_target_vs_G.png",
-                                 x="G_tilde_mean", y="rounds_to_target", group="method",
-                                 log_x=True, missing="not reached", colors=colors,
-                                 label_format="{value}", xlabel="mean G̃ (PT, 1-GT, 2-GT)",
-                                 ylabel="rounds to target (mean over seeds that reached it)")
-        return [path] if path is not None else []
-
-
-def _float(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-SYNTHETIC = MixedSynthetic()
+    ),
+    panels=(("excess_loss", "mixed loss − f*"), ("federated_loss", "federated loss f_f"),
+            ("central_loss", "centralized loss f_c"), ("G_tilde", "G̃_t")),
+    log_metrics=("excess_loss", "G_tilde"),
+    sweep=Sweep(
+        trials=trials,
+        columns=trial_columns,
+        summarize=summarize_cells,
+        seeds_per_chunk=lambda cell: cell["seeds"],
+        cell_cost=lambda cell: (cell["m"] * cell["n"] * cell["d"] * cell["rounds"]
+                                * cell["local_steps"]),
+        plot=plot_sweep,
+    ),
+)
 
 PRESET = Preset("mixed-synthetic", SYNTHETIC,
                 "Mixed FL, two linear objectives with optima `gap` apart: FL only, PT, 1-GT, 2-GT, "

@@ -18,7 +18,8 @@ arXiv:2404.06430) publishes the configuration it times simulators on,
 
 `fedavg-cifar10-pfl` runs it from a user's CIFAR-10 copy (`data_dir`);
 docs/protocols.md#cifar-10-pfl-research says what matches pfl and what differs.
-Modules: `data` (the images, pfl's users), `experiment` (settings, metrics, presets).
+Modules: `data` (the images, pfl's users), `experiment` (the record `PFL`: settings,
+metrics, presets; `problem(s, arrays)` builds its problem from given arrays).
 """
 
 from fedjax_sim.experiments.pfl_cifar10.data import (
@@ -33,9 +34,9 @@ from fedjax_sim.experiments.pfl_cifar10.experiment import (
     PFL,
     PRESETS,
     TABLE,
-    PflCifar10,
     metrics_fn,
+    problem,
 )
 
-__all__ = ["DATA_HELP", "PFL", "PRESETS", "TABLE", "PflCifar10", "build_problem",
-           "channel_stats", "dirichlet_users", "iid_users", "load_split_images", "metrics_fn"]
+__all__ = ["DATA_HELP", "PFL", "PRESETS", "TABLE", "build_problem", "channel_stats",
+           "dirichlet_users", "iid_users", "load_split_images", "metrics_fn", "problem"]

@@ -8,11 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedjax_sim.algorithms import ClientTraining, sgd, with_seeds, with_server_optimizer
+from fedjax_sim.algorithms import ClientTraining, sgd, with_server_optimizer
 from fedjax_sim.algorithms.base import WEIGHTINGS, cohort_size
-from fedjax_sim.compare import MethodRun
 from fedjax_sim.experiments import settings as st
-from fedjax_sim.experiments.base import ROUNDS, Experiment, Preset, stream_key
+from fedjax_sim.experiments.base import Experiment, Preset
 from fedjax_sim.experiments.methods import METHODS, Build
 from fedjax_sim.experiments.pfl_cifar10.data import (
     DATASETS,
@@ -91,137 +90,135 @@ def user_count(s: dict, num_images: int) -> int:
     return -(-num_images // per) if s["dataset"] == "cifar10_iid" else num_images // per
 
 
-class PflCifar10(Experiment):
-    """FedAvg (and the methods of the table with one global model) on pfl-research's CIFAR-10
-    users, its simple_cnn, evaluated centrally on the test set."""
-
-    method_table = TABLE
-    kinds = ("global",)  # central evaluation of the one global model
-    supports_sweep = False
-    baseline = "fedavg"
-    headline = "fedavg"
-    panels = (("test_accuracy", "central test accuracy"), ("test_loss", "central test loss"))
-
-    def __init__(self, name: str, description: str, methods: tuple[str, ...]):
-        self.name, self.description, self.methods = name, description, methods
-        self.settings = (
-            st.Setting("data_dir", str, "", "directory with CIFAR-10: cifar-10-python.tar.gz "
-                       "(or cifar-10-batches-py/), pfl-research's cifar10_train.p/cifar10_test.p, "
-                       "cifar10/train.npz and test.npz, or a tfds build; nothing downloads",
-                       result=False),
-            st.Setting("cache_dir", str, "", "decoded-array cache of a tfds build (default: "
-                       "$FEDJAX_SIM_CACHE or ~/.cache/fedjax_sim)", result=False),
-            st.Setting("dataset", str, "cifar10_iid", "pfl's users: cifar10_iid (a permutation "
-                       "cut into users) or cifar10 (Dirichlet class shares per user)",
-                       choices=DATASETS),
-            st.Setting("partition_alpha", float, 0.1, "cifar10: Dirichlet α of each user's class "
-                       "shares (pfl's partition_alpha)", minimum=1e-6,
-                       when=("dataset", ("cifar10",))),
-            st.count("datapoints_per_user", 50, "images per user (pfl's "
-                     "mean_datapoints_per_user, constant)", maximum=60_000),
-            st.count("cohort_size", 50, "users per central iteration (pfl's cohort_size)",
-                     maximum=60_000),
-            st.count("local_epochs", 1, "passes over a user's images per iteration (pfl's "
-                     "local_num_epochs)", maximum=1000),
-            st.batch_size_setting(10, "local minibatch size (pfl's local_batch_size); 0: a "
-                                  "user's every image"),
-            st.lr_setting(0.1, "local SGD learning rate (pfl's local_learning_rate)"),
-            st.Setting("central_lr", float, 1.0, "central SGD learning rate on the cohort's "
-                       "mean model change (pfl's learning_rate); 1: plain FedAvg",
-                       minimum=0.0),
-            st.Setting("weighting", str, "uniform", "uniform: every user's update alike (pfl's "
-                       "weight_by_samples=false); examples: ∝ its images", choices=WEIGHTINGS),
-            st.rounds_setting(1500, "central iterations (pfl's central_num_iterations)"),
-            st.eval_every_setting(10, "evaluate on the test set every this many iterations "
-                                  "(pfl's evaluation_frequency)"),
-            st.count("eval_batch_size", 1000, "test images per evaluation step (memory only)",
-                     maximum=10**6, result=False),
-            st.Setting("pixel_layout", str, "images", "images: the pictures; pfl: as pfl's "
-                       "preprocessed pickles lay them out (the archive's channel planes "
-                       "reshaped to 32×32×3 as they lie)", choices=PIXEL_LAYOUTS),
-            st.seeds_setting(1, "seeds (users, init, cohorts), one vmapped axis", maximum=100),
-            st.seed_setting(),
-            st.checkpoint_setting(100),
-            st.method_setting(tuple(TABLE), self.headline),
-        )
-
-    def validate(self, s: dict, command: str = "run") -> None:
-        """The data exist and make enough users for a cohort, before anything is written."""
-        tx, _, vx, _ = load_split_images(s)
-        if s["datapoints_per_user"] > len(tx):
-            raise ValueError(f"setting datapoints_per_user={s['datapoints_per_user']} exceeds "
-                             f"the {len(tx)} training images in data_dir.")
-        users = user_count(s, len(tx))
-        if s["cohort_size"] > users:
-            raise ValueError(f"setting cohort_size={s['cohort_size']} exceeds the {users} users "
-                             f"of {s['datapoints_per_user']} images that the {len(tx)} training "
-                             "images make.")
-        if len(vx) == 0:
-            raise ValueError(f"setting data_dir={s['data_dir']!r}: the test split is empty.")
-
-    def derived(self, s: dict, problem: dict) -> dict:
-        """s with participation = cohort_size / users and whether users differ in size."""
-        users = max(problem["users"])
-        participation = s["cohort_size"] / users
-        if cohort_size(users, participation) != s["cohort_size"]:
-            raise ValueError(f"setting cohort_size={s['cohort_size']} cannot be drawn from "
-                             f"{users} users.")
-        return {**s, "participation": participation, "ragged_users": len(problem["sizes"]) > 1}
-
-    def client_training(self, s: dict, learning_rate) -> ClientTraining:
-        """Plain SGD, `local_epochs` passes over the user's images in batches of batch_size:
-        ⌈n / b⌉ steps per epoch, each epoch a permutation (pfl: in the user's order, which
-        its own permutation of the images made random). Users of unequal size (an iid
-        remainder) each take their own ⌈E·n_i / b⌉ steps."""
-        b = s["batch_size"] or None
-        per_epoch = -(-s["datapoints_per_user"] // b) if b else 1
-        work = Work(epochs=s["local_epochs"]) if s.get("ragged_users") else Work()
-        return sgd(learning_rate, steps=s["local_epochs"] * per_epoch, batch_size=b,
-                   sampling="epochs" if b else "with_replacement", work=work)
-
-    def problem(self, s: dict, arrays=None) -> dict:
-        problem = build_problem(s, arrays)
-        problem["model"] = simple_cnn(10, problem["test_x"].shape[1:], mean=problem["mean"],
-                                      std=problem["std"])
-        return problem
-
-    def method_run(self, name: str, s: dict, problem) -> MethodRun:
-        self.check_method(name)
-        s = self.derived(s, problem)
-        model = problem["model"]
-        algorithm = with_seeds(self.build_method(name, s, model), s["seeds"])
-        return MethodRun(algorithm, problem["train"], stream_key(s["seed"], ROUNDS),
-                         self.method_rounds(name, s), metrics_fn(model, problem, s),
-                         s["eval_every"])
-
-    def table(self, s: dict) -> list[str]:
-        return list(METRICS)
-
-    def notes(self, s: dict, problem, results: dict) -> dict:
-        users = max(problem["users"])
-        sizes = problem["sizes"]
-        split = ("iid: a permutation cut into users" if s["dataset"] == "cifar10_iid" else
-                 f"Dirichlet(α={s['partition_alpha']}) class shares per user (pfl's "
-                 "partition_by_dirichlet_class_distribution)")
-        b = s["batch_size"] or "all"
-        return {
-            "data": f"CIFAR-10 from data_dir: {users} users of "
-                    f"{'–'.join(map(str, (sizes[0], sizes[-1]))) if len(sizes) > 1 else sizes[0]} "
-                    f"training images ({split}); central evaluation on all "
-                    f"{len(problem['test_y'])} test images; pixel layout {s['pixel_layout']}",
-            "training": f"simple_cnn (1,626,442 parameters, dropout inactive), cohort "
-                        f"{s['cohort_size']} uniformly without replacement, {s['local_epochs']} "
-                        f"local epoch(s) of batch {b} at lr {s['lr']}, central SGD at "
-                        f"{s['central_lr']}, {s['weighting']} average, {s['rounds']} "
-                        f"iterations, evaluated every {s['eval_every']}, {s['seeds']} seed(s)",
-            "pfl": "pfl-research's pfl:benchmarks/image_classification/configs/baseline.yaml; "
-                   "docs/protocols.md#cifar-10-pfl-research lists what matches and what differs",
-        }
+SETTINGS = (
+    st.Setting("data_dir", str, "", "directory with CIFAR-10: cifar-10-python.tar.gz "
+               "(or cifar-10-batches-py/), pfl-research's cifar10_train.p/cifar10_test.p, "
+               "cifar10/train.npz and test.npz, or a tfds build; nothing downloads",
+               result=False),
+    st.Setting("cache_dir", str, "", "decoded-array cache of a tfds build (default: "
+               "$FEDJAX_SIM_CACHE or ~/.cache/fedjax_sim)", result=False),
+    st.Setting("dataset", str, "cifar10_iid", "pfl's users: cifar10_iid (a permutation "
+               "cut into users) or cifar10 (Dirichlet class shares per user)",
+               choices=DATASETS),
+    st.Setting("partition_alpha", float, 0.1, "cifar10: Dirichlet α of each user's class "
+               "shares (pfl's partition_alpha)", minimum=1e-6,
+               when=("dataset", ("cifar10",))),
+    st.count("datapoints_per_user", 50, "images per user (pfl's "
+             "mean_datapoints_per_user, constant)", maximum=60_000),
+    st.count("cohort_size", 50, "users per central iteration (pfl's cohort_size)",
+             maximum=60_000),
+    st.count("local_epochs", 1, "passes over a user's images per iteration (pfl's "
+             "local_num_epochs)", maximum=1000),
+    st.batch_size_setting(10, "local minibatch size (pfl's local_batch_size); 0: a "
+                          "user's every image"),
+    st.lr_setting(0.1, "local SGD learning rate (pfl's local_learning_rate)"),
+    st.Setting("central_lr", float, 1.0, "central SGD learning rate on the cohort's "
+               "mean model change (pfl's learning_rate); 1: plain FedAvg",
+               minimum=0.0),
+    st.Setting("weighting", str, "uniform", "uniform: every user's update alike (pfl's "
+               "weight_by_samples=false); examples: ∝ its images", choices=WEIGHTINGS),
+    st.rounds_setting(1500, "central iterations (pfl's central_num_iterations)"),
+    st.eval_every_setting(10, "evaluate on the test set every this many iterations "
+                          "(pfl's evaluation_frequency)"),
+    st.count("eval_batch_size", 1000, "test images per evaluation step (memory only)",
+             maximum=10**6, result=False),
+    st.Setting("pixel_layout", str, "images", "images: the pictures; pfl: as pfl's "
+               "preprocessed pickles lay them out (the archive's channel planes "
+               "reshaped to 32×32×3 as they lie)", choices=PIXEL_LAYOUTS),
+    st.seeds_setting(1, "seeds (users, init, cohorts), one vmapped axis", maximum=100),
+    st.seed_setting(),
+    st.checkpoint_setting(100),
+    st.method_setting(tuple(TABLE), "fedavg"),
+)
 
 
-PFL = PflCifar10("pfl_cifar10", "pfl-research's CIFAR-10 FedAvg benchmark (simple_cnn, "
-                 "1,000 users of 50 images, central evaluation on the test set)",
-                 ("fedavg", "fedprox"))
+def validate(s: dict, command: str = "run") -> None:
+    """The data exist and make enough users for a cohort, before anything is written."""
+    tx, _, vx, _ = load_split_images(s)
+    if s["datapoints_per_user"] > len(tx):
+        raise ValueError(f"setting datapoints_per_user={s['datapoints_per_user']} exceeds "
+                         f"the {len(tx)} training images in data_dir.")
+    users = user_count(s, len(tx))
+    if s["cohort_size"] > users:
+        raise ValueError(f"setting cohort_size={s['cohort_size']} exceeds the {users} users "
+                         f"of {s['datapoints_per_user']} images that the {len(tx)} training "
+                         "images make.")
+    if len(vx) == 0:
+        raise ValueError(f"setting data_dir={s['data_dir']!r}: the test split is empty.")
+
+
+def derived(s: dict, problem: dict) -> dict:
+    """s with participation = cohort_size / users and whether users differ in size."""
+    users = max(problem["users"])
+    participation = s["cohort_size"] / users
+    if cohort_size(users, participation) != s["cohort_size"]:
+        raise ValueError(f"setting cohort_size={s['cohort_size']} cannot be drawn from "
+                         f"{users} users.")
+    return {**s, "participation": participation, "ragged_users": len(problem["sizes"]) > 1}
+
+
+def client_training(s: dict, learning_rate) -> ClientTraining:
+    """Plain SGD, `local_epochs` passes over the user's images in batches of batch_size:
+    ⌈n / b⌉ steps per epoch, each epoch a permutation (pfl: in the user's order, which
+    its own permutation of the images made random). Users of unequal size (an iid
+    remainder) each take their own ⌈E·n_i / b⌉ steps."""
+    b = s["batch_size"] or None
+    per_epoch = -(-s["datapoints_per_user"] // b) if b else 1
+    work = Work(epochs=s["local_epochs"]) if s.get("ragged_users") else Work()
+    return sgd(learning_rate, steps=s["local_epochs"] * per_epoch, batch_size=b,
+               sampling="epochs" if b else "with_replacement", work=work)
+
+
+def problem(s: dict, arrays=None) -> dict:
+    """pfl's users of every seed, the test images and simple_cnn; `arrays` (train images,
+    train labels, test images, test labels) stand in for data_dir's (benchmarks, tests)."""
+    problem = build_problem(s, arrays)
+    problem["model"] = simple_cnn(10, problem["test_x"].shape[1:], mean=problem["mean"],
+                                  std=problem["std"])
+    return problem
+
+
+def notes(s: dict, problem, results: dict) -> dict:
+    users = max(problem["users"])
+    sizes = problem["sizes"]
+    split = ("iid: a permutation cut into users" if s["dataset"] == "cifar10_iid" else
+             f"Dirichlet(α={s['partition_alpha']}) class shares per user (pfl's "
+             "partition_by_dirichlet_class_distribution)")
+    b = s["batch_size"] or "all"
+    return {
+        "data": f"CIFAR-10 from data_dir: {users} users of "
+                f"{'–'.join(map(str, (sizes[0], sizes[-1]))) if len(sizes) > 1 else sizes[0]} "
+                f"training images ({split}); central evaluation on all "
+                f"{len(problem['test_y'])} test images; pixel layout {s['pixel_layout']}",
+        "training": f"simple_cnn (1,626,442 parameters, dropout inactive), cohort "
+                    f"{s['cohort_size']} uniformly without replacement, {s['local_epochs']} "
+                    f"local epoch(s) of batch {b} at lr {s['lr']}, central SGD at "
+                    f"{s['central_lr']}, {s['weighting']} average, {s['rounds']} "
+                    f"iterations, evaluated every {s['eval_every']}, {s['seeds']} seed(s)",
+        "pfl": "pfl-research's pfl:benchmarks/image_classification/configs/baseline.yaml; "
+               "docs/protocols.md#cifar-10-pfl-research lists what matches and what differs",
+    }
+
+
+PFL = Experiment(
+    name="pfl_cifar10",
+    description="pfl-research's CIFAR-10 FedAvg benchmark (simple_cnn, 1,000 users of 50 "
+                "images, central evaluation on the test set)",
+    settings=SETTINGS,
+    problem=problem,
+    metrics=lambda t: metrics_fn(t.model, t.problem, t.s),
+    methods=("fedavg", "fedprox"),
+    baseline="fedavg",
+    headline="fedavg",
+    table=lambda s: list(METRICS),
+    notes=notes,
+    validate=validate,
+    panels=(("test_accuracy", "central test accuracy"), ("test_loss", "central test loss")),
+    method_table=TABLE,
+    kinds=("global",),  # central evaluation of the one global model
+    client_training=client_training,
+    derived=derived,
+)
 
 PRESETS = [
     Preset("fedavg-cifar10-pfl", PFL,
