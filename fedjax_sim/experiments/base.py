@@ -203,12 +203,13 @@ class Comparison:
 class Trained(NamedTuple):
     """What an experiment's `metrics` sees of one method it trains (`study.method_run`).
 
-    name: the method's name; method: its row of the experiment's method table (None for
-    a method of its own); s: the settings it trains with (`Experiment.derived` applied);
-    problem: what every method shares (`Experiment.problem`); model: the model it trains
-    (the split one where it needs a split model); algorithm: the method over every seed
-    (`with_seeds`: a leading [seeds] axis on every state leaf); rounds: the rounds it
-    trains; training: its client training (`study.training_of`).
+    name: the method's name; method: its row of the experiment's method table; s: the
+    settings it trains with (`Experiment.derived` applied); problem: what every method
+    shares (`Experiment.problem`); model: the model it trains (the split one where it
+    needs a split model); algorithm: the method over every seed (`with_seeds`: a leading
+    [seeds] axis on every state leaf); built: the method for one seed (before
+    `with_seeds`); rounds: the rounds it trains; training: its client training
+    (`study.training_of`).
     """
 
     name: str
@@ -217,6 +218,7 @@ class Trained(NamedTuple):
     problem: Any
     model: Any
     algorithm: Algorithm
+    built: Algorithm
     rounds: int
     training: ClientTraining
 
@@ -244,7 +246,7 @@ class Metrics(NamedTuple):
 class Sweep:
     """What a sweep of an experiment writes (`fedjax-sim sweep`): trials.csv rows of
     every (cell, seed), summary.csv rows of every cell, plots. `study.sweep_of` gives
-    every comparison experiment one (a cell trains its headline method); an experiment
+    every comparison experiment one (a cell trains the method of a run); an experiment
     with a faster sweep of its own declares it.
 
     trials: (cell, seed_ids, mesh) -> one trials.csv row per seed of a cell.
@@ -314,8 +316,9 @@ class Experiment:
         data set (default 1: a data set per seed).
       metrics: `Trained` -> the method's evaluation: state -> {metric: [seeds]}, or a
         `Metrics` saying more.
-      methods: what `compare` trains by default, from `method_table`; baseline: the
-        method the others are compared with; headline: what `run` trains by default.
+      methods: what `compare` trains by default, from `method_table` (what `run` trains
+        by default is its method setting's default); baseline: the method the others are
+        compared with.
       table: settings -> the metrics of results.csv, in order (default: the panels').
       notes: (settings, problem, results) -> caption lines of a finished comparison.
       validate: (settings, command) -> None, raising ValueError for what spans settings
@@ -354,7 +357,6 @@ class Experiment:
     metrics: Callable[[Trained], Any] | None = None
     methods: tuple[str, ...] = ()
     baseline: str | None = None
-    headline: str | None = None
     table: Callable[[dict], list[str]] | None = None
     notes: Callable[[dict, Any, dict], dict] | None = None
     validate: Callable[[dict, str], None] | None = None
@@ -405,13 +407,7 @@ def available(e: Experiment) -> tuple[str, ...]:
     """The methods of its table that fit its data: its declared ones first."""
     fitting = [n for n, m in e.method_table.items()
                if catalog.fits(m, e.provides) is None and m.kind in e.kinds]
-    return tuple(dict.fromkeys([*(n for n in e.methods if n in fitting or own(e, n)),
-                                *fitting]))
-
-
-def own(e: Experiment, name: str) -> bool:
-    """Whether `name` is a method of its own, outside the method table."""
-    return name in e.methods and name not in e.method_table
+    return tuple(dict.fromkeys([*(n for n in e.methods if n in fitting), *fitting]))
 
 
 def unfit(e: Experiment, name: str) -> str | None:
@@ -431,8 +427,6 @@ def unfit(e: Experiment, name: str) -> str | None:
 
 def check_method(e: Experiment, name: str) -> None:
     """ValueError in one line when method `name` cannot be trained here, saying why."""
-    if own(e, name):
-        return
     if name not in e.method_table:
         raise ValueError(f"unknown method {name!r}{did_you_mean(name, available(e))}; "
                          f"{e.name} can train {', '.join(available(e))}.")
@@ -454,7 +448,7 @@ def _complete(e: Experiment) -> list[Setting]:
         return list(e.settings)
     offered = available(e)
     names = {st.name for st in e.settings}
-    readers = catalog.readers({n: e.method_table[n] for n in offered if not own(e, n)})
+    readers = catalog.readers({n: e.method_table[n] for n in offered})
     added = [dataclasses.replace(st, default=e.method_defaults.get(st.name, st.default))
              for name, st in catalog.METHOD_SETTINGS.items()
              if name in readers and name not in names]

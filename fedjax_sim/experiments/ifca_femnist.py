@@ -286,7 +286,6 @@ FEMNIST = Experiment(
     metrics=metrics,
     methods=("fedavg", "local", "oneshot", "ifca_ws", "ifca_frozen"),
     baseline="fedavg",
-    headline="ifca_frozen",
     table=lambda s: list(METRICS),
     notes=notes,
     validate=validate,

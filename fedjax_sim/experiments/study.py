@@ -11,7 +11,7 @@
 `compare` trains `compared(e, s)` side by side over the seeds (`compare.run_methods`),
 over each method's tune_* grid where one is set (`tuned.tuned_run`); `run` trains one
 (or calls the experiment's own `run`); `sweep_of` gives a comparison experiment a sweep
-whose cells train its headline method. How a run is executed (client chunks, devices,
+whose cells train the method of a run. How a run is executed (client chunks, devices,
 memory, checkpoints, resume, progress) is the executor's (`execution.Execution`).
 """
 
@@ -76,8 +76,7 @@ def build_method(e: Experiment, name: str, s: dict, model, learning_rate=None,
 
 
 def method_rounds(e: Experiment, name: str, s: dict) -> int:
-    method = e.method_table.get(name)
-    return s["rounds"] if method is None else s[catalog.setting_of(method, "rounds", s)]
+    return s[catalog.setting_of(e.method_table[name], "rounds", s)]
 
 
 def model_of(e: Experiment, name: str, problem):
@@ -96,11 +95,11 @@ def method_run(e: Experiment, name: str, s: dict, problem) -> executor.MethodRun
         s = e.derived(s, problem)
     model = model_of(e, name, problem)
     copies = part(problem, "copies", 1)
-    algorithm = with_seeds(build_method(e, name, s, model, problem=problem), s["seeds"],
-                           shared_data=copies == 0)
+    built = build_method(e, name, s, model, problem=problem)
+    algorithm = with_seeds(built, s["seeds"], shared_data=copies == 0)
     rounds = method_rounds(e, name, s)
-    metrics = e.metrics(Trained(name, e.method_table.get(name), s, problem, model,
-                                algorithm, rounds, training_of(e, name, s)))
+    metrics = e.metrics(Trained(name, e.method_table[name], s, problem, model, algorithm,
+                                built, rounds, training_of(e, name, s)))
     if not isinstance(metrics, Metrics):
         metrics = Metrics(metrics)
     return executor.MethodRun(

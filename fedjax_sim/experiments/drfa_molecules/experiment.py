@@ -8,7 +8,6 @@ import numpy as np
 import optax
 
 from fedjax_sim.algorithms import ClientTraining
-from fedjax_sim.data.holdout import validation_split
 from fedjax_sim.experiments.base import Comparison, Experiment, Preset, Trained
 from fedjax_sim.experiments.drfa_molecules.data import (
     DATASET_NAMES,
@@ -66,11 +65,6 @@ def validate(s: dict, command: str = "compare") -> None:
                          f"{s['num_clients']} exceeds 1.")
     if s["dataset"] == "synthetic" and s["batch_size"] > s["n"]:
         raise ValueError(f"setting batch_size={s['batch_size']} exceeds n={s['n']}.")
-
-
-def validation_problems(problem: Problem, s: dict) -> tuple[Problem, Problem]:
-    fit, val = validation_split(problem.train, s["val_fraction"], s["seed"])
-    return problem._replace(train=fit), problem._replace(train=fit, test=val)
 
 
 def client_training(s: dict, learning_rate) -> ClientTraining:
@@ -243,7 +237,6 @@ EXPERIMENT = Experiment(
     metrics=metrics,
     methods=METHODS,
     baseline="fedavg",
-    headline="drflm",
     table=final_metrics,
     notes=notes,
     validate=validate,
@@ -259,7 +252,6 @@ EXPERIMENT = Experiment(
     # A tuned comparison (tune_* settings) chooses each method's grid point by its
     # worst-client RMSE on the validation rows.
     tune_metric=("test_rmse_worst", "min"),
-    validation_problems=validation_problems,
     plot_compare=plot_compare,
 )
 

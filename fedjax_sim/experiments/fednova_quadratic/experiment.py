@@ -146,7 +146,6 @@ EXPERIMENT = Experiment(
     metrics=lambda t: metrics_fn(t.algorithm, t.problem),
     methods=COMPARED,
     baseline="fedavg",
-    headline="fednova",
     notes=notes,
     validate=validate,
     panels=(("dist_to_optimum", "‖w − w*‖, w* = argmin Σ p_i F_i"),

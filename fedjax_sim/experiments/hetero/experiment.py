@@ -22,9 +22,7 @@ import optax
 
 from fedjax_sim.algorithms import ClientTraining
 from fedjax_sim.data import partition
-from fedjax_sim.data.holdout import validation_split
 from fedjax_sim.data.images import default_rotations
-from fedjax_sim.experiments import methods as catalog
 from fedjax_sim.experiments.base import Experiment, Preset, Trained
 from fedjax_sim.experiments.hetero.data import (
     DATASETS,
@@ -164,14 +162,6 @@ def problem(s: dict) -> dict:
     return {**problem, "model": mlp_classifier(problem["input_shape"], [s["hidden"]], 10)}
 
 
-def validation_problems(problem: dict, s: dict) -> tuple[dict, dict]:
-    """The held-out clients (unseen_clients) stay out of the validation problem: the
-    choice reads no test rows, theirs included."""
-    fit, val = validation_split(problem["train"], s["val_fraction"], s["seed"])
-    seen = {k: v for k, v in problem.items() if not k.startswith("unseen")}
-    return {**problem, "train": fit}, {**seen, "train": fit, "test": val}
-
-
 def client_training(s: dict, learning_rate) -> ClientTraining:
     """Plain SGD (optax.sgd) at the setting lr, τ = local_steps, batch_size (0: full)."""
     return ClientTraining(optax.sgd(learning_rate), s["local_steps"], s["batch_size"] or None)
@@ -181,9 +171,8 @@ def metrics(t: Trained):
     """`metrics_fn` of the method unvmapped (its evaluation vmaps over the seeds itself),
     fine-tuning and adapting clients by adapt_steps steps (0: local_steps) of its client
     training."""
-    algorithm = catalog.build(t.name, TABLE, t.model, t.training, t.s, problem=t.problem)
     adapting = t.training.replace(steps=t.s["adapt_steps"] or t.s["local_steps"])
-    return metrics_fn(algorithm, t.model, t.problem, t.s, t.method, adapting)
+    return metrics_fn(t.built, t.model, t.problem, t.s, t.method, adapting)
 
 
 def table(s: dict) -> list[str]:
@@ -270,7 +259,6 @@ def hetero_experiment(name: str, description: str, compared: tuple[str, ...], ba
         metrics=metrics,
         methods=compared,
         baseline=baseline,
-        headline=headline,
         table=table,
         notes=notes,
         validate=functools.partial(validate, label_noise=label_noise),
@@ -286,7 +274,6 @@ def hetero_experiment(name: str, description: str, compared: tuple[str, ...], ba
         # A tuned comparison (tune_* settings) chooses each method's grid point by its mean
         # client accuracy on the validation rows.
         tune_metric=("test_accuracy", "max"),
-        validation_problems=validation_problems,
     )
 
 

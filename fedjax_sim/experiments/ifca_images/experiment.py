@@ -335,7 +335,6 @@ def rotated_images(name: str, description: str, methods: tuple[str, ...]) -> Exp
         metrics=metrics,
         methods=methods,
         baseline="fedavg",
-        headline=headline,
         table=table,
         notes=notes,
         validate=validate,

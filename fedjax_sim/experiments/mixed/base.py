@@ -339,7 +339,6 @@ def mixed_task(task: Task, *, name: str, description: str, settings: tuple[Setti
         metrics=functools.partial(metrics, task),
         methods=METHODS,
         baseline="fedavg",
-        headline="mixed_gt2",
         table=lambda s: list(task.table_metrics),
         notes=functools.partial(notes, task),
         validate=functools.partial(validate, task),

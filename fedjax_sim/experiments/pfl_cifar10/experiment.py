@@ -209,7 +209,6 @@ PFL = Experiment(
     metrics=lambda t: metrics_fn(t.model, t.problem, t.s),
     methods=("fedavg", "fedprox"),
     baseline="fedavg",
-    headline="fedavg",
     table=lambda s: list(METRICS),
     notes=notes,
     validate=validate,
