@@ -96,7 +96,7 @@ def test_a_scheduled_training_refuses_to_train_unresolved(ragged, linear_model):
 def test_bad_schedules_are_refused_when_built():
     with pytest.raises(ValueError, match="optimizer of the round"):
         ClientTraining(optax.sgd(0.1), learning_rate=round_decay(LR, DECAY))
-    with pytest.raises(ValueError, match="decay must be a finite number > 0"):
+    with pytest.raises(ValueError, match="decay must be a finite number >= 0"):
         round_decay(LR, -0.5)
     with pytest.raises(ValueError, match="learning_rate must be a finite number >= 0"):
         sgd(lambda t: -1.0)

@@ -315,7 +315,7 @@ def round_decay(learning_rate, decay) -> Callable:
 
     Args:
       learning_rate: η_0 >= 0 (may be traced).
-      decay: the factor per round, > 0 (may be traced).
+      decay: the factor per round, >= 0 (may be traced; 1: the constant rate).
 
     Returns:
       A callable round -> rate (an optax-style schedule of the round).
@@ -328,13 +328,13 @@ def round_decay(learning_rate, decay) -> Callable:
       >>> training = sgd(schedule, steps=5)
       >>> float(training.at_round(1).learning_rate)
       0.125
-      >>> round_decay(0.25, 0.0)
+      >>> round_decay(0.25, -0.5)
       Traceback (most recent call last):
       ...
-      ValueError: round_decay's decay must be a finite number > 0; got 0.0.
+      ValueError: round_decay's decay must be a finite number >= 0; got -0.5.
     """
     check_learning_rate("round_decay's learning_rate", learning_rate)
-    check_learning_rate("round_decay's decay", decay, positive=True)
+    check_learning_rate("round_decay's decay", decay)
     constant = isinstance(decay, int | float) and decay == 1.0
 
     def schedule(round):  # noqa: A002
