@@ -50,7 +50,7 @@ from fedjax_sim.algorithms.qffl import QFFLState, qffl
 from fedjax_sim.algorithms.recipes import fedadagrad, fedadam, fedavgm, fedyogi
 from fedjax_sim.algorithms.robust_ifca import RobustIFCAState, robust_ifca
 from fedjax_sim.algorithms.scaffold import ScaffoldState, scaffold
-from fedjax_sim.algorithms.training import SAMPLINGS, ClientTraining, sgd
+from fedjax_sim.algorithms.training import SAMPLINGS, ClientTraining, round_decay, sgd
 from fedjax_sim.ops.work import Work
 
 # name -> factory: factory(model, training, **its settings) -> Algorithm.
@@ -155,6 +155,7 @@ __all__ = [
     "pretrained_trunk",
     "qffl",
     "robust_ifca",
+    "round_decay",
     "scaffold",
     "sgd",
     "with_balanced_init",

@@ -145,11 +145,12 @@ def afl(model: Model, training: ClientTraining, *, participation: float = 1.0,
         m = data.num_clients
         cohort = clients.draw(key, data, round=state.round)
         s = cohort.size
+        training_t = training.at_round(state.round)  # the round's rate η_t
 
         def client_step(batch):  # τ steps from w; F_i(w) is the first step's loss
             start = broadcast_to_clients(state.params, batch.keys.shape[0])
-            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys,
-                                                            **batch.work())
+            trained, _, losses = training_t.update_clients(model, start, batch.data,
+                                                           batch.keys, **batch.work())
             weights = jnp.where(batch.active, batch.inputs, 0.0)
             return (weighted_sum(trained, weights), jnp.sum(weights)), (losses[:, 0],
                                                                        batch.active)

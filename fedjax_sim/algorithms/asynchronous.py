@@ -221,11 +221,12 @@ def asynchronous(name: str, model: Model, training: ClientTraining, *, concurren
         starts = jax.tree.map(lambda ring: ring[state.started[slots] % R], state.versions)
         cohort = Cohort(ids=jnp.maximum(ids, 0),
                         keys=jax.random.wrap_key_data(state.keys[slots]), reports=kept)
+        training_t = training.at_round(state.round)  # the rate of this server step
 
         def client_step(batch):  # the popped uploads, each from the version it downloaded
             start, tau = batch.inputs
-            trained, _, losses = training.update_clients(model, start, batch.data,
-                                                         batch.keys, **batch.work())
+            trained, _, losses = training_t.update_clients(model, start, batch.data,
+                                                           batch.keys, **batch.work())
             w = jnp.where(batch.active, weight(tau), 0.0)
             value = client_value(start, trained)
             count = jnp.sum(batch.active.astype(jnp.float32))

@@ -157,12 +157,13 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
 
     def round_(state: CFLState, data: FederatedData, key):
         cohort = clients.draw(key, data, round=state.round)
+        training_t = training.at_round(state.round)  # the round's rate η_t
         ids = take(cohort, state.assignment)
 
         def client_step(batch):  # Δθ_i = LocalUpdate(θ_c(i)) − θ_c(i)
             start = jax.tree.map(lambda p: p[batch.inputs], state.cluster_params)
-            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys,
-                                                            **batch.work())
+            trained, _, losses = training_t.update_clients(model, start, batch.data,
+                                                           batch.keys, **batch.work())
             c = batch.keys.shape[0]
             delta = _flat(trained, c) - _flat(start, c)
             weights = clients.weights(batch.active, batch.data.num_examples)

@@ -108,6 +108,8 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
 
     def round_(state: DittoState, data: FederatedData, key):
         cohort = clients.draw(key, data, round=state.round)
+        training_t = training.at_round(state.round)  # the round's rate η_t
+        personal_t = personal_training.at_round(state.round)
         w = state.params
 
         def personal_loss(v, xb, yb, mb, _key):  # F_k(v) + (λ/2)‖v − w^t‖² on a minibatch
@@ -117,11 +119,11 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
 
         def client_step(batch):
             start = broadcast_to_clients(w, batch.keys.shape[0])
-            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys,
-                                                            **batch.work())
+            trained, _, losses = training_t.update_clients(model, start, batch.data,
+                                                           batch.keys, **batch.work())
 
             def personalize(v, x, y, n, k, taking_part, work):  # (a slot with data that reports)
-                v_new, _, _ = personal_training.update(
+                v_new, _, _ = personal_t.update(
                     model, v, x, y, n, jax.random.fold_in(k, PERSONAL_STREAM),
                     batch_loss=personal_loss, work_key=k, **work)
                 return jax.tree.map(lambda a, b: jnp.where(taking_part, a, b), v_new, v)

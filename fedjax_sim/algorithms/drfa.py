@@ -279,6 +279,7 @@ def _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
         m = cohort_size(n, participation)
         key_c, key_t, key_u = jax.random.split(key, 3)
         gamma = state.lambda_lr * OFFICIAL_DECAY if official_code else state.lambda_lr
+        training_t = training.at_round(state.round)  # the round's rate η_t
 
         # --- C_s: τ local steps, keeping the snapshot at t'
         if official_code:
@@ -297,8 +298,8 @@ def _drfa(model, training, participation, lambda_lr, lambda_floor, lambda_init,
             t_snap, weight = batch.inputs
 
             def one(p, x, y, count, k, t, work):
-                return training.update(model, p, x, y, count, k, snapshot_step=t,
-                                       batch_loss=mixed_loss, **work)
+                return training_t.update(model, p, x, y, count, k, snapshot_step=t,
+                                         batch_loss=mixed_loss, **work)
 
             start = broadcast_to_clients(state.params, c)
             trained, snaps, losses = jax.vmap(one)(

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from fedjax_sim.algorithms.asynchronous import (
     asynchronous,
@@ -96,8 +95,7 @@ def fedasync(model: Model, training: ClientTraining, *, concurrency: int = 100,
     check_learning_rate("mu", mu)
     clock = check_clock("fedasync", clock)
     if not (isinstance(mu, int | float) and mu == 0):
-        training = training.replace(optimizer=optax.chain(proximal_term(mu),
-                                                          training.optimizer))
+        training = training.preceded_by(proximal_term(mu))
     s = staleness_weight(staleness, staleness_a, staleness_b)
 
     def server_step(x, total, total_weight, count):  # (1 − α_t) x + α_t y

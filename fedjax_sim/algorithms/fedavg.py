@@ -104,11 +104,12 @@ def fedavg(model: Model, training: ClientTraining, *, participation: float = 1.0
 
     def round_(state: FedAvgState, data: FederatedData, key):
         cohort = clients.draw(key, data, round=state.round)
+        training_t = training.at_round(state.round)  # the round's rate η_t
 
         def client_step(batch):  # τ local steps from the global model, weighted sum
             start = broadcast_to_clients(state.params, batch.keys.shape[0])
-            trained, _, losses = training.update_clients(model, start, batch.data, batch.keys,
-                                                            **batch.work())
+            trained, _, losses = training_t.update_clients(model, start, batch.data,
+                                                           batch.keys, **batch.work())
             weights = clients.weights(batch.active, batch.data.num_examples)
             sums = (weighted_sum(trained, weights), jnp.sum(weights))
             return sums, (losses[:, 0], batch.active)

@@ -122,7 +122,7 @@ def fednova(model: Model, training: ClientTraining, *, momentum: float = 0.0, mu
       NeurIPS 2020, https://arxiv.org/abs/2007.07481.
     """
     check_training("fednova", training)
-    lr = sgd_rate(training, "fednova", "‖a_i‖₁ is that of plain SGD's steps")
+    sgd_rate(training, "fednova", "‖a_i‖₁ is that of plain SGD's steps")
     if not (isinstance(momentum, int | float) and 0.0 <= momentum < 1.0):
         raise ValueError(f"fednova's momentum must be a number in [0, 1); got {momentum!r}.")
     check_learning_rate("fednova's mu", mu)
@@ -130,19 +130,24 @@ def fednova(model: Model, training: ClientTraining, *, momentum: float = 0.0, mu
     if momentum and proximal:
         raise ValueError("fednova takes momentum or mu, not both (the paper gives ‖a_i‖₁ "
                          "for each alone).")
-    if momentum:
-        local = training.replace(optimizer=optax.sgd(lr, momentum=momentum))
-    elif proximal:
-        local = training.replace(optimizer=optax.chain(proximal_term(mu), optax.sgd(lr)))
-    else:
-        local = training
+
+    def local_solver(training_t):  # the paper's local solver at the round's rate η
+        lr = training_t.learning_rate
+        if momentum:
+            return training_t.replace(optimizer=optax.sgd(lr, momentum=momentum))
+        if proximal:
+            return training_t.replace(optimizer=optax.chain(proximal_term(mu), optax.sgd(lr)))
+        return training_t
+
     # FedAvg's state, init and evaluation (and its checks of participation and weighting);
     # only the round's aggregation is FedNova's own.
-    shared = fedavg(model, local, participation=participation, weighting=weighting)
+    shared = fedavg(model, training, participation=participation, weighting=weighting)
     clients = cohorts(participation, weighting)
 
     def round_(state: FedAvgState, data: FederatedData, key):
         cohort = clients.draw(key, data, round=state.round)
+        local = local_solver(training.at_round(state.round))  # at the round's rate η_t
+        lr = local.learning_rate
 
         def client_step(batch):
             start = broadcast_to_clients(state.params, batch.keys.shape[0])

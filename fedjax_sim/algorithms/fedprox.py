@@ -102,5 +102,5 @@ def fedprox(model: Model, training: ClientTraining, *, mu=DEFAULT_MU,
     """
     check_training("fedprox", training)
     check_learning_rate("mu", mu)
-    proximal = training.replace(optimizer=optax.chain(proximal_term(mu), training.optimizer))
+    proximal = training.preceded_by(proximal_term(mu))
     return fedavg(model, proximal, participation=participation, weighting=weighting)

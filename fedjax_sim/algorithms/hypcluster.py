@@ -131,9 +131,10 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
         raise ValueError(f"num_clusters (k) must be an integer >= 1; got {num_clusters!r}.")
     clients = cohorts(participation, weighting)
     check_choice("init", init, INITS)
-    # (an explicit init_steps: every client that many steps, whatever the training's work)
+    # (an explicit init_steps: every client that many steps, whatever the training's work;
+    # at round 0's rate, the seeding coming before the first round)
     seeding = (training if init_steps is None
-               else training.replace(steps=init_steps, work=UNIFORM_WORK))
+               else training.replace(steps=init_steps, work=UNIFORM_WORK)).at_round(0)
     model = model.unsplit()
     k = num_clusters
 
@@ -170,13 +171,14 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
 
     def round_(state: HypClusterState, data: FederatedData, key):
         cohort = clients.draw(key, data, round=state.round)
+        training_t = training.at_round(state.round)  # the round's rate η_t
 
         def client_step(batch):  # f(i) = argmin_j F_i(h_j), then τ steps from h_f(i)
             losses = cluster_losses(model, state.cluster_params, batch.data)
             chosen = assign_clusters(losses)
             start = jax.tree.map(lambda p: p[chosen], state.cluster_params)
-            trained, _, _ = training.update_clients(model, start, batch.data, batch.keys,
-                                                     **batch.work())
+            trained, _, _ = training_t.update_clients(model, start, batch.data, batch.keys,
+                                                       **batch.work())
             weights = clients.weights(batch.active, batch.data.num_examples)
             segment = jnp.where(batch.active, chosen, k)  # id k is dropped
             return segment_totals(trained, segment, k, weights), (losses, chosen)

@@ -276,7 +276,6 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
                      stable_rounds)
     k = num_clusters
     whole = model.unsplit()
-    opt = training.optimizer
     # With a frozen trunk the local steps train the head on the trunk's features.
     head_model = (Model(model.init, model.head, model.example_loss, model.correct)
                   if model.is_split else None)
@@ -292,7 +291,8 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
                 "1 and no stable_rounds (their rounds read the clients' previous clusters).")
         return IFCAState(
             cluster_params=params, shared_params={}, frozen_params={},
-            opt_state=opt.init(params) if option == "gradient" else (),
+            opt_state=(training.at_round(0).optimizer.init(params) if option == "gradient"
+                       else ()),
             assignment=jnp.full((m,), -1, jnp.int32) if keep else None,
             stable=jnp.zeros((m,), jnp.int32) if keep else None,
             pinned_until=jnp.zeros((), jnp.int32), round=jnp.zeros((), jnp.int32))
@@ -316,27 +316,29 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
         else:
             divisor = jnp.sum(data.active())
         grads = jax.tree.map(lambda g: g / jnp.maximum(divisor, 1), grad_sum)
+        opt = training.at_round(state.round).optimizer  # at the round's rate γ_t
         updates, opt_state = opt.update(grads, state.opt_state, state.cluster_params)
         return optax.apply_updates(state.cluster_params, updates), state.shared_params, opt_state
 
     def model_step(state, batch):  # option II: θ̃_i = LocalUpdate(θ_ĵi, γ, τ), summed per cluster
         net, heads, shared, frozen = (_net(model, state), state.cluster_params,
                                       state.shared_params, state.frozen_params)
+        training_t = training.at_round(state.round)  # the round's rate γ_t
         losses = cluster_losses(net, heads, batch.data, shared=_trunk(state))
         assignment = _choose(losses, batch, _pinned(state, batch))
         start = jax.tree.map(lambda p: p[jnp.maximum(assignment, 0)], heads)
         if jax.tree.leaves(frozen):  # the trunk's features once, then τ steps on the head alone
             features = jax.vmap(lambda x: net.features(frozen, x))(batch.data.x)
-            trained, _, _ = training.update_clients(head_model, start,
-                                                    batch.data.replace(x=features), batch.keys,
-                                                    **batch.work())
+            trained, _, _ = training_t.update_clients(head_model, start,
+                                                      batch.data.replace(x=features),
+                                                      batch.keys, **batch.work())
             trunks = {}
         else:
             sharing = bool(jax.tree.leaves(shared))
             if sharing:
                 start = combine(net, broadcast_to_clients(shared, assignment.shape[0]), start)
-            trained, _, _ = training.update_clients(net, start, batch.data, batch.keys,
-                                                    **batch.work())
+            trained, _, _ = training_t.update_clients(net, start, batch.data, batch.keys,
+                                                      **batch.work())
             trunks, trained = partition(net, trained) if sharing else ({}, trained)
         weights = clients.weights(batch.active, batch.data.num_examples)
         segment = jnp.where(batch.active, assignment, k)  # id k is dropped

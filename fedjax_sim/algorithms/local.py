@@ -108,8 +108,9 @@ def local_models(model: Model, training: ClientTraining, *, shared_init: bool = 
 
     def round_(state: LocalState, data: FederatedData, key):
         ids = jnp.arange(data.num_clients)
-        params, _, losses = training.update_clients(model, state.params, data,
-                                                    client_keys(key, ids), ids=ids)
+        training_t = training.at_round(state.round)  # the round's rate η_t
+        params, _, losses = training_t.update_clients(model, state.params, data,
+                                                      client_keys(key, ids), ids=ids)
         return LocalState(params, state.round + 1), {
             "cohort_loss": mean_over(losses[:, 0], data.active())}
 

@@ -313,10 +313,11 @@ class _Setup(NamedTuple):
         """The cohort's K local steps from x^(t) (`ops.client_update`'s, on `direction`(g_i)
         if given): (Δ_f = mean_i Δ_i, ĝ_f = mean_i g_i(x^(t)), first losses [s], active [s])."""
         x_t = state.params
+        training_t = self.training.at_round(state.round)  # the round's rate η_t
 
         def client_step(batch):
             def one(x, y, n, k, work):
-                end, _, losses, g0 = self.training.update(
+                end, _, losses, g0 = training_t.update(
                     self.model, x_t, x, y, n, k, direction=direction, keep_first_grad=True,
                     **work)
                 return optax.tree.sub(end, x_t), g0, losses[0]
@@ -475,7 +476,8 @@ def mixed_parallel(model: Model, training: ClientTraining, *,
         cohort = mx.clients.draw(key, data, round=state.round)
         central_in = mx.central_inputs(arrays, mx.central_keys(key, mx.central.steps))
         delta_f, hat_g_f, losses0, active = mx.clients_train(state, data, cohort)
-        y_c, hat_g_c, loss_c = descend(mx.central_grad(arrays), mx.central.optimizer, x_t,
+        y_c, hat_g_c, loss_c = descend(mx.central_grad(arrays),
+                                       mx.central.at_round(state.round).optimizer, x_t,
                                        central_in)
         delta = optax.tree.add(optax.tree.scale(w_f, delta_f),
                                optax.tree.scale(w_c, optax.tree.sub(y_c, x_t)))
@@ -606,7 +608,8 @@ def mixed_gt2(model: Model, training: ClientTraining, *,
         delta_f, hat_g_f, losses0, active = mx.clients_train(
             state, data, cohort, _transferred(w_f, w_c, hat_g_c))
         transferred = hat_g_f if transfer == "current" else state.grad_f
-        y_c, _, _ = descend(g_c, mx.central.optimizer, x_t, central_in, scale=w_c,
+        y_c, _, _ = descend(g_c, mx.central.at_round(state.round).optimizer, x_t,
+                            central_in, scale=w_c,
                             correction=optax.tree.scale(w_f, transferred))
         alpha = 0.5 if combine == "half" else w_f / jnp.maximum(w_f + w_c, 1e-30)
         delta = optax.tree.add(optax.tree.scale(alpha, delta_f),
@@ -686,7 +689,8 @@ def mixed_centralized(model: Model, training: ClientTraining, *,
             return (loss_f, loss_c, grad_f, grad_c), mixed
 
         end, _, (loss_f, loss_c, grad_f, grad_c) = descend(
-            mixed_grad, training.optimizer, x_t, mx.central_keys(key, training.steps))
+            mixed_grad, training.at_round(state.round).optimizer, x_t,
+            mx.central_keys(key, training.steps))
         updates, _ = mx.server_opt.update(optax.tree.sub(x_t, end), mx.server_opt.init(x_t),
                                           x_t)
         params = optax.apply_updates(x_t, updates)

@@ -32,6 +32,7 @@ Choices, following the authors' code (`flearn/trainers/qffedavg.py`) [I]:
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -107,7 +108,7 @@ def qffl(model: Model, training: ClientTraining, *, q=DEFAULT_Q,
     """
     check_training("qffl", training)
     check_learning_rate("q", q)
-    lipschitz = 1.0 / sgd_rate(training, "qffl", "its Lipschitz estimate is L = 1/η")
+    sgd_rate(training, "qffl", "its Lipschitz estimate is L = 1/η")
     clients = cohorts(participation)
 
     def init(key, data: FederatedData) -> QFFLState:
@@ -115,9 +116,10 @@ def qffl(model: Model, training: ClientTraining, *, q=DEFAULT_Q,
         check_inputs(model, params, data)
         return QFFLState(params, jnp.zeros((), jnp.int32))
 
-    def client(w, x, y, count, key, work):  # one client's Δ_k, h_k and F_k^q
+    def client(training_t, w, x, y, count, key, work):  # one client's Δ_k, h_k and F_k^q
+        lipschitz = 1.0 / training_t.learning_rate  # L = 1/η of the round
         loss = client_loss(model, w, x, y, count) + LOSS_FLOOR
-        trained, _, _ = training.update(model, w, x, y, count, key, **work)
+        trained, _, _ = training_t.update(model, w, x, y, count, key, **work)
         delta_w = jax.tree.map(lambda a, b: lipschitz * (a - b), w, trained)
         fq = loss**q
         h = q * loss ** (q - 1.0) * optax.tree.norm(delta_w, squared=True) + lipschitz * fq
@@ -125,9 +127,11 @@ def qffl(model: Model, training: ClientTraining, *, q=DEFAULT_Q,
 
     def round_(state: QFFLState, data: FederatedData, key):
         cohort = clients.draw(key, data, round=state.round)
+        training_t = training.at_round(state.round)  # the round's rate η_t
 
         def client_step(batch):
-            delta, h, fq, loss = jax.vmap(client, in_axes=(None, 0, 0, 0, 0, 0))(
+            delta, h, fq, loss = jax.vmap(functools.partial(client, training_t),
+                                          in_axes=(None, 0, 0, 0, 0, 0))(
                 state.params, batch.data.x, batch.data.y, batch.data.num_examples, batch.keys,
                 batch.slot_work())
             taking_part = batch.active.astype(jnp.float32)

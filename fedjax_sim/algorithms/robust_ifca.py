@@ -146,6 +146,7 @@ def robust_ifca(model: Model, training: ClientTraining, *, num_clusters: int,
     def round_(state: RobustIFCAState, data: FederatedData, key):
         m = data.num_clients
         cohort = clients.draw(key, data, round=state.round)
+        training_t = training.at_round(state.round)  # the round's rate η_t
         prev, lam_prev = take(cohort, (state.assignment, state.lam))
         entry_weight = 1.0 / jnp.maximum(members(state.assignment), 1.0)  # [k]
 
@@ -154,8 +155,8 @@ def robust_ifca(model: Model, training: ClientTraining, *, num_clusters: int,
             losses = cluster_losses(model, state.cluster_params, batch.data)
             chosen = assign_clusters(losses)
             start = jax.tree.map(lambda p: p[chosen], state.cluster_params)
-            trained, _, _ = training.update_clients(model, start, batch.data, batch.keys,
-                                                     **batch.work())
+            trained, _, _ = training_t.update_clients(model, start, batch.data, batch.keys,
+                                                       **batch.work())
             weight = jnp.where(chosen == prev_b, lam_b, entry_weight[chosen])
             weight = jnp.where(batch.active, weight, 0.0)
             segment = jnp.where(batch.active, chosen, k)  # id k is dropped

@@ -34,6 +34,7 @@ Choices [I]:
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -111,8 +112,7 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
       Averaging for Federated Learning", ICML 2020, https://arxiv.org/abs/1910.06378.
     """
     check_training("scaffold", training)
-    learning_rate = sgd_rate(training, "scaffold",
-                             "option II's control variates are the mean corrected gradient")
+    sgd_rate(training, "scaffold", "option II's control variates are the mean corrected gradient")
     clients = cohorts(participation, weighting)
     server = make_server_optimizer("sgd", server_lr)
 
@@ -123,15 +123,16 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
         return ScaffoldState(params, zeros, broadcast_to_clients(zeros, data.num_clients),
                              jnp.zeros((), jnp.int32))
 
-    def client(x, c, c_i, features, y, count, key, work):  # one client: K corrected steps
-        corrected = training.replace(optimizer=optax.chain(
+    def client(training_t, x, c, c_i, features, y, count, key, work):  # K corrected steps
+        learning_rate = training_t.learning_rate  # η_l of the round
+        corrected = training_t.replace(optimizer=optax.chain(
             add_correction(optax.tree.sub(c, c_i)), optax.sgd(learning_rate)))
         y_i, _, losses = corrected.update(model, x, features, y, count, key, **work)
         delta_y = optax.tree.sub(y_i, x)
         # Δc_i = c_i⁺ − c_i = −c + (x − y_i) / (K_i η_l), K_i the steps it took (τ_i of
         # per-client work; a client that took none learns nothing: Δc_i = 0)
         steps = corrected.client_steps(key, work["client_id"], count, work["straggles"])
-        steps = training.steps if steps is None else steps
+        steps = training_t.steps if steps is None else steps
         delta_c = jax.tree.map(
             lambda c, d: jnp.where(steps > 0, -c - d / (jnp.maximum(steps, 1) * learning_rate),
                                    0.0), c, delta_y)
@@ -139,10 +140,11 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
 
     def round_(state: ScaffoldState, data: FederatedData, key):
         cohort = clients.draw(key, data, round=state.round)
+        training_t = training.at_round(state.round)  # the round's rate η_l
 
         def client_step(batch):
             delta_y, delta_c, first_loss = jax.vmap(
-                client, in_axes=(None, None, 0, 0, 0, 0, 0, 0))(
+                functools.partial(client, training_t), in_axes=(None, None, 0, 0, 0, 0, 0, 0))(
                 state.params, state.control, batch.inputs, batch.data.x, batch.data.y,
                 batch.data.num_examples, batch.keys, batch.slot_work())
             weights = clients.weights(batch.active, batch.data.num_examples)

@@ -24,6 +24,12 @@ table, or E epochs of its own rows), masked inside the one scan of `steps`.
 A straggler of the round (`fedjax_sim.systems.Systems`) takes a uniform
 1, …, τ_i − 1 of them (`ops.work.straggler_steps`; τ_i itself when τ_i ≤ 1).
 
+A learning rate that changes with the round (`sgd(round_decay(0.25, 0.99))`: η_t =
+0.25·0.99^t) is a schedule of the round, not of optax's step count: the client
+optimizer starts fresh every round. Every algorithm's round trains at
+`training.at_round(state.round)`, the plain-rate training of that round; a constant
+rate is that training itself.
+
 Examples:
   >>> import optax
   >>> from fedjax_sim.algorithms import ClientTraining, sgd
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -67,14 +74,15 @@ class ClientTraining:
       batch_size: rows per step; None for full-batch steps (static).
       sampling: how minibatches are drawn, one of `SAMPLINGS` (static).
       learning_rate: the step size when `optimizer` is plain SGD (`sgd` sets it; may
-        be traced); None for any other optimizer. Algorithms whose maths assume SGD at
-        a known rate (SCAFFOLD's control variates, q-FFL's Lipschitz estimate) read it
+        be traced, or a schedule of the round: round -> rate); None for any other
+        optimizer. Algorithms whose maths assume SGD at a known rate (SCAFFOLD's
+        control variates, q-FFL's Lipschitz estimate) read it, at the round's rate,
         and refuse other optimizers.
       work: how many of the `steps` each client takes (`ops.work.Work`; static);
         the default: all of them.
     """
 
-    optimizer: optax.GradientTransformation
+    optimizer: optax.GradientTransformation | Callable[..., optax.GradientTransformation]
     steps: int = 1
     batch_size: int | None = None
     sampling: str = "with_replacement"
@@ -82,9 +90,16 @@ class ClientTraining:
     work: Work = UNIFORM_WORK
 
     def __post_init__(self):
-        if not (hasattr(self.optimizer, "init") and hasattr(self.optimizer, "update")):
+        # A function of the round is checked at round 0, before anything is traced.
+        optimizer = self.optimizer(0) if self.scheduled else self.optimizer
+        if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
             raise ValueError(f"ClientTraining optimizer must be an optax "
-                             f"GradientTransformation; got {self.optimizer!r}.")
+                             f"GradientTransformation, or a function of the round returning "
+                             f"one; got {optimizer!r}.")
+        if callable(self.learning_rate) and not self.scheduled:
+            raise ValueError("a ClientTraining learning_rate schedule needs an optimizer of the "
+                             "round as well (sgd(schedule) builds both); got the optimizer "
+                             f"{self.optimizer!r}.")
         _check_count("steps (local steps)", self.steps)
         if self.batch_size is not None:
             _check_count("batch_size", self.batch_size)
@@ -98,6 +113,48 @@ class ClientTraining:
     def replace(self, **changes) -> ClientTraining:
         """A copy with some fields changed (checked again)."""
         return dataclasses.replace(self, **changes)
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the optimizer is a function of the round (a schedule of the round)."""
+        return callable(self.optimizer) and not hasattr(self.optimizer, "init")
+
+    def at_round(self, round) -> ClientTraining:  # noqa: A002
+        """This training in round `round` (the state's round counter; may be traced): its
+        optimizer and learning rate at that round's rate when they follow a schedule;
+        itself otherwise, so a constant rate traces as it always did.
+
+        Examples:
+          >>> from fedjax_sim.algorithms import round_decay, sgd
+          >>> training = sgd(round_decay(0.5, 0.5), steps=2)
+          >>> float(training.at_round(2).learning_rate)  # 0.5 · 0.5²
+          0.125
+          >>> constant = sgd(0.1, steps=2)
+          >>> constant.at_round(2) is constant
+          True
+        """
+        if not self.scheduled:
+            return self
+        rate = self.learning_rate(round) if callable(self.learning_rate) else self.learning_rate
+        return dataclasses.replace(self, optimizer=self.optimizer(round), learning_rate=rate)
+
+    def preceded_by(self, *transforms) -> ClientTraining:
+        """The same training with `transforms` applied to each gradient before its
+        optimizer (`optax.chain(*transforms, optimizer)`: FedProx's proximal term), in
+        every round when the optimizer is a function of the round."""
+        if not self.scheduled:
+            return self.replace(optimizer=optax.chain(*transforms, self.optimizer))
+        optimizer_at = self.optimizer
+
+        def optimizer(round):  # noqa: A002
+            return optax.chain(*transforms, optimizer_at(round))
+
+        return self.replace(optimizer=optimizer)
+
+    def _check_resolved(self) -> None:
+        if self.scheduled:
+            raise ValueError("this ClientTraining's rate follows a schedule of the round: "
+                             "train with training.at_round(state.round), the round's rate.")
 
     def client_steps(self, key, client_id, num_examples, straggles=None, *, tau=None):
         """τ_i of one client this round (int32), or None when it is all `steps` (no
@@ -148,6 +205,7 @@ class ClientTraining:
         `keep_first_grad`. Returns (params, snapshot or None, [steps] losses), and
         with keep_first_grad the first step's gradient.
         """
+        self._check_resolved()
         return client_update(model, self.optimizer, params, x, y, num_examples, key,
                              num_steps=self.steps, batch_size=self.batch_size,
                              sampling=self.sampling,
@@ -164,6 +222,7 @@ class ClientTraining:
         Returns (params [c, ...], snapshots or None, losses [c, steps])
         (`ops.local_update`; hooks: `snapshot_step`, `batch_loss`).
         """
+        self._check_resolved()
         active = None
         if not (self.work.uniform and straggles is None):
             active = self.steps_taken(data, keys, ids=ids, straggles=straggles,
@@ -191,7 +250,10 @@ def check_training(algorithm: str, training, name: str = "training") -> ClientTr
 
 def check_learning_rate(name: str, value, positive: bool = False) -> None:
     """ValueError unless a concrete `value` is a finite number >= 0 (> 0 with `positive`);
-    a traced value (a sweep vmaps over it) passes."""
+    a traced value (a sweep vmaps over it) passes; a schedule of the round is checked at
+    round 0."""
+    if callable(value):
+        value = value(0)
     if isinstance(value, jax.core.Tracer) or isinstance(value, jax.Array) and value.ndim:
         return
     try:
@@ -210,7 +272,9 @@ def sgd(learning_rate, *, steps: int = 1, batch_size: int | None = None,
     its client's rows, the same maths at fewer multiply-adds).
 
     Args:
-      learning_rate: the step size η >= 0 (a float, or a traced value a sweep vmaps).
+      learning_rate: the step size η >= 0 (a float, or a traced value a sweep vmaps), or
+        a schedule of the round, round -> η_t (`round_decay`): round t's clients train
+        at η_t (`ClientTraining.at_round`).
       steps: local steps τ per round.
       batch_size: rows per step; None: every real row of the client (full batch).
       sampling: how minibatches are drawn, one of `SAMPLINGS` ("with_replacement":
@@ -233,13 +297,60 @@ def sgd(learning_rate, *, steps: int = 1, batch_size: int | None = None,
       ValueError: ClientTraining sampling must be one of with_replacement, epochs; got 'shuffled'.
     """
     check_learning_rate("learning_rate", learning_rate)
-    return ClientTraining(linear_in_gradients(optax.sgd(learning_rate)), steps, batch_size,
-                          sampling, learning_rate=learning_rate, work=work)
+    if callable(learning_rate):
+        def optimizer(round):  # noqa: A002
+            return linear_in_gradients(optax.sgd(learning_rate(round)))
+    else:
+        optimizer = linear_in_gradients(optax.sgd(learning_rate))
+    return ClientTraining(optimizer, steps, batch_size, sampling, learning_rate=learning_rate,
+                          work=work)
+
+
+def round_decay(learning_rate, decay) -> Callable:
+    """The schedule of the round t -> learning_rate · decay^t (float32), for `sgd`.
+
+    Round t's clients train at η_t (the rotated-CIFAR schedule is 0.25·0.99^t); the
+    client optimizer starts fresh every round, so t is the round, not optax's step
+    count. A decay of 1 is the constant rate itself.
+
+    Args:
+      learning_rate: η_0 >= 0 (may be traced).
+      decay: the factor per round, >= 0 (may be traced; 1: the constant rate).
+
+    Returns:
+      A callable round -> rate (an optax-style schedule of the round).
+
+    Examples:
+      >>> from fedjax_sim.algorithms import round_decay, sgd
+      >>> schedule = round_decay(0.25, 0.5)
+      >>> [float(schedule(t)) for t in range(3)]
+      [0.25, 0.125, 0.0625]
+      >>> training = sgd(schedule, steps=5)
+      >>> float(training.at_round(1).learning_rate)
+      0.125
+      >>> round_decay(0.25, -0.5)
+      Traceback (most recent call last):
+      ...
+      ValueError: round_decay's decay must be a finite number >= 0; got -0.5.
+    """
+    check_learning_rate("round_decay's learning_rate", learning_rate)
+    check_learning_rate("round_decay's decay", decay)
+    constant = isinstance(decay, int | float) and decay == 1.0
+
+    def schedule(round):  # noqa: A002
+        if constant:  # the rate itself: no arithmetic in the trace
+            return learning_rate
+        return learning_rate * jnp.power(jnp.float32(decay),
+                                         jnp.asarray(round).astype(jnp.float32))
+
+    return schedule
 
 
 def sgd_rate(training: ClientTraining, algorithm: str, why: str, positive: bool = True):
     """`training.learning_rate`, for an algorithm whose maths assume plain SGD at a known
-    rate; ValueError naming the algorithm and why otherwise."""
+    rate (a schedule of the round when it follows one: the round's rate is
+    `training.at_round(round).learning_rate`); ValueError naming the algorithm and why
+    otherwise."""
     if training.learning_rate is None:
         raise ValueError(f"{algorithm} trains its clients with plain SGD ({why}): give "
                          "training=sgd(learning_rate, ...).")
