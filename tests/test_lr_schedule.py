@@ -4,7 +4,7 @@
 checked against plain float64 loops written from the definition (FedAvg, IFCA options
 I and II, SCAFFOLD, whose control variates divide by the round's rate), and every
 registered algorithm against the per-round rebuild it replaces
-(`experiments.methods.with_lr_decay`), bit for bit.
+(`with_lr_decay` below: what experiments did before the schedule), bit for bit.
 """
 
 from __future__ import annotations
@@ -30,10 +30,23 @@ from fedjax_sim.algorithms import (
     with_initial_params,
 )
 from fedjax_sim.algorithms.mixed import l2_regularizer
-from fedjax_sim.experiments.methods import with_lr_decay
 
 LR, DECAY, TAU, ROUNDS = 0.05, 0.5, 3, 4
 
+
+
+def with_lr_decay(build_at, lr: float, decay: float):
+    """The algorithm rebuilt inside every round at lr·decay^t (t = state.round): how the
+    rotated-CIFAR schedule was applied before the client training held it."""
+    base = build_at(lr)
+    if decay == 1.0:
+        return base
+
+    def round_(state, data, key):
+        rate = lr * jnp.power(jnp.float32(decay), state.round.astype(jnp.float32))
+        return build_at(rate).round(state, data, key)
+
+    return base._replace(round=round_)
 
 def _np_data(data):
     return np.asarray(data.x), np.asarray(data.y), np.asarray(data.num_examples)

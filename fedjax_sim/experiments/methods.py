@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim import simulate
@@ -457,21 +456,3 @@ def _takes(factory, keyword: str) -> bool:
     import inspect
 
     return keyword in inspect.signature(factory).parameters
-
-
-def with_lr_decay(build_at: Callable[[Any], Algorithm], lr: float, decay: float) -> Algorithm:
-    """build_at(learning_rate) -> Algorithm, with round t's clients training at lr·decay^t.
-
-    The rotated-CIFAR schedule 0.25·0.99^t. The client optimizer starts fresh
-    every round, so the decay is applied by the round (state.round), not by an
-    optax schedule's step count.
-    """
-    base = build_at(lr)
-    if decay == 1.0:
-        return base
-
-    def round_(state, data, key):
-        rate = lr * jnp.power(jnp.float32(decay), state.round.astype(jnp.float32))
-        return build_at(rate).round(state, data, key)
-
-    return base._replace(round=round_)

@@ -60,8 +60,9 @@ def training_of(e: Experiment, name: str, s: dict, learning_rate=None) -> Client
     if learning_rate is None:
         learning_rate = s.get(catalog.setting_of(method, "lr", s))
     training = e.client_training(s, learning_rate)
-    if method.sgd:
-        training = sgd(learning_rate, steps=training.steps, batch_size=training.batch_size,
+    if method.sgd:  # at the training's own rate where it has one (a schedule of the round)
+        rate = learning_rate if training.learning_rate is None else training.learning_rate
+        training = sgd(rate, steps=training.steps, batch_size=training.batch_size,
                        sampling=training.sampling, work=training.work)
     return training
 

@@ -38,11 +38,10 @@ from fedjax_sim.experiments.ifca_images.data import (
     load_split_images,
 )
 from fedjax_sim.experiments.ifca_images.experiment import (
-    DECAYED,
     footprint,
     rotated_images,
 )
-from fedjax_sim.experiments.ifca_images.methods import CLUSTERING, client_training, lr_decayed
+from fedjax_sim.experiments.ifca_images.methods import CLUSTERING, client_training
 from fedjax_sim.experiments.ifca_images.metrics import (
     TABLE as RESULTS_TABLE,
 )
@@ -60,8 +59,8 @@ from fedjax_sim.experiments.ifca_images.presets import (
     WEIGHT_SHARING,
 )
 
-__all__ = ["CIFAR", "CIFAR_FILES_HELP", "CLUSTERING", "DATASETS", "DECAYED", "DIGITS",
+__all__ = ["CIFAR", "CIFAR_FILES_HELP", "CLUSTERING", "DATASETS", "DIGITS",
            "DIGITS_QUICK", "MNIST", "PRESETS", "RESULTS_TABLE", "WEIGHT_SHARING",
            "build_model", "build_problem", "client_training", "footprint", "load_split_images",
-           "local_on_cluster_tests", "lr_decayed", "metrics_fn",
+           "local_on_cluster_tests", "metrics_fn",
            "participant_identity_accuracy", "rotated_images"]

