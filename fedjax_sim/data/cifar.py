@@ -166,6 +166,16 @@ def sources(data_dir, split: str) -> list[Path]:
     return [root / BATCHES_DIR, root / ARCHIVE, root / PFL_PICKLES[split]]
 
 
+# What a data_dir may hold, in one line (the experiments' refusals and setting help).
+DATA_DIR_HELP = (
+    "CIFAR-10 is read from the data_dir setting (nothing ships or downloads): the python "
+    "archive cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html (or its "
+    "extracted cifar-10-batches-py/ folder), pfl-research's cifar10_train.p and cifar10_test.p, "
+    "cifar10/train.npz and test.npz (x uint8 [N, 32, 32, 3], y labels), or a tfds cifar10 "
+    "build (array_record); set it with --set data_dir=DIR"
+)
+
+
 def load_cifar10(data_dir, split: str, *, cache_dir=None) -> tuple[np.ndarray, np.ndarray]:
     """One split of a local CIFAR-10 copy: (images uint8 [N, 32, 32, 3], labels int32 [N]).
 

@@ -31,7 +31,6 @@ the record of a preset's methods, its settings, memory plan, comparison notes an
 """
 
 from fedjax_sim.experiments.ifca_images.data import (
-    CIFAR_FILES_HELP,
     DATASETS,
     build_model,
     build_problem,
@@ -59,7 +58,7 @@ from fedjax_sim.experiments.ifca_images.presets import (
     WEIGHT_SHARING,
 )
 
-__all__ = ["CIFAR", "CIFAR_FILES_HELP", "CLUSTERING", "DATASETS", "DIGITS",
+__all__ = ["CIFAR", "CLUSTERING", "DATASETS", "DIGITS",
            "DIGITS_QUICK", "MNIST", "PRESETS", "RESULTS_TABLE", "WEIGHT_SHARING",
            "build_model", "build_problem", "client_training", "footprint", "load_split_images",
            "local_on_cluster_tests", "metrics_fn",

@@ -19,6 +19,7 @@ import numpy as np
 
 from fedjax_sim.data import stack_views
 from fedjax_sim.data.archives import DataUnavailable
+from fedjax_sim.data.cifar import DATA_DIR_HELP, load_cifar10
 from fedjax_sim.data.images import digits, fixed_split, mnist_5k, rotated_clusters, rotated_views
 from fedjax_sim.experiments.base import stack_seeds
 from fedjax_sim.experiments.unseen import held_out_count, pick_clients, split_ids
@@ -28,14 +29,6 @@ from fedjax_sim.models.zoo import cifar_cnn
 
 DATASETS = ("mnist", "digits", "cifar")
 
-CIFAR_FILES_HELP = (
-    "rotated CIFAR reads CIFAR-10 from the data_dir setting through "
-    "fedjax_sim.data.tfds_local.load_images('cifar10', data_dir, split): "
-    "<data_dir>/cifar10/train.npz and test.npz (x: uint8 [N, 32, 32, 3], y: labels [N]), or a "
-    "tensorflow-datasets cifar10 build prepared as array_record (tfds build cifar10 --data_dir "
-    "D --file_format array_record, where TensorFlow and the internet are available); nothing "
-    "is downloaded. Set it with --set data_dir=DIR."
-)
 
 _DATA_CACHE: dict = {}
 
@@ -58,12 +51,11 @@ def load_split_images(s: dict):
     try:
         if s["dataset"] == "cifar":
             if not s["data_dir"]:
-                raise ValueError(f"setting data_dir is empty: {CIFAR_FILES_HELP}")
-            from fedjax_sim.data.tfds_local import load_images  # written beside this issue
-
+                raise ValueError(f"setting data_dir is empty: {DATA_DIR_HELP}.")
             parts = []
             for split in ("train", "test"):
-                images, labels = load_images("cifar10", s["data_dir"], split)
+                images, labels = load_cifar10(s["data_dir"], split,
+                                              cache_dir=s.get("cache_dir") or None)
                 images = np.asarray(images)
                 if images.ndim == 3:
                     images = images[..., None]

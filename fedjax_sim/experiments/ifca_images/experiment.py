@@ -119,8 +119,9 @@ SETTINGS = (
     checkpoint_setting(50),
     Setting("cache_dir", str, "", "archive/decoded-array cache (default: $FEDJAX_SIM_CACHE "
             "or ~/.cache/fedjax_sim)", result=False),
-    Setting("data_dir", str, "", "cifar: directory with CIFAR-10 (tfds array_record or "
-            ".npz)", result=False, when=_CIFAR),
+    Setting("data_dir", str, "", "cifar: directory with CIFAR-10 (the python archive or "
+            "its folder, pfl-research's pickles, .npz, or a tfds array_record build)",
+            result=False, when=_CIFAR),
     Setting("clients", str, "views", "copies: every client's rotated images stored; views:"
             " index rows + a rotation into the images held once (for every seed), gathered "
             "per cohort chunk inside the round (the same numbers)",

@@ -23,7 +23,6 @@ metrics, presets; `problem(s, arrays)` builds its problem from given arrays).
 """
 
 from fedjax_sim.experiments.pfl_cifar10.data import (
-    DATA_HELP,
     build_problem,
     channel_stats,
     dirichlet_users,
@@ -38,5 +37,5 @@ from fedjax_sim.experiments.pfl_cifar10.experiment import (
     problem,
 )
 
-__all__ = ["DATA_HELP", "PFL", "PRESETS", "TABLE", "build_problem", "channel_stats",
+__all__ = ["PFL", "PRESETS", "TABLE", "build_problem", "channel_stats",
            "dirichlet_users", "iid_users", "load_split_images", "metrics_fn", "problem"]

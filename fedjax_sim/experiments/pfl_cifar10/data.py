@@ -32,19 +32,12 @@ import numpy as np
 
 from fedjax_sim.data import ClientViews, stack_views
 from fedjax_sim.data.archives import DataUnavailable
-from fedjax_sim.data.cifar import load_cifar10, pfl_layout
+from fedjax_sim.data.cifar import DATA_DIR_HELP, load_cifar10, pfl_layout
 
 DATASETS = ("cifar10_iid", "cifar10")
 PIXEL_LAYOUTS = ("images", "pfl")
 SPREAD_EVERY, SPREAD_BY = 20, 0.02  # pfl's spread_distribution_after_num_fails / _percentage
 
-DATA_HELP = (
-    "CIFAR-10 is read from the data_dir setting (nothing ships or downloads): the python "
-    "archive cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html (or its "
-    "extracted cifar-10-batches-py/ folder), pfl-research's cifar10_train.p and cifar10_test.p, "
-    "cifar10/train.npz and test.npz (x uint8 [N, 32, 32, 3], y labels), or a tfds cifar10 "
-    "build (array_record); set it with --set data_dir=DIR"
-)
 
 _CACHE: dict = {}
 
@@ -60,9 +53,9 @@ def load_split_images(s: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     if key in _CACHE:
         return _CACHE[key]
     if not s["data_dir"]:
-        raise ValueError(f"setting data_dir is empty: {DATA_HELP}.")
+        raise ValueError(f"setting data_dir is empty: {DATA_DIR_HELP}.")
     if not Path(s["data_dir"]).expanduser().is_dir():
-        raise ValueError(f"setting data_dir={s['data_dir']!r} is not a directory: {DATA_HELP}.")
+        raise ValueError(f"setting data_dir={s['data_dir']!r} is not a directory: {DATA_DIR_HELP}.")
     try:
         parts = []
         for split in ("train", "test"):
