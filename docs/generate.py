@@ -620,7 +620,7 @@ def api_algorithms_page() -> str:
         out += [f"::: fedjax_sim.algorithms.base.{name}", "    options:",
                 "      heading_level: 3", *quiet, ""]
     out += ["## How clients train", ""]
-    for name in ("ClientTraining", "sgd"):
+    for name in ("ClientTraining", "sgd", "round_decay"):
         out += [f"::: fedjax_sim.algorithms.training.{name}", "    options:",
                 "      heading_level: 3", *quiet, ""]
     out += ["## IFCA's combinators", ""]
