@@ -347,7 +347,8 @@ def test_a_comparison_preset_runs_one_method_and_reruns_from_its_config(tmp_path
     assert cli.main(["run", preset, "--set", *TINY[preset], "checkpoint_every=1", "--out",
                      str(first), "--no-progress"]) == 0
     summary = json.loads((first / "summary.json").read_text())
-    assert summary["method"] == experiments.PRESETS[preset].experiment.headline
+    assert summary["method"] == {"ifca-rotated-digits": "ifca",
+                                 "drfa-synthetic-noise": "drflm"}[preset]  # the method default
     assert summary["diverged_seeds"] == 0
     assert all(math.isfinite(v) for v in summary["final_mean"].values() if v is not None)
     rows = read_csv(first / "metrics.csv")
