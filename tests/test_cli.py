@@ -189,8 +189,8 @@ SWEEP_TINY = {"k": 2, "m": 8, "n": 5, "d": 5, "rounds": 5, "restarts": 2, "seeds
               "R": 1.0, "sigma": 0.1}
 # The synthetic-IFCA presets share these tiny settings; other experiments test their own.
 SYNTHETIC = {n: p for n, p in experiments.PRESETS.items()
-             if p.experiment in (ifca_synthetic.RUN, ifca_success.SUCCESS)}
-RUN_PRESETS = [n for n, p in SYNTHETIC.items() if p.experiment is ifca_synthetic.RUN]
+             if p.experiment in (ifca_synthetic.EXPERIMENT, ifca_success.SUCCESS)}
+RUN_PRESETS = [n for n, p in SYNTHETIC.items() if p.experiment is ifca_synthetic.EXPERIMENT]
 SWEEP_ONLY_PRESETS = [n for n, p in SYNTHETIC.items() if p.experiment is ifca_success.SUCCESS]
 COMPARE_PRESETS = [n for n, p in SYNTHETIC.items() if "compare" in p.commands]
 SMALL_SWEEP = ["seeds=2", "R=0.4,0.8"]

@@ -520,7 +520,7 @@ def _in_chunks_of(problem, chunk: int):
 def test_chunked_metrics_equal_whole(name):
     # Evaluated 7 clients at a time and summed on the host (HypCluster's state holds each
     # client's cluster: its chunk is sliced too) against every client at once.
-    s = {**ifca_synthetic.RUN.defaults(), "m": 40, "n": 10, "d": 10, "k": 4, "n_test": 3,
+    s = {**ifca_synthetic.EXPERIMENT.defaults(), "m": 40, "n": 10, "d": 10, "k": 4, "n_test": 3,
          "R": 1.0, "algorithm": name}
     problem = generated_mixture(jax.random.key(5), k=4, m=40, n=10, d=10, sigma=0.1, R=1.0,
                                 n_test=3)
@@ -545,7 +545,7 @@ def test_a_long_chunked_evaluation_reports_its_chunks(capsys, monkeypatch):
     one without progress, prints nothing."""
     problem = generated_mixture(jax.random.key(5), k=4, m=40, n=10, d=10, sigma=0.1, R=1.0,
                                 n_test=3)
-    s = {**ifca_synthetic.RUN.defaults(), "m": 40, "n": 10, "d": 10, "k": 4, "n_test": 3}
+    s = {**ifca_synthetic.EXPERIMENT.defaults(), "m": 40, "n": 10, "d": 10, "k": 4, "n_test": 3}
     algorithm = with_restarts(build_algorithm("ifca", s), 2)
     state = jax.jit(algorithm.init)(jax.random.key(1), problem.train)
     monkeypatch.setattr(logs, "_PROGRESS_EVERY", 0.0)  # every pass counts as long
@@ -622,9 +622,9 @@ def _planned(s: dict, copies: int):
 
 
 def test_generated_clients_plan_a_chunk_and_store_nothing():
-    s = {**ifca_synthetic.RUN.defaults(), "m": 10**8, "n": 10, "d": 10, "k": 4,
+    s = {**ifca_synthetic.EXPERIMENT.defaults(), "m": 10**8, "n": 10, "d": 10, "k": 4,
          "clients": "generated"}
-    ifca_synthetic.RUN.validate(s, "run")
+    ifca_synthetic.EXPERIMENT.validate(s, "run")
     chunk = _planned(s, s["restarts"])
     # O(chunk) rows: the chunk's working memory within GENERATED_WORK_BYTES
     per_client = s["restarts"] * memory.estimate_bytes_per_client(
@@ -637,26 +637,26 @@ def test_generated_clients_plan_a_chunk_and_store_nothing():
 
 
 def test_copies_past_the_machine_suggest_generated_clients():
-    s = {**ifca_synthetic.RUN.defaults(), "m": 10**8, "n": 10, "d": 10, "k": 4,
+    s = {**ifca_synthetic.EXPERIMENT.defaults(), "m": 10**8, "n": 10, "d": 10, "k": 4,
          "clients": "copies"}
     with pytest.raises(ValueError, match="set clients=generated"):
-        ifca_synthetic.RUN.validate(s, "run")
-    s = {**ifca_synthetic.RUN.defaults(), "m": 10**7, "clients": "copies"}
+        ifca_synthetic.EXPERIMENT.validate(s, "run")
+    s = {**ifca_synthetic.EXPERIMENT.defaults(), "m": 10**7, "clients": "copies"}
     with pytest.raises(ValueError, match=r"more than this machine.*or set clients=generated"):
-        ifca_synthetic.RUN.validate(s, "run")
+        ifca_synthetic.EXPERIMENT.validate(s, "run")
 
 
 def test_clients_auto_picks_generated_where_copies_do_not_fit(monkeypatch):
     monkeypatch.setattr(memory, "machine_bytes", lambda: 24 * 2**30)
     shape = {"n": 10, "d": 10, "k": 4}
     for m, want in ((10**8, "generated"), (10**6, "generated"), (10**4, "copies")):
-        s = {**ifca_synthetic.RUN.defaults(), "m": m, **shape}
+        s = {**ifca_synthetic.EXPERIMENT.defaults(), "m": m, **shape}
         assert s["clients"] == "auto"
-        ifca_synthetic.RUN.validate(s, "run")
+        ifca_synthetic.EXPERIMENT.validate(s, "run")
         assert s["clients"] == want, m
     # compare does not read the setting: it stays auto (copies)
-    s = {**ifca_synthetic.RUN.defaults(), "m": 100, **shape}
-    ifca_synthetic.RUN.validate(s, "compare")
+    s = {**ifca_synthetic.EXPERIMENT.defaults(), "m": 100, **shape}
+    ifca_synthetic.EXPERIMENT.validate(s, "compare")
     assert s["clients"] == "auto"
 
 

@@ -94,7 +94,7 @@ SYNTHETIC = [  # (settings, copies, algorithm, the chunk chosen before the move)
 
 @pytest.mark.parametrize("over,copies,algorithm,pinned", SYNTHETIC)
 def test_synthetic_client_chunk(over, copies, algorithm, pinned):
-    s = {**ifca_synthetic.RUN.defaults(), **over, "algorithm": algorithm}
+    s = {**ifca_synthetic.EXPERIMENT.defaults(), **over, "algorithm": algorithm}
     got = _planned(s, copies, algorithm)
     assert got == pinned
     if s["memory_budget_gb"]:
@@ -104,7 +104,7 @@ def test_synthetic_client_chunk(over, copies, algorithm, pinned):
 
 
 def test_synthetic_refuses_what_the_machine_cannot_hold():
-    s = {**ifca_synthetic.RUN.defaults(), "m": 10**6}
+    s = {**ifca_synthetic.EXPERIMENT.defaults(), "m": 10**6}
     with pytest.raises(ValueError, match=r"needs about .* \(m=1000000, n=100, n_test=100, "
                        r"d=1000, 10 copies: restarts × seeds\), more than this machine's"):
         _planned(s, 10)
@@ -114,7 +114,7 @@ ISSUE_SHAPE = {"n": 10, "d": 10, "k": 4}  # issue 20's runs; 10 restarts, n_test
 
 
 def test_generated_plan_counts_restarts_and_the_test_evaluation():
-    s = {**ifca_synthetic.RUN.defaults(), **ISSUE_SHAPE, "m": 10**8, "clients": "generated"}
+    s = {**ifca_synthetic.EXPERIMENT.defaults(), **ISSUE_SHAPE, "m": 10**8, "clients": "generated"}
     n, d, k, nt, restarts = 10, 10, 4, 100, 10
     round_ = 4 * n * d + 4 * n + 2 * k * 4 * n  # rows, k predictions and their VJP: 760 B
     test_eval = 4 * nt * d + 4 * nt + k * 4 * nt  # 100 test rows, k predictions: 6000 B
@@ -126,7 +126,7 @@ def test_generated_plan_counts_per_client_state(monkeypatch):
     # With partial participation IFCA keeps [restarts, m] int32 assignments and stability
     # counters, this round's and the next: 2 · 10 · 8 B per client.
     monkeypatch.setattr(memory, "machine_bytes", lambda: 24 * 2**30)
-    s = {**ifca_synthetic.RUN.defaults(), **ISSUE_SHAPE, "clients": "generated",
+    s = {**ifca_synthetic.EXPERIMENT.defaults(), **ISSUE_SHAPE, "clients": "generated",
          "participation": 0.5}
     state = 10 * (4 * 4 * 10 + 4 + 2 * 4 * 2 * 10**8)  # m = 2·10⁸: models, round, [m] × 2
     peak = 2 * state + 17893 * 10 * 6000  # the chunk as above (m = 2·10⁸ chunks the same)
@@ -143,23 +143,23 @@ def test_copies_plan_counts_building_the_data(monkeypatch):
     # data: train x, y, counts, clusters; test likewise) were not counted.
     monkeypatch.setattr(memory, "machine_bytes", lambda: 24 * 2**30)
     m = 10**6
-    s = {**ifca_synthetic.RUN.defaults(), **ISSUE_SHAPE, "m": m, "clients": "copies"}
+    s = {**ifca_synthetic.EXPERIMENT.defaults(), **ISSUE_SHAPE, "m": m, "clients": "copies"}
     data = 4 * m * (10 * 10 + 10 + 2) + 4 * m * (100 * 10 + 100 + 2)
     state = 10 * (4 * 4 * 10 + 4)  # 10 restarts' [k, d] models and round counters
     unchunked = data + 2 * state + 10 * 6000 * m  # the test evaluation of every client
     describe = r"\(m=1000000, n=10, n_test=100, d=10, 10 copies.*or set clients=generated"
     with pytest.raises(ValueError, match=rf"needs about {unchunked / 2**30:.3g} GiB {describe}"):
-        ifca_synthetic.RUN.validate(s, "run")
+        ifca_synthetic.EXPERIMENT.validate(s, "run")
     build = 5 * data  # a 12 GiB budget chunks the clients; building them still won't fit
     assert build > 0.8 * 24 * 2**30
     with pytest.raises(ValueError, match=rf"needs about {build / 2**30:.3g} GiB {describe}"):
-        ifca_synthetic.RUN.validate({**s, "memory_budget_gb": 12.0}, "run")
+        ifca_synthetic.EXPERIMENT.validate({**s, "memory_budget_gb": 12.0}, "run")
 
 
 @pytest.mark.parametrize("over,pinned", [({}, 482081600), ({"restarts": 3, "m": 40, "n_test": 0},
                                                            64416800)])
 def test_synthetic_sweep_pair_bytes_and_chunk(over, pinned):
-    s = {**ifca_synthetic.RUN.defaults(), **over}
+    s = {**ifca_synthetic.EXPERIMENT.defaults(), **over}
     m, n, d = s["m"], s["n"], s["d"]
     nt = max(s["n_test"], 1)  # n_test = 0 still builds one test row per client
     data = 4 * m * (n * d + n + 2) + 4 * m * (nt * d + nt + 2)

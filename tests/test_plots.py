@@ -277,11 +277,12 @@ def test_synthetic_run_plot_labels_every_axis(tmp_path, drawn_axes):
 
     rows = [{"round": t, "restart": 0, "train_loss": 10.0 ** -t, "test_loss": 2.0 ** -t,
              "cluster_accuracy": 0.5, "min_dist": 1.0 / (t + 1)} for t in range(4)]
-    ifca_synthetic.RUN.plot_run(rows, {"success_threshold": 0.06, "algorithm": "ifca",
+    ifca_synthetic.EXPERIMENT.plot_run(rows, {"success_threshold": 0.06, "algorithm": "ifca",
                                        "best_restart": 0}, tmp_path)
     (axes,) = drawn_axes
-    assert [ax.get_ylabel() for ax in axes[0]] == [label for _, label in ifca_synthetic.RUN.panels]
+    panels = ifca_synthetic.EXPERIMENT.panels
+    assert [ax.get_ylabel() for ax in axes[0]] == [label for _, label in panels]
     assert all(ax.get_xlabel() == "round" for ax in axes[0])
     assert axes[0][0].get_yscale() == "log"
     color = to_rgba(axes[0][0].get_lines()[0].get_color())
-    assert color == to_rgba(plots.method_colors(ifca_synthetic.RUN.methods)["ifca"])
+    assert color == to_rgba(plots.method_colors(ifca_synthetic.EXPERIMENT.methods)["ifca"])

@@ -376,9 +376,9 @@ def test_from_arrays_bad_arguments_are_value_errors(m, n_max, how, data):
 # The synthetic run presets: the keys and ranges below are theirs (the comparison presets'
 # runs have their own settings, tested in test_compare_lifecycle).
 RUN_PRESETS = sorted(n for n, p in experiments.PRESETS.items()
-                     if p.experiment is ifca_synthetic.RUN)
+                     if p.experiment is ifca_synthetic.EXPERIMENT)
 SWEEP_PRESETS = ["ifca-success-small", "ifca-success-m-n-k4", "ifca-success-r-noise-k2"]
-RUN_KEYS = list(ifca_synthetic.RUN.defaults())
+RUN_KEYS = list(ifca_synthetic.EXPERIMENT.defaults())
 RUN_INT_KEYS = [
     "k", "m", "n", "d", "rounds", "restarts", "seeds", "eval_every", "n_test", "local_steps",
     "pretrain_steps",
@@ -450,7 +450,7 @@ def _assert_sane_run_settings(preset, s: dict) -> None:
     if s["algorithm"] != "ifca":
         assert s["option"] == "gradient" and s["divide_by"] == "m", s
     if s["algorithm"] != "oneshot":
-        assert s["pretrain_steps"] == ifca_synthetic.RUN.defaults()["pretrain_steps"], s
+        assert s["pretrain_steps"] == ifca_synthetic.EXPERIMENT.defaults()["pretrain_steps"], s
     if s["algorithm"] == "local":
         assert s["participation"] == 1.0, s
     if s["algorithm"] == "ifca" and s["option"] == "gradient":

@@ -20,7 +20,7 @@ from fedjax_sim import memory, parallel, plots, stats
 from fedjax_sim.data import check_mixture_settings
 from fedjax_sim.experiments.base import Experiment, Preset, RunContext, Sweep
 from fedjax_sim.experiments.ifca_synthetic import (
-    RUN,
+    EXPERIMENT,
     SHAPE,
     SHAPE_NAMES,
     SWEEP_KEYS,
@@ -58,14 +58,14 @@ def _lrs(cell: dict) -> list:
 def validate(s: dict, command: str = "sweep") -> None:
     check_mixture_settings(s["k"], s["m"], s["n"], s["d"], s["sigma"], s["R"])
     if command == "run":
-        RUN.validate(run_settings(s), "run")
+        EXPERIMENT.validate(run_settings(s), "run")
 
 
 def run_settings(s: dict) -> dict:
     """The synthetic run of one cell: IFCA option I on data seed `seed`, as the protocol
     trains it (no test clients), at one lr of the grid (the first, unless one is set)."""
     lr = s["lr"][0] if isinstance(s["lr"], list) else s["lr"]
-    return {**RUN.defaults(), **{k: s[k] for k in SHAPE_NAMES}, "lr": lr,
+    return {**EXPERIMENT.defaults(), **{k: s[k] for k in SHAPE_NAMES}, "lr": lr,
             "rounds": s["rounds"], "restarts": s["restarts"], "seed": s["seed"],
             "n_test": 0, "eval_every": 10, "memory_budget_gb": 0.0,
             "clients": None}  # stored copies; this protocol has no setting clients
@@ -75,7 +75,7 @@ def run(s: dict, ctx: RunContext) -> tuple[list[dict], dict]:
     """One cell alone (`fedjax-sim run ifca-success-small --set sigma=0.5 R=0.8`): the
     run a sweep's seed 0 makes at the grid's first lr, with its success verdict."""
     cell = run_settings(s)
-    rows, summary = RUN.run(cell, ctx)
+    rows, summary = EXPERIMENT.run(cell, ctx)
     summary["success_threshold"] = success_threshold(s["sigma"], s["threshold_offset"])
     summary["success"] = bool(summary["final"] is not None and summary["final"].get(
         "min_dist", math.inf) < summary["success_threshold"])
@@ -187,8 +187,8 @@ SUCCESS = Experiment(
     settings=SETTINGS,
     validate=validate,
     run=run,
-    run_facts=lambda summary, s: RUN.run_facts(summary, run_settings(s)),
-    plot_run=RUN.plot_run,
+    run_facts=lambda summary, s: EXPERIMENT.run_facts(summary, run_settings(s)),
+    plot_run=EXPERIMENT.plot_run,
     sweep=Sweep(trials=trials, columns=trial_columns, summarize=summarize_cells,
                 seeds_per_chunk=seeds_per_chunk, cell_cost=cell_cost, plot=plot_sweep),
 )

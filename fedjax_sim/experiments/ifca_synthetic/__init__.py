@@ -31,7 +31,6 @@ from fedjax_sim.experiments.ifca_synthetic.common import (
 from fedjax_sim.experiments.ifca_synthetic.run import (
     EXPERIMENT,
     PRESETS,
-    RUN,
     copies_fit,
     footprint_of,
 )
@@ -42,6 +41,6 @@ from fedjax_sim.experiments.ifca_synthetic.sweep import (
     rows_by_cell,
 )
 
-__all__ = ["DATA", "EXPERIMENT", "PRESETS", "ROUNDS", "RUN", "SHAPE", "SHAPE_NAMES",
+__all__ = ["DATA", "EXPERIMENT", "PRESETS", "ROUNDS", "SHAPE", "SHAPE_NAMES",
            "SWEEP_KEYS", "_final_runs", "build_algorithm", "cell_min_dist", "copies_fit",
            "footprint_of", "make_problem", "rows_by_cell", "success_threshold"]

@@ -456,7 +456,6 @@ EXPERIMENT = Experiment(
     sweep=SWEEP,
 )
 
-RUN = EXPERIMENT  # the name ifca_success and older callers use
 
 
 _TINY = {"m": 20, "n": 50, "d": 10, "R": 1.0, "rounds": 60, "restarts": 10, "eval_every": 10,
