@@ -345,4 +345,4 @@ def sweep_of(e: Experiment) -> Sweep:
 
 __all__ = ["build_method", "compare", "compared", "method_run", "method_spec", "model_of",
            "part", "problem_for", "run", "run_facts", "run_method", "sweep_of", "table",
-           "training_of"]
+           "training_of", "validation_problems", "with_parts"]
