@@ -22,7 +22,8 @@ _LAZY = {
                      "fedprox", "fedyogi", "hypcluster", "ifca", "local_models",
                      "mixed_centralized", "mixed_gt1", "mixed_gt2", "mixed_parallel",
                      "one_shot_clustering", "qffl", "robust_ifca", "scaffold", "sgd",
-                     "with_restarts", "with_seeds", "with_systems"), "fedjax_sim.algorithms"),
+                     "with_dp", "with_dp_ftrl", "with_restarts", "with_seeds", "with_systems",
+                     "AdaptiveClipping"), "fedjax_sim.algorithms"),
     **dict.fromkeys(("FederatedData", "ServerData", "linear_mixture"), "fedjax_sim.data"),
     **dict.fromkeys(("Model", "linear_regression", "mlp_classifier"), "fedjax_sim.models"),
     "Clock": "fedjax_sim.ops.clock",
@@ -50,6 +51,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
     from fedjax_sim import algorithms, data, metrics, models, ops, simulate  # noqa: F401
     from fedjax_sim.algorithms import (  # noqa: F401
         ALGORITHMS,
+        AdaptiveClipping,
         Algorithm,
         ClientTraining,
         afl,
@@ -78,6 +80,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
         robust_ifca,
         scaffold,
         sgd,
+        with_dp,
+        with_dp_ftrl,
         with_restarts,
         with_seeds,
         with_systems,
@@ -91,6 +95,7 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors
 
 __all__ = [
     "ALGORITHMS",
+    "AdaptiveClipping",
     "Algorithm",
     "Checkpoints",
     "ClientTraining",
@@ -136,6 +141,8 @@ __all__ = [
     "scaffold",
     "sgd",
     "simulate",
+    "with_dp",
+    "with_dp_ftrl",
     "with_restarts",
     "with_seeds",
     "with_systems",

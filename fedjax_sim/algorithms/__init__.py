@@ -46,6 +46,7 @@ from fedjax_sim.algorithms.mixed import (
     mixed_parallel,
 )
 from fedjax_sim.algorithms.oneshot import one_shot_clustering
+from fedjax_sim.algorithms.private import AdaptiveClipping, with_dp, with_dp_ftrl
 from fedjax_sim.algorithms.qffl import QFFLState, qffl
 from fedjax_sim.algorithms.recipes import fedadagrad, fedadam, fedavgm, fedyogi
 from fedjax_sim.algorithms.robust_ifca import RobustIFCAState, robust_ifca
@@ -113,6 +114,7 @@ __all__ = [
     "ALGORITHMS",
     "ALIASES",
     "AFLState",
+    "AdaptiveClipping",
     "Algorithm",
     "AsyncState",
     "CFLState",
@@ -159,6 +161,8 @@ __all__ = [
     "scaffold",
     "sgd",
     "with_balanced_init",
+    "with_dp",
+    "with_dp_ftrl",
     "with_fixed_assignment",
     "with_frozen_trunk",
     "with_grid",

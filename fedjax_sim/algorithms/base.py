@@ -22,7 +22,13 @@ import optax
 from fedjax_sim.algorithms.server import apply_server_update, make_server_optimizer
 from fedjax_sim.data.federated import copies_axes
 from fedjax_sim.models.core import Model, check_model_data
-from fedjax_sim.ops import sample_cohort
+from fedjax_sim.ops import (
+    divide_segments,
+    mean_or_keep,
+    sample_cohort,
+    segment_totals,
+    weighted_sum,
+)
 from fedjax_sim.systems import Systems, systems_of
 from fedjax_sim.systems import attach as attach_systems
 
@@ -199,6 +205,86 @@ class Cohorts(NamedTuple):
     def participants(data, active) -> dict:
         """The round metric `participants` where the data carry `Systems`; {} otherwise."""
         return participants(data, active)
+
+    # The server's aggregation of the cohort's updates. `aggregation` is the state's field
+    # of that name: () for the plain weighted mean (the paper's rule, unchanged), or a rule
+    # a combinator put there (`with_dp`'s clipped, noised sum), which then decides both
+    # halves. The first half adds over clients (a chunked round adds chunks); the second
+    # runs once per round.
+
+    @staticmethod
+    def sums(aggregation, trained, start, weights):
+        """What a batch of slots adds to the server's aggregate: (Σ_i w_i θ̃_i, Σ_i w_i).
+
+        trained: the slots' trained values (leaves [c, ...]); start: what each started
+          from (broadcastable to trained; None: `trained` are already changes Δ_i);
+          weights: [c] `Cohorts.weights` (0 for a slot that does not count).
+        A rule sums its own view of the changes θ̃_i − start_i instead.
+        """
+        if is_plain(aggregation):
+            return weighted_sum(trained, weights), jnp.sum(weights)
+        return aggregation.sums(_changes(trained, start), weights)
+
+    @staticmethod
+    def mean(aggregation, sums, base, key, cohort, data):
+        """The round's aggregate from the summed `sums`: (new value, new aggregation, metrics).
+
+        Plain: Σ_i w_i θ̃_i / Σ_i w_i, or `base` when nobody counted (a model nobody
+        trained). A rule returns base + its estimate of the mean change (with `start` None
+        in `sums`, pass zeros as `base`). `key` is the round's key (a rule folds in a stream
+        of its own); `cohort` and `data` tell it the cohort's expected size.
+        """
+        if is_plain(aggregation):
+            total, weight = sums
+            return mean_or_keep(total, weight, base), aggregation, {}
+        return aggregation.mean(sums, base, key, expected_clients(cohort, data))
+
+    @staticmethod
+    def cluster_sums(aggregation, trained, start, segment, num_clusters: int, weights):
+        """Per cluster j: (Σ_{i: segment_i = j} w_i θ̃_i [k, ...], Σ w_i [k]); ids outside
+        [0, k) are dropped. start: each slot's starting value (its cluster's model)."""
+        if is_plain(aggregation):
+            return segment_totals(trained, segment, num_clusters, weights)
+        return aggregation.cluster_sums(_changes(trained, start), segment, num_clusters, weights)
+
+    @staticmethod
+    def cluster_means(aggregation, sums, base, key, cohort, data):
+        """Per cluster: (new values [k, ...], new aggregation, metrics). Plain: each cluster's
+        weighted mean, or its `base` (leaves [k, ...]) when nobody counted in it."""
+        if is_plain(aggregation):
+            totals, cluster_weight = sums
+            return divide_segments(totals, cluster_weight, fallback=base), aggregation, {}
+        return aggregation.cluster_means(sums, base, key, expected_clients(cohort, data))
+
+
+def is_plain(aggregation) -> bool:
+    """Whether a state's `aggregation` is the plain weighted mean (an empty tuple)."""
+    return isinstance(aggregation, tuple) and not aggregation
+
+
+def _changes(trained, start):
+    if start is None:
+        return trained
+    return jax.tree.map(lambda t, s: t - s, trained, start)
+
+
+def expected_clients(cohort, data) -> float:
+    """The number of clients a round's cohort is expected to hold (static).
+
+    Its s slots (a fixed-size cohort), or, where the data's `Systems` make each client
+    available with probability a (`with_systems`; Poisson sampling when the s slots are
+    a cap above a·m), min(s, a·m). An availability per client or a day/night cycle has no
+    single expectation: refused.
+    """
+    systems = systems_of(data)
+    size = float(cohort.size)
+    if systems.always_available:
+        return size
+    if isinstance(systems.availability, tuple) or systems.period:
+        raise ValueError("the expected cohort size needs one availability for every client "
+                         "and no day/night cycle; give the expected number of clients "
+                         "yourself (with_dp's expected_clients).")
+    return min(size, systems.availability * data.num_clients)
 
 
 def cohorts(participation: float, weighting: str | None = None) -> Cohorts:

@@ -9,6 +9,7 @@ One round (the paper's Algorithm 1):
     S    ← round(participation · m) clients (at least 1), uniformly without replacement
     each i ∈ S:  w_i ← LocalUpdate(w)              (`training`: τ optimizer steps)
     w    ← Σ_{i∈S} p_i w_i / Σ_{i∈S} p_i           (p_i = 1, or n_i: weighting="examples")
+                                                   (`with_dp`: the clipped, noised mean instead)
 
 A client without data has p_i = 0; a round whose cohort holds no data keeps w.
 FedOpt (FedAvgM, FedAdam, ...) is `with_server_optimizer(fedavg(...), ...)`.
@@ -31,13 +32,14 @@ from fedjax_sim.algorithms.base import (
 from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
-from fedjax_sim.ops import cohort_sums, map_client_chunks, mean_or_keep, weighted_sum
+from fedjax_sim.ops import cohort_sums, map_client_chunks
 
 
 class FedAvgState(NamedTuple):
     params: object  # pytree, one model
     round: jax.Array  # int32
     server_state: object = ()  # `with_server_optimizer`'s state; () without one
+    aggregation: object = ()  # the server's rule (`with_dp`'s); (): the weighted mean
 
 
 def evaluate_shared(model: Model, params, data: FederatedData) -> dict:
@@ -111,14 +113,16 @@ def fedavg(model: Model, training: ClientTraining, *, participation: float = 1.0
             trained, _, losses = training_t.update_clients(model, start, batch.data,
                                                            batch.keys, **batch.work())
             weights = clients.weights(batch.active, batch.data.num_examples)
-            sums = (weighted_sum(trained, weights), jnp.sum(weights))
+            sums = clients.sums(state.aggregation, trained, state.params, weights)
             return sums, (losses[:, 0], batch.active)
 
-        (total, weight), (first_losses, active) = cohort_sums(client_step, data, cohort)
-        params = mean_or_keep(total, weight, state.params)
+        sums, (first_losses, active) = cohort_sums(client_step, data, cohort)
+        params, aggregation, server_metrics = clients.mean(state.aggregation, sums,
+                                                           state.params, key, cohort, data)
         metrics = {"cohort_loss": mean_over(first_losses, active),
-                   **clients.participants(data, active)}
-        return state._replace(params=params, round=state.round + 1), metrics
+                   **clients.participants(data, active), **server_metrics}
+        return state._replace(params=params, round=state.round + 1,
+                              aggregation=aggregation), metrics
 
     def evaluate(state: FedAvgState, data: FederatedData) -> dict:
         return evaluate_shared(model, state.params, data)

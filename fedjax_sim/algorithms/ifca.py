@@ -57,6 +57,7 @@ from fedjax_sim.algorithms.base import (
     check_same_clients,
     check_steps,
     cohorts,
+    is_plain,
     num_params,
     per_client_fields,
 )
@@ -69,12 +70,10 @@ from fedjax_sim.ops import (
     cluster_gradient_sums,
     cluster_losses,
     cohort_sums,
-    divide_segments,
     map_client_chunks,
     mean_or_keep,
     put,
     sample_cohort,
-    segment_totals,
     take,
     taking_part,
     weighted_sum,
@@ -101,6 +100,7 @@ class IFCAState(NamedTuple):
     pinned_until: jax.Array  # int32: every client keeps its cluster while round < this
     round: jax.Array  # int32, rounds done
     server_state: object = ()  # `with_server_optimizer`'s, one per cluster; () without one
+    aggregation: object = ()  # the server's rule (`with_dp`'s); (): each cluster's mean
 
 
 def _trunk(state: IFCAState):
@@ -298,6 +298,10 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
             pinned_until=jnp.zeros((), jnp.int32), round=jnp.zeros((), jnp.int32))
 
     def gradient_step(state, batch):  # option I: s_i and ∇F_i(θ_ĵi), summed per cluster
+        if not is_plain(state.aggregation):
+            raise ValueError("with_dp on IFCA clips each client's change of its cluster's "
+                             "model: it needs option 'model' (option 'gradient' sums "
+                             "gradients into one step).")
         if jax.tree.leaves(_trunk(state)):
             raise ValueError("a shared or frozen trunk needs IFCA option 'model' (option "
                              "'gradient' averages whole models' gradients).")
@@ -309,7 +313,7 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
             batch.real.astype(jnp.float32))
         return grad_sum, (losses, assignment)
 
-    def gradient_server(state, grad_sum, data, cohort, cohort_clients):
+    def gradient_server(state, grad_sum, data, cohort, cohort_clients, key):
         # θ_j ← θ_j − (γ/m) Σ_i s_ij ∇F_i(θ_j); m and the cohort count clients holding data.
         if divide_by == "cohort" or cohort.everyone:
             divisor = cohort_clients
@@ -318,7 +322,8 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
         grads = jax.tree.map(lambda g: g / jnp.maximum(divisor, 1), grad_sum)
         opt = training.at_round(state.round).optimizer  # at the round's rate γ_t
         updates, opt_state = opt.update(grads, state.opt_state, state.cluster_params)
-        return optax.apply_updates(state.cluster_params, updates), state.shared_params, opt_state
+        return (optax.apply_updates(state.cluster_params, updates), state.shared_params,
+                opt_state, state.aggregation, {})
 
     def model_step(state, batch):  # option II: θ̃_i = LocalUpdate(θ_ĵi, γ, τ), summed per cluster
         net, heads, shared, frozen = (_net(model, state), state.cluster_params,
@@ -342,16 +347,20 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
             trunks, trained = partition(net, trained) if sharing else ({}, trained)
         weights = clients.weights(batch.active, batch.data.num_examples)
         segment = jnp.where(batch.active, assignment, k)  # id k is dropped
-        sums = (segment_totals(trained, segment, k, weights), weighted_sum(trunks, weights),
-                jnp.sum(weights))
+        if not is_plain(state.aggregation) and jax.tree.leaves(_trunk(state)):
+            raise ValueError("with_dp on IFCA clips each client's change of its cluster's "
+                             "whole model; a shared or frozen trunk is not supported.")
+        sums = (clients.cluster_sums(state.aggregation, trained, start, segment, k, weights),
+                weighted_sum(trunks, weights), jnp.sum(weights))
         return sums, (losses, assignment)
 
-    def model_server(state, sums, data, cohort, cohort_clients):
+    def model_server(state, sums, data, cohort, cohort_clients, key):
         # θ_j = Σ_i s_ij θ̃_i / Σ_i s_ij (an empty cluster keeps θ_j); FedAvg on a shared trunk.
-        (totals, cluster_weight), trunk_total, weight = sums
+        cluster_sums, trunk_total, weight = sums
         shared = mean_or_keep(trunk_total, weight, state.shared_params)
-        params = divide_segments(totals, cluster_weight, fallback=state.cluster_params)
-        return params, shared, state.opt_state
+        params, aggregation, server_metrics = clients.cluster_means(
+            state.aggregation, cluster_sums, state.cluster_params, key, cohort, data)
+        return params, shared, state.opt_state, aggregation, server_metrics
 
     client_step, server_update = {
         "gradient": (gradient_step, gradient_server), "model": (model_step, model_server),
@@ -375,7 +384,9 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
         metrics, with_data = _round_metrics(metric_sums, state)
         # (with_data: the slots that reported)
         metrics.update(clients.participants(data, with_data))
-        params, shared, opt_state = server_update(state, sums, data, cohort, with_data)
+        params, shared, opt_state, aggregation, server_metrics = server_update(
+            state, sums, data, cohort, with_data, key)
+        metrics.update(server_metrics)
         new_assignment, new_stable = state.assignment, state.stable
         if state.assignment is not None:
             active = taking_part(cohort, data)
@@ -386,7 +397,7 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
             new_stable = put(cohort, state.stable, stable)
         return state._replace(cluster_params=params, shared_params=shared, opt_state=opt_state,
                               assignment=new_assignment, stable=new_stable,
-                              round=state.round + 1), metrics
+                              round=state.round + 1, aggregation=aggregation), metrics
 
     def evaluate(state: IFCAState, data: FederatedData) -> dict:
         return evaluate_clusters(_net(model, state), state.cluster_params, data,
