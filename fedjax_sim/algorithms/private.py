@@ -128,6 +128,7 @@ class GaussianSum:
     expected_clients: float | None = dataclasses.field(default=None, metadata={"static": True})
     noise_cohort_size: float | None = dataclasses.field(default=None,
                                                         metadata={"static": True})
+    sigma_given: float | None = dataclasses.field(default=None, metadata={"static": True})
 
     @property
     def adaptive(self) -> bool:
@@ -158,7 +159,15 @@ class GaussianSum:
         return sigma
 
     def _count_stddev(self, expected: float):
-        return expected / 20.0 if self.count_stddev is None else self.count_stddev
+        if self.count_stddev is not None:
+            return self.count_stddev
+        stddev = expected / 20.0
+        if self.sigma_given is not None and not 2.0 * stddev > self.sigma_given:
+            raise ValueError(
+                f"adaptive clipping's count noise σ_b = D / 20 = {stddev:g} (D = {expected:g} "
+                f"expected clients) must exceed noise_multiplier / 2 = {self.sigma_given / 2:g}; "
+                "give AdaptiveClipping(count_stddev=...) above it, or a larger cohort.")
+        return stddev
 
     def _finish(self, sums, base, key, expected: float, denominators):
         expected = self._expected(expected)
@@ -194,7 +203,8 @@ class TreeSum:
 
     θ_t = θ_0 + (Σ_{τ≤t} S_τ + n_t) / D, n_t the tree's noise of the prefix sum; written
     round by round as θ_t = θ_{t−1} + (S_t + n_t − n_{t−1}) / D, so the state keeps the
-    tree's nodes and n_{t−1}, not θ_0 or the running sum.
+    tree's nodes and n_{t−1}, not θ_0 or the running sum. Round t's node is drawn with
+    the key fold_in(round key, PRIVACY_STREAM) (`ops.privacy.tree_noise_step`).
     """
 
     clip_norm: jax.Array  # [] float32: C
@@ -330,7 +340,7 @@ def with_dp(algorithm: Algorithm, clip_norm, noise_multiplier, *,
         a = adaptive or AdaptiveClipping(None, None, None)
         return GaussianSum(f32(clip_norm), f32(noise_multiplier), f32(a.target_quantile),
                            f32(a.learning_rate), f32(a.count_stddev), denominator,
-                           expected_clients, noise_cohort_size)
+                           expected_clients, noise_cohort_size, _plain_float(noise_multiplier))
 
     def init(key, data):
         state = algorithm.init(key, data)
