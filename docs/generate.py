@@ -246,6 +246,9 @@ PRESET_INFO = {
                                         "local work, FedAvg dropping or keeping them, FedProx, "
                                         "FedNova, SCAFFOLD", "FedProx paper, Fig. 1", MINUTES,
                                         "systems"),
+    "dp-hetero-digits": PresetInfo("user-level DP (DP-FedAvg, Poisson-sampled clients, ε by "
+                                   "dp-accounting) for FedAvg, IFCA, Ditto and fine-tuning",
+                                   "McMahan et al. 2018", MINUTES, "privacy"),
     "robust-clusters-digits": PresetInfo("`robust_ifca` against IFCA, DRFA and FedAvg on "
                                          "clusters with noisy members", "—", MINUTES,
                                          "baselines"),

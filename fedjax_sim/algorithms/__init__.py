@@ -84,6 +84,13 @@ ALGORITHMS = {
 }
 
 
+# The registered algorithms whose server averages the clients' model changes (their state
+# has an `aggregation`): `with_dp` privatises them; the others use more (the clients'
+# losses, λ) and are refused.
+PRIVATE_READY = frozenset({"fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox",
+                           "fednova", "scaffold", "ditto", "ifca", "hypcluster", "cfl"})
+
+
 # Other names of registered algorithms: alias -> its registry name (the name the method
 # table, the command line and every results file use).
 ALIASES = {"mixed_centralized": "oracle"}
@@ -113,6 +120,7 @@ def get_algorithm(name: str):
 __all__ = [
     "ALGORITHMS",
     "ALIASES",
+    "PRIVATE_READY",
     "AFLState",
     "AdaptiveClipping",
     "Algorithm",

@@ -20,7 +20,7 @@ import jax
 
 from fedjax_sim import compare, parallel, simulate
 from fedjax_sim.execution import PlanChanged, describe_chunk, plan_record
-from fedjax_sim.experiments import study, tuned
+from fedjax_sim.experiments import privacy, study, tuned
 from fedjax_sim.experiments.base import RunContext, Sweep, check_method
 from fedjax_sim.experiments.outputs import _after_first_rows, _rows_writer, _write_comparison
 from fedjax_sim.experiments.registry import Preset, get_preset
@@ -107,6 +107,9 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN,
             check_method(experiment, settings["method"])
         if experiment.validate is not None:
             experiment.validate(settings, command)
+        if privacy.enabled(settings) and experiment.methods:
+            privacy.check(experiment.method_table, _trained(experiment, settings, command) or (),
+                          settings)
         tuned.check(settings, tuple(k for k in overrides or {}
                                     if settings[k] != preset.defaults[k]))
     return settings

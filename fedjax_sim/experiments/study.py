@@ -30,7 +30,7 @@ from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.data.holdout import validation_split
 from fedjax_sim.execution import Execution
 from fedjax_sim.experiments import methods as catalog
-from fedjax_sim.experiments import tuned
+from fedjax_sim.experiments import privacy, tuned
 from fedjax_sim.experiments.base import (
     ROUNDS,
     Comparison,
@@ -96,18 +96,45 @@ def method_run(e: Experiment, name: str, s: dict, problem) -> executor.MethodRun
         s = e.derived(s, problem)
     model = model_of(e, name, problem)
     copies = part(problem, "copies", 1)
-    built = build_method(e, name, s, model, problem=problem)
-    algorithm = with_seeds(built, s["seeds"], shared_data=copies == 0)
     rounds = method_rounds(e, name, s)
+    dp = privacy_plan(e, name, s, problem)
+    built = build_method(e, name, s if dp is None else dp.settings(s), model, problem=problem)
+    if dp is not None:
+        built = dp.wrap(built)
+    algorithm = with_seeds(built, s["seeds"], shared_data=copies == 0)
     metrics = e.metrics(Trained(name, e.method_table[name], s, problem, model, algorithm,
                                 built, rounds, training_of(e, name, s)))
     if not isinstance(metrics, Metrics):
         metrics = Metrics(metrics)
+    every = metrics.every or s["eval_every"]
+    evaluate = metrics.evaluate
+    if dp is not None:
+        evaluate = _with_epsilon(evaluate, dp.table(every))
     return executor.MethodRun(
         algorithm, part(problem, "train"), stream_key(s["seed"], ROUNDS), rounds,
-        metrics.evaluate, metrics.every or s["eval_every"], seed_rows=metrics.seed_rows,
+        evaluate, every, seed_rows=metrics.seed_rows,
         finals=metrics.finals, round_metrics=metrics.round_metrics,
         progress_summary=metrics.progress_summary, data_copies=copies)
+
+
+def privacy_plan(e: Experiment, name: str, s: dict, problem) -> privacy.Plan | None:
+    """The run's DP (`experiments.privacy`) where its settings ask for it; None otherwise."""
+    if not privacy.enabled(s):
+        return None
+    privacy.check(e.method_table, (name,), s)
+    return privacy.Plan(s, part(problem, "train").num_clients, method_rounds(e, name, s))
+
+
+def _with_epsilon(evaluate, table):
+    """The evaluation with the column `epsilon`: ε after the state's round (`table`)."""
+    import jax.numpy as jnp
+
+    epsilons = jnp.asarray(table)
+
+    def evaluate_(state):
+        return {**evaluate(state), "epsilon": epsilons[state.round]}
+
+    return evaluate_
 
 
 def compared(e: Experiment, s: dict) -> tuple[str, ...]:
@@ -275,6 +302,9 @@ def run_method(e: Experiment, s: dict, ctx: RunContext) -> tuple[list[dict], dic
         "rounds_per_second": result.timing["rounds_run"] / seconds
         if result.timing.get("rounds_run") and seconds > 0 else None,
     }
+    dp = privacy_plan(e, name, s, problem_for(e, s)) if privacy.enabled(s) else None
+    if dp is not None:
+        summary["privacy"] = dp.record()
     if result.diverged_seeds == seeds:
         last = max(result.diverged, key=lambda d: d["round"])
         summary.update(diverged_round=last["round"], diverged_metric=last["metric"],

@@ -36,6 +36,7 @@ from fedjax_sim.experiments.hetero.data import (
 )
 from fedjax_sim.experiments.hetero.metrics import metrics_fn
 from fedjax_sim.experiments.methods import KINDS, METHODS, SYSTEMS_SETTINGS, systems_note
+from fedjax_sim.experiments.privacy import PRIVACY_SETTINGS
 from fedjax_sim.experiments.settings import (
     Setting,
     adapt_steps_setting,
@@ -57,6 +58,8 @@ from fedjax_sim.models import mlp_classifier
 
 HETERO_METHODS = ("fedavg", "fedavgm", "fedadam", "fedprox", "scaffold", "qffl", "afl", "ditto",
                   "hypcluster", "cfl", "ifca")
+# DP (experiments.privacy): a global, a clustered, a personalised and a fine-tuned method.
+DP_METHODS = ("fedavg", "ifca", "ditto", "fedavg_ft")
 ROBUST_METHODS = ("ifca", "robust_ifca", "drfa", "fedavg")
 # The FedProx paper's systems-heterogeneity comparison (its Figure 1), with FedNova and SCAFFOLD.
 SYSTEMS_METHODS = ("fedavg_drop", "fedavg", "fedprox", "fednova", "scaffold")
@@ -103,6 +106,7 @@ def settings(headline: str) -> tuple[Setting, ...]:
         batch_size_setting(),
         participation_setting(),
         *SYSTEMS_SETTINGS.values(),
+        *PRIVACY_SETTINGS.values(),
         rounds_setting(50),
         count("k", 2, "ifca, hypcluster, robust_ifca: cluster models", maximum=1000),
         seeds_setting(3, "seeds (partition, noise, init), one vmapped axis", maximum=1000),
@@ -283,6 +287,12 @@ ROBUST = hetero_experiment(
     "robust_clusters", "IFCA, robust_ifca, DRFA, FedAvg on rotated clusters with noisy clients",
     ROBUST_METHODS, "ifca",
     {"partitioner": "iid", "rotations": 4, "num_clients": 32, "noisy_clients": 2, "k": 4})
+PRIVATE = hetero_experiment(
+    "dp_hetero", "User-level DP (DP-FedAvg's clipped, noised aggregation) for global, "
+    "clustered, personalised and fine-tuned methods on partitioned images",
+    DP_METHODS, "fedavg",
+    {"num_clients": 100, "participation": 0.2, "dp_clip": 0.5, "target_epsilon": 8.0,
+     "rounds": 100, "eval_every": 20})
 SYSTEMS = hetero_experiment(
     "hetero_systems", "FedAvg dropping or keeping stragglers, FedProx, FedNova, SCAFFOLD under "
     "systems heterogeneity", SYSTEMS_METHODS, "fedavg_drop",
@@ -306,6 +316,11 @@ PRESETS = [
            "work 1..10 steps, 50% stragglers each round; FedAvg dropping them against FedAvg "
            "and FedProx keeping their partial work, FedNova and SCAFFOLD.",
            {"prox_mu": 1.0, **TUNE_GRIDS}),
+    Preset("dp-hetero-digits", PRIVATE,
+           "User-level DP on 8×8 digits: FedAvg, IFCA, Ditto and FedAvg + fine-tuning, 100 "
+           "Dirichlet(0.5) clients, each taking part with probability 0.2 (Poisson), clip "
+           "0.5, σ calibrated to ε = 8 at δ = 1e-5 after 100 rounds (sweep target_epsilon=1,3,8 "
+           "and dp_noise=0 for ε = ∞)."),
     Preset("robust-clusters-digits", ROBUST,
            "Robust clustered FL: 4 rotation clusters of 8 digits clients, the last 2 of each "
            "with label noise; worst-client and mean test loss per cluster."),

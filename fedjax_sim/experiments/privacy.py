@@ -1,0 +1,172 @@
+"""Differential privacy as settings of an experiment, declared once (like the systems ones).
+
+An experiment that offers it adds `PRIVACY_SETTINGS`; with `dp_clip > 0` every method it
+trains gets `algorithms.with_dp` (user-level DP-FedAvg), and each run reports ε at
+`dp_delta` after every evaluated round (the `epsilon` column of metrics.csv; the last one
+is the run's final ε in summary.json and a comparison's results). What is accounted:
+
+    sampling  "poisson" (default): each of the m clients takes part independently with
+              probability q = participation (`Systems(availability=q)`), in a static
+              cohort of s slots whose overflow probability P[Binomial(m, q) > s] ≤ 1e-9
+              (`accounting.poisson_overflow_probability`; recorded);
+              "fixed": s = round(q·m) clients without replacement (accountant "rdp" only:
+              dp-accounting's PLD has no fixed-size event)
+    σ         dp_noise, or calibrated before training to reach target_epsilon after the
+              run's rounds at dp_delta with the same accountant (`accounting.calibrate_noise`)
+    ε         `accounting.epsilons(σ, δ, evaluated rounds, ...)` by dp_accountant
+              ("pld" default, "rdp")
+
+With dp_quantile > 0 the clip adapts to that quantile of the update norms (Andrew et al.;
+`AdaptiveClipping(dp_quantile)`; dp_clip is then the first round's C). Tuning (a tuned
+comparison's grid, choosing on the validation split) is not privatised, as in the papers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from fedjax_sim.algorithms import PRIVATE_READY, AdaptiveClipping, with_dp
+from fedjax_sim.algorithms.base import cohort_size
+from fedjax_sim.experiments.methods import Setting
+
+SAMPLINGS = ("poisson", "fixed")
+OVERFLOW = 1e-9  # the largest overflow probability a Poisson cohort's slots may have
+
+PRIVACY_SETTINGS = {st.name: st for st in (
+    Setting("dp_clip", float, 0.0, "user-level DP (DP-FedAvg): each client's whole update "
+            "clipped to this L2 norm, the sum noised; 0: no DP", minimum=0.0),
+    Setting("dp_noise", float, 1.0, "the noise multiplier σ (the sum's noise is σ·dp_clip), "
+            "unless target_epsilon sets it", minimum=0.0),
+    Setting("dp_delta", float, 1e-5, "δ of the (ε, δ) reported", minimum=1e-300, maximum=0.5),
+    Setting("target_epsilon", float, 0.0, "calibrate σ before training so that ε after the "
+            "run's rounds is this (0: use dp_noise)", minimum=0.0),
+    Setting("dp_accountant", str, "pld", "the accountant of ε (Google's dp-accounting): pld "
+            "(privacy loss distributions, tightest) or rdp", choices=("pld", "rdp")),
+    Setting("dp_sampling", str, "poisson", "poisson: each client takes part with probability "
+            "participation (a static cohort capped at an overflow probability of 1e-9); "
+            "fixed: a fixed-size cohort without replacement (accountant rdp)",
+            choices=SAMPLINGS),
+    Setting("dp_quantile", float, 0.0, "adaptive clipping: the clip follows this quantile of "
+            "the update norms (Andrew et al.: 0.5), starting at dp_clip; 0: a fixed clip",
+            minimum=0.0, maximum=1.0),
+)}
+
+
+def enabled(s: dict) -> bool:
+    return float(s.get("dp_clip", 0.0) or 0.0) > 0.0
+
+
+def check(table, methods, s: dict) -> None:
+    """ValueError in one line when DP is asked of a method that cannot take it, or with
+    settings that do not go together (before anything is written)."""
+    if not enabled(s):
+        return
+    refused = [n for n in methods if not _ready(table[n])]
+    if refused:
+        ready = [n for n, m in table.items() if _ready(m)]
+        raise ValueError(
+            f"dp_clip > 0: method{'s' if len(refused) > 1 else ''} {', '.join(refused)} "
+            "cannot be trained with user-level DP (its server uses more than the clipped sum "
+            "of the clients' model changes, e.g. their losses); with DP train "
+            f"{', '.join(ready)}.")
+    if s.get("dp_sampling", "poisson") == "fixed" and s.get("dp_accountant", "pld") == "pld":
+        raise ValueError("dp_sampling=fixed needs dp_accountant=rdp (dp-accounting's pld has "
+                         "no fixed-size sampling event).")
+    if s.get("dp_sampling", "poisson") == "poisson" and s.get("availability", 1.0) < 1.0:
+        raise ValueError("dp_sampling=poisson draws each client with probability "
+                         "participation; leave availability at 1 (or use dp_sampling=fixed).")
+    if s.get("dp_quantile", 0.0) > 0.0 and s.get("target_epsilon", 0.0) == 0.0 \
+            and s.get("dp_noise", 1.0) == 0.0:
+        raise ValueError("dp_quantile > 0 (adaptive clipping) needs dp_noise > 0 or a "
+                         "target_epsilon.")
+
+
+def _ready(method) -> bool:
+    return isinstance(method.algorithm, str) and method.algorithm in PRIVATE_READY
+
+
+class Plan:
+    """One run's DP: what the round gets and what the accountant charges."""
+
+    def __init__(self, s: dict, num_clients: int, rounds: int):
+        from fedjax_sim import accounting
+
+        self.m, self.rounds = num_clients, rounds
+        self.clip = float(s["dp_clip"])
+        self.delta = float(s["dp_delta"])
+        self.accountant = s["dp_accountant"]
+        self.sampling = s["dp_sampling"]
+        q = float(s.get("participation", 1.0))
+        self.q = q
+        if self.sampling == "poisson":
+            self.slots = poisson_slots(num_clients, q)
+            self.event = {"sampling": "poisson", "q": q}
+            self.overflow = (accounting.poisson_overflow_probability(num_clients, q, self.slots)
+                             if q < 1 else 0.0)
+        else:
+            self.slots = cohort_size(num_clients, q)
+            self.event = {"sampling": "without_replacement", "num_clients": num_clients,
+                          "cohort_size": self.slots}
+            self.overflow = 0.0
+        target = float(s.get("target_epsilon", 0.0))
+        if target > 0:
+            self.noise = accounting.calibrate_noise(target, self.delta, rounds,
+                                                    accountant=self.accountant, **self.event)
+        else:
+            self.noise = float(s["dp_noise"])
+        self.quantile = float(s.get("dp_quantile", 0.0))
+
+    def settings(self, s: dict) -> dict:
+        """The settings a method is built with: Poisson sampling as availability q over a
+        cohort of `slots` (the same for every method of a comparison)."""
+        if self.sampling != "poisson" or self.q >= 1.0:
+            return s
+        return {**s, "participation": self.slots / self.m, "availability": self.q}
+
+    def wrap(self, algorithm):
+        adaptive = AdaptiveClipping(self.quantile) if self.quantile > 0 else None
+        return with_dp(algorithm, self.clip, self.noise, adaptive=adaptive,
+                       expected_clients=self.q * self.m if self.sampling == "poisson"
+                       else None)
+
+    def epsilons(self, evaluated_rounds) -> dict[int, float]:
+        """ε at δ after each evaluated round (0 at round 0)."""
+        from fedjax_sim import accounting
+
+        rounds = sorted({int(r) for r in evaluated_rounds if r > 0})
+        values = accounting.epsilons(self.noise, self.delta, rounds,
+                                     accountant=self.accountant, **self.event) if rounds else []
+        return {0: 0.0, **dict(zip(rounds, values, strict=True))}
+
+    def table(self, every: int):
+        """[rounds + 1] float32: ε after round t where t is evaluated (every `every` rounds
+        and the last), NaN elsewhere; what the evaluation reads at the state's round."""
+        evaluated = list(range(0, self.rounds + 1, every)) + [self.rounds]
+        out = np.full((self.rounds + 1,), np.nan, np.float32)
+        for r, eps in self.epsilons(evaluated).items():
+            out[r] = eps if math.isfinite(eps) else np.inf
+        return out
+
+    def record(self) -> dict:
+        """What config.json and summary.json say of the mechanism."""
+        return {"mechanism": "DP-FedAvg (user level)", "clip": self.clip,
+                "adaptive_quantile": self.quantile or None, "noise_multiplier": self.noise,
+                "delta": self.delta, "accountant": self.accountant, "q": self.q,
+                "sampling": self.event["sampling"], "cohort_slots": self.slots,
+                "expected_clients": self.q * self.m, "poisson_overflow": self.overflow}
+
+
+def poisson_slots(num_clients: int, q: float) -> int:
+    """The fewest slots s ≥ q·m with P[Binomial(m, q) > s] ≤ OVERFLOW."""
+    from fedjax_sim import accounting
+
+    if q >= 1.0:
+        return num_clients
+    slots = max(1, math.ceil(q * num_clients))
+    step = max(1, int(math.sqrt(q * num_clients)))
+    while slots < num_clients and accounting.poisson_overflow_probability(
+            num_clients, q, slots) > OVERFLOW:
+        slots = min(num_clients, slots + step)
+    return slots
