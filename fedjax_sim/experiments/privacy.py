@@ -29,7 +29,7 @@ import numpy as np
 
 from fedjax_sim.algorithms import PRIVATE_READY, AdaptiveClipping, with_dp
 from fedjax_sim.algorithms.base import cohort_size
-from fedjax_sim.experiments.methods import Setting
+from fedjax_sim.experiments.methods import Setting, setting_of
 
 SAMPLINGS = ("poisson", "fixed")
 OVERFLOW = 1e-9  # the largest overflow probability a Poisson cohort's slots may have
@@ -77,7 +77,18 @@ def check(table, methods, s: dict) -> None:
     if s.get("dp_sampling", "poisson") == "poisson" and s.get("availability", 1.0) < 1.0:
         raise ValueError("dp_sampling=poisson draws each client with probability "
                          "participation; leave availability at 1 (or use dp_sampling=fixed).")
-    if s.get("dp_quantile", 0.0) > 0.0 and s.get("target_epsilon", 0.0) == 0.0 \
+    target = s.get("target_epsilon", 0.0)
+    if target > 0 and s.get("dp_sampling", "poisson") == "poisson":
+        # Under Poisson sampling ε depends on q, σ, δ and the rounds only: an unreachable
+        # target is refused here, before anything is written.
+        from fedjax_sim import accounting
+
+        for name in methods:
+            rounds = s[setting_of(table[name], "rounds", s)]
+            accounting.calibrate_noise(target, s["dp_delta"], rounds,
+                                       q=float(s.get("participation", 1.0)),
+                                       accountant=s.get("dp_accountant", "pld"))
+    if s.get("dp_quantile", 0.0) > 0.0 and target == 0.0 \
             and s.get("dp_noise", 1.0) == 0.0:
         raise ValueError("dp_quantile > 0 (adaptive clipping) needs dp_noise > 0 or a "
                          "target_epsilon.")

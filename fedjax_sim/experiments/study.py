@@ -122,7 +122,10 @@ def privacy_plan(e: Experiment, name: str, s: dict, problem) -> privacy.Plan | N
     if not privacy.enabled(s):
         return None
     privacy.check(e.method_table, (name,), s)
-    return privacy.Plan(s, part(problem, "train").num_clients, method_rounds(e, name, s))
+    train = part(problem, "train")
+    if part(problem, "copies", 1):  # stacked per seed: one copy's clients
+        train = train.copy_at(0)
+    return privacy.Plan(s, train.num_clients, method_rounds(e, name, s))
 
 
 def _with_epsilon(evaluate, table):
