@@ -622,6 +622,10 @@ def api_algorithms_page() -> str:
                  "with_systems", "with_grid"):
         out += [f"::: fedjax_sim.algorithms.base.{name}", "    options:",
                 "      heading_level: 3", *quiet, ""]
+    out += ["## Differential privacy", ""]
+    for name in ("with_dp", "with_dp_ftrl", "AdaptiveClipping"):
+        out += [f"::: fedjax_sim.algorithms.private.{name}", "    options:",
+                "      heading_level: 3", *quiet, ""]
     out += ["## How clients train", ""]
     for name in ("ClientTraining", "sgd", "round_decay"):
         out += [f"::: fedjax_sim.algorithms.training.{name}", "    options:",
