@@ -68,12 +68,14 @@ def training_of(e: Experiment, name: str, s: dict, learning_rate=None) -> Client
 
 
 def build_method(e: Experiment, name: str, s: dict, model, learning_rate=None,
-                 problem=None) -> Algorithm:
+                 problem=None, private=None) -> Algorithm:
     """Method `name` (unvmapped) with these settings, through the one method table (its
-    row's combinators see `problem`)."""
+    row's combinators see `problem`); private: the algorithm's DP (`privacy.Plan.wrap`),
+    applied before the row's combinators (restarts, ...)."""
     check_method(e, name)
     return catalog.build(name, e.method_table, model,
-                         training_of(e, name, s, learning_rate), s, problem=problem)
+                         training_of(e, name, s, learning_rate), s, problem=problem,
+                         private=private)
 
 
 def method_rounds(e: Experiment, name: str, s: dict) -> int:
@@ -98,9 +100,8 @@ def method_run(e: Experiment, name: str, s: dict, problem) -> executor.MethodRun
     copies = part(problem, "copies", 1)
     rounds = method_rounds(e, name, s)
     dp = privacy_plan(e, name, s, problem)
-    built = build_method(e, name, s if dp is None else dp.settings(s), model, problem=problem)
-    if dp is not None:
-        built = dp.wrap(built)
+    built = build_method(e, name, s if dp is None else dp.settings(s), model, problem=problem,
+                         private=None if dp is None else dp.wrap)
     algorithm = with_seeds(built, s["seeds"], shared_data=copies == 0)
     metrics = e.metrics(Trained(name, e.method_table[name], s, problem, model, algorithm,
                                 built, rounds, training_of(e, name, s)))
