@@ -70,6 +70,7 @@ def _loop(params, x, y, n, key, *, dropout: bool):
     keys = jax.random.split(key, STEPS)
     p = params
     for t in range(STEPS):
+
         def loss(q, t=t):
             if not dropout:
                 return _ce(module.apply({"params": q}, x), y, n)
@@ -87,8 +88,10 @@ def _assert_trees_close(got, want, rtol=1e-5, atol=1e-6):
 
 
 def _max_gap(a, b):
-    return max(float(jnp.max(jnp.abs(u - v)))
-               for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+    return max(
+        float(jnp.max(jnp.abs(u - v)))
+        for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
 
 
 def test_one_clients_steps_equal_a_loop_with_the_step_keys():
@@ -96,8 +99,9 @@ def test_one_clients_steps_equal_a_loop_with_the_step_keys():
     params = model.init(jax.random.key(0))
     x, y, n = _client()
     key = jax.random.key(7)
-    got, _, _ = jax.jit(lambda p: client_update(model, optax.sgd(LR), p, x, y, n, key,
-                                                num_steps=STEPS))(params)
+    got, _, _ = jax.jit(
+        lambda p: client_update(model, optax.sgd(LR), p, x, y, n, key, num_steps=STEPS)
+    )(params)
     want = _loop(params, x, y, n, key, dropout=True)
     _assert_trees_close(got, want)
     # dropout is active: the steps move away from the deterministic ones
@@ -118,6 +122,7 @@ def test_a_model_without_train_apply_trains_as_before():
 def test_a_train_apply_moves_no_other_key():
     """Minibatches and augmentation draw the same keys with or without a train_apply: a
     train_apply that ignores its key gives the very same bits."""
+
     def augment(k, xb):
         return xb + 0.1 * jax.random.normal(k, xb.shape)
 
@@ -126,9 +131,21 @@ def test_a_train_apply_moves_no_other_key():
     params = plain.init(jax.random.key(0))
     x, y, n = _client(n_max=9, n=7)
     for sampling in ("with_replacement", "epochs"):
-        runs = [client_update(m, optax.sgd(LR), params, x, y, n, jax.random.key(3),
-                              num_steps=4, batch_size=3, sampling=sampling)
-                for m in (plain, keyed)]
+        runs = [
+            client_update(
+                m,
+                optax.sgd(LR),
+                params,
+                x,
+                y,
+                n,
+                jax.random.key(3),
+                num_steps=4,
+                batch_size=3,
+                sampling=sampling,
+            )
+            for m in (plain, keyed)
+        ]
         for a, b in zip(jax.tree.leaves(runs[0][0]), jax.tree.leaves(runs[1][0]), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         np.testing.assert_array_equal(np.asarray(runs[0][2]), np.asarray(runs[1][2]))
@@ -140,17 +157,21 @@ def test_evaluation_and_losses_outside_training_are_deterministic():
     x, y, n = _client()
     want = DropNet().apply({"params": params}, x)  # train=False: no dropout
     np.testing.assert_array_equal(np.asarray(model.apply(params, x)), np.asarray(want))
-    np.testing.assert_allclose(float(client_loss(model, params, x, y, n)),
-                               float(_ce(want, y, n)), rtol=1e-6)
+    np.testing.assert_allclose(
+        float(client_loss(model, params, x, y, n)), float(_ce(want, y, n)), rtol=1e-6
+    )
     data = FederatedData.from_clients([np.asarray(x[:n])] * 2, [np.asarray(y[:n])] * 2)
     alg = fedavg(model, sgd(LR, steps=STEPS))
     state = alg.init(jax.random.key(1), data)
     first, second = alg.evaluate(state, data), alg.evaluate(state, data)
-    np.testing.assert_array_equal(np.asarray(first["client_loss"]),
-                                  np.asarray(second["client_loss"]))
-    np.testing.assert_allclose(np.asarray(first["client_loss"]),
-                               [float(_ce(DropNet().apply({"params": state.params}, x), y, n))]
-                               * 2, rtol=1e-5)
+    np.testing.assert_array_equal(
+        np.asarray(first["client_loss"]), np.asarray(second["client_loss"])
+    )
+    np.testing.assert_allclose(
+        np.asarray(first["client_loss"]),
+        [float(_ce(DropNet().apply({"params": state.params}, x), y, n))] * 2,
+        rtol=1e-5,
+    )
 
 
 def test_a_fedavg_round_with_dropout_equals_a_loop_over_the_cohort():
@@ -173,8 +194,7 @@ def test_a_fedavg_round_with_dropout_equals_a_loop_over_the_cohort():
         if s == 0:
             continue  # a client without data takes no part
         x, y = data.x[j], data.y[j]
-        trained.append(_loop(state.params, x, y, s, jax.random.fold_in(slot_keys, j),
-                             dropout=True))
+        trained.append(_loop(state.params, x, y, s, jax.random.fold_in(slot_keys, j), dropout=True))
     want = jax.tree.map(lambda *a: sum(a) / len(a), *trained)
     _assert_trees_close(new.params, want)
 
@@ -182,17 +202,20 @@ def test_a_fedavg_round_with_dropout_equals_a_loop_over_the_cohort():
 def test_split_model_trunk_and_head_draw_their_own_keys():
     trunk, head = DropTrunk(), DropNet()
     example = jnp.zeros((1, D))
-    model = split_model(trunk, head, example, train_kwargs={"deterministic": False},
-                        head_train_kwargs={"train": True})
+    model = split_model(
+        trunk,
+        head,
+        example,
+        train_kwargs={"deterministic": False},
+        head_train_kwargs={"train": True},
+    )
     params = model.init(jax.random.key(0))
     x, _, _ = _client()
     key = jax.random.key(4)
     k_trunk, k_head = jax.random.split(key)
-    f = trunk.apply({"params": params["trunk"]}, x, deterministic=False,
-                    rngs={"dropout": k_trunk})
+    f = trunk.apply({"params": params["trunk"]}, x, deterministic=False, rngs={"dropout": k_trunk})
     want = head.apply({"params": params["head"]}, f, train=True, rngs={"dropout": k_head})
-    np.testing.assert_array_equal(np.asarray(model.train_apply(params, x, key)),
-                                  np.asarray(want))
+    np.testing.assert_array_equal(np.asarray(model.train_apply(params, x, key)), np.asarray(want))
     det = head.apply({"params": params["head"]}, trunk.apply({"params": params["trunk"]}, x))
     np.testing.assert_array_equal(np.asarray(model.apply(params, x)), np.asarray(det))
     assert split_model(trunk, head, example).train_apply is None
@@ -206,26 +229,35 @@ def test_several_rng_collections_split_the_step_key():
             return nn.Dropout(0.5, rng_collection="noise")(h, deterministic=not train)
 
     module = TwoStreams()
-    model = from_flax(module, jnp.zeros((1, D)), train_kwargs={"train": True},
-                      train_rngs=("dropout", "noise"))
+    model = from_flax(
+        module, jnp.zeros((1, D)), train_kwargs={"train": True}, train_rngs=("dropout", "noise")
+    )
     params = model.init(jax.random.key(0))
     x, _, _ = _client()
     key = jax.random.key(9)
     k_drop, k_noise = jax.random.split(key)
-    want = module.apply({"params": params}, x, train=True,
-                        rngs={"dropout": k_drop, "noise": k_noise})
-    np.testing.assert_array_equal(np.asarray(model.train_apply(params, x, key)),
-                                  np.asarray(want))
+    want = module.apply(
+        {"params": params}, x, train=True, rngs={"dropout": k_drop, "noise": k_noise}
+    )
+    np.testing.assert_array_equal(np.asarray(model.train_apply(params, x, key)), np.asarray(want))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(train_kwargs=["train"]), r"^train_kwargs must be None or a dict"),
-    (dict(train_kwargs={"training": True}), r"^train_kwargs=\{'training': True\} with "
-                                            r"train_rngs=\('dropout',\) do not fit the module"),
-    (dict(train_kwargs={"train": True}, train_rngs=()), r"^train_rngs must be one or more"),
-    (dict(train_kwargs={"train": True}, train_rngs=("noise",)),
-     r"^train_kwargs=.*do not fit the module.*needs PRNG for \"dropout\""),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(train_kwargs=["train"]), r"^train_kwargs must be None or a dict"),
+        (
+            dict(train_kwargs={"training": True}),
+            r"^train_kwargs=\{'training': True\} with "
+            r"train_rngs=\('dropout',\) do not fit the module",
+        ),
+        (dict(train_kwargs={"train": True}, train_rngs=()), r"^train_rngs must be one or more"),
+        (
+            dict(train_kwargs={"train": True}, train_rngs=("noise",)),
+            r"^train_kwargs=.*do not fit the module.*needs PRNG for \"dropout\"",
+        ),
+    ],
+)
 def test_bad_train_settings_are_refused_in_one_line(kwargs, message):
     with pytest.raises(ValueError, match=message) as err:
         _model(**kwargs)
