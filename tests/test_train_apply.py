@@ -25,7 +25,7 @@ from fedjax_sim.algorithms import fedavg, sgd
 from fedjax_sim.data import FederatedData
 from fedjax_sim.models import client_loss, from_flax, split_model
 from fedjax_sim.models.zoo import simple_cnn
-from fedjax_sim.ops import client_update
+from fedjax_sim.ops import client_update, cluster_losses
 from fedjax_sim.ops.local_update import DROPOUT_STREAM
 
 D, CLASSES, LR, STEPS = 5, 3, 0.3, 3
@@ -172,6 +172,32 @@ def test_evaluation_and_losses_outside_training_are_deterministic():
         [float(_ce(DropNet().apply({"params": state.params}, x), y, n))] * 2,
         rtol=1e-5,
     )
+
+
+def test_ifcas_cluster_losses_are_deterministic():
+    """IFCA's assignment reads F_i(θ_j) of the module called without train=True."""
+    model = _model(train_kwargs={"train": True})
+    params = jax.vmap(model.init)(jax.random.split(jax.random.key(2), 2))  # k = 2
+    x, y, n = _client()
+    data = FederatedData.from_clients(
+        [np.asarray(x[:n]), np.asarray(x[:2])], [np.asarray(y[:n]), np.asarray(y[:2])]
+    )
+    got = np.asarray(cluster_losses(model, params, data))
+    want = [
+        [
+            float(
+                _ce(
+                    DropNet().apply({"params": jax.tree.map(lambda a: a[j], params)}, data.x[i]),
+                    data.y[i],
+                    c,
+                )
+            )
+            for j in range(2)
+        ]
+        for i, c in enumerate((n, 2))
+    ]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_array_equal(got, np.asarray(cluster_losses(model, params, data)))
 
 
 def test_a_fedavg_round_with_dropout_equals_a_loop_over_the_cohort():

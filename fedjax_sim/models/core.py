@@ -5,7 +5,9 @@ module plugs in through `from_flax`. A model may be split into a trunk (a
 feature map g, shared by every cluster under weight sharing, and the place
 where DRFLM mixes examples) and a head (features -> predictions, the part IFCA
 clusters); `split_model` builds one, `partition`/`combine` move between the
-whole params and the (shared, per-cluster) parts.
+whole params and the (shared, per-cluster) parts. A model may also carry a
+train-time apply taking a key (`Model.train_apply`: dropout), which only local
+optimizer steps call; `from_flax(..., train_kwargs=...)` builds it.
 """
 
 from __future__ import annotations
