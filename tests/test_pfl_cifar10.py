@@ -212,28 +212,42 @@ def small_images(train: int, test: int, side: int = 8, seed: int = 0):
                  for n in (train, test))
 
 
-def test_a_round_equals_a_per_client_loop():
+@pytest.mark.parametrize("dropout", [False, True])
+def test_a_round_equals_a_per_client_loop(dropout):
     """Every user, two full-batch local steps each, central SGD at 0.5: the experiment's
-    vectorized round against a loop over users written here (float32)."""
+    vectorized round against a loop over users written here (float32). With
+    model_dropout (the preset's default) each step calls SimpleCNN with train=True and
+    rngs={"dropout": fold_in(k_t, 3)}, k_t = split(c_j, 2)[t] for user j's slot key
+    c_j = fold_in(split(r)[1], j), r = fold_in(round key, seed 0) (`with_seeds`,
+    `ops.sample_cohort`, `ops.client_update`'s documented keys)."""
     train, test = small_images(40, 10)
     s = {**PRESETS["fedavg-cifar10-pfl"].defaults, "datapoints_per_user": 8, "cohort_size": 5,
-         "batch_size": 0, "local_epochs": 2, "central_lr": 0.5, "lr": 0.05}
+         "batch_size": 0, "local_epochs": 2, "central_lr": 0.5, "lr": 0.05,
+         "model_dropout": dropout}
     problem = P.PFL.problem(s, (*train, *test))
     spec = study.method_run(P.PFL, "fedavg", s, problem)
     key = jax.random.key(0)
     state = spec.algorithm.init(key, spec.data)
     new, _ = jax.jit(spec.algorithm.round)(state, spec.data, jax.random.key(1))
 
-    model = problem["model"]
+    module = SimpleCNN(10, tuple(map(float, problem["mean"])), tuple(map(float, problem["std"])))
     start = jax.tree.map(lambda a: a[0], state.params)
     users = P.iid_users(40, 8, np.random.RandomState(s["seed"]))
-    grad = jax.jit(jax.grad(lambda p, x, y: jnp.mean(
-        -jax.nn.log_softmax(model.apply(p, x))[jnp.arange(len(y)), y])))
+
+    def loss(p, x, y, k):
+        logits = (module.apply({"params": p}, x, train=True, rngs={"dropout": k}) if dropout
+                  else module.apply({"params": p}, x))
+        return jnp.mean(-jax.nn.log_softmax(logits)[jnp.arange(len(y)), y])
+
+    grad = jax.jit(jax.grad(loss))
+    slot_keys = jax.random.split(jax.random.fold_in(jax.random.key(1), 0))[1]
     trained = []
-    for u in users:
+    for j, u in enumerate(users):
         p = start
-        for _ in range(2):
-            g = grad(p, train[0][u], jnp.asarray(train[1][u]))
+        step_keys = jax.random.split(jax.random.fold_in(slot_keys, j), 2)
+        for t in range(2):
+            g = grad(p, train[0][u], jnp.asarray(train[1][u]),
+                     jax.random.fold_in(step_keys[t], 3))
             p = jax.tree.map(lambda a, b: a - 0.05 * b, p, g)
         trained.append(p)
     mean = jax.tree.map(lambda *a: sum(a) / len(a), *trained)

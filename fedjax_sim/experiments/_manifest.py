@@ -762,6 +762,7 @@ SETTINGS = {
         ('lr', 'float', 0.1, 0.0, None, None, False, None, None),
         ('central_lr', 'float', 1.0, 0.0, None, None, False, None, None),
         ('weighting', 'str', 'uniform', None, None, ('uniform', 'examples'), False, None, None),
+        ('model_dropout', 'bool', True, None, None, None, False, None, None),
         ('rounds', 'int', 1500, 1, 10000000, None, False, None, None),
         ('eval_every', 'int', 10, 1, 10000000, None, False, None, None),
         ('eval_batch_size', 'int', 1000, 1, 1000000, None, False, None, None),

@@ -5,12 +5,14 @@ module plugs in through `from_flax`. A model may be split into a trunk (a
 feature map g, shared by every cluster under weight sharing, and the place
 where DRFLM mixes examples) and a head (features -> predictions, the part IFCA
 clusters); `split_model` builds one, `partition`/`combine` move between the
-whole params and the (shared, per-cluster) parts.
+whole params and the (shared, per-cluster) parts. A model may also carry a
+train-time apply taking a key (`Model.train_apply`: dropout), which only local
+optimizer steps call; `from_flax(..., train_kwargs=...)` builds it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import flax.errors
@@ -80,6 +82,14 @@ class Model(NamedTuple):
       flattened input, which lets `ops.client_update` train it in the span of
       the client's rows (far fewer multiply-adds when a client has fewer rows
       than the input has features). None: no such declaration.
+    train_apply: optional train-time apply (params, x [n, ...], key) ->
+      predictions [n, ...], e.g. with dropout active (`from_flax(...,
+      train_kwargs=...)`): the model's loss in a local optimizer step
+      (`ops.client_update`) is taken on it, with a fresh key per step
+      (`ops.local_update.DROPOUT_STREAM`). Evaluation, cluster choice and every
+      other loss use `apply`. Not used by a `batch_loss` hook (Ditto's personal
+      steps, DRFLM's mixup), which calls what it chooses, nor by steps on a
+      frozen trunk's features. None: local steps use `apply`.
     """
 
     init: Callable[[jax.Array], Params]
@@ -91,6 +101,7 @@ class Model(NamedTuple):
     head: Callable[[Params, jax.Array], jax.Array] | None = None
     augment: Callable[[jax.Array, Any], Any] | None = None
     dense_input: DenseInput | None = None
+    train_apply: Callable[[Params, Any, jax.Array], jax.Array] | None = None
 
     @property
     def is_split(self) -> bool:
@@ -256,6 +267,60 @@ def argmax_correct(logits, labels):
     return (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
 
 
+def check_train_kwargs(train_kwargs, name: str = "train_kwargs") -> dict | None:
+    """train_kwargs as a dict (None stays None); ValueError naming `name` otherwise."""
+    if train_kwargs is None:
+        return None
+    if not isinstance(train_kwargs, Mapping) or not all(
+        isinstance(k, str) and k.isidentifier() for k in train_kwargs
+    ):
+        raise ValueError(
+            f"{name} must be None or a dict of the module's keyword arguments in training, "
+            f"e.g. {{'train': True}} or {{'deterministic': False}}; got {train_kwargs!r}."
+        )
+    return dict(train_kwargs)
+
+
+def check_train_rngs(train_rngs) -> tuple[str, ...]:
+    """train_rngs as a tuple of distinct names; ValueError naming it otherwise."""
+    names = (train_rngs,) if isinstance(train_rngs, str) else train_rngs
+    try:
+        names = tuple(names)
+    except TypeError:
+        names = None
+    if (
+        not names
+        or not all(isinstance(n, str) and n for n in names)
+        or len(set(names)) != len(names)
+    ):
+        raise ValueError(
+            f"train_rngs must be one or more distinct rng collection names, e.g. "
+            f"('dropout',); got {train_rngs!r}."
+        )
+    return names
+
+
+def train_rngs_of(names: tuple[str, ...], key) -> dict:
+    """The `rngs` of one training call: the key itself for one collection, else
+    `jax.random.split(key, len(names))` in the order of the names."""
+    if len(names) == 1:
+        return {names[0]: key}
+    return dict(zip(names, jax.random.split(key, len(names)), strict=True))
+
+
+def _check_train_apply(train_apply, init, example_input, settings: str) -> None:
+    """ValueError, in one line naming `settings`, when the train apply cannot run on
+    `example_input` (shapes only: `jax.eval_shape`)."""
+    try:
+        params = jax.eval_shape(init, jax.random.key(0))
+        jax.eval_shape(train_apply, params, example_input, jax.random.key(0))
+    except (TypeError, ValueError, flax.errors.FlaxError) as err:
+        first = (str(err).splitlines() or [type(err).__name__])[0]
+        raise ValueError(
+            f"{settings} do not fit the module: its training call failed with: {first}"
+        ) from None
+
+
 def from_flax(
     module: nn.Module,
     example_input,
@@ -263,6 +328,8 @@ def from_flax(
     correct=argmax_correct,
     *,
     conv_form: str | None = None,
+    train_kwargs: dict | None = None,
+    train_rngs=("dropout",),
 ) -> Model:
     """Wraps a flax module taking a batch [n, ...] into a Model.
 
@@ -270,8 +337,38 @@ def from_flax(
       kernel as one GEMM on CPU, XLA's convolution on GPU/TPU), "patches" or "xla";
       None: the environment variable FEDJAX_SIM_CONV_FORM, else "auto". Same numbers
       to float rounding in every form.
+    train_kwargs: how local optimizer steps call the module, for dropout: None (default):
+      as evaluation does, `module.apply({"params": p}, x)` (no `train_apply`); a dict,
+      e.g. {"train": True} or {"deterministic": False}: `Model.train_apply(p, x, key)` is
+      `module.apply({"params": p}, x, **train_kwargs, rngs=...)`, with `rngs` the step's
+      key for each of `train_rngs` (`train_rngs_of`: {"dropout": key} by default).
+      `apply` (evaluation, cluster choice) stays the call without them.
+    train_rngs: the rng collections the training call draws (default ("dropout",)).
+
+    Raises:
+      ValueError: a bad conv_form, train_kwargs or train_rngs, or train_kwargs the
+        module's call does not take (checked on shapes, `jax.eval_shape`).
+
+    Examples:
+      >>> import flax.linen as nn
+      >>> import jax, jax.numpy as jnp
+      >>> class Net(nn.Module):
+      ...     @nn.compact
+      ...     def __call__(self, x, train: bool = False):
+      ...         x = nn.Dropout(0.5)(nn.relu(nn.Dense(8)(x)), deterministic=not train)
+      ...         return nn.Dense(3)(x)
+      >>> model = from_flax(Net(), jnp.zeros((1, 4)), train_kwargs={"train": True})
+      >>> p, x = model.init(jax.random.key(0)), jnp.ones((2, 4))
+      >>> bool(jnp.all(model.apply(p, x) == Net().apply({"params": p}, x)))
+      True
+      >>> k = jax.random.key(1)
+      >>> want = Net().apply({"params": p}, x, train=True, rngs={"dropout": k})
+      >>> bool(jnp.all(model.train_apply(p, x, k) == want))
+      True
     """
     conv_form = conv.check_conv_form(conv_form)
+    train_kwargs = check_train_kwargs(train_kwargs)
+    train_rngs = check_train_rngs(train_rngs)
 
     def init(key):
         return module.init(key, example_input)["params"]
@@ -280,7 +377,22 @@ def from_flax(
         with conv.conv_context(conv_form):
             return module.apply({"params": params}, x)
 
-    return Model(init, apply, example_loss, correct)
+    if train_kwargs is None:
+        return Model(init, apply, example_loss, correct)
+
+    def train_apply(params, x, key):
+        with conv.conv_context(conv_form):
+            return module.apply(
+                {"params": params}, x, **train_kwargs, rngs=train_rngs_of(train_rngs, key)
+            )
+
+    _check_train_apply(
+        train_apply,
+        init,
+        example_input,
+        f"train_kwargs={train_kwargs!r} with train_rngs={train_rngs!r}",
+    )
+    return Model(init, apply, example_loss, correct, train_apply=train_apply)
 
 
 def split_model(
@@ -291,21 +403,40 @@ def split_model(
     correct=argmax_correct,
     *,
     conv_form: str | None = None,
+    train_kwargs: dict | None = None,
+    head_train_kwargs: dict | None = None,
+    train_rngs=("dropout",),
 ) -> Model:
     """A Model made of a trunk (features g(x)) and a head (features -> predictions).
 
     Params are {"trunk": ..., "head": ...}; the two parts get independent
     init keys. conv_form: as in `from_flax`.
+
+    train_kwargs, head_train_kwargs: how local optimizer steps call the trunk and the
+      head (as `from_flax`'s train_kwargs, e.g. {"train": True}); when either is set,
+      `train_apply(p, x, key)` runs the trunk on rngs from `jax.random.split(key)[0]`
+      and the head on rngs from `[1]` (`train_rngs_of`), a part without its kwargs as
+      `apply` runs it. `features` and `head` (mixup's embeddings, a frozen trunk's
+      features) stay the calls without them.
     """
     conv_form = conv.check_conv_form(conv_form)
+    train_kwargs = check_train_kwargs(train_kwargs)
+    head_train_kwargs = check_train_kwargs(head_train_kwargs, "head_train_kwargs")
+    train_rngs = check_train_rngs(train_rngs)
+
+    def run(module, params, x, kwargs=None, key=None):
+        with conv.conv_context(conv_form):
+            if kwargs is None:
+                return module.apply({"params": params}, x)
+            return module.apply(
+                {"params": params}, x, **kwargs, rngs=train_rngs_of(train_rngs, key)
+            )
 
     def features(trunk_params, x):
-        with conv.conv_context(conv_form):
-            return trunk.apply({"params": trunk_params}, x)
+        return run(trunk, trunk_params, x)
 
     def head_apply(head_params, f):
-        with conv.conv_context(conv_form):
-            return head.apply({"params": head_params}, f)
+        return run(head, head_params, f)
 
     def init(key):
         k_trunk, k_head = jax.random.split(key)
@@ -318,4 +449,20 @@ def split_model(
     def apply(params, x):
         return head_apply(params[HEAD], features(params[TRUNK], x))
 
-    return Model(init, apply, example_loss, correct, features=features, head=head_apply)
+    model = Model(init, apply, example_loss, correct, features=features, head=head_apply)
+    if train_kwargs is None and head_train_kwargs is None:
+        return model
+
+    def train_apply(params, x, key):
+        k_trunk, k_head = jax.random.split(key)
+        f = run(trunk, params[TRUNK], x, train_kwargs, k_trunk)
+        return run(head, params[HEAD], f, head_train_kwargs, k_head)
+
+    _check_train_apply(
+        train_apply,
+        init,
+        example_input,
+        f"train_kwargs={train_kwargs!r}, head_train_kwargs="
+        f"{head_train_kwargs!r} with train_rngs={train_rngs!r}",
+    )
+    return model._replace(train_apply=train_apply)

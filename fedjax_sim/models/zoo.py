@@ -302,7 +302,8 @@ class SimpleCNN(nn.Module):
     [n, 32, 32, 3]: 896 + 18 496 + 1 605 760 + 1 290 = 1 626 442 parameters for 10
     classes. x is cast to float32 and standardized per channel by the fixed `mean` and
     `std` (pfl standardizes its images by the training set's channel statistics).
-    Dropout is active only with train=True and a "dropout" rng.
+    Dropout is active only with train=True and a "dropout" rng (`simple_cnn` passes
+    both in local training steps).
     """
 
     num_classes: int = 10
@@ -326,15 +327,20 @@ class SimpleCNN(nn.Module):
 
 def simple_cnn(num_classes: int = 10, input_shape: Sequence[int] = (32, 32, 3), *,
                mean: Sequence[float] = (0.0, 0.0, 0.0),
-               std: Sequence[float] = (1.0, 1.0, 1.0)) -> Model:
+               std: Sequence[float] = (1.0, 1.0, 1.0), dropout: bool = True) -> Model:
     """pfl-research's `simple_cnn` (`SimpleCNN`) as a Model, softmax cross-entropy.
 
     mean, std: per-channel statistics the model standardizes its (uint8 or float)
     input by, e.g. the training images' (docs/protocols.md#cifar-10-pfl-research).
+    dropout: True (pfl's training): local steps call the module with train=True and
+    each step's own "dropout" key (`Model.train_apply`, `from_flax`'s train_kwargs),
+    dropping 25 % and 50 %; False: they train it without dropout. Evaluation never
+    drops.
 
     Raises:
       ValueError: num_classes or input_shape is not positive integers, the image is
-        smaller than 6×6, or mean/std do not have one positive value per channel.
+        smaller than 6×6, mean/std do not have one positive value per channel, or
+        dropout is not a bool.
     """
     _check_num_classes(num_classes)
     input_shape = _check_input_shape(input_shape)
@@ -346,5 +352,8 @@ def simple_cnn(num_classes: int = 10, input_shape: Sequence[int] = (32, 32, 3), 
     if len(mean) != channels or len(std) != channels or min(std) <= 0:
         raise ValueError(f"mean and std must give one value per channel ({channels}), std > 0; "
                          f"got mean={mean!r}, std={std!r}.")
+    if not isinstance(dropout, (bool, np.bool_)):
+        raise ValueError(f"dropout must be True or False; got {dropout!r}.")
     example = jnp.zeros((1, *input_shape), jnp.float32)
-    return from_flax(SimpleCNN(num_classes, mean, std), example)
+    return from_flax(SimpleCNN(num_classes, mean, std), example,
+                     train_kwargs={"train": True} if dropout else None)

@@ -21,6 +21,7 @@ from fedjax_sim.ops.chunking import map_client_chunks
 
 AUGMENT_STREAM = 1  # a step's augmentation key: fold_in(step key, 1), beside its batch/loss split
 EPOCH_STREAM = 2  # sampling="epochs": epoch e is keyed fold_in(fold_in(client key, 2), e)
+DROPOUT_STREAM = 3  # a step's `Model.train_apply` key (dropout): fold_in(step key, 3)
 SAMPLINGS = ("with_replacement", "epochs")
 RANK_MAX_ROWS = 128  # up to here `lowest` counts ranks (n² compares) instead of sorting
 
@@ -163,7 +164,8 @@ def _input_span_applies(model, optimizer, params, x, batch_size, num_steps,
                         plain_step_only: bool) -> bool:
     """Whether `client_update` takes `_input_span_steps` (see its docstring)."""
     if (model.dense_input is None or not isinstance(optimizer, LinearInGradients)
-            or model.augment is not None or not plain_step_only or not hasattr(x, "shape")):
+            or model.augment is not None or model.train_apply is not None
+            or not plain_step_only or not hasattr(x, "shape")):
         return False
     n_max = x.shape[0]
     batch = n_max if batch_size is None else min(batch_size, n_max)
@@ -278,6 +280,13 @@ def client_update(
         carry its params and optimizer state unchanged (their losses are those of
         the params reached). None: all num_steps.
 
+    Keys: step t's key is k_t = split(key, num_steps)[t]; its batch and loss keys
+    are split(k_t) (the loss key goes to `batch_loss`), its augmentation key
+    fold_in(k_t, AUGMENT_STREAM) and, for a model with a `train_apply` (dropout),
+    the key of that call fold_in(k_t, DROPOUT_STREAM): without `batch_loss` the
+    step's loss is the masked mean of example_loss(train_apply(p, x_b, that key),
+    y_b) instead of apply's. A model without `train_apply` draws nothing more.
+
     The input layer in the span of the rows: when the model declares a dense
     input layer (`Model.dense_input`), the optimizer is declared linear
     (`linear_in_gradients`), nothing else shapes the step (no batch_loss,
@@ -293,12 +302,11 @@ def client_update(
     check_sampling(sampling)
     n_max = y.shape[0]
 
-    def default_loss(p, xb, yb, mb, _key):
-        return jnp.sum(mb * model.example_loss(model.apply(p, xb), yb)) / jnp.maximum(
-            jnp.sum(mb), 1.0
-        )
+    def default_loss(p, xb, yb, mb, _key, train_key=None):
+        pred = model.apply(p, xb) if train_key is None else model.train_apply(p, xb, train_key)
+        return jnp.sum(mb * model.example_loss(pred, yb)) / jnp.maximum(jnp.sum(mb), 1.0)
 
-    loss_fn = default_loss if batch_loss is None else batch_loss
+    training_apply = batch_loss is None and model.train_apply is not None
 
     keys = jax.random.split(key, num_steps)
     halves = jax.vmap(jax.random.split)(keys)  # [num_steps, 2]: each step's (batch, loss) keys
@@ -330,6 +338,13 @@ def client_update(
             yb, mb = y[idx], bmask.astype(jnp.float32)
         if model.augment is not None:  # this step's train-time view (its own key stream)
             xb = model.augment(jax.random.fold_in(k, AUGMENT_STREAM), xb)
+        if batch_loss is not None:
+            loss_fn = batch_loss
+        elif training_apply:  # dropout on its own key stream
+            loss_fn = functools.partial(default_loss,
+                                        train_key=jax.random.fold_in(k, DROPOUT_STREAM))
+        else:
+            loss_fn = default_loss
         loss, grads = jax.value_and_grad(loss_fn)(p, xb, yb, mb, kl)
         along = grads if direction is None else direction(grads)
         updates, new_state = optimizer.update(along, opt_state, p)

@@ -117,6 +117,9 @@ SETTINGS = (
                minimum=0.0),
     st.Setting("weighting", str, "uniform", "uniform: every user's update alike (pfl's "
                "weight_by_samples=false); examples: ∝ its images", choices=WEIGHTINGS),
+    st.Setting("model_dropout", bool, True, "local steps train simple_cnn with its dropout "
+               "(0.25, 0.5) active, a fresh key per step, as pfl does; false: without "
+               "(evaluation never drops)"),
     st.rounds_setting(1500, "central iterations (pfl's central_num_iterations)"),
     st.eval_every_setting(10, "evaluate on the test set every this many iterations "
                           "(pfl's evaluation_frequency)"),
@@ -174,7 +177,7 @@ def problem(s: dict, arrays=None) -> dict:
     train labels, test images, test labels) stand in for data_dir's (benchmarks, tests)."""
     problem = build_problem(s, arrays)
     problem["model"] = simple_cnn(10, problem["test_x"].shape[1:], mean=problem["mean"],
-                                  std=problem["std"])
+                                  std=problem["std"], dropout=s.get("model_dropout", True))
     return problem
 
 
@@ -185,12 +188,14 @@ def notes(s: dict, problem, results: dict) -> dict:
              f"Dirichlet(α={s['partition_alpha']}) class shares per user (pfl's "
              "partition_by_dirichlet_class_distribution)")
     b = s["batch_size"] or "all"
+    dropout = ("dropout 0.25 and 0.5 in local steps" if s.get("model_dropout", True)
+               else "dropout off")
     return {
         "data": f"CIFAR-10 from data_dir: {users} users of "
                 f"{'–'.join(map(str, (sizes[0], sizes[-1]))) if len(sizes) > 1 else sizes[0]} "
                 f"training images ({split}); central evaluation on all "
                 f"{len(problem['test_y'])} test images; pixel layout {s['pixel_layout']}",
-        "training": f"simple_cnn (1,626,442 parameters, dropout inactive), cohort "
+        "training": f"simple_cnn (1,626,442 parameters, {dropout}), cohort "
                     f"{s['cohort_size']} uniformly without replacement, {s['local_epochs']} "
                     f"local epoch(s) of batch {b} at lr {s['lr']}, central SGD at "
                     f"{s['central_lr']}, {s['weighting']} average, {s['rounds']} "
@@ -222,9 +227,9 @@ PFL = Experiment(
 PRESETS = [
     Preset("fedavg-cifar10-pfl", PFL,
            "pfl-research's CIFAR-10 benchmark (its baseline.yaml) from data_dir: 1,000 iid users "
-           "of 50 images, simple_cnn (1.63 M parameters), cohort 50, one local epoch of batch "
-           "10 at lr 0.1, central SGD at 1.0, unweighted average, 1,500 iterations, central "
-           "test evaluation every 10."),
+           "of 50 images, simple_cnn (1.63 M parameters, dropout 0.25 and 0.5 in local "
+           "steps), cohort 50, one local epoch of batch 10 at lr 0.1, central SGD at 1.0, "
+           "unweighted average, 1,500 iterations, central test evaluation every 10."),
     Preset("fedavg-cifar10-pfl-dirichlet", PFL,
            "The same with pfl's non-iid users (dataset cifar10: Dirichlet(0.1) class shares per "
            "user) and its README's 3,000 iterations.",
