@@ -17,6 +17,7 @@ from fedjax_sim.algorithms.base import (
     with_server_optimizer,
     with_systems,
 )
+from fedjax_sim.algorithms.byzantine import with_aggregator
 from fedjax_sim.algorithms.cfl import CFLState, cfl
 from fedjax_sim.algorithms.ditto import DittoState, ditto
 from fedjax_sim.algorithms.drfa import DRFAState, drfa, drflm
@@ -168,6 +169,7 @@ __all__ = [
     "round_decay",
     "scaffold",
     "sgd",
+    "with_aggregator",
     "with_balanced_init",
     "with_dp",
     "with_dp_ftrl",

@@ -213,17 +213,19 @@ class Cohorts(NamedTuple):
     # runs once per round.
 
     @staticmethod
-    def sums(aggregation, trained, start, weights):
+    def sums(aggregation, trained, start, weights, batch=None):
         """What a batch of slots adds to the server's aggregate: (Σ_i w_i θ̃_i, Σ_i w_i).
 
         trained: the slots' trained values (leaves [c, ...]); start: what each started
           from (broadcastable to trained; None: `trained` are already changes Δ_i);
-          weights: [c] `Cohorts.weights` (0 for a slot that does not count).
+          weights: [c] `Cohorts.weights` (0 for a slot that does not count); batch: the
+          `CohortBatch` (a rule that keeps every update, a robust aggregator, places it
+          by the batch's slots).
         A rule sums its own view of the changes θ̃_i − start_i instead.
         """
         if is_plain(aggregation):
             return weighted_sum(trained, weights), jnp.sum(weights)
-        return aggregation.sums(_changes(trained, start), weights)
+        return aggregation.sums(_changes(trained, start), weights, batch)
 
     @staticmethod
     def mean(aggregation, sums, base, key, cohort, data):
@@ -240,12 +242,14 @@ class Cohorts(NamedTuple):
         return aggregation.mean(sums, base, key, expected_clients(cohort, data))
 
     @staticmethod
-    def cluster_sums(aggregation, trained, start, segment, num_clusters: int, weights):
+    def cluster_sums(aggregation, trained, start, segment, num_clusters: int, weights,
+                     batch=None):
         """Per cluster j: (Σ_{i: segment_i = j} w_i θ̃_i [k, ...], Σ w_i [k]); ids outside
         [0, k) are dropped. start: each slot's starting value (its cluster's model)."""
         if is_plain(aggregation):
             return segment_totals(trained, segment, num_clusters, weights)
-        return aggregation.cluster_sums(_changes(trained, start), segment, num_clusters, weights)
+        return aggregation.cluster_sums(_changes(trained, start), segment, num_clusters,
+                                        weights, batch)
 
     @staticmethod
     def cluster_means(aggregation, sums, base, key, cohort, data):

@@ -113,7 +113,7 @@ def fedavg(model: Model, training: ClientTraining, *, participation: float = 1.0
             trained, _, losses = training_t.update_clients(model, start, batch.data,
                                                            batch.keys, **batch.work())
             weights = clients.weights(batch.active, batch.data.num_examples)
-            sums = clients.sums(state.aggregation, trained, state.params, weights)
+            sums = clients.sums(state.aggregation, trained, state.params, weights, batch)
             return sums, (losses[:, 0], batch.active)
 
         sums, (first_losses, active) = cohort_sums(client_step, data, cohort)

@@ -350,7 +350,8 @@ def ifca(model: Model, training: ClientTraining, *, num_clusters: int, option: s
         if not is_plain(state.aggregation) and jax.tree.leaves(_trunk(state)):
             raise ValueError("with_dp on IFCA clips each client's change of its cluster's "
                              "whole model; a shared or frozen trunk is not supported.")
-        sums = (clients.cluster_sums(state.aggregation, trained, start, segment, k, weights),
+        sums = (clients.cluster_sums(state.aggregation, trained, start, segment, k, weights,
+                                     batch),
                 weighted_sum(trunks, weights), jnp.sum(weights))
         return sums, (losses, assignment)
 

@@ -136,10 +136,10 @@ class GaussianSum:
 
     # -- the clients' half: additive over slots (a chunked round adds chunks)
 
-    def sums(self, changes, weights):
+    def sums(self, changes, weights, batch=None):
         return clipped_sum(changes, self.clip_norm, reports=weights > 0)
 
-    def cluster_sums(self, changes, segment, num_clusters: int, weights):
+    def cluster_sums(self, changes, segment, num_clusters: int, weights, batch=None):
         return clipped_cluster_sums(changes, segment, num_clusters, self.clip_norm,
                                     reports=weights > 0)
 
@@ -214,7 +214,7 @@ class TreeSum:
     rounds: int = dataclasses.field(default=1, metadata={"static": True})
     expected_clients: float | None = dataclasses.field(default=None, metadata={"static": True})
 
-    def sums(self, changes, weights):
+    def sums(self, changes, weights, batch=None):
         return clipped_sum(changes, self.clip_norm, reports=weights > 0)
 
     def mean(self, sums, base, key, expected: float):

@@ -171,6 +171,10 @@ class CohortBatch:
       ids: [c] int32 client ids of the slots.
       straggles: [c] bool, the slots that do part of their work; None: none.
       num_clients: m, static: the federation's clients (per-client work tables).
+      slots: [c] int32, each slot's position in the cohort (0 … s − 1; chunk padding
+        repeats the last one): where a rule that keeps every update (a robust
+        aggregator) puts it.
+      cohort_size: s, static: the cohort's slots.
     """
 
     data: FederatedData
@@ -181,6 +185,8 @@ class CohortBatch:
     ids: jax.Array
     straggles: jax.Array | None = None
     num_clients: int | None = struct.field(pytree_node=False, default=None)
+    slots: jax.Array | None = None
+    cohort_size: int | None = struct.field(pytree_node=False, default=None)
 
     def work(self) -> dict:
         """What a `ClientTraining` needs of the slots beyond their data and keys:
@@ -224,20 +230,22 @@ def cohort_sums(client_step, data: ClientSource, cohort: Cohort, *, inputs=()):
         return client_step(CohortBatch(members, cohort.keys, inputs,
                                        reporting(members.active(), cohort.reports),
                                        jnp.ones((cohort.size,), bool), cohort.ids,
-                                       cohort.straggles, data.num_clients))
+                                       cohort.straggles, data.num_clients,
+                                       jnp.arange(cohort.size, dtype=jnp.int32),
+                                       cohort.size))
 
     client_chunk = plan_of(data).client_chunk
     if client_chunk is None:
         return whole_cohort()
 
     def add_chunk(acc, part, valid):
-        data_c, ids_c, keys_c, inputs_c, reports_c, straggles_c = part
+        data_c, ids_c, keys_c, inputs_c, reports_c, straggles_c, slots_c = part
         if data_c is None:  # a sampled cohort gathers its rows by id
             data_c = data.take(ids_c)
         data_c = unchunked(data_c)
         batch = CohortBatch(data_c, keys_c, inputs_c, reporting(valid & data_c.active(),
                                                                 reports_c), valid, ids_c,
-                            straggles_c, data.num_clients)
+                            straggles_c, data.num_clients, slots_c, cohort.size)
         sums, out = client_step(batch)
         return optax.tree.add(acc, sums), out
 
@@ -246,5 +254,5 @@ def cohort_sums(client_step, data: ClientSource, cohort: Cohort, *, inputs=()):
     # With everyone taking part the chunks slice `data` itself, so on a device
     # mesh each chunk reads its rows where they live.
     slots = (data if cohort.everyone else None, cohort.ids, cohort.keys, inputs,
-             cohort.reports, cohort.straggles)
+             cohort.reports, cohort.straggles, jnp.arange(cohort.size, dtype=jnp.int32))
     return scan_client_chunks(add_chunk, zero, slots, client_chunk)
