@@ -37,9 +37,11 @@ from fedjax_sim.algorithms import (
     with_dp,
     with_dp_ftrl,
     with_initial_params,
+    with_systems,
 )
 from fedjax_sim.algorithms.private import PRIVACY_STREAM
 from fedjax_sim.ops.work import Work
+from fedjax_sim.systems import Systems
 
 LR, TAU, MU, LAMBDA = 0.05, 3, 0.5, 0.5
 CLIP, SIGMA = 0.3, 0.7  # (each loop test picks a C between its clients' norms)
@@ -221,6 +223,37 @@ def test_scaffold_dp_ftrl_rounds_equal_loop(ragged, linear_model, ref):
         np.testing.assert_allclose(state.control, c, rtol=1e-5, atol=1e-5)
 
 
+def test_fednova_dp_ftrl_rounds_equal_loop(ragged, linear_model, ref):
+    """DP-FTRL on FedNova: x_t = x_{t−1} − τ (S_t + n_t − n_{t−1}) / D, S_t the clipped d_i."""
+    clip, rounds = 0.04, 3
+    work = (3, 1, 2, 1, 2)
+    alg = with_dp_ftrl(
+        fednova(linear_model, sgd(LR, steps=TAU, work=Work(per_client=work))),
+        clip,
+        SIGMA,
+        rounds=rounds,
+    )
+    state = alg.init(jax.random.key(0), ragged)
+    x, y, n = _np_data(ragged)
+    xs = np.asarray(state.params, np.float64)
+    nodes, previous = {}, np.zeros_like(xs)
+    for t, key in enumerate(_round_keys(rounds), start=1):
+        state, _ = jax.jit(alg.round)(state, ragged, key)
+        total = np.zeros_like(xs)
+        for i in _holding(n):
+            yi = _local_gd(ref, xs, x[i], y[i], n[i], LR, work[i])
+            (clipped,), _ = _clip([(xs - yi) / work[i]], clip)
+            total += clipped
+        level = (t & -t).bit_length() - 1
+        (nodes[level],) = _gaussian_noise(
+            jax.random.fold_in(key, PRIVACY_STREAM), [xs.shape], SIGMA * clip
+        )
+        noise = sum(nodes[lv] for lv in nodes if (t >> lv) & 1)
+        xs = xs - TAU * (total + noise - previous) / D
+        previous = noise
+        np.testing.assert_allclose(state.params, xs, rtol=1e-5, atol=1e-6)
+
+
 def test_ditto_dp_rounds_equal_loop(ragged, linear_model, ref):
     """The global w by DP-FedAvg; each personal v_k by τ GD steps on F_k + λ/2‖v − w^t‖²
     from its own v_k, pulled toward the noised w^t it received (never noised itself)."""
@@ -247,6 +280,43 @@ def test_ditto_dp_rounds_equal_loop(ragged, linear_model, ref):
         np.testing.assert_allclose(state.params, w, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(state.personal, v, rtol=1e-5, atol=1e-6)
     _assert_some_clipped(norms, clip)
+
+
+def test_ditto_dp_partial_participation_and_dropout(ragged, linear_model, ref):
+    """3 of 5 slots a round, each chosen client dropping out with probability 0.4: only the
+    clients that report add their clipped change (the reporters are the clients whose
+    personal model moved), and D stays the cohort's 3 slots."""
+    clip, slots = 0.12, 3
+    alg = with_dp(
+        with_systems(
+            ditto(linear_model, sgd(LR, steps=TAU), ditto_lambda=LAMBDA, participation=0.6),
+            Systems(dropout=0.4),
+        ),
+        clip,
+        SIGMA,
+    )
+    state = alg.init(jax.random.key(0), ragged)
+    x, y, n = _np_data(ragged)
+    w = np.asarray(state.params, np.float64)
+    reporters_per_round = []
+    for key in _round_keys(4):
+        before = np.asarray(state.personal, np.float64)
+        state, metrics = jax.jit(alg.round)(state, ragged, key)
+        moved = np.any(np.asarray(state.personal) != before.astype(np.float32), axis=1)
+        reporters = [i for i in range(len(n)) if moved[i]]
+        assert all(n[i] > 0 for i in reporters)
+        assert int(metrics["participants"]) == len(reporters)
+        reporters_per_round.append(len(reporters))
+        total = np.zeros_like(w)
+        for i in reporters:
+            wi = _local_gd(ref, w, x[i], y[i], n[i], LR, TAU)
+            (clipped,), _ = _clip([wi - w], clip)
+            total += clipped
+        (noise,) = _dp_noise(key, [w.shape], clip)
+        w = w + (total + noise) / slots
+        np.testing.assert_allclose(state.params, w, rtol=1e-5, atol=1e-6)
+    assert min(reporters_per_round) < slots  # a round in which someone did not report
+    assert max(reporters_per_round) > 0
 
 
 def test_hypcluster_dp_rounds_equal_loop(ragged, linear_model, ref):
