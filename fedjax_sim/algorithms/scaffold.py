@@ -41,7 +41,9 @@ D the expected cohort (`base.expected_clients`, or with_dp's `expected_clients`)
     x    ← x + η_g S̃_y / D
     c    ← c + (D / N) · S̃_c / D  = c + S̃_c / N      (N: the clients holding data)
 
-N, the population's size, is public (the accountant's q presumes it). Every
+N, the population's size, is public (the accountant's q presumes it); with
+`denominator="count"` the rule's means divide by the reporting count instead, and c
+still moves by D/N times its mean. Every
 reporting client counts 1 (no `weighting="examples"`), the server step is taken
 also when nobody reported (the noise moves x), and c_i stays on its client.
 """
