@@ -15,6 +15,7 @@ replacement (the paper: every client):
             c₁, c₂ = argmin_{c₁ ∪ c₂ = c} max_{i∈c₁, j∈c₂} α_ij  (the optimal bipartition)
             c₂ gets a new cluster slot, starting from θ_c
     for every cluster c (after the splits): θ_c ← θ_c + Σ_{i ∈ c} p_i Δθ_i
+    (`with_dp`: refused; the split reads every member's raw Δθ_i, below)
 
 ε₁ small: the cluster's federated objective is near a stationary point; ε₂
 large: some member is still far from its own. Splitting happens after the
@@ -51,6 +52,14 @@ official code waits 20) are settings. With partial participation [I] the
 norms and the bipartition use the cluster's members in this round's cohort;
 members not sampled stay in c₁. A client without data takes no part.
 Evaluation: each client scored with its cluster's model.
+
+`with_dp` is refused on CFL. The cluster sums themselves could be privatised as
+IFCA's are (the update step goes through `Cohorts.cluster_sums` / `cluster_means`),
+but the split test (‖Δθ_i‖, the cluster's mean norm, its size) and the bipartition
+(every pair's cosine similarity) are computed by the server from the clients' raw
+updates: adding or removing one client can move other clients to another cluster,
+so no cluster sum has sensitivity C and the accountant's ε would not hold. A
+private split rule is what is missing.
 """
 
 from __future__ import annotations
@@ -68,6 +77,7 @@ from fedjax_sim.algorithms.base import (
     check_inputs,
     check_steps,
     cohorts,
+    is_plain,
     mean_over,
     per_client_fields,
 )
@@ -75,7 +85,7 @@ from fedjax_sim.algorithms.ifca import evaluate_clusters
 from fedjax_sim.algorithms.training import ClientTraining, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model
-from fedjax_sim.ops import cohort_sums, divide_segments, put, segment_totals, take
+from fedjax_sim.ops import cohort_sums, put, segment_totals, take
 from fedjax_sim.ops.clustering import cosine_similarity, optimal_bipartition
 
 
@@ -84,6 +94,7 @@ class CFLState(NamedTuple):
     assignment: jax.Array  # [m] int32, each client's cluster slot
     num_clusters: jax.Array  # int32, slots in use (clusters 0 .. num_clusters − 1)
     round: jax.Array  # int32
+    aggregation: object = ()  # the server's rule; (): each cluster's mean (with_dp refused)
 
 
 def _flat(tree, count: int):
@@ -156,6 +167,10 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
                         jnp.zeros((), jnp.int32))
 
     def round_(state: CFLState, data: FederatedData, key):
+        if not is_plain(state.aggregation):
+            raise ValueError("with_dp on CFL is refused: its splits read every member's raw "
+                             "update (norms, cosine similarities), so one client can move "
+                             "others between clusters and no cluster sum has sensitivity C.")
         cohort = clients.draw(key, data, round=state.round)
         training_t = training.at_round(state.round)  # the round's rate η_t
         ids = take(cohort, state.assignment)
@@ -199,8 +214,10 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
 
         # θ_c ← θ_c + Σ_{i∈c} p_i Δθ_i, within the clusters after the splits.
         segment = jnp.where(active, ids, slots)
-        totals, cluster_weight = segment_totals(delta, segment, slots, weights)
-        step = divide_segments(totals, cluster_weight, jnp.zeros_like(totals))
+        sums = clients.cluster_sums(state.aggregation, delta, None, segment, slots, weights)
+        step, aggregation, server_metrics = clients.cluster_means(
+            state.aggregation, sums, jnp.zeros((slots,) + delta.shape[1:], delta.dtype), key,
+            cohort, data)
         _, unravel = jax.flatten_util.ravel_pytree(jax.tree.map(lambda p: p[0], params))
         params = optax.tree.add(params, jax.vmap(unravel)(step))
         metrics = {
@@ -210,9 +227,10 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
             "splits": used - state.num_clusters,
             "mean_update_norm": mean_norm,
             "max_update_norm": max_norm,
+            **server_metrics,
         }
         return CFLState(params, put(cohort, state.assignment, ids), used,
-                        state.round + 1), metrics
+                        state.round + 1, aggregation), metrics
 
     def evaluate(state: CFLState, data: FederatedData) -> dict:
         return evaluate_clusters(model, state.cluster_params, data,

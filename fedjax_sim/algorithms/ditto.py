@@ -10,6 +10,7 @@ global solver), with the cohort S drawn uniformly without replacement:
     every k ∈ S: w_k ← τ local steps of F_k from w^t           (FedAvg's local solve)
                  v_k ← s steps of v − η(∇F_k(v) + λ(v − w^t))  (from its own v_k)
     w^{t+1} ← mean_{k∈S} w_k                                  (uniform, as the paper)
+                      (`with_dp`: the clipped, noised mean of w_k − w^t; v_k never leave)
 
 Choices: a client without data keeps its personal model; the personal
 steps are pulled toward w^t, the model the client received (Algorithm 1),
@@ -22,6 +23,12 @@ exactly (same key layout, same cohort). Both follow the slot's work: τ_i
 and a straggler's share are drawn from the client key for the personal
 steps too, so a client takes as many of each. Evaluation scores every client
 with its personal model (assignment −1: no cluster).
+
+Under `with_dp` (or `with_dp_ftrl`) the global model is DP-FedAvg's: each client's
+w_k − w^t is clipped, summed, noised and divided by the expected cohort. The
+personal models never leave their clients and are not noised; v_k reads the
+private w^t only, and its evaluation on the client's own data is an instrument
+of the simulator, not a released output.
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from fedjax_sim.algorithms.base import (
 from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model, client_accuracy, client_loss
-from fedjax_sim.ops import cohort_sums, map_client_chunks, mean_or_keep, put, take, weighted_sum
+from fedjax_sim.ops import cohort_sums, map_client_chunks, put, take
 
 PERSONAL_STREAM = 1  # a client's personal steps use fold_in(its key, 1)
 
@@ -53,6 +60,7 @@ class DittoState(NamedTuple):
     params: object  # pytree, the global model w
     personal: object  # pytree, leaves [m, ...]: the personal models v_k
     round: jax.Array  # int32
+    aggregation: object = ()  # the server's rule (`with_dp`'s); (): the weighted mean
 
 
 def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
@@ -132,14 +140,17 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
                                              batch.data.num_examples, batch.keys, batch.active,
                                              batch.slot_work())
             weights = clients.weights(batch.active, batch.data.num_examples)
-            return (weighted_sum(trained, weights), jnp.sum(weights)), (
+            return clients.sums(state.aggregation, trained, w, weights), (
                 personal, losses[:, 0], batch.active)
 
-        (total, weight), (personal, losses, active) = cohort_sums(
+        sums, (personal, losses, active) = cohort_sums(
             client_step, data, cohort, inputs=take(cohort, state.personal))
-        params = mean_or_keep(total, weight, w)
-        metrics = {"cohort_loss": mean_over(losses, active), **clients.participants(data, active)}
-        return DittoState(params, put(cohort, state.personal, personal), state.round + 1), metrics
+        params, aggregation, server_metrics = clients.mean(state.aggregation, sums, w, key,
+                                                           cohort, data)
+        metrics = {"cohort_loss": mean_over(losses, active), **clients.participants(data, active),
+                   **server_metrics}
+        return DittoState(params, put(cohort, state.personal, personal), state.round + 1,
+                          aggregation), metrics
 
     def evaluate(state: DittoState, data: FederatedData) -> dict:
         check_same_clients("Ditto's personal models", state.personal, data)

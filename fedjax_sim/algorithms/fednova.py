@@ -16,6 +16,7 @@ each client's cumulative update by the ℓ₁ norm of its aggregation vector a_i
                  d_i ← (x − y_i) / ‖a_i‖₁
     τ_eff ← Σ_{i∈S} p_i ‖a_i‖₁
     x    ← x − τ_eff Σ_{i∈S} p_i d_i
+           (`with_dp`: x − ‖a(τ)‖₁ (Σ_{i∈S} clip(d_i) + N(0, σ²C²)) / D, below)
 
 ‖a_i‖₁ for the local solvers of the paper's Appendix (η the client step):
 
@@ -40,10 +41,26 @@ Choices [I]:
   are implemented (`momentum`, `mu`: FedNova over FedProx's solver). SCAFFOLD's
   corrected steps are not normalised here; `scaffold` itself uses each client's
   own K_i in its control variates.
+
+Under `with_dp` (or `with_dp_ftrl`) what a client sends is its normalised change
+d_i, and that is what is clipped (‖d_i‖₂ ≤ C), summed, noised (N(0, σ²C²)) and
+divided by D, the expected cohort (`algorithms.private`); every reporting client
+counts 1 (no `weighting="examples"`). τ_eff = Σ p_i ‖a_i‖₁ is not used: it reads
+every client's τ_i (with `Work(epochs=...)` a function of its n_i) and p_i, and
+would need a privatised count of its own. It is replaced by a fixed, public value,
+‖a(τ)‖₁ of the configured `steps` τ at the round's rate (the work of a client that
+takes all its steps; `tau_eff` reports it). This keeps what FedNova is for: in
+the paper's general update (its Section 4), x − τ_eff Σ w_i d_i reaches the
+objective Σ w_i F_i whatever τ_eff is (τ_eff scales the server's step, not the
+weights), so a fixed τ_eff is still objective-consistent with w_i = the uniform
+p_i of the noised sum. With every client taking all τ steps it is the plain
+τ_eff; under heterogeneous work it exceeds Σ p_i ‖a_i‖₁, a larger server step
+(scale it with `with_server_optimizer(..., "sgd", server_lr)`).
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -51,6 +68,7 @@ from fedjax_sim.algorithms.base import (
     Algorithm,
     broadcast_to_clients,
     cohorts,
+    is_plain,
     mean_over,
 )
 from fedjax_sim.algorithms.fedavg import FedAvgState, fedavg
@@ -64,6 +82,11 @@ from fedjax_sim.algorithms.training import (
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model
 from fedjax_sim.ops import cohort_sums, weighted_sum
+
+
+def _rows(per_client, leaf):
+    """[c] values shaped to broadcast against a [c, ...] leaf."""
+    return per_client.reshape(per_client.shape + (1,) * (leaf.ndim - 1)).astype(leaf.dtype)
 
 
 def work_norm(steps, *, learning_rate=0.0, momentum=0.0, mu=0.0):
@@ -148,6 +171,7 @@ def fednova(model: Model, training: ClientTraining, *, momentum: float = 0.0, mu
         cohort = clients.draw(key, data, round=state.round)
         local = local_solver(training.at_round(state.round))  # at the round's rate η_t
         lr = local.learning_rate
+        plain = is_plain(state.aggregation)
 
         def client_step(batch):
             start = broadcast_to_clients(state.params, batch.keys.shape[0])
@@ -158,21 +182,35 @@ def fednova(model: Model, training: ClientTraining, *, momentum: float = 0.0, mu
             p = clients.weights(batch.active, batch.data.num_examples)
             p = jnp.where(tau > 0, p, 0.0)
             delta = optax.tree.sub(start, trained)  # x − y_i
+            if not plain:  # d_i = (x − y_i) / ‖a_i‖₁, the update a rule clips
+                d = jax.tree.map(lambda u: u / _rows(jnp.maximum(norm, 1e-30), u), delta)
+                return clients.sums(state.aggregation, d, None, p), (losses[:, 0],
+                                                                     batch.active)
             scale = p / jnp.maximum(norm, 1e-30)  # p_i / ‖a_i‖₁ (unnormalised p)
             sums = (weighted_sum(delta, scale), jnp.sum(p * norm), jnp.sum(p))
             return sums, (losses[:, 0], batch.active)
 
-        (d_total, pa_total, p_total), (first_losses, active) = cohort_sums(
-            client_step, data, cohort)
+        sums, (first_losses, active) = cohort_sums(client_step, data, cohort)
+        metrics = {"cohort_loss": mean_over(first_losses, active),
+                   **clients.participants(data, active)}
+        if not plain:  # x ← x − ‖a(τ)‖₁ · (the rule's mean of d_i) (module docstring)
+            mean_d, aggregation, server_metrics = clients.mean(
+                state.aggregation, sums, optax.tree.zeros_like(state.params), key, cohort,
+                data)
+            tau_eff = work_norm(training.steps, learning_rate=lr, momentum=momentum, mu=mu)
+            params = optax.tree.add_scale(state.params, -tau_eff, mean_d)
+            metrics.update(tau_eff=tau_eff, **server_metrics)
+            return state._replace(params=params, round=state.round + 1,
+                                  aggregation=aggregation), metrics
         # x ← x − τ_eff Σ p_i d_i, with p normalised over the contributors:
         # τ_eff = Σ p_i ‖a_i‖₁ / Σ p_i and Σ p_i d_i = d_total / Σ p_i.
+        d_total, pa_total, p_total = sums
         some = p_total > 0
         total = jnp.maximum(p_total, 1e-30)
         tau_eff = pa_total / total
         params = optax.tree.where(
             some, optax.tree.add_scale(state.params, -tau_eff / total, d_total), state.params)
-        metrics = {"cohort_loss": mean_over(first_losses, active),
-                   **clients.participants(data, active), "tau_eff": jnp.where(some, tau_eff, 0.0)}
+        metrics["tau_eff"] = jnp.where(some, tau_eff, 0.0)
         return state._replace(params=params, round=state.round + 1), metrics
 
     return Algorithm(shared.init, round_, shared.evaluate)

@@ -8,7 +8,8 @@ Algorithm 2 of the paper: each selected device k approximately minimises
 
     h_k(w; w_t) = F_k(w) + μ/2 ‖w − w_t‖²
 
-from w_t, and the server averages the results. Here "approximately" is τ
+from w_t, and the server averages the results (`with_dp`: the clipped, noised
+mean of the changes w_k − w_t instead, FedAvg's). Here "approximately" is τ
 steps of the client optimizer on h_k, whose gradient is
 ∇F_k(w) + μ (w − w_t): the proximal term is in every local step. μ = 0 is
 FedAvg exactly (the same arithmetic plus an exact zero).

@@ -9,6 +9,7 @@ One round, with the cohort S drawn uniformly without replacement:
     every i ∈ S: f(i) = argmin_j F_i(h_j)            (its training loss, before the round)
                  h̃_i = τ local steps from h_f(i)
     h_j ← Σ_{i∈S: f(i)=j} n_i h̃_i / Σ_{i∈S: f(i)=j} n_i   (a hypothesis nobody chose is kept)
+          (`with_dp`: h_j + (Σ_{f(i)=j} clip(h̃_i − h_j) + N(0, σ²C²)) / (D/k) instead)
 
 This is the paper's algorithm in FedJAX's form (`fedjax/algorithms/hyp_cluster.py`:
 maximization step by the average training loss, expectation step by the
@@ -44,6 +45,12 @@ the same shape:
   round (as IFCA), and an empty hypothesis keeps its model (as IFCA).
 - no IFCA extras: no option I, weight sharing, stable-assignment freezing or
   warm start.
+
+Under `with_dp` each hypothesis is updated as IFCA option II's clusters are: a
+client's f(i) is its own choice among the public hypotheses, so it adds its
+clipped change to exactly one of the k sums, and the k noised sums cost what one
+does (`algorithms.private`); each is divided by D/k, D the expected cohort. The
+"kmeans++" init is refused under DP: its hypotheses are clients' trained models.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from fedjax_sim.algorithms.base import (
     check_choice,
     check_inputs,
     cohorts,
+    is_plain,
     mean_over,
     per_client_fields,
 )
@@ -71,10 +79,8 @@ from fedjax_sim.ops import (
     client_keys,
     cluster_losses,
     cohort_sums,
-    divide_segments,
     map_client_chunks,
     put,
-    segment_totals,
     take,
     taking_part,
 )
@@ -88,6 +94,7 @@ class HypClusterState(NamedTuple):
     assignment: jax.Array  # [m] int32, f(i) chosen at the start of each client's last round
     #   (the hypotheses before its update; evaluation recomputes it); -1 before it took part
     round: jax.Array  # int32
+    aggregation: object = ()  # the server's rule (`with_dp`'s); (): each hypothesis's mean
 
 
 def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
@@ -170,6 +177,10 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
         return HypClusterState(params, jnp.full((m,), -1, jnp.int32), jnp.zeros((), jnp.int32))
 
     def round_(state: HypClusterState, data: FederatedData, key):
+        if init == "kmeans++" and not is_plain(state.aggregation):
+            raise ValueError("with_dp on HypCluster needs init='random': 'kmeans++' makes "
+                             "clients' own trained models the hypotheses, which no noise "
+                             "covers.")
         cohort = clients.draw(key, data, round=state.round)
         training_t = training.at_round(state.round)  # the round's rate η_t
 
@@ -181,19 +192,20 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
                                                        **batch.work())
             weights = clients.weights(batch.active, batch.data.num_examples)
             segment = jnp.where(batch.active, chosen, k)  # id k is dropped
-            return segment_totals(trained, segment, k, weights), (losses, chosen)
+            sums = clients.cluster_sums(state.aggregation, trained, start, segment, k, weights)
+            return sums, (losses, chosen)
 
-        (totals, cluster_weight), (losses, chosen) = cohort_sums(
-            client_step, data, cohort)
-        params = divide_segments(totals, cluster_weight, fallback=state.cluster_params)
+        sums, (losses, chosen) = cohort_sums(client_step, data, cohort)
+        params, aggregation, server_metrics = clients.cluster_means(
+            state.aggregation, sums, state.cluster_params, key, cohort, data)
         active = taking_part(cohort, data)
         assignment = jnp.where(active, chosen, take(cohort, state.assignment))
         chosen_loss = jnp.take_along_axis(losses, chosen[:, None], axis=1)[:, 0]
         counts = jax.ops.segment_sum(active.astype(jnp.int32), chosen, k)
         metrics = {"cohort_loss": mean_over(chosen_loss, active), "cluster_sizes": counts,
-                   **clients.participants(data, active)}
+                   **clients.participants(data, active), **server_metrics}
         return HypClusterState(params, put(cohort, state.assignment, assignment),
-                               state.round + 1), metrics
+                               state.round + 1, aggregation), metrics
 
     def evaluate(state: HypClusterState, data: FederatedData) -> dict:
         # f(i) recomputed on `data` under the current hypotheses, not state.assignment

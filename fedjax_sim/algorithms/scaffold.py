@@ -12,6 +12,7 @@ One round (the paper's Algorithm 1, control-variate option II):
            Δy_i ← y_i − x;  Δc_i ← c_i⁺ − c_i;  c_i ← c_i⁺
     x    ← x + η_g mean_{i∈S} Δy_i
     c    ← c + (|S| / N) mean_{i∈S} Δc_i
+           (`with_dp`: the pair (Δy_i, Δc_i) clipped as one update, both means noised)
 
 Only the cohort's c_i change, so c stays the mean of all N client variates
 (with c_i = c = 0 at the start) under partial participation.
@@ -30,6 +31,21 @@ Choices [I]:
 - c_i and c start at 0 (the paper allows any start; its experiments use 0).
 - With per-client work (`ClientTraining.work`, stragglers) K is the client's
   own number of steps K_i; a client that took none keeps its c_i (Δc_i = 0).
+
+Under `with_dp` (or `with_dp_ftrl`) a client's message is the pair (Δy_i, Δc_i):
+it is clipped as one update, ‖(Δy_i, Δc_i)‖₂ ≤ C over both pytrees, so adding or
+removing a client moves the pair of sums by at most C, and one Gaussian N(0, σ²C²)
+per coordinate noises both (`algorithms.private`). With S̃_y, S̃_c the noised sums and
+D the expected cohort (`base.expected_clients`, or with_dp's `expected_clients`):
+
+    x    ← x + η_g S̃_y / D
+    c    ← c + (D / N) · S̃_c / D  = c + S̃_c / N      (N: the clients holding data)
+
+N, the population's size, is public (the accountant's q presumes it); with
+`denominator="count"` the rule's means divide by the reporting count instead, and c
+still moves by D/N times its mean. Every
+reporting client counts 1 (no `weighting="examples"`), the server step is taken
+also when nobody reported (the noise moves x), and c_i stays on its client.
 """
 
 from __future__ import annotations
@@ -46,6 +62,8 @@ from fedjax_sim.algorithms.base import (
     broadcast_to_clients,
     check_inputs,
     cohorts,
+    expected_clients,
+    is_plain,
     mean_over,
     per_client_fields,
 )
@@ -54,7 +72,7 @@ from fedjax_sim.algorithms.server import apply_server_update, make_server_optimi
 from fedjax_sim.algorithms.training import ClientTraining, check_training, sgd_rate
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.models.core import Model
-from fedjax_sim.ops import cohort_sums, mean_or_keep, put, take, weighted_sum
+from fedjax_sim.ops import cohort_sums, mean_or_keep, put, take
 
 
 class ScaffoldState(NamedTuple):
@@ -63,11 +81,19 @@ class ScaffoldState(NamedTuple):
     client_controls: object  # pytree, leaves [N, ...]: the client control variates c_i
     round: jax.Array  # int32
     server_state: object = ()  # `with_server_optimizer`'s state; () without one
+    aggregation: object = ()  # the server's rule (`with_dp`'s); (): the weighted means
 
 
 def _rows(mask, leaf):
     """[c] mask shaped to broadcast against a [c, ...] leaf."""
     return mask.reshape(mask.shape + (1,) * (leaf.ndim - 1))
+
+
+def _cohort_denominator(aggregation, cohort, data) -> float:
+    """D, what a rule divides the cohort's sums by: with_dp's `expected_clients` where
+    given, else the cohort's expected size (static)."""
+    fixed = getattr(aggregation, "expected_clients", None)
+    return expected_clients(cohort, data) if fixed is None else fixed
 
 
 def add_correction(correction) -> optax.GradientTransformation:
@@ -151,23 +177,37 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
             new_c_i = jax.tree.map(  # c_i ← c_i⁺ for the clients holding data
                 lambda c_i, d: jnp.where(_rows(batch.active, d), c_i + d, c_i),
                 batch.inputs, delta_c)
-            sums = (weighted_sum(delta_y, weights), weighted_sum(delta_c, weights),
-                    jnp.sum(weights))
+            # one message per client, (Δy_i, Δc_i): a rule clips the pair as one update
+            sums = clients.sums(state.aggregation, (delta_y, delta_c), None, weights)
             return sums, (new_c_i, first_loss, batch.active)
 
-        (dy_total, dc_total, weight), (client_controls, first_losses, active) = cohort_sums(
+        sums, (client_controls, first_losses, active) = cohort_sums(
             client_step, data, cohort, inputs=take(cohort, state.client_controls))
-        # Δx = Σ_S w_i Δy_i / Σ_S w_i;  c ← c + Σ_S w_i Δc_i / Σ_N w_i
-        delta_x = mean_or_keep(dy_total, weight, optax.tree.zeros_like(state.params))
+        if is_plain(state.aggregation):
+            # Δx = Σ_S w_i Δy_i / Σ_S w_i;  c ← c + Σ_S w_i Δc_i / Σ_N w_i
+            (dy_total, dc_total), weight = sums
+            delta_x = mean_or_keep(dy_total, weight, optax.tree.zeros_like(state.params))
+            moved = weight > 0
+            all_weight = jnp.sum(clients.weights(data.active(), data.num_examples))
+            control = jax.tree.map(lambda c, d: c + d / jnp.maximum(all_weight, 1e-30),
+                                   state.control, dc_total)
+            aggregation, server_metrics = state.aggregation, {}
+        else:  # Δx = S̃_y / D;  c ← c + (D / N) S̃_c / D (module docstring)
+            zeros = optax.tree.zeros_like((state.params, state.control))
+            (delta_x, mean_c), aggregation, server_metrics = clients.mean(
+                state.aggregation, sums, zeros, key, cohort, data)
+            moved = None  # the noised mean moves x whoever reported
+            fraction = _cohort_denominator(state.aggregation, cohort, data) / jnp.maximum(
+                jnp.sum(data.active().astype(jnp.float32)), 1.0)
+            control = jax.tree.map(lambda c, d: c + fraction * d, state.control, mean_c)
         params, _ = apply_server_update(server, state.params, server.init(state.params),
-                                        delta_x, weight > 0)
-        all_weight = jnp.sum(clients.weights(data.active(), data.num_examples))
-        control = jax.tree.map(lambda c, d: c + d / jnp.maximum(all_weight, 1e-30),
-                               state.control, dc_total)
+                                        delta_x, moved)
         metrics = {"cohort_loss": mean_over(first_losses, active),
-                   **clients.participants(data, active)}
-        return ScaffoldState(params, control, put(cohort, state.client_controls, client_controls),
-                             state.round + 1), metrics
+                   **clients.participants(data, active), **server_metrics}
+        return state._replace(params=params, control=control,
+                              client_controls=put(cohort, state.client_controls,
+                                                  client_controls),
+                              round=state.round + 1, aggregation=aggregation), metrics
 
     def evaluate(state: ScaffoldState, data: FederatedData) -> dict:
         return evaluate_shared(model, state.params, data)
