@@ -427,8 +427,8 @@ def _refusal(alg, ragged):
 def test_cfl_refuses_dp_in_one_line(ragged, linear_model):
     message = _refusal(with_dp(cfl(linear_model, sgd(LR, steps=TAU)), CLIP, SIGMA), ragged)
     assert message.startswith(
-        "with_dp on CFL is refused: its splits read every member's raw update"
-    )
+        "CFL takes no aggregation rule (with_dp, with_aggregator): its splits read every "
+        "member's raw update")
 
 
 def test_hypcluster_kmeans_init_refuses_dp_in_one_line(ragged, linear_model):

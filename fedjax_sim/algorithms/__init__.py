@@ -89,7 +89,7 @@ ALGORITHMS = {
 # has an `aggregation`): `with_dp` privatises them; the others use more (the clients'
 # losses, λ) and are refused.
 PRIVATE_READY = frozenset({"fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox",
-                           "fednova", "scaffold", "ditto", "ifca", "hypcluster", "cfl"})
+                           "fednova", "scaffold", "ditto", "ifca", "hypcluster"})
 
 
 # Other names of registered algorithms: alias -> its registry name (the name the method

@@ -272,22 +272,20 @@ def _changes(trained, start):
     return jax.tree.map(lambda t, s: t - s, trained, start)
 
 
-def expected_clients(cohort, data) -> float:
+def expected_clients(cohort, data) -> float | None:
     """The number of clients a round's cohort is expected to hold (static).
 
     Its s slots (a fixed-size cohort), or, where the data's `Systems` make each client
     available with probability a (`with_systems`; Poisson sampling when the s slots are
-    a cap above a·m), min(s, a·m). An availability per client or a day/night cycle has no
-    single expectation: refused.
+    a cap above a·m), min(s, a·m). None where there is no single expectation (an
+    availability per client, a day/night cycle): a rule that needs one is then given it.
     """
     systems = systems_of(data)
     size = float(cohort.size)
     if systems.always_available:
         return size
     if isinstance(systems.availability, tuple) or systems.period:
-        raise ValueError("the expected cohort size needs one availability for every client "
-                         "and no day/night cycle; give the expected number of clients "
-                         "yourself (with_dp's expected_clients).")
+        return None
     return min(size, systems.availability * data.num_clients)
 
 

@@ -100,6 +100,10 @@ class RobustSum:
             updates = self.attack(updates, byzantine, key, mask=reports)
         return updates, reports, {"byzantine_reports": jnp.sum(byzantine).astype(jnp.float32)}
 
+    def divisor(self, sums: Stacked, expected: float | None):
+        """The clients the rule's aggregate stands for: the reporting ones."""
+        return jnp.sum(sums.reports)
+
     def mean(self, sums: Stacked, base, key, expected: float):
         key_attack, key_rule = jax.random.split(jax.random.fold_in(key, ROBUST_STREAM))
         updates, reports, metrics = self._attacked(sums, key_attack)

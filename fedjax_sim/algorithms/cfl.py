@@ -168,9 +168,9 @@ def cfl(model: Model, training: ClientTraining, *, max_clusters: int = 4, eps1=0
 
     def round_(state: CFLState, data: FederatedData, key):
         if not is_plain(state.aggregation):
-            raise ValueError("with_dp on CFL is refused: its splits read every member's raw "
-                             "update (norms, cosine similarities), so one client can move "
-                             "others between clusters and no cluster sum has sensitivity C.")
+            raise ValueError("CFL takes no aggregation rule (with_dp, with_aggregator): its "
+                             "splits read every member's raw update (norms, cosine "
+                             "similarities), so one client can move others between clusters.")
         cohort = clients.draw(key, data, round=state.round)
         training_t = training.at_round(state.round)  # the round's rate η_t
         ids = take(cohort, state.assignment)

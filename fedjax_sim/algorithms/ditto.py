@@ -140,7 +140,7 @@ def ditto(model: Model, training: ClientTraining, *, ditto_lambda=1.0,
                                              batch.data.num_examples, batch.keys, batch.active,
                                              batch.slot_work())
             weights = clients.weights(batch.active, batch.data.num_examples)
-            return clients.sums(state.aggregation, trained, w, weights), (
+            return clients.sums(state.aggregation, trained, w, weights, batch), (
                 personal, losses[:, 0], batch.active)
 
         sums, (personal, losses, active) = cohort_sums(

@@ -184,7 +184,7 @@ def fednova(model: Model, training: ClientTraining, *, momentum: float = 0.0, mu
             delta = optax.tree.sub(start, trained)  # x − y_i
             if not plain:  # d_i = (x − y_i) / ‖a_i‖₁, the update a rule clips
                 d = jax.tree.map(lambda u: u / _rows(jnp.maximum(norm, 1e-30), u), delta)
-                return clients.sums(state.aggregation, d, None, p), (losses[:, 0],
+                return clients.sums(state.aggregation, d, None, p, batch), (losses[:, 0],
                                                                      batch.active)
             scale = p / jnp.maximum(norm, 1e-30)  # p_i / ‖a_i‖₁ (unnormalised p)
             sums = (weighted_sum(delta, scale), jnp.sum(p * norm), jnp.sum(p))

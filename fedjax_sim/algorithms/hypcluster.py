@@ -192,7 +192,8 @@ def hypcluster(model: Model, training: ClientTraining, *, num_clusters: int,
                                                        **batch.work())
             weights = clients.weights(batch.active, batch.data.num_examples)
             segment = jnp.where(batch.active, chosen, k)  # id k is dropped
-            sums = clients.cluster_sums(state.aggregation, trained, start, segment, k, weights)
+            sums = clients.cluster_sums(state.aggregation, trained, start, segment, k, weights,
+                                        batch)
             return sums, (losses, chosen)
 
         sums, (losses, chosen) = cohort_sums(client_step, data, cohort)

@@ -6,7 +6,7 @@ Recurrent Language Models", ICLR 2018, arXiv:1710.06963) put in place of an algo
 weighted mean; `with_dp_ftrl` is DP-FTRL's (Peter Kairouz, Brendan McMahan, Shuang Song,
 Om Thakkar, Abhradeep Thakurta, Zheng Xu, "Practical and Private (Deep) Learning without
 Sampling or Shuffling", ICML 2021, arXiv:2103.00039). One round's server step, for an
-algorithm whose clients start from θ (their cluster's θ_j in IFCA, HypCluster and CFL):
+algorithm whose clients start from θ (their cluster's θ_j in IFCA and HypCluster):
 
     Δ_i   ← θ̃_i − θ                                     (client i's whole change, every leaf)
     Δ̄_i   ← Δ_i · min(1, C / ‖Δ_i‖₂)                     (clipped, flat over the pytree)
@@ -145,8 +145,14 @@ class GaussianSum:
 
     # -- the server's half: once per round
 
-    def _expected(self, expected: float) -> float:
-        return expected if self.expected_clients is None else self.expected_clients
+    def _expected(self, expected: float | None) -> float:
+        if self.expected_clients is not None:
+            return self.expected_clients
+        if expected is None:
+            raise ValueError("the expected cohort size needs one availability for every "
+                             "client and no day/night cycle; give it to with_dp as "
+                             "expected_clients.")
+        return expected
 
     def _sum_noise(self, expected: float):
         """σ_Δ: the sum's multiplier (σ, or σ's share under adaptive clipping), times D / N
@@ -188,6 +194,10 @@ class GaussianSum:
             metrics["dp_unclipped_fraction"] = fraction
         return _add(base, noised.mean), rule, metrics
 
+    def divisor(self, sums, expected: float | None):
+        """What `mean` divides the sum by: D, or the reporting count (denominator="count")."""
+        return sums.count if self.denominator == "count" else self._expected(expected)
+
     def mean(self, sums, base, key, expected: float):
         return self._finish(sums, base, key, expected, lambda d: d)
 
@@ -217,8 +227,16 @@ class TreeSum:
     def sums(self, changes, weights, batch=None):
         return clipped_sum(changes, self.clip_norm, reports=weights > 0)
 
-    def mean(self, sums, base, key, expected: float):
+    def divisor(self, sums, expected: float | None):
+        """D, what `mean` divides the sums by."""
+        return expected if self.expected_clients is None else self.expected_clients
+
+    def mean(self, sums, base, key, expected: float | None):
         expected = expected if self.expected_clients is None else self.expected_clients
+        if expected is None:
+            raise ValueError("the expected cohort size needs one availability for every "
+                             "client and no day/night cycle; give it to with_dp_ftrl as "
+                             "expected_clients.")
         tree, noise = tree_noise_step(self.tree, _noise_key(key),
                                       self.noise_multiplier * self.clip_norm)
         step = jax.tree.map(lambda s, n, p: (s + n - p) / expected, sums.total, noise,
@@ -237,8 +255,8 @@ def _check_field(state, combinator: str) -> None:
     if "aggregation" not in getattr(state, "_fields", ()):
         raise ValueError(
             f"{combinator} needs an algorithm whose server averages the clients' model "
-            "changes (FedAvg, FedOpt, FedProx, FedNova, SCAFFOLD, Ditto, IFCA, HypCluster, "
-            f"CFL); {type(state).__name__} has no `aggregation`: its server uses more than "
+            "changes (FedAvg, FedOpt, FedProx, FedNova, SCAFFOLD, Ditto, IFCA, HypCluster); "
+            f"{type(state).__name__} has no `aggregation`: its server uses more than "
             "the clipped sum of those changes (e.g. the clients' losses, as DRFA/DRFLM's λ, "
             "AFL and q-FFL do), which the noised sum does not privatise.")
     if not isinstance(state.aggregation, tuple) or state.aggregation:
@@ -271,7 +289,8 @@ def with_dp(algorithm: Algorithm, clip_norm, noise_multiplier, *,
 
     Args:
       algorithm: one whose state has an `aggregation` field (FedAvg, FedProx, FedNova,
-        SCAFFOLD, Ditto, IFCA with option "model", HypCluster, CFL); others are refused
+        SCAFFOLD, Ditto, IFCA with option "model", HypCluster); others (CFL included) are
+        refused
         at `init` in one line saying why. Apply `with_dp` before `with_seeds`,
         `with_restarts` or `with_grid` (each copy its own noise).
       clip_norm: C > 0 (may be traced: a sweep); the initial C under adaptive clipping.

@@ -42,8 +42,8 @@ D the expected cohort (`base.expected_clients`, or with_dp's `expected_clients`)
     c    ← c + (D / N) · S̃_c / D  = c + S̃_c / N      (N: the clients holding data)
 
 N, the population's size, is public (the accountant's q presumes it); with
-`denominator="count"` the rule's means divide by the reporting count instead, and c
-still moves by D/N times its mean. Every
+`denominator="count"` the rule's means divide by the reporting count n instead, and c
+moves by n/N times its mean (the rule's `divisor`; a robust rule's is n too). Every
 reporting client counts 1 (no `weighting="examples"`), the server step is taken
 also when nobody reported (the noise moves x), and c_i stays on its client.
 """
@@ -89,11 +89,11 @@ def _rows(mask, leaf):
     return mask.reshape(mask.shape + (1,) * (leaf.ndim - 1))
 
 
-def _cohort_denominator(aggregation, cohort, data) -> float:
-    """D, what a rule divides the cohort's sums by: with_dp's `expected_clients` where
-    given, else the cohort's expected size (static)."""
-    fixed = getattr(aggregation, "expected_clients", None)
-    return expected_clients(cohort, data) if fixed is None else fixed
+def _cohort_denominator(aggregation, sums, cohort, data):
+    """What the rule's mean of the cohort's changes divided by (`divisor`): with_dp's fixed
+    D (its `expected_clients`, else the cohort's expected size), a robust rule's count of
+    reporting clients."""
+    return aggregation.divisor(sums, expected_clients(cohort, data))
 
 
 def add_correction(correction) -> optax.GradientTransformation:
@@ -178,7 +178,8 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
                 lambda c_i, d: jnp.where(_rows(batch.active, d), c_i + d, c_i),
                 batch.inputs, delta_c)
             # one message per client, (Δy_i, Δc_i): a rule clips the pair as one update
-            sums = clients.sums(state.aggregation, (delta_y, delta_c), None, weights)
+            sums = clients.sums(state.aggregation, (delta_y, delta_c), None, weights,
+                                batch)
             return sums, (new_c_i, first_loss, batch.active)
 
         sums, (client_controls, first_losses, active) = cohort_sums(
@@ -197,7 +198,7 @@ def scaffold(model: Model, training: ClientTraining, *, participation: float = 1
             (delta_x, mean_c), aggregation, server_metrics = clients.mean(
                 state.aggregation, sums, zeros, key, cohort, data)
             moved = None  # the noised mean moves x whoever reported
-            fraction = _cohort_denominator(state.aggregation, cohort, data) / jnp.maximum(
+            fraction = _cohort_denominator(state.aggregation, sums, cohort, data) / jnp.maximum(
                 jnp.sum(data.active().astype(jnp.float32)), 1.0)
             control = jax.tree.map(lambda c, d: c + fraction * d, state.control, mean_c)
         params, _ = apply_server_update(server, state.params, server.init(state.params),
