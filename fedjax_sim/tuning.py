@@ -276,7 +276,9 @@ def chunk_candidate(data) -> int | None:
     return chunk if planned_chunk is None or chunk < planned_chunk else None
 
 
-def _with_arm(data, name: str):
+def planned_arm(data, name: str):
+    """`data` planned to run candidate `name` (`arm`): its form, and its chunk if it names
+    one."""
     form, chunk = parse_arm(name)
     changes = {"linear_form": form}
     if chunk is not None:
@@ -328,9 +330,9 @@ def plan_scan(lower: Callable, compile_scan: Callable, data, forced: str | None 
         return data, None
     feature_size = backend.feature_size(data)
     choice = choose(program_key(lowered.as_text(), "scan"),
-                    lambda name: compile_scan(_with_arm(data, name)), feature_size,
+                    lambda name: compile_scan(planned_arm(data, name)), feature_size,
                     forced, chunk_candidate(data))
-    return _with_arm(data, choice.arm), choice
+    return planned_arm(data, choice.arm), choice
 
 
 def compile_round(algorithm, state, data, key, *, form: str | None = None):
@@ -366,7 +368,7 @@ def compile_round(algorithm, state, data, key, *, form: str | None = None):
         keys = jax.random.split(key, TUNE_ROUNDS)
 
         def build(name):
-            d = _with_arm(data, name)
+            d = planned_arm(data, name)
             compiled = jitted(d).lower(state, d, key).compile()
 
             def sample():
@@ -379,6 +381,6 @@ def compile_round(algorithm, state, data, key, *, form: str | None = None):
 
         choice = choose(program_key(lowered.as_text(), "call"), build, feature_size,
                         client_chunk=chunk_candidate(data))
-        data = _with_arm(data, choice.arm)
+        data = planned_arm(data, choice.arm)
         lowered = jitted(data).lower(state, data, key)
     return lowered.compile(), data, choice
