@@ -59,7 +59,10 @@ PER_CLIENT_MODELS_BYTES = 2**30
 # Working memory of a round on a CPU when no budget is set (rotated-image comparisons):
 # a round over every client at once allocates its temporaries fresh each round (2.8 GB at
 # rotated MNIST's 5 seeds × 320 clients) and runs 2.6× slower than in 256 MiB chunks (5.1
-# vs 1.95 s a round on a 2-core CPU); 64 MiB and 1 GiB were slower.
+# vs 1.95 s a round on a 2-core CPU); 64 MiB and 1 GiB were slower. A CNN's users
+# (`fedavg-cifar10-pfl`: simple_cnn, 50 images, ≈ 490 MiB estimated each, its
+# convolutions' patches counted) go one at a time under it: 10.0 s a round against 21.1 s
+# for the cohort of 50 vmapped at once (benchmarks/conv_round.py, 2-core Intel Xeon).
 CPU_ROUND_WORK_BYTES = 2**28
 
 # Working memory of a round over generated clients when no budget is set: their rows
