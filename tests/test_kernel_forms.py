@@ -50,9 +50,9 @@ def _grad(theta, x, y):
     return 2.0 / len(y) * x.T @ (x @ theta - y) if len(y) else np.zeros_like(theta)
 
 
-@pytest.mark.parametrize("chunk", [None, 3], ids=["whole", "chunks of 3"])
 @pytest.mark.parametrize("participation", [1.0, 0.5], ids=["full", "partial"])
-@pytest.mark.parametrize("d", [10, 63, 1000])
+@pytest.mark.parametrize(("d", "chunk"), [(10, None), (63, None), (1000, None), (10, 3),
+                                          (1000, 3)])
 @pytest.mark.parametrize("form", LINEAR_FORMS)
 def test_every_form_equals_the_per_client_loop(form, d, participation, chunk):
     """IFCA option I in each form against the paper's round as a loop: each client of the
