@@ -42,6 +42,7 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -72,7 +73,7 @@ class Choice(NamedTuple):
     form: one of `ops.linear.LINEAR_FORMS`.
     source: "forced" (FEDJAX_SIM_KERNEL_FORM, the caller, or a checkpoint),
       "stored" (read from the store), or "timed" (measured now).
-    seconds: per candidate (`arm`), the seconds of its fastest sample (None unless
+    seconds: per candidate (`arm`), the seconds of its median sample (None unless
       timed).
     client_chunk: the cache-sized client chunk the timing chose over the data's plan
       (`memory.cache_chunk`); None: the plan's chunk, as it is.
@@ -229,9 +230,13 @@ def has_forms(lowered) -> bool:
 
 
 def time_forms(run: dict[str, Callable[[], Any]], samples: int = TUNE_SAMPLES) -> dict:
-    """{form: fastest sample's seconds} of each thunk (blocked until ready), after one
-    warm-up call each, the forms alternating and their order reversed every sample. The
-    fastest sample, not the median: on a shared machine other load only ever adds time."""
+    """{form: median sample's seconds} of each thunk (blocked until ready), after one
+    warm-up call each, the forms alternating and their order reversed every sample, so
+    every form meets the same load. The median, not the fastest sample: candidates differ
+    in how much other load slows them (a whole-cohort pass streaming 40 MB of rows twice
+    competes for memory bandwidth, a cache-sized chunk much less: on a shared 2-core
+    Intel Xeon their fastest samples were equal, their medians 0.63× apart), and a run
+    meets the load its timing met."""
     names = list(run)
     for name in names:
         jax.block_until_ready(run[name]())
@@ -241,7 +246,7 @@ def time_forms(run: dict[str, Callable[[], Any]], samples: int = TUNE_SAMPLES) -
             start = time.perf_counter()
             jax.block_until_ready(run[name]())
             seconds[name].append(time.perf_counter() - start)
-    return {name: min(values) for name, values in seconds.items()}
+    return {name: statistics.median(values) for name, values in seconds.items()}
 
 
 def fastest(seconds: dict) -> str:
