@@ -235,8 +235,9 @@ def time_forms(run: dict[str, Callable[[], Any]], samples: int = TUNE_SAMPLES) -
     every form meets the same load. The median, not the fastest sample: candidates differ
     in how much other load slows them (a whole-cohort pass streaming 40 MB of rows twice
     competes for memory bandwidth, a cache-sized chunk much less: on a shared 2-core
-    Intel Xeon their fastest samples were equal, their medians 0.63× apart), and a run
-    meets the load its timing met."""
+    Intel Xeon at m = 10⁵ their fastest samples were within 5 % of each other, their
+    medians 0.70–0.80× apart, benchmarks/README.md), and a run meets the load its
+    timing met."""
     names = list(run)
     for name in names:
         jax.block_until_ready(run[name]())
