@@ -6,12 +6,16 @@ fastest. This script shows the whole table the choice is made from, on the machi
 runs on: for each (m, n, d, k) of `rounds_per_sec.py`, the round called one by one
 (chained calls of `--rounds` rounds, as a Python loop over `alg.round` or the FedJAX
 comparison runs it) and scanned (`--rounds` rounds in one compiled `lax.scan`, as
-`simulate.run` runs them), every form compiled ahead of time (compile time reported
+`simulate.run` runs them), every candidate `tuning` times (each form over the whole
+cohort and, on a CPU where the clients' rows outgrow a core's cache, each form a
+cache-sized chunk of clients at a time: "loop/4762" is the "loop" form 4,762 clients
+at a time, `tuning.chunk_candidate`) compiled ahead of time (compile time reported
 apart) and timed in alternating blocks, each block ending in `block_until_ready`; the
-forms agree to 1e-5 before timing. Each row states the form `tuning` chooses from a
-timing of its own (`chosen`), the ratio of each form to the default "loop", and the
-round's fraction of the machine's stream bandwidth (`harness.linear_round_bytes`: the
-round is bandwidth-bound).
+candidates agree to 1e-5 before timing. Each row states the candidate `tuning` takes
+from these times (`tuning_would_take`: the executor's choice, "loop" unless another is
+5 % faster), the ratio of each to the default "loop" over the whole cohort (what the
+executor ran before chunks were candidates), and the round's fraction of the machine's
+stream bandwidth (`harness.linear_round_bytes`: the round is bandwidth-bound).
 
 Usage:
   python benchmarks/kernel_forms.py --out benchmarks/results/kernel_forms_<machine>.json
@@ -40,7 +44,7 @@ def arms(m, n, d, k, rounds):
     from fedjax_sim import backend, simulate, tuning
     from fedjax_sim.algorithms import ifca, sgd
     from fedjax_sim.data import linear_mixture
-    from fedjax_sim.execution import planned
+    from fedjax_sim.execution import plan_of
     from fedjax_sim.models import linear_regression
 
     mixture = jax.jit(linear_mixture, static_argnames=("k", "m", "n", "d", "n_test"))
@@ -49,10 +53,11 @@ def arms(m, n, d, k, rounds):
     state = alg.init(jax.random.key(1), data)
     keys = list(jax.random.split(jax.random.key(2), rounds))
     built, finals = {}, {}
-    for form in tuning.candidates(d):
-        placed = planned(data, linear_form=form)
+    for form in tuning.candidates(d, tuning.chunk_candidate(data)):
+        placed = tuning.planned_arm(data, form)
         call, call_s = harness.compile_ahead(
-            backend.jit(alg.round, d, linear_form=form), state, placed, keys[0])
+            backend.jit(alg.round, d, linear_form=plan_of(placed).linear_form), state, placed,
+            keys[0])
         scan, scan_s = harness.compile_ahead(
             simulate._compiled_scan(placed), alg, state, placed, keys[0], 0, rounds)
 
@@ -108,6 +113,10 @@ def bench(m, n, d, k, blocks, rounds, log):
             "fastest": min(forms, key=forms.get),
             "tuning_would_take": tuning.fastest(forms),
         }
+        took = row["modes"][mode]["tuning_would_take"]
+        row["modes"][mode]["taken_over_loop"] = forms[took] / base
+        row["modes"][mode]["taken_fraction_of_stream"] = \
+            row["modes"][mode]["fraction_of_stream"][took]
         log(f"  {(m, n, d, k)} {mode}: " + ", ".join(
             f"{f} {s * 1e6:.1f} µs ({s / base:.2f})" for f, s in forms.items())
             + f"; takes {tuning.fastest(forms)}")

@@ -30,7 +30,10 @@ In one run this measures, on whatever JAX backend is the default:
    the ratio. Extras: 20 rounds in one `lax.scan` through fedjax_sim's own
    `simulate.scan_rounds` (`run_rounds` in checkouts before the rename), and
    ifca's `client_chunk` (clients processed a cache-sized chunk at a time)
-   where this fedjax_sim has that option.
+   where this fedjax_sim has that option, and the round as the executor runs
+   rounds called one by one (`tuning.compile_round`, where this fedjax_sim has
+   it: the kernel form and client chunk its timing takes on this machine;
+   `executor_choice`, `executor_s_per_round`, `executor_fraction_of_stream`).
 3. One official sweep cell of the IFCA synthetic experiment (k=2, m=n=100,
    d=1000, σ=0.1, R=0.25; 40 data seeds × 3 lrs × 10 restarts × 300
    iterations), timed through the package's own compiled cell,
@@ -104,6 +107,7 @@ class Library(NamedTuple):
     scan_rounds_name: str
     sgd: Callable | None  # algorithms.sgd where the factories take a ClientTraining
     planned: Callable | None  # execution.planned where the executor plans client chunks
+    compile_round: Callable | None  # tuning.compile_round: the executor's form and chunk
 
 
 def load_library(checkout) -> Library:
@@ -127,6 +131,7 @@ def load_library(checkout) -> Library:
         scan_rounds_name=f"fedjax_sim.simulate.{name}",
         sgd=getattr(importlib.import_module("fedjax_sim.algorithms"), "sgd", None),
         planned=_optional("fedjax_sim.execution", "planned"),
+        compile_round=_optional("fedjax_sim.tuning", "compile_round"),
     )
 
 
@@ -225,6 +230,15 @@ def bench_config(
         )
         _, (state1_c, _) = harness.timed_call(chunked, state0, data_c, key_list[0])
 
+    # The round as the executor compiles rounds called one by one: the kernel form and
+    # client chunk its timing takes on this machine (timed, or read from its store).
+    executor = state1_e = choice = None
+    if lib.compile_round is not None:
+        t0 = time.perf_counter()
+        executor, data_e, choice = lib.compile_round(alg, state0, data, key_list[0])
+        executor_compile_s = time.perf_counter() - t0
+        _, (state1_e, _) = harness.timed_call(executor, state0, data_e, key_list[0])
+
     # The per-client loop, on the same float32 data, from the same state; its
     # first round is checked against the vectorized first round.
     x_np = np.asarray(data.x)
@@ -257,8 +271,17 @@ def bench_config(
             f"(max |diff| = {chunk_diff:.3g})"
         )
 
+    executor_diff = None
+    if executor is not None:
+        theta1_e = np.asarray(state1_e.cluster_params)
+        executor_diff = float(np.max(np.abs(theta1_e - theta1)))
+        assert np.allclose(theta1_e, theta1, rtol=RTOL, atol=ATOL), (
+            f"(m,n,d,k)={(m, n, d, k)}: the executor's round differs from the loop "
+            f"(max |diff| = {executor_diff:.3g})"
+        )
+
     # Steady state, in interleaved blocks; each arm chains its own state.
-    box = {"vec": state1, "chunk": state1_c, "theta": theta1, "i": 1}
+    box = {"vec": state1, "chunk": state1_c, "exec": state1_e, "theta": theta1, "i": 1}
 
     def next_key():
         box["i"] += 1
@@ -272,6 +295,10 @@ def bench_config(
         box["chunk"], _ = chunked(box["chunk"], data_c, next_key())
         return box["chunk"]
 
+    def executor_step():
+        box["exec"], _ = executor(box["exec"], data_e, next_key())
+        return box["exec"]
+
     def loop_step():
         box["theta"], _ = loop_round(box["theta"], clients, ROUND_LR)
 
@@ -282,6 +309,8 @@ def bench_config(
     arms = {"vectorized": harness.Arm(vec_step, 5, block_s, 500)}
     if chunked is not None:
         arms["chunked"] = harness.Arm(chunk_step, 5, block_s / 2, 500)
+    if executor is not None:
+        arms["executor"] = harness.Arm(executor_step, 5, block_s, 500)
     arms["scan"] = harness.Arm(scanned, 1, block_s / 2, 10)
     arms["loop"] = harness.Arm(loop_step, loop_per_block, 0.0, loop_per_block)
     times = harness.interleaved_blocks(arms, blocks)
@@ -290,6 +319,7 @@ def bench_config(
     scan_s = float(np.median(times["scan"])) / SCAN_LEN
     loop_s = float(np.median(times["loop"]))
     chunk_s = float(np.median(times["chunked"])) if chunked is not None else None
+    executor_s = float(np.median(times["executor"])) if executor is not None else None
 
     x_bytes = int(x_np.nbytes)
     round_bytes = harness.linear_round_bytes(m, n, d)
@@ -323,6 +353,11 @@ def bench_config(
         "vectorized_chunked_s_per_round": chunk_s,
         "chunked_speedup": loop_s / chunk_s if chunk_s else None,
         "chunked_max_abs_param_diff": chunk_diff,
+        "executor_choice": None if choice is None else choice.record(),
+        "executor_s_per_round": executor_s,
+        "executor_compile_and_choice_s": None if executor is None else executor_compile_s,
+        "executor_speedup": loop_s / executor_s if executor_s else None,
+        "executor_max_abs_param_diff": executor_diff,
         "loop_rounds_timed": len(times["loop"]),
         "loop_s_per_round_min": float(np.min(times["loop"])),
         "loop_first_round_s": loop_first_s,
@@ -344,6 +379,7 @@ def bench_config(
         f"  m={m:>6} n={n:>3} d={d:>4} k={k}: vec {vec_s * 1e3:9.3f} ms  "
         f"(scan {scan_s * 1e3:8.3f} ms"
         + (f", chunk={chunk} {chunk_s * 1e3:8.3f} ms" if chunk_s else "")
+        + (f", executor {executor_s * 1e3:8.3f} ms" if executor_s else "")
         + f")  loop {loop_s * 1e3:10.2f} ms  "
         f"speedup {row['speedup']:7.1f}  compile {compile_s:.2f} s  "
         f"max|Δθ| {max_abs_diff:.1e}"
@@ -578,6 +614,8 @@ def main(argv=None) -> list[dict]:
         f"module with rows(quick) ({', '.join(SUITES)}; '' for none). Skipped with --checkout "
         "of a tree that lacks them.",
     )
+    parser.add_argument("--configs", nargs="*", default=None,
+                        help="m,n,d,k of each row (default: the full or --quick rows)")
     harness.add_checkout_arg(parser)
     args = parser.parse_args(argv)
     suites = [name for name in args.suites.split(",") if name]
@@ -615,11 +653,13 @@ def main(argv=None) -> list[dict]:
     )
 
     probes = harness.machine_ceilings(quick=args.quick)
+    if args.configs:
+        configs = [tuple(int(v) for v in c.split(",")) for c in args.configs]
     if args.quick:
-        configs, cell = QUICK_CONFIGS, QUICK_CELL
+        configs, cell = configs if args.configs else QUICK_CONFIGS, QUICK_CELL
         budgets = dict(vec_budget_s=0.05, loop_budget_s=0.05, loop_max_rounds=2, blocks=1)
     else:
-        configs, cell = FULL_CONFIGS, FULL_CELL
+        configs, cell = configs if args.configs else FULL_CONFIGS, FULL_CELL
         budgets = dict(vec_budget_s=3.0, loop_budget_s=6.0, loop_max_rounds=3, blocks=3)
     log(
         f"stream (triad) {probes['stream_GBps']:.2f} GB/s; matmul {probes['matmul_size']}² "
@@ -633,6 +673,9 @@ def main(argv=None) -> list[dict]:
         row["stream_GBps"] = probes["stream_GBps"]
         row["achieved_fraction_of_stream"] = row["achieved_GBps"] * 1e9 / stream_Bps
         row["fraction_of_stream"] = row["round_bytes"] / row["vectorized_s_per_round"] / stream_Bps
+        if row["executor_s_per_round"]:
+            row["executor_fraction_of_stream"] = (
+                row["round_bytes"] / row["executor_s_per_round"] / stream_Bps)
         row["matmul_peak_GFLOPs"] = probes["matmul_peak_GFLOPs"]
         rows.append(row)
 

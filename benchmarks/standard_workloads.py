@@ -15,8 +15,10 @@ process pinned to the same CPUs (`--threads`, default every usable one):
    until `--ours-budget` seconds have passed (at least one); and its central evaluation
    of the 10,000 test images (the second call timed; the first compiles). A round's
    time includes drawing the cohort, gathering its users' images, the 5 local steps of
-   every user (vmapped), the unweighted mean and the central step; not the host's
-   metrics or checkpoints.
+   every user (in the client chunk the executor plans by default, `study.method_spec`:
+   one user at a time on a CPU, the cohort vmapped on an accelerator; recorded as
+   `client_chunk`), the unweighted mean and the central step; not the host's metrics
+   or checkpoints.
 2. **pfl-research**: pfl 0.6.0 and torch's CPU build in a venv this script creates
    (`benchmarks/.venv-pfl`, `pip install pfl==0.6.0 torch==2.13.0`), running
    `benchmarks/pfl_cifar10.py`: pfl's `FederatedAveraging` over `SimulatedBackend`
@@ -125,6 +127,7 @@ def measure_ours(dry: bool, budget_s: float, peak_gflops: float | None, log=prin
     suite's child, or this script's): seconds, GFLOP/s, fraction of `peak_gflops`."""
     import jax
 
+    from fedjax_sim.execution import plan_of
     from fedjax_sim.experiments import study
     from fedjax_sim.experiments.pfl_cifar10 import PFL
 
@@ -132,7 +135,7 @@ def measure_ours(dry: bool, budget_s: float, peak_gflops: float | None, log=prin
     s = settings(dry, len(arrays[3]))
     t0 = time.perf_counter()
     problem = PFL.problem(s, arrays)
-    spec = study.method_run(PFL, "fedavg", s, problem)
+    spec = study.method_spec(PFL, "fedavg", s, problem)  # the executor's default plan
     key = jax.random.key(0)
     state = jax.block_until_ready(jax.jit(spec.algorithm.init)(key, spec.data))
     setup_s = time.perf_counter() - t0
@@ -164,6 +167,7 @@ def measure_ours(dry: bool, budget_s: float, peak_gflops: float | None, log=prin
         "settings": {k: s[k] for k in ("datapoints_per_user", "cohort_size", "local_epochs",
                                        "batch_size", "lr", "central_lr", "rounds",
                                        "eval_every", "test_images")},
+        "client_chunk": plan_of(spec.data).client_chunk,
         "setup_s": setup_s, "compile_s": compile_s, "round_s_each": times,
         "round_s": round_s, "round_s_median_of": len(steady),
         "eval_first_call_s": first_eval_s, "eval_s": eval_s,
@@ -175,7 +179,8 @@ def measure_ours(dry: bool, budget_s: float, peak_gflops: float | None, log=prin
         "projected_wall_s": projected(round_s, s["rounds"], eval_s, evaluations,
                                       compile_s + first_eval_s - eval_s),
         "includes": "round: cohort draw, gather of its users' images, every user's local "
-                    "steps (vmapped), unweighted mean, central step; jax.jit(round) "
+                    "steps (in the executor's client chunk), unweighted mean, central step; "
+                    "jax.jit(round) "
                     "compiled apart; evaluation: the 10,000 test images (second call)",
     }
 

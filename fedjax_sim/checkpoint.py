@@ -148,6 +148,8 @@ class Restored(NamedTuple):
     history: list  # history rows up to `round`
     round_metrics: dict | None = None  # {name: [round, ...]} when saved with them
     kernel_form: str | None = None  # the kernel form the rounds ran in (None: none recorded)
+    # the client chunk the form's timing chose over the plan's (None: the plan's)
+    kernel_chunk: int | None = None
     plan: dict | None = None  # `execution.plan_record` of the rounds (None: none recorded)
 
 
@@ -411,7 +413,8 @@ class RunCheckpoints:
             raise failed from None
 
     def save(self, step: int, state, key, history: list, *, round_metrics=None,
-             kernel_form: str | None = None, plan: dict | None = None) -> None:
+             kernel_form: str | None = None, kernel_chunk: int | None = None,
+             plan: dict | None = None) -> None:
         """Writes the checkpoint of round `step`.
 
         First every row appended with `io.append_csv(..., sync=False)` is fsynced
@@ -425,6 +428,9 @@ class RunCheckpoints:
         so far (`Execution(round_metrics=True)`), restored with the checkpoint.
         kernel_form: the kernel form the rounds ran in (`fedjax_sim.tuning`), which a
         resumed run takes again.
+        kernel_chunk: the client chunk the form's timing chose over the plan's
+          (`tuning.Choice.client_chunk`; None: the plan's), which a resumed run takes
+          again.
         plan: what of the execution plan may change the numbers
         (`execution.plan_record`: the client chunk), which a resume must keep.
 
@@ -444,6 +450,7 @@ class RunCheckpoints:
             "key_impl": str(jax.random.key_impl(key)) if typed else None,
             "state_key_impls": key_impls,
             "kernel_form": kernel_form,
+            "kernel_chunk": kernel_chunk,
             "plan": plan,
         }
         history_json = self._encode_history(history)
@@ -565,6 +572,7 @@ class RunCheckpoints:
             history=decode_history(history),
             round_metrics=round_metrics,
             kernel_form=progress.get("kernel_form"),
+            kernel_chunk=progress.get("kernel_chunk"),
             plan=progress.get("plan"),
         )
 

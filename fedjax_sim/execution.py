@@ -269,8 +269,9 @@ class Execution:
         and compiling: the round chunks, the kernel-form samples and what JAX
         reports compiling inside the evaluations), `run_seconds` (the rest of
         the wall time), `evaluate_seconds` (the part of run_seconds spent
-        evaluating), `kernel_form` and `client_chunk` (the data's plan; None:
-        all clients at once), which the checkpoints record.
+        evaluating), `kernel_form` (`tuning.Choice.record`: the form, and the
+        client chunk its timing chose where it chose one) and `client_chunk` (the
+        data's plan; None: all clients at once), which the checkpoints record.
       round_metrics: also return every round's logged round metrics (saved in
         the checkpoints, so a resumed run returns the same arrays; resuming
         from a checkpoint written without them is refused).

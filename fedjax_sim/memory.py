@@ -20,6 +20,9 @@ machine (building the data, the state of two rounds, a chunk's working memory),
 and `working_memory_chunk` bounds per-client models (and, on a CPU, any round)
 when no budget is set.
 
+Clients of a round held in a core's cache (`cache_chunk`): not a memory bound but
+a speed candidate, which `fedjax_sim.tuning` times beside the plan's chunk.
+
 Vmapped copies of a whole run (sweep cells, data seeds): `run_bytes` (one run
 of a model, every client at once) or `linear_fit_bytes` (a hand count for
 linear models), and `items_per_chunk` turns a budget into how many at once.
@@ -30,6 +33,7 @@ assignment; benchmarks/MEMORY.md describes how the peak RSS behind them is measu
 
 from __future__ import annotations
 
+import glob
 import math
 import os
 from typing import TYPE_CHECKING
@@ -55,12 +59,62 @@ PER_CLIENT_MODELS_BYTES = 2**30
 # Working memory of a round on a CPU when no budget is set (rotated-image comparisons):
 # a round over every client at once allocates its temporaries fresh each round (2.8 GB at
 # rotated MNIST's 5 seeds × 320 clients) and runs 2.6× slower than in 256 MiB chunks (5.1
-# vs 1.95 s a round on a 2-core CPU); 64 MiB and 1 GiB were slower.
+# vs 1.95 s a round on a 2-core CPU); 64 MiB and 1 GiB were slower. A CNN's users
+# (`fedavg-cifar10-pfl`: simple_cnn, 50 images, ≈ 490 MiB estimated each, its
+# convolutions' patches counted) go one at a time under it: 10.0 s a round against 21.1 s
+# for the cohort of 50 vmapped at once (benchmarks/conv_round.py, 2-core Intel Xeon).
 CPU_ROUND_WORK_BYTES = 2**28
 
 # Working memory of a round over generated clients when no budget is set: their rows
 # exist only while a chunk trains, and the whole-cohort path would draw all m at once.
 GENERATED_WORK_BYTES = 2**30
+
+
+def core_cache_bytes() -> int:
+    """The largest cache private to one core (L2 on current x86 and Arm CPUs), as
+    /sys/devices/system/cpu/cpu0/cache names it; 1 MiB where the OS does not say."""
+    sizes = []
+    for index in sorted(glob.glob("/sys/devices/system/cpu/cpu0/cache/index*")):
+        try:
+            with open(os.path.join(index, "shared_cpu_list")) as f:
+                shared = f.read().strip()
+            with open(os.path.join(index, "size")) as f:
+                text = f.read().strip().upper()
+        except OSError:
+            continue
+        if shared not in ("0", "") or not text:  # shared with other cores: contended
+            continue
+        unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes) if sizes else 2**20
+
+
+def cache_chunk(data) -> int | None:
+    """The clients whose rows fit one core's cache (`core_cache_bytes`), spread evenly
+    over the client axis (`client_chunk_for_budget`); None when every client's rows fit
+    at once, or `data` holds no stored rows (`x`, `y` with a leading client axis).
+
+    A speed candidate, not a memory bound: a round that reads each client's rows more
+    than once (IFCA option I's fused linear kernel: once for the residuals, once for
+    the gradients) reads them from memory once per chunk when a chunk stays in the
+    cache, where over the whole cohort the second pass streams them again.
+    """
+    x, y = getattr(data, "x", None), getattr(data, "y", None)
+    if not (isinstance(getattr(x, "shape", None), tuple)
+            and isinstance(getattr(y, "shape", None), tuple)):
+        return None
+    counts = getattr(data, "num_examples", None)
+    if getattr(counts, "ndim", None) != 1:  # no client axis, or copies axes before it
+        return None
+    m = counts.shape[0]
+    if m < 2 or x.shape[:1] != (m,) or y.shape[:1] != (m,):
+        return None
+    per_client = tree_bytes([x, y]) // m
+    if per_client < 1:
+        return None
+    return client_chunk_for_budget(m, per_client, core_cache_bytes())
 
 
 def machine_bytes() -> int:

@@ -337,8 +337,10 @@ def _resume(checkpoints, resume, rounds, algorithm, key, key_init, data, mesh):
         )
     if restored.plan is not None and restored.plan != plan_record(data):
         raise PlanChanged(checkpoints.directory, restored.plan, plan_record(data))
-    return (restored.state, restored.history, restored.round, restored.round_metrics,
-            restored.kernel_form)
+    form = restored.kernel_form
+    if form is not None:  # with the chunk its timing chose, as the candidate's name
+        form = tuning.arm(form, restored.kernel_chunk)
+    return restored.state, restored.history, restored.round, restored.round_metrics, form
 
 
 # JAX's compilation stages, as `jax.monitoring` reports their durations.
@@ -785,7 +787,9 @@ class _Rounds:
             # the last save is complete once `close` returns.
             self.checkpoints.save(
                 end, self.state, self.key, self.history,
-                kernel_form=None if self.kernel is None else self.kernel.form, plan=self.plan,
+                kernel_form=None if self.kernel is None else self.kernel.form,
+                kernel_chunk=None if self.kernel is None else self.kernel.client_chunk,
+                plan=self.plan,
                 round_metrics=None if self.kept is None else self.kept.stacked(self.logged))
             self.last_saved = end
 

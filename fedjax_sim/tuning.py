@@ -18,8 +18,19 @@ read it back and time nothing.
   chooses); `FEDJAX_SIM_KERNEL_FORMS=off` (or a file path) turns the store off
   (or moves it). A store that cannot be read, or whose entry was written on
   another machine or by another version, is ignored (and rewritten).
-- A resumed run takes the form its checkpoint recorded, so it continues bit
-  for bit; `config.json` and `summary.json` name the form that ran.
+- On a CPU, where the clients' rows outgrow a core's cache, each form is also
+  timed processing the clients a cache-sized chunk at a time
+  (`memory.cache_chunk`: the round reads the rows twice, for the residuals and
+  for the gradients, and a chunk's second read then comes from the cache). The
+  chunked program is kept only when the timing finds it faster (on a 2-core
+  Intel Xeon it is at m = 10⁵ clients of 10 rows × 10 features, and is not at
+  10⁴, whose rows the caches mostly hold: benchmarks/kernel_forms.py): the chunk
+  is the executor's to choose, never an algorithm's flag.
+  It adds the round's sums chunk by chunk, so the numbers may differ from the
+  plan's chunk in their last bits; the choice is recorded (`Choice.client_chunk`)
+  beside the form, and it never raises the memory plan's chunk.
+- A resumed run takes the form (and chunk) its checkpoint recorded, so it
+  continues bit for bit; `config.json` and `summary.json` name the form that ran.
 
 `simulate.run` plans its chunks with `plan_scan`; a Python loop over single
 rounds (a benchmark, a notebook) compiles them with `compile_round`.
@@ -31,6 +42,7 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,14 +50,14 @@ from typing import Any, NamedTuple
 
 import jax
 
-from fedjax_sim import backend
+from fedjax_sim import backend, memory
 from fedjax_sim.execution import plan_of, planned
 from fedjax_sim.ops.linear import DEFAULT_LINEAR_FORM, LINEAR_FORMS
 
 FORM_ENV = "FEDJAX_SIM_KERNEL_FORM"
 STORE_ENV = "FEDJAX_SIM_KERNEL_FORMS"
 STORE_NAME = "kernel_forms.json"
-STORE_VERSION = 1
+STORE_VERSION = 2  # 2: the cache-sized client chunk is a candidate too
 # The name of ops.linear's jitted gradient sums in a lowered program: its presence says
 # that the program has a form to choose.
 MARKER = "@_grad_sums"
@@ -61,19 +73,48 @@ class Choice(NamedTuple):
     form: one of `ops.linear.LINEAR_FORMS`.
     source: "forced" (FEDJAX_SIM_KERNEL_FORM, the caller, or a checkpoint),
       "stored" (read from the store), or "timed" (measured now).
-    seconds: per form, the seconds of its fastest sample (None unless timed).
+    seconds: per candidate (`arm`), the seconds of its median sample (None unless
+      timed).
+    client_chunk: the cache-sized client chunk the timing chose over the data's plan
+      (`memory.cache_chunk`); None: the plan's chunk, as it is.
     """
 
     form: str
     source: str
     seconds: dict | None = None
+    client_chunk: int | None = None
+
+    @property
+    def arm(self) -> str:
+        """The candidate's name: `arm(form, client_chunk)`."""
+        return arm(self.form, self.client_chunk)
 
     def record(self) -> dict:
         """What config.json and summary.json say of it."""
         out = {"form": self.form, "source": self.source}
+        if self.client_chunk is not None:
+            out["client_chunk"] = self.client_chunk
         if self.seconds is not None:
             out["seconds_per_sample"] = self.seconds
         return out
+
+
+def arm(form: str, client_chunk: int | None = None) -> str:
+    """A candidate's name: the form, and "/c" when it processes c clients at a time
+    instead of the plan's chunk ("loop", "loop/4762")."""
+    return form if client_chunk is None else f"{form}/{client_chunk}"
+
+
+def parse_arm(name) -> tuple[str, int | None] | None:
+    """(form, client_chunk) of a candidate's name; None when it names none."""
+    if not isinstance(name, str):
+        return None
+    form, _, chunk = name.partition("/")
+    if form not in LINEAR_FORMS:
+        return None
+    if not chunk:
+        return form, None
+    return (form, int(chunk)) if chunk.isdigit() and int(chunk) >= 1 else None
 
 
 def forced_form() -> str | None:
@@ -150,15 +191,19 @@ def _read_store(path: Path | None) -> dict:
     return entries if isinstance(entries, dict) else {}
 
 
-def stored_form(key: str, path: Path | None = None) -> str | None:
-    """The form stored for `key` on this machine; None when there is none, or when the entry
-    is corrupt or was written on another machine or by another version."""
+def stored_form(key: str, path: Path | None = None,
+                arms: tuple[str, ...] | None = None) -> str | None:
+    """The candidate (`arm`) stored for `key` on this machine; None when there is none, or
+    when the entry is corrupt, names no candidate (of `arms` where given), or was written
+    on another machine or by another version."""
     path = store_path() if path is None else path
     entry = _read_store(path).get(key)
     if not isinstance(entry, dict) or entry.get("machine") != machine():
         return None
     form = entry.get("form")
-    return form if form in LINEAR_FORMS else None
+    if parse_arm(form) is None or (arms is not None and form not in arms):
+        return None
+    return form
 
 
 def remember(key: str, choice: Choice, path: Path | None = None) -> None:
@@ -168,7 +213,7 @@ def remember(key: str, choice: Choice, path: Path | None = None) -> None:
     if path is None:
         return
     entries = _read_store(path)
-    entries[key] = {"form": choice.form, "machine": machine(), "seconds": choice.seconds,
+    entries[key] = {"form": choice.arm, "machine": machine(), "seconds": choice.seconds,
                     "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -185,9 +230,14 @@ def has_forms(lowered) -> bool:
 
 
 def time_forms(run: dict[str, Callable[[], Any]], samples: int = TUNE_SAMPLES) -> dict:
-    """{form: fastest sample's seconds} of each thunk (blocked until ready), after one
-    warm-up call each, the forms alternating and their order reversed every sample. The
-    fastest sample, not the median: on a shared machine other load only ever adds time."""
+    """{form: median sample's seconds} of each thunk (blocked until ready), after one
+    warm-up call each, the forms alternating and their order reversed every sample, so
+    every form meets the same load. The median, not the fastest sample: candidates differ
+    in how much other load slows them (a whole-cohort pass streaming 40 MB of rows twice
+    competes for memory bandwidth, a cache-sized chunk much less: on a shared 2-core
+    Intel Xeon at m = 10⁵ their fastest samples were within 5 % of each other, their
+    medians 0.70–0.80× apart, benchmarks/README.md), and a run meets the load its
+    timing met."""
     names = list(run)
     for name in names:
         jax.block_until_ready(run[name]())
@@ -197,51 +247,84 @@ def time_forms(run: dict[str, Callable[[], Any]], samples: int = TUNE_SAMPLES) -
             start = time.perf_counter()
             jax.block_until_ready(run[name]())
             seconds[name].append(time.perf_counter() - start)
-    return {name: min(values) for name, values in seconds.items()}
+    return {name: statistics.median(values) for name, values in seconds.items()}
 
 
 def fastest(seconds: dict) -> str:
-    """The default form unless another's time is below MARGIN × the default's."""
+    """The default form (at the plan's chunk) unless another candidate's time is below
+    MARGIN × the default's."""
     best = min(seconds, key=seconds.get)
     if DEFAULT_LINEAR_FORM in seconds and seconds[best] >= MARGIN * seconds[DEFAULT_LINEAR_FORM]:
         return DEFAULT_LINEAR_FORM
     return best
 
 
-def candidates(feature_size: int | None) -> tuple[str, ...]:
+def candidates(feature_size: int | None, client_chunk: int | None = None) -> tuple[str, ...]:
     """The forms that compile to different programs at this feature size ("dot_ynn" differs
-    from "dot" only in its compiler options for narrow features on CPU)."""
+    from "dot" only in its compiler options for narrow features on CPU), each also at
+    `client_chunk` clients at a time where one is given (`arm` names them)."""
     same = (backend.compiler_options(feature_size, "dot")
             == backend.compiler_options(feature_size, "dot_ynn"))
-    return tuple(f for f in LINEAR_FORMS if not (same and f == "dot_ynn"))
+    forms = tuple(f for f in LINEAR_FORMS if not (same and f == "dot_ynn"))
+    chunked = () if client_chunk is None else tuple(arm(f, client_chunk) for f in forms)
+    return forms + chunked
+
+
+def chunk_candidate(data) -> int | None:
+    """The cache-sized client chunk timed beside the data's plan (`memory.cache_chunk`),
+    only on a CPU and only where it is smaller than the plan's chunk (so no candidate
+    holds more at once than the memory plan allows); None: none."""
+    if jax.default_backend() != "cpu":
+        return None
+    chunk = memory.cache_chunk(data)
+    if chunk is None:
+        return None
+    planned_chunk = plan_of(data).client_chunk
+    return chunk if planned_chunk is None or chunk < planned_chunk else None
+
+
+def planned_arm(data, name: str):
+    """`data` planned to run candidate `name` (`arm`): its form, and its chunk if it names
+    one."""
+    form, chunk = parse_arm(name)
+    changes = {"linear_form": form}
+    if chunk is not None:
+        changes["client_chunk"] = chunk
+    return planned(data, **changes)
 
 
 def choose(key: str, build: Callable[[str], Callable[[], Any]], feature_size: int | None,
-           forced: str | None = None) -> Choice:
-    """The form of one program: `forced`, else FEDJAX_SIM_KERNEL_FORM, else the stored
-    choice for `key`, else timed now (each form's `build(form)()` runs TUNE_ROUNDS rounds)
-    and stored."""
+           forced: str | None = None, client_chunk: int | None = None) -> Choice:
+    """The form of one program: `forced` (a form, or a candidate's `arm` name), else
+    FEDJAX_SIM_KERNEL_FORM, else the stored choice for `key`, else timed now (each
+    candidate's `build(arm)()` runs TUNE_ROUNDS rounds; `candidates`, with client_chunk
+    the chunked ones) and stored."""
     forced = forced or forced_form()
     if forced is not None:
-        return Choice(forced, "forced")
-    stored = stored_form(key)
+        form, chunk = parse_arm(forced) or (forced, None)
+        return Choice(form, "forced", client_chunk=chunk)
+    arms = candidates(feature_size, client_chunk)
+    stored = stored_form(key, arms=arms)
     if stored is not None:
-        return Choice(stored, "stored")
-    seconds = time_forms({form: build(form) for form in candidates(feature_size)})
-    choice = Choice(fastest(seconds), "timed", seconds)
+        form, chunk = parse_arm(stored)
+        return Choice(form, "stored", client_chunk=chunk)
+    seconds = time_forms({name: build(name) for name in arms})
+    form, chunk = parse_arm(fastest(seconds))
+    choice = Choice(form, "timed", seconds, chunk)
     remember(key, choice)
     return choice
 
 
 def plan_scan(lower: Callable, compile_scan: Callable, data, forced: str | None = None):
-    """The form of `simulate.run`'s scanned chunks, and the data that carries it.
+    """The form (and client chunk) of `simulate.run`'s scanned chunks, and the data that
+    carries it.
 
     Args:
       lower: data -> the first chunk lowered (at the data's plan).
       compile_scan: data -> a thunk running TUNE_ROUNDS scanned rounds compiled for that
         data's plan (a sample), the state left untouched.
       data: the round's inputs.
-      forced: a form the caller (a checkpoint) requires.
+      forced: a form, or a candidate's `arm` name, the caller (a checkpoint) requires.
 
     Returns:
       (data, Choice or None): None when no kernel of the program has forms, and then
@@ -254,9 +337,9 @@ def plan_scan(lower: Callable, compile_scan: Callable, data, forced: str | None 
         return data, None
     feature_size = backend.feature_size(data)
     choice = choose(program_key(lowered.as_text(), "scan"),
-                    lambda form: compile_scan(planned(data, linear_form=form)), feature_size,
-                    forced)
-    return planned(data, linear_form=choice.form), choice
+                    lambda name: compile_scan(planned_arm(data, name)), feature_size,
+                    forced, chunk_candidate(data))
+    return planned_arm(data, choice.arm), choice
 
 
 def compile_round(algorithm, state, data, key, *, form: str | None = None):
@@ -273,8 +356,8 @@ def compile_round(algorithm, state, data, key, *, form: str | None = None):
 
     Returns:
       (round_fn, data, Choice or None): call `round_fn(state, data, key)` with the
-      returned `data` (it carries the form); Choice None when the round has no kernel
-      with forms.
+      returned `data` (it carries the form, and the chunk the timing chose); Choice
+      None when the round has no kernel with forms.
     """
     feature_size = backend.feature_size(data)
 
@@ -291,8 +374,8 @@ def compile_round(algorithm, state, data, key, *, form: str | None = None):
     elif has_forms(lowered):
         keys = jax.random.split(key, TUNE_ROUNDS)
 
-        def build(f):
-            d = planned(data, linear_form=f)
+        def build(name):
+            d = planned_arm(data, name)
             compiled = jitted(d).lower(state, d, key).compile()
 
             def sample():
@@ -303,7 +386,8 @@ def compile_round(algorithm, state, data, key, *, form: str | None = None):
 
             return sample
 
-        choice = choose(program_key(lowered.as_text(), "call"), build, feature_size)
-        data = planned(data, linear_form=choice.form)
+        choice = choose(program_key(lowered.as_text(), "call"), build, feature_size,
+                        client_chunk=chunk_candidate(data))
+        data = planned_arm(data, choice.arm)
         lowered = jitted(data).lower(state, data, key)
     return lowered.compile(), data, choice

@@ -221,8 +221,9 @@ def test_module_example_runs():
 
 @pytest.mark.slow
 def test_benchmark_dry_run_times_both_forms_as_strict_json(tmp_path):
-    """benchmarks/conv_round.py --dry-run: both forms, their round's FLOPs and fraction of
-    the matmul peak, the same parameters after one round to float rounding."""
+    """benchmarks/conv_round.py --dry-run: both forms, and the full cohort whole and in the
+    executor's chunk, their round's FLOPs and fraction of the matmul peak, the same
+    parameters after one round to float rounding."""
     repo = pathlib.Path(__file__).resolve().parents[1]
     out = tmp_path / "cr.json"
     done = subprocess.run(
@@ -247,8 +248,11 @@ def test_benchmark_dry_run_times_both_forms_as_strict_json(tmp_path):
 
     payload = json.loads(out.read_text(), parse_constant=refuse)
     assert payload["meta"]["cpu_model"] and payload["meta"]["dry_run"] is True
-    assert [row["form"] for row in payload["rows"]] == ["xla", "patches", "patches"]
+    rows = [(row["form"], row["chunk"]) for row in payload["rows"]]
+    assert rows == [("xla", "whole"), ("patches", "whole"), ("patches", "whole"),
+                    ("patches", "executor")]
     for row in payload["rows"]:
         assert row["round_s"] > 0 and row["round_flops"] > 0
         assert row["fraction_of_matmul_peak"] > 0
     assert payload["max_abs_param_difference_after_one_round"] < 1e-5
+    assert payload["max_abs_param_difference_chunked_vs_whole"] < 1e-5

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_sim import backend, simulate, tuning
+from fedjax_sim import backend, memory, simulate, tuning
 from fedjax_sim.algorithms import fedavg, ifca, sgd, with_initial_params, with_restarts
 from fedjax_sim.data import FederatedData, linear_mixture
 from fedjax_sim.execution import Checkpoints, Execution, plan_of, planned
@@ -51,19 +51,21 @@ def _grad(theta, x, y):
 
 
 @pytest.mark.parametrize("participation", [1.0, 0.5], ids=["full", "partial"])
-@pytest.mark.parametrize("d", [10, 63, 1000])
+@pytest.mark.parametrize(("d", "chunk"), [(10, None), (63, None), (1000, None), (10, 3),
+                                          (1000, 3)])
 @pytest.mark.parametrize("form", LINEAR_FORMS)
-def test_every_form_equals_the_per_client_loop(form, d, participation):
+def test_every_form_equals_the_per_client_loop(form, d, participation, chunk):
     """IFCA option I in each form against the paper's round as a loop: each client of the
     cohort picks ĵ_i = argmin_j F_i(θ_j) and θ_j ← θ_j − (γ/m) Σ_{i: ĵ_i = j} ∇F_i(θ_j),
-    m the clients holding data; compiled with the options that go with the form."""
+    m the clients holding data; compiled with the options that go with the form, over
+    the whole cohort and in chunks (the tuning's chunked candidates)."""
     data = _ragged(d, seed=d)
     k, lr = 3, 0.05
     theta0 = np.random.default_rng(1).normal(size=(k, d)).astype(np.float32)
     alg = with_initial_params(
         ifca(linear_regression(d), sgd(lr), num_clusters=k, participation=participation),
         lambda key: jnp.asarray(theta0))
-    placed = planned(data, linear_form=form)
+    placed = planned(data, linear_form=form, client_chunk=chunk)
     assert plan_of(placed).linear_form == form
     round_ = backend.jit(alg.round, d, linear_form=form)
     state = alg.init(jax.random.key(0), placed)
@@ -244,3 +246,101 @@ def test_config_json_records_the_form_that_ran(tmp_path):
     forms = json.loads((out / "config.json").read_text())["kernel_forms"]
     assert forms["ifca"] == {"form": "loop", "source": "forced"}
     assert "fedavg" not in forms  # no kernel with forms in its rounds
+
+
+# --------------------------------------------------------------------- the chunked candidates
+
+
+def _rows_bytes(n=10, d=10):
+    return 4 * n * d + 4 * n  # one client's x [n, d] and y [n], float32
+
+
+@pytest.mark.parametrize(("m", "chunk"), [(1000, None), (10**4, 3334), (10**5, 4762)])
+def test_the_cache_chunk_of_the_headline_rows(m, chunk, monkeypatch):
+    """Shapes only: with a 2 MiB core cache (this project's Intel Xeon's L2), the rows of
+    (m, n, d) = (10⁴, 10, 10) (4.4 MB) are timed in 3 chunks of 3334 clients and those of
+    10⁵ in 21 of 4762 (each chunk's rows ≤ 2 MiB); 10³ clients' rows fit at once."""
+    monkeypatch.setattr(memory, "core_cache_bytes", lambda: 2 * 2**20)
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    shapes = jax.eval_shape(lambda key: linear_mixture(key, k=4, m=m, n=10, d=10, sigma=0.1,
+                                                       R=0.25).train, jax.random.key(0))
+    assert memory.cache_chunk(shapes) == chunk
+    assert tuning.chunk_candidate(shapes) == chunk
+    if chunk is not None:
+        assert chunk * _rows_bytes() <= 2 * 2**20
+        assert "loop/" + str(chunk) in tuning.candidates(10, chunk)
+        # never above a memory plan's chunk; a plan's smaller chunk is timed alone
+        assert tuning.chunk_candidate(planned(shapes, client_chunk=chunk + 1)) == chunk
+        assert tuning.chunk_candidate(planned(shapes, client_chunk=chunk)) is None
+    seeded = jax.eval_shape(lambda key: jax.vmap(lambda k: linear_mixture(
+        k, k=4, m=m, n=10, d=10, sigma=0.1, R=0.25).train)(jax.random.split(key, 2)),
+        jax.random.key(0))
+    assert memory.cache_chunk(seeded) is None  # copies before the client axis: no candidate
+
+
+def _small_cache(monkeypatch, clients=100):
+    """A core cache of `clients` clients' rows: 300 clients are timed in chunks of 100."""
+    monkeypatch.setattr(memory, "core_cache_bytes", lambda: clients * _rows_bytes())
+
+
+def test_a_faster_chunk_is_chosen_and_equals_the_whole_cohort(store, monkeypatch):
+    """The chunked candidate timed fastest is run (its chunk recorded beside the form):
+    the same assignments as the whole-cohort round and the same models to float
+    rounding."""
+    _small_cache(monkeypatch)
+    data = _problem()
+    assert tuning.chunk_candidate(data) == 100
+    calls = []
+    monkeypatch.setattr(tuning, "time_forms", _fake_times("loop/100", calls))
+    timing = {}
+    chunked = _run(data, timing)
+    assert timing["kernel_form"]["form"] == "loop"
+    assert timing["kernel_form"]["client_chunk"] == 100
+    assert timing["client_chunk"] is None  # the memory plan, as the checkpoints record it
+    assert {"loop", "loop/100", "dot", "dot/100"} <= set(calls[0])
+    entries = json.loads(store.read_text())["entries"]
+    assert [e["form"] for e in entries.values()] == ["loop/100"]
+    timing = {}
+    _run(data, timing)
+    assert timing["kernel_form"] == {"form": "loop", "source": "stored", "client_chunk": 100}
+    monkeypatch.setenv(tuning.FORM_ENV, "loop")  # forced: the plan's chunk, nothing timed
+    timing = {}
+    whole = _run(data, timing)
+    assert timing["kernel_form"] == {"form": "loop", "source": "forced"} and len(calls) == 1
+    np.testing.assert_array_equal(chunked.assignment, whole.assignment)
+    np.testing.assert_allclose(chunked.cluster_params, whole.cluster_params, rtol=1e-6,
+                               atol=1e-6)
+
+
+def test_a_slower_chunk_is_not_chosen(store, monkeypatch):
+    _small_cache(monkeypatch)
+    monkeypatch.setattr(tuning, "time_forms", _fake_times("loop", []))
+    timing = {}
+    _run(_problem(), timing)
+    assert timing["kernel_form"]["form"] == "loop"
+    assert "client_chunk" not in timing["kernel_form"]
+
+
+def test_a_resumed_run_takes_its_checkpoints_chunk(store, tmp_path, monkeypatch):
+    """Killed after round 4 with the chunk its timing chose, resumed where the timing now
+    prefers the whole cohort: the rounds after it still run in chunks, so the run equals
+    an uninterrupted chunked run bit for bit."""
+    _small_cache(monkeypatch)
+    data = _problem()
+
+    def run(rounds, where, winner, resume=False):
+        monkeypatch.setenv(tuning.STORE_ENV, "off")
+        monkeypatch.setattr(tuning, "time_forms", _fake_times(winner, []))
+        timing = {}
+        state, _ = simulate.run(_ifca(), data, jax.random.key(1), rounds=rounds, eval_every=2,
+                                execution=Execution(progress=False, checkpoints=Checkpoints(where),
+                                                    resume=resume, timing=timing))
+        return state, timing["kernel_form"]
+
+    whole, form = run(8, tmp_path / "whole", "dot/100")
+    assert form["client_chunk"] == 100
+    run(4, tmp_path / "killed", "dot/100")
+    resumed, form = run(8, tmp_path / "killed", "loop", resume=True)
+    assert form == {"form": "dot", "source": "forced", "client_chunk": 100}
+    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(resumed), strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedjax_sim import cli
+from fedjax_sim import cli, memory
 from fedjax_sim.data import cifar
+from fedjax_sim.execution import Execution, plan_of, planned
 from fedjax_sim.experiments import pfl_cifar10 as P
 from fedjax_sim.experiments import run_preset, study
 from fedjax_sim.experiments.registry import PRESETS
@@ -213,10 +214,13 @@ def small_images(train: int, test: int, side: int = 8, seed: int = 0):
 
 
 @pytest.mark.parametrize("dropout", [False, True])
-def test_a_round_equals_a_per_client_loop(dropout):
+@pytest.mark.parametrize("chunk", [None, 1, 2], ids=["whole", "one at a time", "chunks of 2"])
+def test_a_round_equals_a_per_client_loop(dropout, chunk):
     """Every user, two full-batch local steps each, central SGD at 0.5: the experiment's
-    vectorized round against a loop over users written here (float32). With
-    model_dropout (the preset's default) each step calls SimpleCNN with train=True and
+    vectorized round against a loop over users written here (float32), the cohort vmapped
+    whole or in the client chunks the executor may plan (one user at a time on a CPU:
+    `test_the_executor_trains_one_user_at_a_time_on_a_cpu`). With model_dropout (the
+    preset's default) each step calls SimpleCNN with train=True and
     rngs={"dropout": fold_in(k_t, 3)}, k_t = split(c_j, 2)[t] for user j's slot key
     c_j = fold_in(split(r)[1], j), r = fold_in(round key, seed 0) (`with_seeds`,
     `ops.sample_cohort`, `ops.client_update`'s documented keys)."""
@@ -225,7 +229,9 @@ def test_a_round_equals_a_per_client_loop(dropout):
          "batch_size": 0, "local_epochs": 2, "central_lr": 0.5, "lr": 0.05,
          "model_dropout": dropout}
     problem = P.PFL.problem(s, (*train, *test))
+    problem = {**problem, "train": planned(problem["train"], client_chunk=chunk)}
     spec = study.method_run(P.PFL, "fedavg", s, problem)
+    assert plan_of(spec.data).client_chunk == chunk
     key = jax.random.key(0)
     state = spec.algorithm.init(key, spec.data)
     new, _ = jax.jit(spec.algorithm.round)(state, spec.data, jax.random.key(1))
@@ -255,6 +261,28 @@ def test_a_round_equals_a_per_client_loop(dropout):
     got = jax.tree.map(lambda a: a[0], new.params)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-4, atol=2e-6)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_the_executor_trains_one_user_at_a_time_on_a_cpu(monkeypatch, backend):
+    """Shapes only: at the preset's sizes (users of 50 32×32 images, simple_cnn) a user's
+    working memory in a round (a local step's activations, the model's copies) exceeds
+    the CPU's bound on a round's working memory (`memory.CPU_ROUND_WORK_BYTES`), so the
+    executor plans the training users one at a time there, and the cohort whole on an
+    accelerator; the test images are not planned."""
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    train, test = small_images(4 * 50, 10, side=32)
+    s = {**PRESETS["fedavg-cifar10-pfl"].defaults, "cohort_size": 2}
+    problem = P.PFL.problem(s, (*train, *test))
+    footprint = P.PFL.footprint("fedavg", s, problem)
+    want = None
+    if backend == "cpu":  # (the convolutions' patches are counted: the CPU's conv form)
+        per_user = memory.estimate_bytes_per_client(footprint.model, footprint.clients)
+        assert per_user > memory.CPU_ROUND_WORK_BYTES
+        want = 1
+    assert Execution().client_chunk(footprint) == want
+    spec = study.method_spec(P.PFL, "fedavg", s, problem)
+    assert plan_of(spec.data).client_chunk == want
 
 
 def test_evaluation_is_the_mean_over_every_test_image():

@@ -10,6 +10,8 @@ import numpy as np
 
 from fedjax_sim.algorithms import ClientTraining, sgd, with_server_optimizer
 from fedjax_sim.algorithms.base import WEIGHTINGS, cohort_size
+from fedjax_sim.data import FederatedData, copy_at
+from fedjax_sim.execution import Footprint
 from fedjax_sim.experiments import settings as st
 from fedjax_sim.experiments.base import Experiment, Preset
 from fedjax_sim.experiments.methods import METHODS, Build
@@ -172,6 +174,22 @@ def client_training(s: dict, learning_rate) -> ClientTraining:
                sampling="epochs" if b else "with_replacement", work=work)
 
 
+def footprint(name: str, s: dict, problem) -> Footprint:
+    """What a method's round holds, for the executor's client chunk: one seed's users
+    (shapes), × seeds, each training its own copy of simple_cnn. Not checked against the
+    machine (`Footprint.fit_machine` False): on a CPU the executor trains the cohort
+    `memory.CPU_ROUND_WORK_BYTES` of working memory at a time, which for simple_cnn's
+    users of 50 images (a local step's activations and the model's copies, well over
+    that bound per user) is one user at a time; elsewhere the whole cohort at once."""
+    shapes = jax.eval_shape(lambda d: _as_copies(copy_at(d, 0)), problem["train"])
+    return Footprint(problem["model"], shapes, copies=s["seeds"], applies_to=("train",))
+
+
+def _as_copies(data):
+    """Client data as FederatedData (views gathered; for shapes only)."""
+    return data if isinstance(data, FederatedData) else data.materialize()
+
+
 def problem(s: dict, arrays=None) -> dict:
     """pfl's users of every seed, the test images and simple_cnn; `arrays` (train images,
     train labels, test images, test labels) stand in for data_dir's (benchmarks, tests)."""
@@ -222,6 +240,7 @@ PFL = Experiment(
     kinds=("global",),  # central evaluation of the one global model
     client_training=client_training,
     derived=derived,
+    footprint=footprint,
 )
 
 PRESETS = [
