@@ -48,7 +48,7 @@ def _trimmed(values, f):
 
 
 def _federation():
-    from tests.conftest import make_ragged
+    from conftest import make_ragged
 
     return make_ragged(5, sizes=(3, 2, 4, 1, 2, 3, 0, 2, 4, 1),
                        clusters=(0, 1, 0, 1, 0, 1, 0, 1, 0, 1))

@@ -109,7 +109,7 @@ def test_partial_participation_and_dropout_count_only_reporting_clients(linear_m
     """A cohort of 4 of 10 clients, each failing to report with probability 0.4: the loop
     takes the cohort and its reports from `ops.sample_cohort` (the documented draw) and sums
     only the reporting clients holding data; D = 4."""
-    from tests.conftest import make_ragged
+    from conftest import make_ragged
 
     data = make_ragged(3, sizes=(3, 2, 4, 1, 2, 3, 0, 2, 4, 1),
                        clusters=(0, 1, 0, 1, 0, 1, 0, 1, 0, 1))
