@@ -1,0 +1,263 @@
+"""A DP round (clip + noise, `with_dp`) beside the plain round: same algorithm, data and keys.
+
+Usage:
+  nice -n 5 python benchmarks/dp_round.py        # writes results/dp_round.json (or --out)
+  python benchmarks/dp_round.py --dry-run --out /tmp/dp.json   # tiny sizes, a smoke run
+
+`with_dp(algorithm, clip_norm, noise_multiplier)` replaces the server's weighted mean by
+DP-FedAvg's: each reporting client's change θ̃_i − θ is clipped to L2 norm C (flat over
+the pytree), the clipped changes are summed, N(0, σ²C²) is added and the sum divided by
+the expected cohort (`fedjax_sim.algorithms.private`). The extra work per round is one
+subtraction and one squared norm per client, a scale per client folded into the sum
+the plain round computes anyway, and one Gaussian draw of the model's size (k draws
+for IFCA). Each pair below is two jitted rounds built from one algorithm, compiled
+apart (`harness.compile_ahead`), then timed in interleaved blocks
+(`harness.interleaved_blocks`: plain, DP, plain, DP, ..., every call ending in
+`block_until_ready`), each arm chaining its own state from the same initial state
+through the same round keys:
+
+1. `ifca_synthetic`: IFCA option "model" on the synthetic linear mixture at the
+   ifca-synthetic sizes (k = 2, m = 100, n = 100, d = 1000, τ = 1 full-batch step, every
+   client each round), against the stream bandwidth measured in the same run: the
+   round makes 1 + 2τ passes over the clients' rows X (the k cluster losses, then per
+   step the residuals and the gradient), `round_bytes` = (1 + 2τ)·m·n·d·4 + m·n·4.
+2. `fedavg_mlp_digits`: FedAvg with the MLP 64-32-10 of the hetero-digits preset on its
+   20 Dirichlet(0.5) clients of 8×8 digits, τ = 5 full-batch steps at lr 0.1.
+3. `fedavg_gin_esol`: FedAvg with the GIN of the drflm-esol preset (3 × 64, mean pooling)
+   on its 8 scaffold clients of ESOL, τ = 10 Adam steps of batch 32 (skipped with the
+   reason when RDKit or the ESOL archive is missing).
+4. `cohorts`: DP-FedAvg against plain FedAvg on 10⁶ generated clients of the linear
+   mixture (`data.generated_mixture`, k = 4, n = 10, d = 10: no client's rows are stored,
+   the cohort's rows are drawn inside the round), a cohort of s = 1,000 and of 10,000 per
+   round (`fedavg(..., participation=s/m)`), τ = 5 full-batch steps: rounds per second,
+   and the cohort's rows (s·n·d·4 bytes, read 2τ + 1 times: each step's residuals and
+   gradient, and the cohort loss) over the round's time against the stream bandwidth.
+   The rows are generated, not read, so this fraction says how far the round is from
+   what reading stored rows would cost, not that memory bounds it.
+
+Reported per pair: each arm's median seconds per round over all its calls, DP / plain
+(the target: within 1.10), the per-block ratios' median and quartiles, compile seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+import time
+
+import harness
+
+FULL = dict(
+    ifca=dict(k=2, m=100, n=100, d=1000, tau=1, lr=0.1),
+    mlp=dict(clients=None, tau=5, lr=0.1),
+    gin=dict(clients=8, tau=10, batch=32),
+    cohorts=dict(population=10**6, sizes=(1000, 10_000), k=4, n=10, d=10, tau=5, lr=0.1),
+    clip_norm=0.5, noise_multiplier=1.0,
+    blocks=6, min_calls=3, budget_s=1.0, gin_blocks=3, gin_min_calls=2,
+)
+DRY = dict(
+    ifca=dict(k=2, m=8, n=5, d=6, tau=1, lr=0.1),
+    mlp=dict(clients=4, tau=2, lr=0.1),
+    gin=None,  # its GIN compiles for ~10 s on a CPU: the full run measures it
+    cohorts=dict(population=2000, sizes=(10, 100), k=2, n=4, d=3, tau=2, lr=0.1),
+    clip_norm=0.5, noise_multiplier=1.0,
+    blocks=1, min_calls=2, budget_s=0.0, gin_blocks=1, gin_min_calls=1,
+)
+
+
+def _pair(plain, data, cfg, *, blocks=None, min_calls=None) -> dict:
+    """Times `plain` and `with_dp(plain)` on `data`: the figures of one pair."""
+    import jax
+
+    from fedjax_sim.algorithms import with_dp
+
+    algorithms = {"plain": plain,
+                  "dp": with_dp(plain, clip_norm=cfg["clip_norm"],
+                                noise_multiplier=cfg["noise_multiplier"])}
+    arms, compile_s = {}, {}
+    for name, alg in algorithms.items():
+        state = alg.init(jax.random.key(0), data)
+        compiled, seconds = harness.compile_ahead(jax.jit(alg.round), state, data,
+                                                  jax.random.key(1))
+        compile_s[name] = seconds
+        box = {"state": state, "i": 0}
+
+        def step(compiled=compiled, box=box):
+            box["i"] += 1  # both arms: round keys 1, 2, 3, ... from the same initial state
+            box["state"], metrics = compiled(box["state"], data, jax.random.key(box["i"]))
+            return box["state"], metrics
+
+        jax.block_until_ready(step())  # warm
+        arms[name] = harness.Arm(step, min_calls=min_calls or cfg["min_calls"],
+                                 budget_s=cfg["budget_s"])
+    per_block = harness.old_new_blocks({"old": arms["plain"], "new": arms["dp"]},
+                                       blocks or cfg["blocks"])
+    plain_s = statistics.median([t for block in per_block["old"] for t in block])
+    dp_s = statistics.median([t for block in per_block["new"] for t in block])
+    blockwise = harness.new_over_old([statistics.median(b) for b in per_block["old"]],
+                                     [statistics.median(b) for b in per_block["new"]])
+    return {"plain_s_per_round": plain_s, "dp_s_per_round": dp_s,
+            "dp_over_plain": dp_s / plain_s,
+            "block_ratio_median": blockwise["block_ratio_median"],
+            "block_ratio_q1": blockwise["block_ratio_q1"],
+            "block_ratio_q3": blockwise["block_ratio_q3"],
+            "calls": {"plain": sum(map(len, per_block["old"])),
+                      "dp": sum(map(len, per_block["new"]))},
+            "compile_s": compile_s,
+            "clip_norm": cfg["clip_norm"], "noise_multiplier": cfg["noise_multiplier"]}
+
+
+def ifca_row(cfg, stream_gbps: float) -> dict:
+    import jax
+
+    from fedjax_sim.algorithms import ifca, sgd
+    from fedjax_sim.data import linear_mixture
+    from fedjax_sim.models import linear_regression
+
+    c = cfg["ifca"]
+    m, n, d, tau = c["m"], c["n"], c["d"], c["tau"]
+    data = linear_mixture(jax.random.key(0), k=c["k"], m=m, n=n, d=d, sigma=0.1, R=0.5).train
+    plain = ifca(linear_regression(d), sgd(c["lr"], steps=tau), num_clusters=c["k"],
+                 option="model")
+    row = {"kind": "ifca_synthetic", **c, **_pair(plain, data, cfg)}
+    round_bytes = (1 + 2 * tau) * m * n * d * 4 + m * n * 4
+    row.update(round_bytes=round_bytes,
+               round_bytes_model="(1 + 2τ) passes over X (m·n·d·4 bytes) + y (m·n·4 bytes)",
+               plain_fraction_of_stream=round_bytes / row["plain_s_per_round"] / 1e9
+               / stream_gbps,
+               dp_fraction_of_stream=round_bytes / row["dp_s_per_round"] / 1e9 / stream_gbps)
+    return row
+
+
+def mlp_row(cfg) -> dict:
+    import jax.numpy as jnp
+
+    from fedjax_sim.algorithms import fedavg, sgd
+    from fedjax_sim.experiments import PRESETS
+    from fedjax_sim.experiments.runner import resolve_settings
+
+    c = cfg["mlp"]
+    preset = PRESETS["hetero-digits"]
+    s = resolve_settings(preset, ["seeds=1", "clients=copies"], "compare")
+    problem = preset.experiment.problem(s)
+    data = problem["train"].copy_at(0)  # the one seed's clients
+    if c["clients"] is not None:
+        data = data.take(jnp.arange(c["clients"]))
+    plain = fedavg(problem["model"], sgd(c["lr"], steps=c["tau"]))
+    return {"kind": "fedavg_mlp_digits", "clients": data.num_clients, "tau": c["tau"],
+            "batch": "full", "lr": c["lr"], "widths": [64, s["hidden"], 10],
+            **_pair(plain, data, cfg)}
+
+
+def gin_row(cfg) -> dict:
+    c = cfg["gin"]
+    try:
+        import rdkit  # noqa: F401 -- the molecules are featurised with it
+    except ImportError:
+        return {"kind": "fedavg_gin_esol",
+                "skipped": "RDKit is not installed: the ESOL molecules cannot be featurised "
+                           "(pip install rdkit)"}
+    import optax
+
+    from fedjax_sim.algorithms import ClientTraining, fedavg
+    from fedjax_sim.data.archives import DataUnavailable
+    from fedjax_sim.experiments import PRESETS
+    from fedjax_sim.experiments.runner import resolve_settings
+
+    preset = PRESETS["drflm-esol"]
+    s = resolve_settings(preset, ["seeds=1", f"num_clients={c['clients']}"], "compare")
+    try:
+        problem = preset.experiment.problem(s)
+    except DataUnavailable as err:
+        return {"kind": "fedavg_gin_esol", "skipped": str(err)}
+    data = problem.train if problem.shared else problem.train.copy_at(0)  # the one seed's
+    optimizer = (optax.adam if s["optimizer"] == "adam" else optax.sgd)(s["lr"])
+    plain = fedavg(problem.model, ClientTraining(optimizer, c["tau"], c["batch"]))
+    return {"kind": "fedavg_gin_esol", "clients": data.num_clients, "tau": c["tau"],
+            "batch": c["batch"], "optimizer": s["optimizer"], "lr": s["lr"],
+            "hidden": s["hidden"], "layers": s["layers"], "pooling": s["pooling"],
+            **_pair(plain, data, cfg, blocks=cfg["gin_blocks"],
+                    min_calls=cfg["gin_min_calls"])}
+
+
+def cohort_rows(cfg, stream_gbps: float) -> list[dict]:
+    import jax
+
+    from fedjax_sim.algorithms import fedavg, sgd
+    from fedjax_sim.data import generated_mixture
+    from fedjax_sim.models import linear_regression
+
+    c = cfg["cohorts"]
+    m, n, d, tau = c["population"], c["n"], c["d"], c["tau"]
+    data = generated_mixture(jax.random.key(0), k=c["k"], m=m, n=n, d=d, sigma=0.1,
+                             R=1.0).train
+    rows = []
+    for size in c["sizes"]:
+        plain = fedavg(linear_regression(d), sgd(c["lr"], steps=tau), participation=size / m)
+        row = {"kind": "dp_fedavg_generated", "population": m, "cohort": size, "k": c["k"],
+               "n": n, "d": d, "tau": tau, "lr": c["lr"], **_pair(plain, data, cfg)}
+        cohort_bytes = size * n * (d + 1) * 4
+        passes = 2 * tau + 1
+        row.update(plain_rounds_per_s=1 / row["plain_s_per_round"],
+                   dp_rounds_per_s=1 / row["dp_s_per_round"],
+                   round_bytes=passes * cohort_bytes,
+                   round_bytes_model="(2τ + 1) passes over the cohort's rows (s·n·(d+1)·4 "
+                                     "bytes), generated inside the round, not read",
+                   plain_fraction_of_stream=passes * cohort_bytes / row["plain_s_per_round"]
+                   / 1e9 / stream_gbps,
+                   dp_fraction_of_stream=passes * cohort_bytes / row["dp_s_per_round"] / 1e9
+                   / stream_gbps)
+        rows.append(row)
+        print(_line(row), file=sys.stderr, flush=True)
+    return rows
+
+
+def _line(row: dict) -> str:
+    if "skipped" in row:
+        return f"{row['kind']}: skipped ({row['skipped']})"
+    text = (f"{row['kind']}{' s=' + str(row['cohort']) if 'cohort' in row else ''}: plain "
+            f"{row['plain_s_per_round'] * 1e3:.3f} ms, DP {row['dp_s_per_round'] * 1e3:.3f} ms, "
+            f"DP/plain {row['dp_over_plain']:.3f} (blocks {row['block_ratio_q1']:.3f}–"
+            f"{row['block_ratio_q3']:.3f})")
+    if "dp_fraction_of_stream" in row:
+        text += f", {100 * row['dp_fraction_of_stream']:.1f} % of stream"
+    return text
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes (a smoke run)")
+    parser.add_argument("--skip-gin", action="store_true", help="leave the GIN round out")
+    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results"
+                                             / "dp_round.json"))
+    harness.add_checkout_arg(parser)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    harness.use_checkout(args.checkout)
+    cfg = DRY if args.dry_run else FULL
+    meta = harness.collect_meta(args.checkout, dry_run=args.dry_run)
+    meta.update(harness.stream_bandwidth(1 << 20, 5) if args.dry_run
+                else harness.stream_bandwidth())
+    stream = meta["stream_GBps"]
+    rows = []
+    for build in (lambda: ifca_row(cfg, stream), lambda: mlp_row(cfg)):
+        rows.append(build())
+        print(_line(rows[-1]), file=sys.stderr, flush=True)
+    if args.skip_gin or cfg["gin"] is None:
+        rows.append({"kind": "fedavg_gin_esol",
+                     "skipped": "--skip-gin" if args.skip_gin else "dry run"})
+    else:
+        rows.append(gin_row(cfg))
+    print(_line(rows[-1]), file=sys.stderr, flush=True)
+    rows += cohort_rows(cfg, stream)
+    payload = {"meta": harness.finish_meta(meta, started), "rows": rows}
+    harness.write_json(args.out, payload)
+    print(f"stream {stream:.1f} GB/s; load average {meta['loadavg_start'][0]:.1f} → "
+          f"{meta['loadavg_end'][0]:.1f}; {meta['total_seconds']:.0f} s; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
