@@ -55,7 +55,8 @@ FULL = dict(
     gin=dict(clients=8, tau=10, batch=32),
     cohorts=dict(population=10**6, sizes=(1000, 10_000), k=4, n=10, d=10, tau=5, lr=0.1),
     clip_norm=0.5, noise_multiplier=1.0,
-    blocks=6, min_calls=3, budget_s=1.0, gin_blocks=3, gin_min_calls=2,
+    blocks=8, min_calls=3, budget_s=1.0, gin_blocks=3, gin_min_calls=2,
+    aggregation_calls=50, draw_reps=3, cohort_blocks=4, cohort_min_calls=2,
 )
 DRY = dict(
     ifca=dict(k=2, m=8, n=5, d=6, tau=1, lr=0.1),
@@ -64,6 +65,7 @@ DRY = dict(
     cohorts=dict(population=2000, sizes=(10, 100), k=2, n=4, d=3, tau=2, lr=0.1),
     clip_norm=0.5, noise_multiplier=1.0,
     blocks=1, min_calls=2, budget_s=0.0, gin_blocks=1, gin_min_calls=1,
+    aggregation_calls=2, draw_reps=1, cohort_blocks=1, cohort_min_calls=1,
 )
 
 
@@ -109,6 +111,74 @@ def _pair(plain, data, cfg, *, blocks=None, min_calls=None) -> dict:
             "clip_norm": cfg["clip_norm"], "noise_multiplier": cfg["noise_multiplier"]}
 
 
+def aggregation_pair(like, slots: int, cfg, num_clusters: int | None = None) -> dict:
+    """The server's aggregation alone, at a round's shapes: the plain weighted mean against
+    DP's subtraction of the start model, clip, sum and noise (`ops.privacy`), on the same
+    `slots` trained models (leaves [slots, ...] shaped like `like`; with `num_clusters`,
+    IFCA's per-cluster rules, every client's start model its cluster's).
+
+    A round's DP overhead is this difference; measured alone it does not drown in the
+    round's own spread on a loaded machine."""
+    import jax
+    import jax.numpy as jnp
+
+    from fedjax_sim.ops.aggregation import (
+        divide_segments,
+        mean_or_keep,
+        segment_totals,
+        weighted_sum,
+    )
+    from fedjax_sim.ops.privacy import clipped_cluster_sums, clipped_sum, privatize
+
+    clip, sigma = cfg["clip_norm"], cfg["noise_multiplier"]
+    k = num_clusters
+    leaves = jax.tree.leaves(like)
+    keys = iter(jax.random.split(jax.random.key(7), 2 * len(leaves)))
+    models = () if k is None else (k,)
+    base = jax.tree.map(lambda x: jax.random.normal(next(keys), models + x.shape), like)
+    trained = jax.tree.map(lambda x: jax.random.normal(next(keys), (slots,) + x.shape), like)
+    segment = jnp.arange(slots) % (k or 1)
+    weights = jnp.ones((slots,), jnp.float32)
+
+    def plain(trained, base, weights, key):
+        if k is None:
+            return mean_or_keep(weighted_sum(trained, weights), jnp.sum(weights), base)
+        totals, counts = segment_totals(trained, segment, k, weights)
+        return divide_segments(totals, counts, fallback=base)
+
+    def private(trained, base, weights, key):
+        start = base if k is None else jax.tree.map(lambda b: b[segment], base)
+        changes = jax.tree.map(jnp.subtract, trained, start)
+        if k is None:
+            sums = clipped_sum(changes, clip, reports=weights > 0)
+        else:
+            sums = clipped_cluster_sums(changes, segment, k, clip, reports=weights > 0)
+        noised = privatize(sums, key, clip_norm=clip, noise_multiplier=sigma,
+                           denominator=slots / (k or 1))
+        return jax.tree.map(jnp.add, base, noised.mean)
+
+    arms = {}
+    for name, fn in (("old", plain), ("new", private)):
+        args = (trained, base, weights, jax.random.key(3))
+        compiled, _ = harness.compile_ahead(jax.jit(fn), *args)
+        jax.block_until_ready(compiled(*args))
+        arms[name] = harness.Arm(lambda compiled=compiled, args=args: compiled(*args),
+                                 min_calls=cfg["aggregation_calls"])
+    per_block = harness.old_new_blocks(arms, cfg["blocks"])
+    plain_s = statistics.median([t for block in per_block["old"] for t in block])
+    dp_s = statistics.median([t for block in per_block["new"] for t in block])
+    return {"plain_s": plain_s, "dp_s": dp_s, "extra_s": dp_s - plain_s,
+            "slots": slots, "clusters": k,
+            "parameters": sum(int(x.size) for x in leaves)}
+
+
+def _with_aggregation(row: dict, aggregation: dict) -> dict:
+    row["aggregation_alone"] = aggregation
+    row["aggregation_extra_over_plain_round"] = (aggregation["extra_s"]
+                                                 / row["plain_s_per_round"])
+    return row
+
+
 def ifca_row(cfg, stream_gbps: float) -> dict:
     import jax
 
@@ -122,6 +192,8 @@ def ifca_row(cfg, stream_gbps: float) -> dict:
     plain = ifca(linear_regression(d), sgd(c["lr"], steps=tau), num_clusters=c["k"],
                  option="model")
     row = {"kind": "ifca_synthetic", **c, **_pair(plain, data, cfg)}
+    like = linear_regression(d).init(jax.random.key(0))
+    _with_aggregation(row, aggregation_pair(like, m, cfg, num_clusters=c["k"]))
     round_bytes = (1 + 2 * tau) * m * n * d * 4 + m * n * 4
     row.update(round_bytes=round_bytes,
                round_bytes_model="(1 + 2τ) passes over X (m·n·d·4 bytes) + y (m·n·4 bytes)",
@@ -132,6 +204,7 @@ def ifca_row(cfg, stream_gbps: float) -> dict:
 
 
 def mlp_row(cfg) -> dict:
+    import jax
     import jax.numpy as jnp
 
     from fedjax_sim.algorithms import fedavg, sgd
@@ -146,9 +219,11 @@ def mlp_row(cfg) -> dict:
     if c["clients"] is not None:
         data = data.take(jnp.arange(c["clients"]))
     plain = fedavg(problem["model"], sgd(c["lr"], steps=c["tau"]))
-    return {"kind": "fedavg_mlp_digits", "clients": data.num_clients, "tau": c["tau"],
-            "batch": "full", "lr": c["lr"], "widths": [64, s["hidden"], 10],
-            **_pair(plain, data, cfg)}
+    row = {"kind": "fedavg_mlp_digits", "clients": data.num_clients, "tau": c["tau"],
+           "batch": "full", "lr": c["lr"], "widths": [64, s["hidden"], 10],
+           **_pair(plain, data, cfg)}
+    like = problem["model"].init(jax.random.key(0))
+    return _with_aggregation(row, aggregation_pair(like, data.num_clients, cfg))
 
 
 def gin_row(cfg) -> dict:
@@ -159,6 +234,7 @@ def gin_row(cfg) -> dict:
         return {"kind": "fedavg_gin_esol",
                 "skipped": "RDKit is not installed: the ESOL molecules cannot be featurised "
                            "(pip install rdkit)"}
+    import jax
     import optax
 
     from fedjax_sim.algorithms import ClientTraining, fedavg
@@ -175,11 +251,13 @@ def gin_row(cfg) -> dict:
     data = problem.train if problem.shared else problem.train.copy_at(0)  # the one seed's
     optimizer = (optax.adam if s["optimizer"] == "adam" else optax.sgd)(s["lr"])
     plain = fedavg(problem.model, ClientTraining(optimizer, c["tau"], c["batch"]))
-    return {"kind": "fedavg_gin_esol", "clients": data.num_clients, "tau": c["tau"],
-            "batch": c["batch"], "optimizer": s["optimizer"], "lr": s["lr"],
-            "hidden": s["hidden"], "layers": s["layers"], "pooling": s["pooling"],
-            **_pair(plain, data, cfg, blocks=cfg["gin_blocks"],
-                    min_calls=cfg["gin_min_calls"])}
+    row = {"kind": "fedavg_gin_esol", "clients": data.num_clients, "tau": c["tau"],
+           "batch": c["batch"], "optimizer": s["optimizer"], "lr": s["lr"],
+           "hidden": s["hidden"], "layers": s["layers"], "pooling": s["pooling"],
+           **_pair(plain, data, cfg, blocks=cfg["gin_blocks"],
+                   min_calls=cfg["gin_min_calls"])}
+    like = problem.model.init(jax.random.key(0))
+    return _with_aggregation(row, aggregation_pair(like, data.num_clients, cfg))
 
 
 def cohort_rows(cfg, stream_gbps: float) -> list[dict]:
@@ -188,6 +266,7 @@ def cohort_rows(cfg, stream_gbps: float) -> list[dict]:
     from fedjax_sim.algorithms import fedavg, sgd
     from fedjax_sim.data import generated_mixture
     from fedjax_sim.models import linear_regression
+    from fedjax_sim.ops.sampling import sample_uniform
 
     c = cfg["cohorts"]
     m, n, d, tau = c["population"], c["n"], c["d"], c["tau"]
@@ -197,7 +276,16 @@ def cohort_rows(cfg, stream_gbps: float) -> list[dict]:
     for size in c["sizes"]:
         plain = fedavg(linear_regression(d), sgd(c["lr"], steps=tau), participation=size / m)
         row = {"kind": "dp_fedavg_generated", "population": m, "cohort": size, "k": c["k"],
-               "n": n, "d": d, "tau": tau, "lr": c["lr"], **_pair(plain, data, cfg)}
+               "n": n, "d": d, "tau": tau, "lr": c["lr"],
+               **_pair(plain, data, cfg, blocks=cfg["cohort_blocks"],
+                       min_calls=cfg["cohort_min_calls"])}
+        _with_aggregation(row, aggregation_pair(linear_regression(d).init(jax.random.key(0)),
+                                                size, cfg))
+        draw = harness.compile_then_time(
+            jax.jit(lambda key, size=size: sample_uniform(key, m, size)), jax.random.key(5),
+            reps=cfg["draw_reps"], next_args=lambda i, args, out: (jax.random.key(5 + i),))
+        row.update(cohort_draw_s=draw.median_s,
+                   cohort_draw_share_of_plain_round=draw.median_s / row["plain_s_per_round"])
         cohort_bytes = size * n * (d + 1) * 4
         passes = 2 * tau + 1
         row.update(plain_rounds_per_s=1 / row["plain_s_per_round"],
@@ -221,6 +309,13 @@ def _line(row: dict) -> str:
             f"{row['plain_s_per_round'] * 1e3:.3f} ms, DP {row['dp_s_per_round'] * 1e3:.3f} ms, "
             f"DP/plain {row['dp_over_plain']:.3f} (blocks {row['block_ratio_q1']:.3f}–"
             f"{row['block_ratio_q3']:.3f})")
+    if "aggregation_alone" in row:
+        agg = row["aggregation_alone"]
+        text += (f"; the aggregation alone {agg['extra_s'] * 1e6:+.0f} µs "
+                 f"({100 * row['aggregation_extra_over_plain_round']:.1f} % of the plain round)")
+    if "cohort_draw_s" in row:
+        text += (f"; the cohort draw alone {row['cohort_draw_s'] * 1e3:.0f} ms "
+                 f"({100 * row['cohort_draw_share_of_plain_round']:.0f} % of the plain round)")
     if "dp_fraction_of_stream" in row:
         text += f", {100 * row['dp_fraction_of_stream']:.1f} % of stream"
     return text
