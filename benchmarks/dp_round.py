@@ -11,10 +11,14 @@ the expected cohort (`fedjax_sim.algorithms.private`). The extra work per round 
 subtraction and one squared norm per client, a scale per client folded into the sum
 the plain round computes anyway, and one Gaussian draw of the model's size (k draws
 for IFCA). Each pair below is two jitted rounds built from one algorithm, compiled
-apart (`harness.compile_ahead`), then timed in interleaved blocks
-(`harness.interleaved_blocks`: plain, DP, plain, DP, ..., every call ending in
-`block_until_ready`), each arm chaining its own state from the same initial state
-through the same round keys:
+apart (`harness.compile_ahead`), then called in turn, one call of each per pair (plain
+first in even pairs, `harness.old_new_blocks`), every call ending in
+`block_until_ready`; each arm chains its own state from the same initial state through
+the same round keys. On a shared machine a burst of other load falls on both calls of
+a pair, so the pairs' ratios are steadier than either arm's times. Beside each pair the
+server's aggregation alone is timed at the round's shapes (`aggregation_pair`: the
+plain weighted mean against DP's subtraction of the start model, clip, sum and noise):
+the DP round's own extra work, which does not drown in the round's spread.
 
 1. `ifca_synthetic`: IFCA option "model" on the synthetic linear mixture at the
    ifca-synthetic sizes (k = 2, m = 100, n = 100, d = 1000, τ = 1 full-batch step, every
@@ -26,17 +30,21 @@ through the same round keys:
 3. `fedavg_gin_esol`: FedAvg with the GIN of the drflm-esol preset (3 × 64, mean pooling)
    on its 8 scaffold clients of ESOL, τ = 10 Adam steps of batch 32 (skipped with the
    reason when RDKit or the ESOL archive is missing).
-4. `cohorts`: DP-FedAvg against plain FedAvg on 10⁶ generated clients of the linear
-   mixture (`data.generated_mixture`, k = 4, n = 10, d = 10: no client's rows are stored,
-   the cohort's rows are drawn inside the round), a cohort of s = 1,000 and of 10,000 per
-   round (`fedavg(..., participation=s/m)`), τ = 5 full-batch steps: rounds per second,
-   and the cohort's rows (s·n·d·4 bytes, read 2τ + 1 times: each step's residuals and
-   gradient, and the cohort loss) over the round's time against the stream bandwidth.
-   The rows are generated, not read, so this fraction says how far the round is from
-   what reading stored rows would cost, not that memory bounds it.
+4. `dp_fedavg_generated`: DP-FedAvg against plain FedAvg on 10⁶ generated clients of the
+   linear mixture (`data.generated_mixture`, k = 4, n = 10, d = 10: no client's rows are
+   stored, the cohort's rows are drawn inside the round), a cohort of s = 1,000 and of
+   10,000 per round (`fedavg(..., participation=s/m)`), τ = 5 full-batch steps: rounds
+   per second; the cohort's draw alone (`ops.sampling.sample_uniform`, s of 10⁶ without
+   replacement), timed apart; and the cohort's rows (s·n·(d+1)·4 bytes, 2τ + 1 passes:
+   each step's residuals and gradient, and the cohort loss) over the round's time
+   against the stream bandwidth. The rows are generated, not read, so this fraction says
+   how far the round is from what reading stored rows would cost, not that memory
+   bounds it.
 
-Reported per pair: each arm's median seconds per round over all its calls, DP / plain
-(the target: within 1.10), the per-block ratios' median and quartiles, compile seconds.
+Reported per pair: each arm's median seconds per round, DP / plain as the median of
+the pairs' ratios (the target: within 1.10) with their quartiles, the ratio of the
+medians and of the minima, the aggregation's extra seconds and their share of the plain
+round, and the compile seconds of each arm.
 """
 
 from __future__ import annotations
@@ -55,8 +63,7 @@ FULL = dict(
     gin=dict(clients=8, tau=10, batch=32),
     cohorts=dict(population=10**6, sizes=(1000, 10_000), k=4, n=10, d=10, tau=5, lr=0.1),
     clip_norm=0.5, noise_multiplier=1.0,
-    blocks=8, min_calls=3, budget_s=1.0, gin_blocks=3, gin_min_calls=2,
-    aggregation_calls=50, draw_reps=3, cohort_blocks=4, cohort_min_calls=2,
+    pairs=300, gin_pairs=8, cohort_pairs=8, blocks=8, aggregation_calls=50, draw_reps=3,
 )
 DRY = dict(
     ifca=dict(k=2, m=8, n=5, d=6, tau=1, lr=0.1),
@@ -64,26 +71,25 @@ DRY = dict(
     gin=None,  # its GIN compiles for ~10 s on a CPU: the full run measures it
     cohorts=dict(population=2000, sizes=(10, 100), k=2, n=4, d=3, tau=2, lr=0.1),
     clip_norm=0.5, noise_multiplier=1.0,
-    blocks=1, min_calls=2, budget_s=0.0, gin_blocks=1, gin_min_calls=1,
-    aggregation_calls=2, draw_reps=1, cohort_blocks=1, cohort_min_calls=1,
+    pairs=2, gin_pairs=1, cohort_pairs=1, blocks=1, aggregation_calls=2, draw_reps=1,
 )
 
 
-def _pair(plain, data, cfg, *, blocks=None, min_calls=None) -> dict:
-    """Times `plain` and `with_dp(plain)` on `data`: the figures of one pair."""
+def _pair(plain, data, cfg, pairs: int) -> dict:
+    """Times `plain` and `with_dp(plain)` on `data` in `pairs` pairs of calls: the figures."""
     import jax
 
     from fedjax_sim.algorithms import with_dp
 
-    algorithms = {"plain": plain,
-                  "dp": with_dp(plain, clip_norm=cfg["clip_norm"],
-                                noise_multiplier=cfg["noise_multiplier"])}
+    algorithms = {"old": plain,
+                  "new": with_dp(plain, clip_norm=cfg["clip_norm"],
+                                 noise_multiplier=cfg["noise_multiplier"])}
     arms, compile_s = {}, {}
     for name, alg in algorithms.items():
         state = alg.init(jax.random.key(0), data)
         compiled, seconds = harness.compile_ahead(jax.jit(alg.round), state, data,
                                                   jax.random.key(1))
-        compile_s[name] = seconds
+        compile_s["plain" if name == "old" else "dp"] = seconds
         box = {"state": state, "i": 0}
 
         def step(compiled=compiled, box=box):
@@ -92,22 +98,21 @@ def _pair(plain, data, cfg, *, blocks=None, min_calls=None) -> dict:
             return box["state"], metrics
 
         jax.block_until_ready(step())  # warm
-        arms[name] = harness.Arm(step, min_calls=min_calls or cfg["min_calls"],
-                                 budget_s=cfg["budget_s"])
-    per_block = harness.old_new_blocks({"old": arms["plain"], "new": arms["dp"]},
-                                       blocks or cfg["blocks"])
-    plain_s = statistics.median([t for block in per_block["old"] for t in block])
-    dp_s = statistics.median([t for block in per_block["new"] for t in block])
-    blockwise = harness.new_over_old([statistics.median(b) for b in per_block["old"]],
-                                     [statistics.median(b) for b in per_block["new"]])
-    return {"plain_s_per_round": plain_s, "dp_s_per_round": dp_s,
-            "dp_over_plain": dp_s / plain_s,
-            "block_ratio_median": blockwise["block_ratio_median"],
-            "block_ratio_q1": blockwise["block_ratio_q1"],
-            "block_ratio_q3": blockwise["block_ratio_q3"],
-            "calls": {"plain": sum(map(len, per_block["old"])),
-                      "dp": sum(map(len, per_block["new"]))},
-            "compile_s": compile_s,
+        arms[name] = harness.Arm(step, min_calls=1, budget_s=0.0)
+    # One call of each per pair, plain first in even pairs: a burst of other load falls on
+    # both calls of a pair, so the pair's ratio is steadier than either time.
+    per_pair = harness.old_new_blocks(arms, pairs)
+    plain_times = [t for (t,) in per_pair["old"]]
+    dp_times = [t for (t,) in per_pair["new"]]
+    ratios = harness.new_over_old(plain_times, dp_times)
+    return {"plain_s_per_round": ratios["old_s"], "dp_s_per_round": ratios["new_s"],
+            "dp_over_plain": ratios["block_ratio_median"],
+            "pair_ratio_q1": ratios["block_ratio_q1"],
+            "pair_ratio_q3": ratios["block_ratio_q3"],
+            "dp_over_plain_of_medians": ratios["new_over_old"],
+            "plain_min_s": min(plain_times), "dp_min_s": min(dp_times),
+            "dp_over_plain_of_minima": min(dp_times) / min(plain_times),
+            "pairs": pairs, "compile_s": compile_s,
             "clip_norm": cfg["clip_norm"], "noise_multiplier": cfg["noise_multiplier"]}
 
 
@@ -191,7 +196,7 @@ def ifca_row(cfg, stream_gbps: float) -> dict:
     data = linear_mixture(jax.random.key(0), k=c["k"], m=m, n=n, d=d, sigma=0.1, R=0.5).train
     plain = ifca(linear_regression(d), sgd(c["lr"], steps=tau), num_clusters=c["k"],
                  option="model")
-    row = {"kind": "ifca_synthetic", **c, **_pair(plain, data, cfg)}
+    row = {"kind": "ifca_synthetic", **c, **_pair(plain, data, cfg, cfg["pairs"])}
     like = linear_regression(d).init(jax.random.key(0))
     _with_aggregation(row, aggregation_pair(like, m, cfg, num_clusters=c["k"]))
     round_bytes = (1 + 2 * tau) * m * n * d * 4 + m * n * 4
@@ -221,7 +226,7 @@ def mlp_row(cfg) -> dict:
     plain = fedavg(problem["model"], sgd(c["lr"], steps=c["tau"]))
     row = {"kind": "fedavg_mlp_digits", "clients": data.num_clients, "tau": c["tau"],
            "batch": "full", "lr": c["lr"], "widths": [64, s["hidden"], 10],
-           **_pair(plain, data, cfg)}
+           **_pair(plain, data, cfg, cfg["pairs"])}
     like = problem["model"].init(jax.random.key(0))
     return _with_aggregation(row, aggregation_pair(like, data.num_clients, cfg))
 
@@ -254,8 +259,7 @@ def gin_row(cfg) -> dict:
     row = {"kind": "fedavg_gin_esol", "clients": data.num_clients, "tau": c["tau"],
            "batch": c["batch"], "optimizer": s["optimizer"], "lr": s["lr"],
            "hidden": s["hidden"], "layers": s["layers"], "pooling": s["pooling"],
-           **_pair(plain, data, cfg, blocks=cfg["gin_blocks"],
-                   min_calls=cfg["gin_min_calls"])}
+           **_pair(plain, data, cfg, cfg["gin_pairs"])}
     like = problem.model.init(jax.random.key(0))
     return _with_aggregation(row, aggregation_pair(like, data.num_clients, cfg))
 
@@ -277,8 +281,7 @@ def cohort_rows(cfg, stream_gbps: float) -> list[dict]:
         plain = fedavg(linear_regression(d), sgd(c["lr"], steps=tau), participation=size / m)
         row = {"kind": "dp_fedavg_generated", "population": m, "cohort": size, "k": c["k"],
                "n": n, "d": d, "tau": tau, "lr": c["lr"],
-               **_pair(plain, data, cfg, blocks=cfg["cohort_blocks"],
-                       min_calls=cfg["cohort_min_calls"])}
+               **_pair(plain, data, cfg, cfg["cohort_pairs"])}
         _with_aggregation(row, aggregation_pair(linear_regression(d).init(jax.random.key(0)),
                                                 size, cfg))
         draw = harness.compile_then_time(
@@ -307,8 +310,8 @@ def _line(row: dict) -> str:
         return f"{row['kind']}: skipped ({row['skipped']})"
     text = (f"{row['kind']}{' s=' + str(row['cohort']) if 'cohort' in row else ''}: plain "
             f"{row['plain_s_per_round'] * 1e3:.3f} ms, DP {row['dp_s_per_round'] * 1e3:.3f} ms, "
-            f"DP/plain {row['dp_over_plain']:.3f} (blocks {row['block_ratio_q1']:.3f}–"
-            f"{row['block_ratio_q3']:.3f})")
+            f"DP/plain {row['dp_over_plain']:.3f} (pairs' quartiles {row['pair_ratio_q1']:.3f}–"
+            f"{row['pair_ratio_q3']:.3f}; of the minima {row['dp_over_plain_of_minima']:.3f})")
     if "aggregation_alone" in row:
         agg = row["aggregation_alone"]
         text += (f"; the aggregation alone {agg['extra_s'] * 1e6:+.0f} µs "
