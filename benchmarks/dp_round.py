@@ -63,7 +63,7 @@ FULL = dict(
     gin=dict(clients=8, tau=10, batch=32),
     cohorts=dict(population=10**6, sizes=(1000, 10_000), k=4, n=10, d=10, tau=5, lr=0.1),
     clip_norm=0.5, noise_multiplier=1.0,
-    pairs=300, gin_pairs=8, cohort_pairs=8, blocks=8, aggregation_calls=50, draw_reps=3,
+    pairs=300, gin_pairs=16, cohort_pairs=8, blocks=8, aggregation_calls=50, draw_reps=3,
 )
 DRY = dict(
     ifca=dict(k=2, m=8, n=5, d=6, tau=1, lr=0.1),
@@ -75,6 +75,23 @@ DRY = dict(
 )
 
 
+def _xla_counts(compiled) -> dict:
+    """XLA's own count of a compiled round's work (`cost_analysis`): flops, bytes accessed,
+    transcendentals; a measure of the extra work that no other load on the machine moves."""
+    try:
+        analysis = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 -- a backend without the analysis: no counts
+        return {}
+    if isinstance(analysis, list):
+        analysis = analysis[0] if analysis else {}
+    return {key: analysis.get(key) for key in ("flops", "bytes accessed", "transcendentals")}
+
+
+def _ratio(counted: dict, key: str) -> float | None:
+    plain, dp = counted["plain"].get(key), counted["dp"].get(key)
+    return dp / plain if plain and dp is not None else None
+
+
 def _pair(plain, data, cfg, pairs: int) -> dict:
     """Times `plain` and `with_dp(plain)` on `data` in `pairs` pairs of calls: the figures."""
     import jax
@@ -84,12 +101,14 @@ def _pair(plain, data, cfg, pairs: int) -> dict:
     algorithms = {"old": plain,
                   "new": with_dp(plain, clip_norm=cfg["clip_norm"],
                                  noise_multiplier=cfg["noise_multiplier"])}
-    arms, compile_s = {}, {}
+    arms, compile_s, counted = {}, {}, {}
     for name, alg in algorithms.items():
         state = alg.init(jax.random.key(0), data)
         compiled, seconds = harness.compile_ahead(jax.jit(alg.round), state, data,
                                                   jax.random.key(1))
-        compile_s["plain" if name == "old" else "dp"] = seconds
+        label = "plain" if name == "old" else "dp"
+        compile_s[label] = seconds
+        counted[label] = _xla_counts(compiled)
         box = {"state": state, "i": 0}
 
         def step(compiled=compiled, box=box):
@@ -112,7 +131,9 @@ def _pair(plain, data, cfg, pairs: int) -> dict:
             "dp_over_plain_of_medians": ratios["new_over_old"],
             "plain_min_s": min(plain_times), "dp_min_s": min(dp_times),
             "dp_over_plain_of_minima": min(dp_times) / min(plain_times),
-            "pairs": pairs, "compile_s": compile_s,
+            "pairs": pairs, "compile_s": compile_s, "xla_counts": counted,
+            "xla_flops_dp_over_plain": _ratio(counted, "flops"),
+            "xla_bytes_dp_over_plain": _ratio(counted, "bytes accessed"),
             "clip_norm": cfg["clip_norm"], "noise_multiplier": cfg["noise_multiplier"]}
 
 
@@ -312,6 +333,9 @@ def _line(row: dict) -> str:
             f"{row['plain_s_per_round'] * 1e3:.3f} ms, DP {row['dp_s_per_round'] * 1e3:.3f} ms, "
             f"DP/plain {row['dp_over_plain']:.3f} (pairs' quartiles {row['pair_ratio_q1']:.3f}–"
             f"{row['pair_ratio_q3']:.3f}; of the minima {row['dp_over_plain_of_minima']:.3f})")
+    if row.get("xla_flops_dp_over_plain") is not None:
+        text += (f"; XLA's counts DP/plain: flops {row['xla_flops_dp_over_plain']:.4f}, bytes "
+                 f"{row['xla_bytes_dp_over_plain']:.4f}")
     if "aggregation_alone" in row:
         agg = row["aggregation_alone"]
         text += (f"; the aggregation alone {agg['extra_s'] * 1e6:+.0f} µs "
