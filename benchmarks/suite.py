@@ -62,9 +62,10 @@ model, versions, git HEAD, the probes), `sections` (one entry per section in ord
 Artifacts of the CLI runs (the comparison and sweep directories, max_clients.json)
 go to `<stem>_artifacts/` beside the JSON.
 
-`--dry-run` runs every section at a tiny size (about 75 CPU-seconds: a minute on 2
-quiet CPU cores, two on a loaded one); `tests/test_suite.py` runs it (in the exhaustive
-tier: `python -m pytest --run-exhaustive tests/test_suite.py`).
+`--dry-run` runs every section at a tiny size (about 75 CPU-seconds, and some 20 s
+more for `dp_round`: a minute or two on 2 quiet CPU cores, more on a loaded one);
+`tests/test_suite.py` runs it (in the exhaustive tier: `python -m pytest
+--run-exhaustive tests/test_suite.py`).
 """
 
 from __future__ import annotations
