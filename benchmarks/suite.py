@@ -27,13 +27,17 @@ Sections, in the order they run (`SECTIONS`):
    accuracies next to the paper's (docs/protocols.md#ifca-rotated-mnist).
 7. `drfa_mixed`: the DRFA, DRFLM and 2-GT rounds beside fair per-client loops
    (`drfa.rows`, `mixed.rows`).
-8. `determinism`: the same `run` (rotated digits, 6 rounds) in two fresh
+8. `dp_round`: a DP round (`with_dp`: clip + noise) beside the plain round, same
+   algorithm, data and keys, in pairs of calls (IFCA synthetic, FedAvg MLP on digits,
+   FedAvg GIN on ESOL), and DP-FedAvg on 10⁶ generated clients at cohorts of 1,000
+   and 10,000 (`dp_round.py`), against the stream probe.
+9. `determinism`: the same `run` (rotated digits, 6 rounds) in two fresh
    processes with the compilation cache off, metrics.csv compared byte for
    byte — what `--resume`'s bit-for-bit promise rests on; off the CPU, again
    with `--xla_gpu_deterministic_ops=true`.
-9. `max_clients`: the largest population whose IFCA round fits in memory
+10. `max_clients`: the largest population whose IFCA round fits in memory
    (`max_clients.py`; on an accelerator its ladders reach device memory).
-10. `sweep_grids`: as many full official grids (presets `ifca-success-*`,
+11. `sweep_grids`: as many full official grids (presets `ifca-success-*`,
    `fedjax-sim sweep`) as the budget still allows. The official sweep cell
    (3) is the grid's unit of work and comes early; whole grids take minutes
    each even on an accelerator, so they fill what is left last.
@@ -58,9 +62,10 @@ model, versions, git HEAD, the probes), `sections` (one entry per section in ord
 Artifacts of the CLI runs (the comparison and sweep directories, max_clients.json)
 go to `<stem>_artifacts/` beside the JSON.
 
-`--dry-run` runs every section at a tiny size (about 75 CPU-seconds: a minute on 2
-quiet CPU cores, two on a loaded one); `tests/test_suite.py` runs it (in the exhaustive
-tier: `python -m pytest --run-exhaustive tests/test_suite.py`).
+`--dry-run` runs every section at a tiny size (about 75 CPU-seconds, and some 20 s
+more for `dp_round`: a minute or two on 2 quiet CPU cores, more on a loaded one);
+`tests/test_suite.py` runs it (in the exhaustive tier: `python -m pytest
+--run-exhaustive tests/test_suite.py`).
 """
 
 from __future__ import annotations
@@ -343,6 +348,28 @@ def section_drfa_mixed(ctx: Context) -> dict:
     return {"figures": {"matmul_precision": precision, "profile_errors": profile_errors}}
 
 
+def section_dp_round(ctx: Context) -> dict:
+    import dp_round
+
+    cfg = dp_round.DRY if ctx.dry else dp_round.FULL
+    stream = ctx.probe("stream_GBps")
+    rows = [dp_round.ifca_row(cfg, stream), dp_round.mlp_row(cfg)]
+    if ctx.dry:  # its GIN compiles for ~10 s on a CPU: the full run measures it
+        rows.append({"kind": "fedavg_gin_esol", "skipped": "dry run"})
+    else:
+        rows.append(dp_round.gin_row(cfg))
+    for row in rows:
+        name = row.pop("kind")
+        if "skipped" in row:
+            ctx.emit(_part(name, "skipped", reason=row["skipped"]))
+        else:
+            ctx.emit(_part(name, **row))
+    for row in dp_round.cohort_rows(cfg, stream):
+        ctx.emit(_part(f"{row.pop('kind')} s={row['cohort']}", **row))
+    return {"figures": {"clip_norm": cfg["clip_norm"],
+                        "noise_multiplier": cfg["noise_multiplier"]}}
+
+
 # --------------------------------------------------------------------------- launchers
 
 
@@ -607,6 +634,8 @@ SECTIONS: tuple[Section, ...] = (
             launch_table1, min_s=90, cap_s=3600),
     Section("drfa_mixed", "DRFA, DRFLM and 2-GT rounds vs fair per-client loops", "child",
             section_drfa_mixed, min_s=45, cap_s=150),
+    Section("dp_round", "a DP round (with_dp) beside the plain one; DP-FedAvg on 10⁶ clients",
+            "child", section_dp_round, min_s=60, cap_s=420),
     Section("determinism", "the same run in two processes: byte-equal metrics?", "launcher",
             launch_determinism, min_s=45, cap_s=120),
     Section("max_clients", "largest population that fits in memory", "launcher",
@@ -815,6 +844,10 @@ def headline(entry: dict) -> str:
                     label = row.get("kind", p["part"])
                     out.append(f"{label} {_f(row['speedup'], '.1f')}×")
         return "; ".join(out)
+    if name == "dp_round" and ok:
+        return "; ".join(f"{p['part']}: DP/plain {_f(p.get('dp_over_plain'), '.3f')}"
+                         + (f" ({_f(p.get('dp_rounds_per_s'), '.3g')} rounds/s)"
+                            if "dp_rounds_per_s" in p else "") for p in ok)
     if name == "determinism" and ok:
         return "; ".join(f"{p['part']}: " + ("byte-equal" if p.get("identical") else
                          f"{p.get('differing_cells')} cells differ, by ≤ "
