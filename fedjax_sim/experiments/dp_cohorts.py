@@ -58,7 +58,7 @@ from fedjax_sim.models import linear_regression
 
 PROVIDES = frozenset({FLOAT_TARGETS})
 # The methods with one global model (the metrics read its parameters); under DP only those
-# whose server averages the clipped changes (`privacy.check` refuses the others).
+# whose server averages the clients' changes (`privacy.check` refuses the others).
 TABLE = {name: m for name, m in METHODS.items()
          if m.kind == "global" and fits(m, PROVIDES) is None}
 # This experiment's defaults of the DP settings: on, ε = 3 at δ = 1e-6 = 1/m.
@@ -208,7 +208,6 @@ EXPERIMENT = Experiment(
     validate=validate,
     panels=(("test_loss", "test loss (avg client)"), ("mean_dist", "‖θ − θ̄‖")),
     log_metrics=("mean_dist",),
-    method_table=TABLE,
     provides=PROVIDES,
     kinds=("global",),
 )
