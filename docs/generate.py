@@ -249,6 +249,10 @@ PRESET_INFO = {
     "dp-hetero-digits": PresetInfo("user-level DP (DP-FedAvg, Poisson-sampled clients, ε by "
                                    "dp-accounting) for FedAvg, IFCA, Ditto and fine-tuning",
                                    "McMahan et al. 2018", MINUTES, "privacy"),
+    "dp-cohorts-synthetic": PresetInfo("utility of DP-FedAvg at ε = 3 as the cohort grows "
+                                       "(100 … 10,000 of 10⁶ generated clients), beside the "
+                                       "noise shortcut (`dp_noise_cohort`)",
+                                       "McMahan et al. 2018", MINUTES, "dp-cohorts"),
     "robust-clusters-digits": PresetInfo("`robust_ifca` against IFCA, DRFA and FedAvg on "
                                          "clusters with noisy members", "—", MINUTES,
                                          "baselines"),

@@ -29,6 +29,10 @@ TINY: dict[str, list[str]] = {}
 for _command, _preset, _settings in golden.CASES.values():
     TINY.setdefault(_preset, [x for x in _settings if not x.startswith("methods=")])
 TINY.update({
+    "dp-cohorts-synthetic": ["m=2000", "n=5", "n_test=5", "d=3", "test_clients=20",
+                             "rounds=2", "eval_every=1", "participation=0.01",
+                             "dp_noise_cohort=0", "dp_clip=0"],  # qffl, afl: no DP
+    "dp-hetero-digits": [*TINY["hetero-digits"], "dp_clip=0"],  # qffl, afl: no DP
     "drflm-freesolv": TINY["drflm-esol"],
     "drflm-lipophilicity": TINY["drflm-esol"],
     # Data a user supplies (data_dir): written into a temporary directory by `_data`.

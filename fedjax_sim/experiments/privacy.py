@@ -19,10 +19,18 @@ is the run's final ε in summary.json and a comparison's results). What is accou
 With dp_quantile > 0 the clip adapts to that quantile of the update norms (Andrew et al.;
 `AdaptiveClipping(dp_quantile)`; dp_clip is then the first round's C). Tuning (a tuned
 comparison's grid, choosing on the validation split) is not privatised, as in the papers.
+
+With dp_noise_cohort = N > 0 the run takes the peers' shortcut (`with_dp(...,
+noise_cohort_size=N)`): the cohort that trains is the participation's, but the sum's noise
+is calibrated as if N clients took part (σC · D / N), and the ε reported is the one the
+shortcut claims: accounted, and calibrated, at q = N/m (Poisson; "fixed": N of the m
+clients). The claim holds only for a run that trained N clients per round; summary.json's
+`privacy` record says so ("shortcut": true), with the ε of the run as trained beside it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -51,6 +59,9 @@ PRIVACY_SETTINGS = {st.name: st for st in (
     Setting("dp_quantile", float, 0.0, "adaptive clipping: the clip follows this quantile of "
             "the update norms (Andrew et al.: 0.5), starting at dp_clip; 0: a fixed clip",
             minimum=0.0, maximum=1.0),
+    Setting("dp_noise_cohort", int, 0, "the peers' shortcut: noise (and ε) calibrated as if "
+            "this many clients took part per round while the participation's cohort trains; "
+            "the ε reported holds only for a run that trained them; 0: off", minimum=0),
 )}
 
 
@@ -58,10 +69,14 @@ def enabled(s: dict) -> bool:
     return float(s.get("dp_clip", 0.0) or 0.0) > 0.0
 
 
-def check(table, methods, s: dict) -> None:
+def check(table, methods, s: dict, num_clients: int | None = None) -> None:
     """ValueError in one line when DP is asked of a method that cannot take it, or with
-    settings that do not go together (before anything is written)."""
+    settings that do not go together (before anything is written); num_clients: the m
+    clients trained on, where known (a dp_noise_cohort is checked against it)."""
     if not enabled(s):
+        if s.get("dp_noise_cohort", 0):
+            raise ValueError("setting dp_noise_cohort (the noise shortcut) needs DP: set "
+                             "dp_clip > 0, or leave dp_noise_cohort at 0.")
         return
     refused = [n for n in methods if not _ready(table[n])]
     if refused:
@@ -77,21 +92,56 @@ def check(table, methods, s: dict) -> None:
     if s.get("dp_sampling", "poisson") == "poisson" and s.get("availability", 1.0) < 1.0:
         raise ValueError("dp_sampling=poisson draws each client with probability "
                          "participation; leave availability at 1 (or use dp_sampling=fixed).")
+    if num_clients is not None:
+        check_noise_cohort(s, num_clients)
     target = s.get("target_epsilon", 0.0)
-    if target > 0 and s.get("dp_sampling", "poisson") == "poisson":
+    shortcut = s.get("dp_noise_cohort", 0)
+    if target > 0 and s.get("dp_sampling", "poisson") == "poisson" and (
+            not shortcut or num_clients is not None):
         # Under Poisson sampling ε depends on q, σ, δ and the rounds only: an unreachable
         # target is refused here, before anything is written.
-        from fedjax_sim import accounting
-
+        q = shortcut / num_clients if shortcut else float(s.get("participation", 1.0))
         for name in methods:
             rounds = s[setting_of(table[name], "rounds", s)]
-            accounting.calibrate_noise(target, s["dp_delta"], rounds,
-                                       q=float(s.get("participation", 1.0)),
-                                       accountant=s.get("dp_accountant", "pld"))
+            calibrated_noise(target, s["dp_delta"], rounds,
+                             accountant=s.get("dp_accountant", "pld"), sampling="poisson", q=q)
     if s.get("dp_quantile", 0.0) > 0.0 and target == 0.0 \
             and s.get("dp_noise", 1.0) == 0.0:
         raise ValueError("dp_quantile > 0 (adaptive clipping) needs dp_noise > 0 or a "
                          "target_epsilon.")
+
+
+def check_noise_cohort(s: dict, num_clients: int) -> None:
+    """ValueError in one line when dp_noise_cohort is neither 0 nor a cohort between the
+    expected one (participation · m) and the m clients."""
+    noise_cohort = s.get("dp_noise_cohort", 0)
+    if not noise_cohort:
+        return
+    q = float(s.get("participation", 1.0))
+    expected = (q * num_clients if s.get("dp_sampling", "poisson") == "poisson"
+                else cohort_size(num_clients, q))
+    if noise_cohort < expected or noise_cohort > num_clients:
+        raise ValueError(
+            f"setting dp_noise_cohort={noise_cohort} must be 0 (off) or between the expected "
+            f"cohort ({expected:g} = participation {q:g} of m = {num_clients} clients) and m: "
+            "the shortcut calibrates noise for a cohort at least as large as the one that "
+            "trains.")
+
+
+@functools.lru_cache(maxsize=64)
+def calibrated_noise(target: float, delta: float, rounds: int, **event) -> float:
+    """`accounting.calibrate_noise`, remembered (its PLD search takes tens of seconds, and
+    a run asks for it when its settings are checked and when it starts)."""
+    from fedjax_sim import accounting
+
+    return accounting.calibrate_noise(target, delta, rounds, **event)
+
+
+@functools.lru_cache(maxsize=64)
+def _epsilons(noise: float, delta: float, rounds: tuple, **event) -> list[float]:
+    from fedjax_sim import accounting
+
+    return accounting.epsilons(noise, delta, rounds, **event)
 
 
 def _ready(method) -> bool:
@@ -121,10 +171,18 @@ class Plan:
             self.event = {"sampling": "without_replacement", "num_clients": num_clients,
                           "cohort_size": self.slots}
             self.overflow = 0.0
+        # The shortcut: the same cohort trains; noise and ε are those of a cohort of N.
+        self.noise_cohort = int(s.get("dp_noise_cohort", 0) or 0)
+        self.trained_event = self.event
+        if self.noise_cohort:
+            check_noise_cohort(s, num_clients)
+            self.event = ({"sampling": "poisson", "q": self.noise_cohort / num_clients}
+                          if self.sampling == "poisson" else
+                          {**self.event, "cohort_size": self.noise_cohort})
         target = float(s.get("target_epsilon", 0.0))
         if target > 0:
-            self.noise = accounting.calibrate_noise(target, self.delta, rounds,
-                                                    accountant=self.accountant, **self.event)
+            self.noise = calibrated_noise(target, self.delta, rounds,
+                                          accountant=self.accountant, **self.event)
         else:
             self.noise = float(s["dp_noise"])
         self.quantile = float(s.get("dp_quantile", 0.0))
@@ -139,16 +197,31 @@ class Plan:
     def wrap(self, algorithm):
         adaptive = AdaptiveClipping(self.quantile) if self.quantile > 0 else None
         return with_dp(algorithm, self.clip, self.noise, adaptive=adaptive,
-                       expected_clients=self.q * self.m if self.sampling == "poisson"
-                       else None)
+                       expected_clients=self.expected if self.sampling == "poisson" else None,
+                       noise_cohort_size=self.noise_cohort or None)
+
+    @property
+    def expected(self) -> float:
+        """D: the expected cohort that trains (the denominator of the noised mean)."""
+        return self.q * self.m if self.sampling == "poisson" else float(self.slots)
+
+    def as_trained(self) -> tuple[float, float]:
+        """The shortcut's run as it trained: (the multiplier of its sum's noise over C,
+        σ · D / N, and ε at δ after its rounds for its own cohort, by RDP: PLD is slow
+        at such small multipliers; inf where the noise is 0)."""
+        from fedjax_sim import accounting
+
+        noise = self.noise * self.expected / self.noise_cohort
+        if noise == 0:
+            return noise, math.inf
+        return noise, accounting.epsilon(noise, self.delta, self.rounds, accountant="rdp",
+                                         **self.trained_event)
 
     def epsilons(self, evaluated_rounds) -> dict[int, float]:
         """ε at δ after each evaluated round (0 at round 0)."""
-        from fedjax_sim import accounting
-
         rounds = sorted({int(r) for r in evaluated_rounds if r > 0})
-        values = accounting.epsilons(self.noise, self.delta, rounds,
-                                     accountant=self.accountant, **self.event) if rounds else []
+        values = _epsilons(self.noise, self.delta, tuple(rounds), accountant=self.accountant,
+                           **self.event) if rounds else []
         return {0: 0.0, **dict(zip(rounds, values, strict=True))}
 
     def table(self, every: int):
@@ -162,11 +235,27 @@ class Plan:
 
     def record(self) -> dict:
         """What config.json and summary.json say of the mechanism."""
-        return {"mechanism": "DP-FedAvg (user level)", "clip": self.clip,
-                "adaptive_quantile": self.quantile or None, "noise_multiplier": self.noise,
-                "delta": self.delta, "accountant": self.accountant, "q": self.q,
-                "sampling": self.event["sampling"], "cohort_slots": self.slots,
-                "expected_clients": self.q * self.m, "poisson_overflow": self.overflow}
+        record = {"mechanism": "DP-FedAvg (user level)", "clip": self.clip,
+                  "adaptive_quantile": self.quantile or None, "noise_multiplier": self.noise,
+                  "delta": self.delta, "accountant": self.accountant, "q": self.q,
+                  "sampling": self.event["sampling"], "cohort_slots": self.slots,
+                  "expected_clients": self.q * self.m, "poisson_overflow": self.overflow,
+                  "shortcut": bool(self.noise_cohort)}
+        if self.noise_cohort:
+            noise, epsilon = self.as_trained()
+            claimed_q = (self.noise_cohort / self.m if self.sampling == "poisson"
+                         else f"{self.noise_cohort} of {self.m} without replacement")
+            record.update(
+                noise_cohort_size=self.noise_cohort, claimed_q=claimed_q,
+                claim=f"epsilon (and noise_multiplier) are the shortcut's claim, accounted "
+                      f"as if {self.noise_cohort} clients took part per round: it holds only "
+                      f"for a run that trained {self.noise_cohort} clients per round, not "
+                      f"for this run, which trained {self.expected:g} (expected) with its "
+                      f"sum noised at {noise:.4g}·C",
+                trained_noise_multiplier=noise,
+                epsilon_as_trained=epsilon if math.isfinite(epsilon) else None,
+                epsilon_as_trained_accountant="rdp")
+        return record
 
 
 def poisson_slots(num_clients: int, q: float) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fedjax_sim.experiments import (
+    dp_cohorts,
     drfa_molecules,
     fednova_quadratic,
     hetero,
@@ -27,6 +28,7 @@ _EXPERIMENT_MODULES = (
     drfa_molecules,
     mixed,
     hetero,
+    dp_cohorts,
     fednova_quadratic,
     pfl_cifar10,
 )

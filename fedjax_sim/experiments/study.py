@@ -122,10 +122,10 @@ def privacy_plan(e: Experiment, name: str, s: dict, problem) -> privacy.Plan | N
     """The run's DP (`experiments.privacy`) where its settings ask for it; None otherwise."""
     if not privacy.enabled(s):
         return None
-    privacy.check(e.method_table, (name,), s)
     train = part(problem, "train")
     if part(problem, "copies", 1):  # stacked per seed: one copy's clients
         train = train.copy_at(0)
+    privacy.check(e.method_table, (name,), s, train.num_clients)
     return privacy.Plan(s, train.num_clients, method_rounds(e, name, s))
 
 

@@ -35,7 +35,7 @@ from flax import struct
 from fedjax_sim.data.federated import ClientSource, FederatedData
 from fedjax_sim.execution import plan_of
 from fedjax_sim.ops.chunking import materialize, scan_client_chunks, take_clients, unchunked
-from fedjax_sim.ops.local_update import client_keys
+from fedjax_sim.ops.local_update import client_keys, lowest
 from fedjax_sim.ops.sampling import sample_uniform, sample_weighted
 from fedjax_sim.ops.work import available, slot_flags
 from fedjax_sim.systems import NO_SYSTEMS, Systems
@@ -105,7 +105,10 @@ def sample_cohort(key, num_clients: int, size: int, *, weights=None,
             ids = jnp.arange(num_clients, dtype=jnp.int32)
         elif weights is None:  # uniform without replacement among the available first
             scores = jnp.where(here, jax.random.uniform(key_ids, (num_clients,)), 2.0)
-            ids = jnp.argsort(scores)[:size].astype(jnp.int32)
+            # argsort(scores)[:size] without its full sort (`lowest`: the same ids, ties to
+            # the lower index): on CPU the sort of m = 10⁶ scores took 0.58 s, top_k 0.03 s.
+            # The scores are drawn from the round's key, held whole by every device.
+            ids = lowest(scores, size, replicated=True)
         else:
             w = jnp.where(here, jnp.asarray(weights, jnp.float32), 0.0)
             total = jnp.sum(w)
