@@ -167,8 +167,11 @@ def compared(e: Experiment, s: dict) -> tuple[str, ...]:
 
 
 def table(e: Experiment, s: dict) -> list[str]:
-    """The metrics of results.csv, in order."""
-    return e.table(s) if e.table is not None else [metric for metric, _ in e.panels]
+    """The metrics of results.csv, in order (with DP, the final ε last)."""
+    out = e.table(s) if e.table is not None else [metric for metric, _ in e.panels]
+    if privacy.enabled(s) and "epsilon" not in out:
+        out = [*out, "epsilon"]
+    return out
 
 
 def with_parts(problem, **parts):
