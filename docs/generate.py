@@ -249,6 +249,11 @@ PRESET_INFO = {
     "dp-hetero-digits": PresetInfo("user-level DP (DP-FedAvg, Poisson-sampled clients, ε by "
                                    "dp-accounting) for FedAvg, IFCA, Ditto and fine-tuning",
                                    "McMahan et al. 2018", MINUTES, "privacy"),
+    "byzantine-digits": PresetInfo("ByzFL's protocol: robust aggregation rules (alone and "
+                                   "after NNM) × attacks × Byzantine share × Dirichlet α for "
+                                   "FedAvg; worst case over attacks per rule",
+                                   "Allouah et al. 2023; Karimireddy et al. 2022 (the "
+                                   "heterogeneity finding)", MINUTES, "byzantine"),
     "robust-clusters-digits": PresetInfo("`robust_ifca` against IFCA, DRFA and FedAvg on "
                                          "clusters with noisy members", "—", MINUTES,
                                          "baselines"),

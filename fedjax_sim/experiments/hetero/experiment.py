@@ -34,9 +34,11 @@ from fedjax_sim.experiments.hetero.data import (
     seed_clients,
     unseen_count,
 )
+from fedjax_sim.experiments.hetero.byzantine import byzantine_sweep
 from fedjax_sim.experiments.hetero.metrics import metrics_fn
 from fedjax_sim.experiments.methods import KINDS, METHODS, SYSTEMS_SETTINGS, systems_note
 from fedjax_sim.experiments.privacy import PRIVACY_SETTINGS
+from fedjax_sim.experiments.robustness import ROBUST_SETTINGS
 from fedjax_sim.experiments.settings import (
     Setting,
     adapt_steps_setting,
@@ -107,6 +109,7 @@ def settings(headline: str) -> tuple[Setting, ...]:
         participation_setting(),
         *SYSTEMS_SETTINGS.values(),
         *PRIVACY_SETTINGS.values(),
+        *ROBUST_SETTINGS.values(),
         rounds_setting(50),
         count("k", 2, "ifca, hypcluster, robust_ifca: cluster models", maximum=1000),
         seeds_setting(3, "seeds (partition, noise, init), one vmapped axis", maximum=1000),
@@ -299,6 +302,13 @@ SYSTEMS = hetero_experiment(
     {"stragglers": 0.5, "local_work": "per_client", "min_local_steps": 1, "local_steps": 10,
      "batch_size": 10, "rounds": 60})
 
+BYZANTINE = hetero_experiment(
+    "byzantine", "FedAvg with robust aggregation rules against Byzantine clients' attacks on "
+    "Dirichlet-partitioned images (ByzFL's protocol: worst case over attacks)",
+    ("fedavg",), "fedavg",
+    {"num_clients": 20, "rounds": 30, "seeds": 2, "eval_every": 10, "checkpoint_every": 30})
+BYZANTINE = dataclasses.replace(BYZANTINE, sweep=byzantine_sweep(BYZANTINE))
+
 # Every method's client SGD step tuned per seed on validation rows (`experiments.tuned`;
 # docs/protocols.md#tuned-comparisons).
 TUNE_GRIDS = {"tune_lr": [0.03, 0.1, 0.3]}
@@ -321,6 +331,16 @@ PRESETS = [
            "Dirichlet(0.5) clients, each taking part with probability 0.2 (Poisson), clip "
            "0.5, σ calibrated to ε = 8 at δ = 1e-5 after 100 rounds (sweep target_epsilon=1,3,8 "
            "and dp_noise=0 for ε = ∞)."),
+    Preset("byzantine-digits", BYZANTINE,
+           "ByzFL's protocol on 8×8 digits (a sweep): FedAvg with the mean, median, trimmed "
+           "mean, Krum and centered clipping, alone and after NNM, against no attack, sign "
+           "flip, ALIE and IPM, Byzantine share 0/0.1/0.2/0.3, Dirichlet α 100/1/0.1, 20 "
+           "clients; summary.csv and worst_case.csv name each rule's worst case over the "
+           "attacks and the attack achieving it.",
+           {"aggregator": ["mean", "median", "trimmed_mean", "krum", "centered_clipping"],
+            "pre_aggregation": ["none", "nnm"],
+            "attack": ["none", "sign_flip", "alie", "ipm"],
+            "byzantine": [0.0, 0.1, 0.2, 0.3], "alpha": [100.0, 1.0, 0.1]}),
     Preset("robust-clusters-digits", ROBUST,
            "Robust clustered FL: 4 rotation clusters of 8 digits clients, the last 2 of each "
            "with label noise; worst-client and mean test loss per cluster."),
