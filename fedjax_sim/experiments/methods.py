@@ -427,8 +427,8 @@ def build(name: str, table: Mapping[str, Method], model: Model, training: Client
     the row's adapters and combinators may read (`Build.problem`); server_rule: algorithm ->
     algorithm, the run's one server aggregation rule (DP, `experiments.privacy`; or a
     robust rule with Byzantine clients, `experiments.robustness`), applied to the
-    factory's algorithm before the row's `wrap`; extra: keyword arguments passed to every factory that takes
-    them.
+    factory's algorithm before the row's `wrap`; extra: keyword arguments passed to every
+    factory that takes them.
     """
     method = table[name]
     training = work_of(s, training)

@@ -35,12 +35,20 @@ def byzantine_sweep(e) -> Sweep:
         no_attack = robustness.byzantine_count(cell, robustness.training_clients(cell)) == 0
         if not no_attack:
             return plain.trials(cell, seed_ids, mesh)
-        key = json.dumps({**{k: v for k, v in cell.items() if k != "cell_id"},
-                          "attack": "none", "attack_scale": 0.0, "seeds_run": seed_ids},
-                         sort_keys=True, default=str)
+        key = json.dumps(
+            {
+                **{k: v for k, v in cell.items() if k != "cell_id"},
+                "attack": "none",
+                "attack_scale": 0.0,
+                "seeds_run": seed_ids,
+            },
+            sort_keys=True,
+            default=str,
+        )
         if key not in trained:
-            trained[key] = plain.trials({**cell, "attack": "none", "attack_scale": 0.0},
-                                        seed_ids, mesh)
+            trained[key] = plain.trials(
+                {**cell, "attack": "none", "attack_scale": 0.0}, seed_ids, mesh
+            )
         return [dict(row) for row in trained[key]]
 
     def summarize(rows: list[dict], cells: list[dict], axes: list[str]) -> list[dict]:
@@ -84,7 +92,11 @@ def worst_case(summary: list[dict]) -> list[dict]:
         if key in seen or f"worst_{METRIC}" not in row:
             continue
         seen.add(key)
-        out.append({**{k: row[k] for k in GROUP if k in row},
-                    f"worst_{METRIC}": row[f"worst_{METRIC}"],
-                    "worst_attack": row["worst_attack"]})
+        out.append(
+            {
+                **{k: row[k] for k in GROUP if k in row},
+                f"worst_{METRIC}": row[f"worst_{METRIC}"],
+                "worst_attack": row["worst_attack"],
+            }
+        )
     return out

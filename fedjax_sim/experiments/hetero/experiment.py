@@ -24,6 +24,7 @@ from fedjax_sim.algorithms import ClientTraining
 from fedjax_sim.data import partition
 from fedjax_sim.data.images import default_rotations
 from fedjax_sim.experiments.base import Experiment, Preset, Trained
+from fedjax_sim.experiments.hetero.byzantine import byzantine_sweep
 from fedjax_sim.experiments.hetero.data import (
     DATASETS,
     PARTITIONER_READS,
@@ -34,7 +35,6 @@ from fedjax_sim.experiments.hetero.data import (
     seed_clients,
     unseen_count,
 )
-from fedjax_sim.experiments.hetero.byzantine import byzantine_sweep
 from fedjax_sim.experiments.hetero.metrics import metrics_fn
 from fedjax_sim.experiments.methods import KINDS, METHODS, SYSTEMS_SETTINGS, systems_note
 from fedjax_sim.experiments.privacy import PRIVACY_SETTINGS
