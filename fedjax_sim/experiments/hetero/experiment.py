@@ -133,7 +133,7 @@ def declared(st: Setting, defaults: dict) -> Setting:
     return dataclasses.replace(
         st, default=defaults.get(st.name, st.default),
         when=(("partitioner", (PARTITIONER_READS[st.name],))
-              if st.name in PARTITIONER_READS else None))
+              if st.name in PARTITIONER_READS else st.when))
 
 
 def validate(s: dict, command: str = "compare", *, label_noise: float = 0.5) -> None:
