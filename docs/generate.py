@@ -254,6 +254,10 @@ PRESET_INFO = {
                                    "FedAvg; worst case over attacks per rule",
                                    "Allouah et al. 2023; Karimireddy et al. 2022 (the "
                                    "heterogeneity finding)", MINUTES, "byzantine"),
+    "robust-ifca-byzantine-digits": PresetInfo("IFCA with a robust rule per cluster (median; "
+                                               "NNM + trimmed mean) against plain IFCA with "
+                                               "Byzantine members on rotated digits", "—",
+                                               MINUTES, "byzantine-clusters"),
     "robust-clusters-digits": PresetInfo("`robust_ifca` against IFCA, DRFA and FedAvg on "
                                          "clusters with noisy members", "—", MINUTES,
                                          "baselines"),

@@ -113,3 +113,13 @@ def test_a_sweep_cell_beyond_the_rule_is_refused_before_anything_is_written(tmp_
     assert "bulyan: needs n ≥ 4f + 3" in err
     assert len([line for line in err.splitlines() if line.strip()]) == 1
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_robust_ifca_cannot_take_byzantine_members_and_says_so(tmp_path, capsys):
+    code, out = _main(tmp_path, "compare", "methods=ifca,robust_ifca",
+                      preset="robust-ifca-byzantine-digits")
+    assert code != 0
+    err = capsys.readouterr().err
+    assert "robust_ifca cannot take a robust rule" in err
+    assert len([line for line in err.splitlines() if line.strip()]) == 1
+    assert not out.exists() or not any(out.iterdir())

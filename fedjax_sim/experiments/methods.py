@@ -94,6 +94,9 @@ class Method:
         state (q-FFL): an experiment reporting client weights has none to report.
       straggler_policy: "keep" or "drop": its own rule for stragglers whatever the
         setting `straggler_policy` says (the FedProx paper's FedAvg drops them).
+      settings: settings this row trains with whatever the run's say (e.g. its own
+        robust rule, `aggregator`: IFCA with the median beside plain IFCA in one
+        comparison); `experiments.study` applies them before anything is built.
     """
 
     algorithm: str | Callable[..., Algorithm]
@@ -110,6 +113,7 @@ class Method:
     personal: str | None = None
     adaptive_weights: bool = False
     straggler_policy: str | None = None
+    settings: Mapping = dataclasses.field(default_factory=dict)
 
     def replace(self, **changes) -> Method:
         return dataclasses.replace(self, **changes)

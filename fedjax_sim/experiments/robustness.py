@@ -211,9 +211,12 @@ def attack_of(s: dict):
 
 def check(table, methods, s: dict, *, sweep: bool = False) -> None:
     """ValueError in one line when the settings cannot be built for these methods (before
-    anything is written). sweep: a sweep's cell, where an attack at byzantine=0 is allowed
-    (a grid of attacks × shares; with no Byzantine client it trains without one)."""
-    if not enabled(s):
+    anything is written), each method with its row's own settings over `s`. sweep: a
+    sweep's cell, where an attack at byzantine=0 is allowed (a grid of attacks × shares;
+    with no Byzantine client it trains without one)."""
+    own = {n: {**s, **table[n].settings} for n in methods}
+    asked = [n for n in methods if enabled(own[n])]
+    if not asked:
         if s.get("attack", "none") != "none" and not sweep:
             raise ValueError(
                 f"attack={s['attack']} needs Byzantine clients: give "
@@ -228,7 +231,7 @@ def check(table, methods, s: dict, *, sweep: bool = False) -> None:
             "rule per algorithm; give dp_clip=0, or aggregator=mean, "
             "pre_aggregation=none and byzantine=0."
         )
-    refused = [n for n in methods if not _ready(table[n])]
+    refused = [n for n in asked if not _ready(table[n])]
     if refused:
         ready = [n for n, m in table.items() if _ready(m)]
         raise ValueError(
@@ -236,6 +239,11 @@ def check(table, methods, s: dict, *, sweep: bool = False) -> None:
             f"{', '.join(refused)} cannot take a robust rule (its server uses more than the "
             f"clients' model changes, e.g. their losses); train {', '.join(ready)}."
         )
+    for n in asked:
+        _check_settings(own[n], sweep)
+
+
+def _check_settings(s: dict, sweep: bool) -> None:
     m = training_clients(s)
     b = byzantine_count(s, m)
     if float(s.get("byzantine", 0.0)) > 0 and b == 0:

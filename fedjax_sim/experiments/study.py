@@ -97,6 +97,7 @@ def method_run(e: Experiment, name: str, s: dict, problem) -> executor.MethodRun
     """Method `name` over s["seeds"] vmapped seeds, ready to train: the same data, init and
     round keys as every other method (the paired differences need them)."""
     check_method(e, name)
+    s = {**s, **e.method_table[name].settings}
     if e.derived is not None:
         s = e.derived(s, problem)
     model = model_of(e, name, problem)
@@ -325,7 +326,7 @@ def run_method(e: Experiment, s: dict, ctx: RunContext) -> tuple[list[dict], dic
         "rounds_per_second": result.timing["rounds_run"] / seconds
         if result.timing.get("rounds_run") and seconds > 0 else None,
     }
-    rule = (server_rule(e, name, s, problem_for(e, s))
+    rule = (server_rule(e, name, {**s, **e.method_table[name].settings}, problem_for(e, s))
             if privacy.enabled(s) or robustness.enabled(s) else None)
     if rule is not None:
         summary["privacy" if isinstance(rule, privacy.Plan) else "robustness"] = rule.record()

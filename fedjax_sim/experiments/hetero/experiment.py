@@ -68,6 +68,16 @@ SYSTEMS_METHODS = ("fedavg_drop", "fedavg", "fedprox", "fednova", "scaffold")
 # CFL here has its own number of cluster slots (4), not the k of the clustered methods.
 TABLE = {**METHODS, "cfl": METHODS["cfl"].replace(reads={"cfl_eps1": "eps1",
                                                           "cfl_eps2": "eps2"})}
+# IFCA with its own robust rule per cluster (`Method.settings`), beside plain IFCA in one
+# comparison: every other robustness setting (byzantine, attack) is the run's.
+TABLE.update(
+    ifca_median=METHODS["ifca"].replace(
+        help="IFCA (option II), the coordinate-wise median per cluster",
+        settings={"aggregator": "median", "pre_aggregation": "none"}),
+    ifca_nnm=METHODS["ifca"].replace(
+        help="IFCA (option II), NNM then the trimmed mean per cluster",
+        settings={"aggregator": "trimmed_mean", "pre_aggregation": "nnm"}))
+BYZANTINE_CLUSTER_METHODS = ("ifca", "ifca_median", "ifca_nnm")
 
 
 def settings(headline: str) -> tuple[Setting, ...]:
@@ -220,6 +230,7 @@ def notes(s: dict, problem, results: dict) -> dict:
         "methods": "; ".join(
             f"{m} = {TABLE[m].help}: {TABLE[m].algorithm}"
             + "".join(f" {k}={v}" for k, v in TABLE[m].options.items())
+            + "".join(f" {k}={v}" for k, v in TABLE[m].settings.items())
             + "".join(f" {st}={s[st]}" for st in TABLE[m].reads
                       if st in s and not (st == "server_lr" and not s[st]))
             for m in results),
@@ -308,6 +319,11 @@ BYZANTINE = hetero_experiment(
     ("fedavg",), "fedavg",
     {"num_clients": 20, "rounds": 30, "seeds": 2, "eval_every": 10, "checkpoint_every": 30})
 BYZANTINE = dataclasses.replace(BYZANTINE, sweep=byzantine_sweep(BYZANTINE))
+BYZANTINE_CLUSTERS = hetero_experiment(
+    "byzantine_clusters", "IFCA with a robust rule per cluster against plain IFCA on rotated "
+    "clusters with Byzantine members", BYZANTINE_CLUSTER_METHODS, "ifca",
+    {"partitioner": "iid", "rotations": 4, "num_clients": 32, "k": 4, "byzantine": 0.25,
+     "attack": "sign_flip", "attack_scale": 4.0})
 
 # Every method's client SGD step tuned per seed on validation rows (`experiments.tuned`;
 # docs/protocols.md#tuned-comparisons).
@@ -341,6 +357,11 @@ PRESETS = [
             "pre_aggregation": ["none", "nnm"],
             "attack": ["none", "sign_flip", "alie", "ipm"],
             "byzantine": [0.0, 0.1, 0.2, 0.3], "alpha": [100.0, 0.1]}),
+    Preset("robust-ifca-byzantine-digits", BYZANTINE_CLUSTERS,
+           "Robust clustered FL against Byzantine members: 4 rotation clusters of 8 digits "
+           "clients, a quarter of them Byzantine (sign flip ×4); IFCA with the mean against "
+           "IFCA with the median and with NNM + trimmed mean per cluster (robust_ifca cannot "
+           "take Byzantine updates yet: its server has no aggregation seam)."),
     Preset("robust-clusters-digits", ROBUST,
            "Robust clustered FL: 4 rotation clusters of 8 digits clients, the last 2 of each "
            "with label noise; worst-client and mean test loss per cluster."),
