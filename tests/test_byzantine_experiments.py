@@ -123,3 +123,30 @@ def test_robust_ifca_cannot_take_byzantine_members_and_says_so(tmp_path, capsys)
     assert "robust_ifca cannot take a robust rule" in err
     assert len([line for line in err.splitlines() if line.strip()]) == 1
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_f_is_the_byzantine_count_a_cohort_holds_rounded_up():
+    s = {"num_clients": 20, "byzantine": 0.3, "participation": 0.5}
+    assert robustness.byzantine_count(s, 20) == 6  # ⌊0.3 · 20⌋, not 5 by rounding
+    assert robustness.rule_f(s, 20) == 3  # ⌈6 · 10 / 20⌉
+    assert robustness.rule_f({**s, "participation": 0.35}, 20) == 3  # ⌈6 · 7 / 20⌉ = ⌈2.1⌉
+    assert robustness.rule_f({**s, "robust_f": 1}, 20) == 1
+
+
+def test_the_sweep_summary_names_the_worst_attack_of_each_rule():
+    from fedjax_sim.experiments.hetero.byzantine import worst_case
+    from fedjax_sim.experiments.hetero.experiment import BYZANTINE
+
+    base = BYZANTINE.defaults()
+    accuracy = {("median", "none"): 0.8, ("median", "alie"): 0.5, ("median", "ipm"): 0.6,
+                ("krum", "none"): 0.4, ("krum", "alie"): 0.7, ("krum", "ipm"): 0.45}
+    cells, trials = [], []
+    for i, ((rule, attack), value) in enumerate(accuracy.items()):
+        cells.append({**base, "aggregator": rule, "attack": attack, "byzantine": 0.2,
+                      "cell_id": str(i)})
+        trials += [{"cell_id": str(i), "data_seed": seed, "test_accuracy": value + d}
+                   for seed, d in ((0, 0.01), (1, -0.01))]
+    summary = BYZANTINE.sweep.summarize(trials, cells, ["aggregator", "attack"])
+    worst = {(r["aggregator"], r["worst_attack"], round(r["worst_test_accuracy"], 6))
+             for r in worst_case(summary)}
+    assert worst == {("median", "alie", 0.5), ("krum", "none", 0.4)}
