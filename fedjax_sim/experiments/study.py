@@ -73,7 +73,7 @@ def build_method(e: Experiment, name: str, s: dict, model, learning_rate=None,
                  problem=None, server_rule=None) -> Algorithm:
     """Method `name` (unvmapped) with these settings, through the one method table (its
     row's combinators see `problem`); server_rule: the algorithm's one server aggregation
-    rule (`ServerRule.wrap`: DP or a robust rule), applied before the row's combinators
+    rule (`server_rule(...).wrap`: DP or a robust rule), applied before the row's combinators
     (restarts, ...)."""
     check_method(e, name)
     return catalog.build(name, e.method_table, model,
