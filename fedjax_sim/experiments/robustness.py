@@ -28,8 +28,8 @@ cohort's shapes), an attack without Byzantine clients, and DP with a robust rule
 aggregation rule per algorithm).
 
 Every reporting client counts alike under a wrapped rule (the robust rules take no
-example weights): aggregator=mean with byzantine > 0 is the unweighted mean, not FedAvg's
-example-weighted one.
+example weights): aggregator=mean with byzantine > 0 is the uniform mean, which is FedAvg's
+own default (weighting="uniform"), not its weighting="examples".
 """
 
 from __future__ import annotations

@@ -348,7 +348,7 @@ PRESETS = [
            "0.5, σ calibrated to ε = 8 at δ = 1e-5 after 100 rounds (sweep target_epsilon=1,3,8 "
            "and dp_noise=0 for ε = ∞)."),
     Preset("byzantine-digits", BYZANTINE,
-           "ByzFL's protocol on 8×8 digits (a sweep, about 25 minutes on 2 cores): FedAvg with "
+           "ByzFL's protocol on 8×8 digits (a sweep, about 30 minutes on 2 cores): FedAvg with "
            "the mean, median, trimmed mean and Krum, alone and after NNM, against no attack, "
            "sign flip, ALIE and IPM, Byzantine share 0/0.1/0.2/0.3, Dirichlet α 100 and 0.1 "
            "(add alpha=100,1,0.1 for ByzFL's middle level), 20 clients; summary.csv and "
