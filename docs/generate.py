@@ -253,6 +253,15 @@ PRESET_INFO = {
                                        "(100 … 10,000 of 10⁶ generated clients), beside the "
                                        "noise shortcut (`dp_noise_cohort`)",
                                        "McMahan et al. 2018", MINUTES, "dp-cohorts"),
+    "byzantine-digits": PresetInfo("ByzFL's protocol: robust aggregation rules (alone and "
+                                   "after NNM) × attacks × Byzantine share × Dirichlet α for "
+                                   "FedAvg; worst case over attacks per rule",
+                                   "Allouah et al. 2023; Karimireddy et al. 2022 (the "
+                                   "heterogeneity finding)", MINUTES, "byzantine"),
+    "robust-ifca-byzantine-digits": PresetInfo("IFCA with a robust rule per cluster (median; "
+                                               "NNM + trimmed mean) against plain IFCA with "
+                                               "Byzantine members on rotated digits", "—",
+                                               MINUTES, "byzantine-clusters"),
     "robust-clusters-digits": PresetInfo("`robust_ifca` against IFCA, DRFA and FedAvg on "
                                          "clusters with noisy members", "—", MINUTES,
                                          "baselines"),

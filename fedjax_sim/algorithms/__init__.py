@@ -90,6 +90,10 @@ ALGORITHMS = {
 # losses, λ) and are refused.
 PRIVATE_READY = frozenset({"fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox",
                            "fednova", "scaffold", "ditto", "ifca", "hypcluster"})
+# Those whose state's `aggregation` takes `with_aggregator`'s robust rule (every slot's
+# change kept: the round passes its CohortBatch to Cohorts.sums); IFCA with option "model".
+# CFL takes no rule (its splits read every member's raw update).
+ROBUST_READY = PRIVATE_READY
 
 
 # Other names of registered algorithms: alias -> its registry name (the name the method
@@ -122,6 +126,7 @@ __all__ = [
     "ALGORITHMS",
     "ALIASES",
     "PRIVATE_READY",
+    "ROBUST_READY",
     "AFLState",
     "AdaptiveClipping",
     "Algorithm",

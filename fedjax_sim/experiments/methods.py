@@ -94,6 +94,9 @@ class Method:
         state (q-FFL): an experiment reporting client weights has none to report.
       straggler_policy: "keep" or "drop": its own rule for stragglers whatever the
         setting `straggler_policy` says (the FedProx paper's FedAvg drops them).
+      settings: settings this row trains with whatever the run's say (e.g. its own
+        robust rule, `aggregator`: IFCA with the median beside plain IFCA in one
+        comparison); `experiments.study` applies them before anything is built.
     """
 
     algorithm: str | Callable[..., Algorithm]
@@ -110,6 +113,7 @@ class Method:
     personal: str | None = None
     adaptive_weights: bool = False
     straggler_policy: str | None = None
+    settings: Mapping = dataclasses.field(default_factory=dict)
 
     def replace(self, **changes) -> Method:
         return dataclasses.replace(self, **changes)
@@ -419,15 +423,16 @@ def setting_of(method: Method, which: str, s: dict) -> str:
 
 
 def build(name: str, table: Mapping[str, Method], model: Model, training: ClientTraining,
-          s: dict, problem=None, private: Callable | None = None, **extra) -> Algorithm:
+          s: dict, problem=None, server_rule: Callable | None = None, **extra) -> Algorithm:
     """Method `name` of `table` (unvmapped), trained by `training`, with the settings `s`.
 
     `training` is the experiment's client training at the method's own learning rate
     (`setting_of(method, "lr", s)`); problem: what the comparison's methods share, which
-    the row's adapters and combinators may read (`Build.problem`); private: algorithm ->
-    algorithm, the run's DP (`experiments.privacy`), applied to the factory's algorithm
-    before the row's `wrap`; extra: keyword arguments passed to every factory that takes
-    them.
+    the row's adapters and combinators may read (`Build.problem`); server_rule: algorithm ->
+    algorithm, the run's one server aggregation rule (DP, `experiments.privacy`; or a
+    robust rule with Byzantine clients, `experiments.robustness`), applied to the
+    factory's algorithm before the row's `wrap`; extra: keyword arguments passed to every
+    factory that takes them.
     """
     method = table[name]
     training = work_of(s, training)
@@ -449,8 +454,8 @@ def build(name: str, table: Mapping[str, Method], model: Model, training: Client
         kwargs.setdefault("participation", s["participation"])
     kwargs.update({k: v for k, v in extra.items() if _takes(factory, k)})
     algorithm = factory(model, training, **kwargs)
-    if private is not None:
-        algorithm = private(algorithm)
+    if server_rule is not None:
+        algorithm = server_rule(algorithm)
     algorithm = method.wrap(algorithm, b) if method.wrap is not None else algorithm
     systems = systems_of_settings(s, method)
     return algorithm if systems is None else with_systems(algorithm, systems)

@@ -20,7 +20,7 @@ import jax
 
 from fedjax_sim import compare, parallel, simulate
 from fedjax_sim.execution import PlanChanged, describe_chunk, plan_record
-from fedjax_sim.experiments import privacy, study, tuned
+from fedjax_sim.experiments import privacy, robustness, study, tuned
 from fedjax_sim.experiments.base import RunContext, Sweep, check_method
 from fedjax_sim.experiments.outputs import _after_first_rows, _rows_writer, _write_comparison
 from fedjax_sim.experiments.registry import Preset, get_preset
@@ -110,6 +110,9 @@ def resolve_settings(preset: Preset, overrides, command: str = RUN,
         if privacy.enabled(settings) and experiment.methods:
             privacy.check(experiment.method_table, _trained(experiment, settings, command) or (),
                           settings)
+        if "aggregator" in experiment.declared and experiment.methods:
+            robustness.check(experiment.method_table,
+                             _trained(experiment, settings, command) or (), settings)
         tuned.check(settings, tuple(k for k in overrides or {}
                                     if settings[k] != preset.defaults[k]))
     return settings
@@ -334,6 +337,9 @@ def sweep_preset(name, overrides=None, out_dir=None, progress: bool = True, resu
     for cell in cells:  # every cell is checked before anything is written
         if experiment.validate is not None:
             experiment.validate(cell, SWEEP)
+        if "aggregator" in experiment.declared and experiment.methods:
+            robustness.check(experiment.method_table, _trained(experiment, cell, SWEEP) or (),
+                             cell, sweep=True)
         cell["cell_id"] = cell_id(preset, cell)
     mesh = choose_mesh(devices)
     out_dir = Path(out_dir) if out_dir else default_out_dir(preset.name)

@@ -4,7 +4,9 @@
     method_run(e, name, s, problem):
       s      ← e.derived(s, problem)                       (settings the problem decides)
       model  ← problem's model (the split one where the method needs it)
-      A      ← with_seeds(build(name, e.method_table, model, training_of(e, name, s), s))
+      rule   ← server_rule(e, name, s, problem)       (DP or a robust rule, or none)
+      A      ← with_seeds(build(name, e.method_table, model, training_of(e, name, s), s,
+                                server_rule=rule.wrap))
       return MethodRun(A, problem's train, key(seed, ROUNDS), the method's rounds,
                        e.metrics(Trained(...)))
 
@@ -30,7 +32,7 @@ from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.data.holdout import validation_split
 from fedjax_sim.execution import Execution
 from fedjax_sim.experiments import methods as catalog
-from fedjax_sim.experiments import privacy, tuned
+from fedjax_sim.experiments import privacy, robustness, tuned
 from fedjax_sim.experiments.base import (
     ROUNDS,
     Comparison,
@@ -68,14 +70,15 @@ def training_of(e: Experiment, name: str, s: dict, learning_rate=None) -> Client
 
 
 def build_method(e: Experiment, name: str, s: dict, model, learning_rate=None,
-                 problem=None, private=None) -> Algorithm:
+                 problem=None, server_rule=None) -> Algorithm:
     """Method `name` (unvmapped) with these settings, through the one method table (its
-    row's combinators see `problem`); private: the algorithm's DP (`privacy.Plan.wrap`),
-    applied before the row's combinators (restarts, ...)."""
+    row's combinators see `problem`); server_rule: the algorithm's one server aggregation
+    rule (`server_rule(...).wrap`: DP or a robust rule), applied before the row's combinators
+    (restarts, ...)."""
     check_method(e, name)
     return catalog.build(name, e.method_table, model,
                          training_of(e, name, s, learning_rate), s, problem=problem,
-                         private=private)
+                         server_rule=server_rule)
 
 
 def method_rounds(e: Experiment, name: str, s: dict) -> int:
@@ -94,14 +97,15 @@ def method_run(e: Experiment, name: str, s: dict, problem) -> executor.MethodRun
     """Method `name` over s["seeds"] vmapped seeds, ready to train: the same data, init and
     round keys as every other method (the paired differences need them)."""
     check_method(e, name)
+    s = {**s, **e.method_table[name].settings}
     if e.derived is not None:
         s = e.derived(s, problem)
     model = model_of(e, name, problem)
     copies = part(problem, "copies", 1)
     rounds = method_rounds(e, name, s)
-    dp = privacy_plan(e, name, s, problem)
-    built = build_method(e, name, s if dp is None else dp.settings(s), model, problem=problem,
-                         private=None if dp is None else dp.wrap)
+    rule = server_rule(e, name, s, problem)
+    built = build_method(e, name, s if rule is None else rule.settings(s), model,
+                         problem=problem, server_rule=None if rule is None else rule.wrap)
     algorithm = with_seeds(built, s["seeds"], shared_data=copies == 0)
     metrics = e.metrics(Trained(name, e.method_table[name], s, problem, model, algorithm,
                                 built, rounds, training_of(e, name, s)))
@@ -109,8 +113,8 @@ def method_run(e: Experiment, name: str, s: dict, problem) -> executor.MethodRun
         metrics = Metrics(metrics)
     every = metrics.every or s["eval_every"]
     evaluate = metrics.evaluate
-    if dp is not None:
-        evaluate = _with_epsilon(evaluate, dp.table(every))
+    if isinstance(rule, privacy.Plan):
+        evaluate = _with_epsilon(evaluate, rule.table(every))
     return executor.MethodRun(
         algorithm, part(problem, "train"), stream_key(s["seed"], ROUNDS), rounds,
         evaluate, every, seed_rows=metrics.seed_rows,
@@ -118,15 +122,34 @@ def method_run(e: Experiment, name: str, s: dict, problem) -> executor.MethodRun
         progress_summary=metrics.progress_summary, data_copies=copies)
 
 
-def privacy_plan(e: Experiment, name: str, s: dict, problem) -> privacy.Plan | None:
-    """The run's DP (`experiments.privacy`) where its settings ask for it; None otherwise."""
-    if not privacy.enabled(s):
+def server_rule(e: Experiment, name: str, s: dict,
+                problem) -> privacy.Plan | robustness.Plan | None:
+    """The run's one server aggregation rule where its settings ask for one: DP
+    (`experiments.privacy`) or a robust rule with Byzantine clients
+    (`experiments.robustness`), never both (refused); None: the plain algorithm.
+
+    A rule has `settings(s)` (what the method is built with), `wrap(algorithm)` (applied
+    to the factory's algorithm before the method row's combinators) and `record()` (what
+    summary.json says of it)."""
+    private, robust = privacy.enabled(s), robustness.enabled(s)
+    if not (private or robust):
         return None
     train = part(problem, "train")
     if part(problem, "copies", 1):  # stacked per seed: one copy's clients
         train = train.copy_at(0)
-    privacy.check(e.method_table, (name,), s, train.num_clients)
+    if robust:
+        robustness.check(e.method_table, (name,), s)
+    else:
+        privacy.check(e.method_table, (name,), s, train.num_clients)
+    if robust:
+        return robustness.Plan(s, train.num_clients)
     return privacy.Plan(s, train.num_clients, method_rounds(e, name, s))
+
+
+def privacy_plan(e: Experiment, name: str, s: dict, problem) -> privacy.Plan | None:
+    """The run's DP (`experiments.privacy`) where its settings ask for it; None otherwise."""
+    rule = server_rule(e, name, s, problem) if privacy.enabled(s) else None
+    return rule if isinstance(rule, privacy.Plan) else None
 
 
 def _with_epsilon(evaluate, table):
@@ -309,9 +332,10 @@ def run_method(e: Experiment, s: dict, ctx: RunContext) -> tuple[list[dict], dic
         "rounds_per_second": result.timing["rounds_run"] / seconds
         if result.timing.get("rounds_run") and seconds > 0 else None,
     }
-    dp = privacy_plan(e, name, s, problem_for(e, s)) if privacy.enabled(s) else None
-    if dp is not None:
-        summary["privacy"] = dp.record()
+    rule = (server_rule(e, name, {**s, **e.method_table[name].settings}, problem_for(e, s))
+            if privacy.enabled(s) or robustness.enabled(s) else None)
+    if rule is not None:
+        summary["privacy" if isinstance(rule, privacy.Plan) else "robustness"] = rule.record()
     if result.diverged_seeds == seeds:
         last = max(result.diverged, key=lambda d: d["round"])
         summary.update(diverged_round=last["round"], diverged_metric=last["metric"],
@@ -381,5 +405,6 @@ def sweep_of(e: Experiment) -> Sweep:
 
 
 __all__ = ["build_method", "compare", "compared", "method_run", "method_spec", "model_of",
-           "part", "problem_for", "run", "run_facts", "run_method", "sweep_of", "table",
+           "part", "problem_for", "run", "run_facts", "run_method", "server_rule", "sweep_of",
+           "table",
            "training_of", "validation_problems", "with_parts"]

@@ -8,6 +8,10 @@
 - `robust-clusters-digits`: rotation clusters with clients of unequal
   difficulty inside (label noise on the last few clients of every cluster):
   IFCA, robust_ifca, DRFA and FedAvg on worst-client and mean test loss per cluster.
+- `byzantine-digits` (a sweep) and `robust-ifca-byzantine-digits`: robust
+  aggregation rules against Byzantine clients' attacks (the settings of
+  `experiments.robustness`, which every preset here takes), the worst case over
+  attacks per rule (`byzantine`); IFCA with a robust rule per cluster.
 - `hetero-systems-digits`: systems heterogeneity (per-client local work,
   stragglers, availability, dropout: the settings of `experiments.methods.
   SYSTEMS_SETTINGS`, which every preset here takes): FedAvg dropping
@@ -15,8 +19,9 @@
   and SCAFFOLD, as in the FedProx paper's Figure 1.
 
 One package: `data` (the clients: partitions, rotations, noise, test splits),
-`metrics`, and `experiment` (settings, checks, results table, notes, the three
-declared experiments `hetero_experiment` makes, and the presets).
+`metrics`, `byzantine` (the Byzantine sweep's worst case), and `experiment`
+(settings, checks, results table, notes, the experiments `hetero_experiment` makes,
+and the presets).
 """
 
 from fedjax_sim.experiments.hetero.data import build_problem, client_indices, seed_clients

@@ -24,6 +24,7 @@ from fedjax_sim.algorithms import ClientTraining
 from fedjax_sim.data import partition
 from fedjax_sim.data.images import default_rotations
 from fedjax_sim.experiments.base import Experiment, Preset, Trained
+from fedjax_sim.experiments.hetero.byzantine import byzantine_sweep
 from fedjax_sim.experiments.hetero.data import (
     DATASETS,
     PARTITIONER_READS,
@@ -37,6 +38,7 @@ from fedjax_sim.experiments.hetero.data import (
 from fedjax_sim.experiments.hetero.metrics import metrics_fn
 from fedjax_sim.experiments.methods import KINDS, METHODS, SYSTEMS_SETTINGS, systems_note
 from fedjax_sim.experiments.privacy import PRIVACY_SETTINGS
+from fedjax_sim.experiments.robustness import ROBUST_SETTINGS
 from fedjax_sim.experiments.settings import (
     Setting,
     adapt_steps_setting,
@@ -66,6 +68,16 @@ SYSTEMS_METHODS = ("fedavg_drop", "fedavg", "fedprox", "fednova", "scaffold")
 # CFL here has its own number of cluster slots (4), not the k of the clustered methods.
 TABLE = {**METHODS, "cfl": METHODS["cfl"].replace(reads={"cfl_eps1": "eps1",
                                                           "cfl_eps2": "eps2"})}
+# IFCA with its own robust rule per cluster (`Method.settings`), beside plain IFCA in one
+# comparison: every other robustness setting (byzantine, attack) is the run's.
+TABLE.update(
+    ifca_median=METHODS["ifca"].replace(
+        help="IFCA (option II), the coordinate-wise median per cluster",
+        settings={"aggregator": "median", "pre_aggregation": "none"}),
+    ifca_nnm=METHODS["ifca"].replace(
+        help="IFCA (option II), NNM then the trimmed mean per cluster",
+        settings={"aggregator": "trimmed_mean", "pre_aggregation": "nnm"}))
+BYZANTINE_CLUSTER_METHODS = ("ifca", "ifca_median", "ifca_nnm")
 
 
 def settings(headline: str) -> tuple[Setting, ...]:
@@ -107,6 +119,7 @@ def settings(headline: str) -> tuple[Setting, ...]:
         participation_setting(),
         *SYSTEMS_SETTINGS.values(),
         *PRIVACY_SETTINGS.values(),
+        *ROBUST_SETTINGS.values(),
         rounds_setting(50),
         count("k", 2, "ifca, hypcluster, robust_ifca: cluster models", maximum=1000),
         seeds_setting(3, "seeds (partition, noise, init), one vmapped axis", maximum=1000),
@@ -130,7 +143,7 @@ def declared(st: Setting, defaults: dict) -> Setting:
     return dataclasses.replace(
         st, default=defaults.get(st.name, st.default),
         when=(("partitioner", (PARTITIONER_READS[st.name],))
-              if st.name in PARTITIONER_READS else None))
+              if st.name in PARTITIONER_READS else st.when))
 
 
 def validate(s: dict, command: str = "compare", *, label_noise: float = 0.5) -> None:
@@ -217,6 +230,7 @@ def notes(s: dict, problem, results: dict) -> dict:
         "methods": "; ".join(
             f"{m} = {TABLE[m].help}: {TABLE[m].algorithm}"
             + "".join(f" {k}={v}" for k, v in TABLE[m].options.items())
+            + "".join(f" {k}={v}" for k, v in TABLE[m].settings.items())
             + "".join(f" {st}={s[st]}" for st in TABLE[m].reads
                       if st in s and not (st == "server_lr" and not s[st]))
             for m in results),
@@ -299,6 +313,18 @@ SYSTEMS = hetero_experiment(
     {"stragglers": 0.5, "local_work": "per_client", "min_local_steps": 1, "local_steps": 10,
      "batch_size": 10, "rounds": 60})
 
+BYZANTINE = hetero_experiment(
+    "byzantine", "FedAvg with robust aggregation rules against Byzantine clients' attacks on "
+    "Dirichlet-partitioned images (ByzFL's protocol: worst case over attacks)",
+    ("fedavg",), "fedavg",
+    {"num_clients": 20, "rounds": 30, "seeds": 2, "eval_every": 10, "checkpoint_every": 30})
+BYZANTINE = dataclasses.replace(BYZANTINE, sweep=byzantine_sweep(BYZANTINE))
+BYZANTINE_CLUSTERS = hetero_experiment(
+    "byzantine_clusters", "IFCA with a robust rule per cluster against plain IFCA on rotated "
+    "clusters with Byzantine members", BYZANTINE_CLUSTER_METHODS, "ifca",
+    {"partitioner": "iid", "rotations": 4, "num_clients": 32, "k": 4, "byzantine": 0.25,
+     "attack": "sign_flip", "attack_scale": 4.0})
+
 # Every method's client SGD step tuned per seed on validation rows (`experiments.tuned`;
 # docs/protocols.md#tuned-comparisons).
 TUNE_GRIDS = {"tune_lr": [0.03, 0.1, 0.3]}
@@ -321,6 +347,21 @@ PRESETS = [
            "Dirichlet(0.5) clients, each taking part with probability 0.2 (Poisson), clip "
            "0.5, σ calibrated to ε = 8 at δ = 1e-5 after 100 rounds (sweep target_epsilon=1,3,8 "
            "and dp_noise=0 for ε = ∞)."),
+    Preset("byzantine-digits", BYZANTINE,
+           "ByzFL's protocol on 8×8 digits (a sweep, about 30 minutes on 2 cores): FedAvg with "
+           "the mean, median, trimmed mean and Krum, alone and after NNM, against no attack, "
+           "sign flip, ALIE and IPM, Byzantine share 0/0.1/0.2/0.3, Dirichlet α 100 and 0.1 "
+           "(add alpha=100,1,0.1 for ByzFL's middle level), 20 clients; summary.csv and "
+           "worst_case.csv name each rule's worst case over the attacks and its attack.",
+           {"aggregator": ["mean", "median", "trimmed_mean", "krum"],
+            "pre_aggregation": ["none", "nnm"],
+            "attack": ["none", "sign_flip", "alie", "ipm"],
+            "byzantine": [0.0, 0.1, 0.2, 0.3], "alpha": [100.0, 0.1]}),
+    Preset("robust-ifca-byzantine-digits", BYZANTINE_CLUSTERS,
+           "Robust clustered FL against Byzantine members: 4 rotation clusters of 8 digits "
+           "clients, a quarter of them Byzantine (sign flip ×4); IFCA with the mean against "
+           "IFCA with the median and with NNM + trimmed mean per cluster (robust_ifca cannot "
+           "take Byzantine updates yet: its server has no aggregation seam)."),
     Preset("robust-clusters-digits", ROBUST,
            "Robust clustered FL: 4 rotation clusters of 8 digits clients, the last 2 of each "
            "with label noise; worst-client and mean test loss per cluster."),
