@@ -249,6 +249,10 @@ PRESET_INFO = {
     "dp-hetero-digits": PresetInfo("user-level DP (DP-FedAvg, Poisson-sampled clients, ε by "
                                    "dp-accounting) for FedAvg, IFCA, Ditto and fine-tuning",
                                    "McMahan et al. 2018", MINUTES, "privacy"),
+    "async-digits": PresetInfo("asynchronous FL in virtual time: FedAvg (with and without a "
+                               "deadline), FedBuff and FedAsync with heavy-tailed client "
+                               "speeds, time and client trips to a target accuracy",
+                               "FedBuff (Nguyen et al. 2022)", MINUTES, "async-digits"),
     "robust-clusters-digits": PresetInfo("`robust_ifca` against IFCA, DRFA and FedAvg on "
                                          "clusters with noisy members", "—", MINUTES,
                                          "baselines"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fedjax_sim.experiments import (
+    async_digits,
     drfa_molecules,
     fednova_quadratic,
     hetero,
@@ -29,6 +30,7 @@ _EXPERIMENT_MODULES = (
     hetero,
     fednova_quadratic,
     pfl_cifar10,
+    async_digits,
 )
 
 
