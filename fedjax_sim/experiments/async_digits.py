@@ -111,7 +111,7 @@ ASYNC = async_experiment(
     "FedBuff and FedAsync on partitioned images with heavy-tailed client speeds",
     ASYNC_METHODS,
     {"num_clients": 50, "alpha": 0.3, "participation": 0.2, "local_steps": 5,
-     "batch_size": 10, "rounds": 100, "eval_every": 5, "seeds": 2, "speed_spread": 1.0,
+     "batch_size": 10, "rounds": 100, "eval_every": 2, "seeds": 3, "speed_spread": 1.0,
      "bandwidth": 10_000.0, "deadline": 15.0, "target_accuracy": 0.8, "concurrency": 20,
      "buffer_size": 10, "fedasync_rounds": 1000, "fedasync_alpha": 0.6})
 
