@@ -626,6 +626,9 @@ def api_algorithms_page() -> str:
                  "with_systems", "with_grid"):
         out += [f"::: fedjax_sim.algorithms.base.{name}", "    options:",
                 "      heading_level: 3", *quiet, ""]
+    for name in ("with_clock", "ClockedState"):  # a synchronous algorithm in virtual time
+        out += [f"::: fedjax_sim.algorithms.clocked.{name}", "    options:",
+                "      heading_level: 3", *quiet, ""]
     out += ["## Differential privacy", ""]
     for name in ("with_dp", "with_dp_ftrl", "AdaptiveClipping"):
         out += [f"::: fedjax_sim.algorithms.private.{name}", "    options:",

@@ -18,7 +18,7 @@ online again.
 The cohort is the one the wrapped round draws: `draw_cohort(key, data, participation,
 round=state.round)`, drawn again here from the same key. So `with_clock` fits an
 algorithm whose round draws its cohort that way from the key it is given (FedAvg,
-FedProx, FedOpt, ...).
+FedProx).
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ from fedjax_sim.systems import systems_of
 
 
 class ClockedState(NamedTuple):
+    """A synchronous algorithm's state under `with_clock`: its own, and the clock's."""
+
     inner: Any  # the wrapped algorithm's state
     time: jax.Array  # float32: virtual seconds elapsed
     trips: jax.Array  # int32: client uploads so far (deadline-dropped ones included)
