@@ -2,7 +2,8 @@
 
 `with_clock` against the clock's definition written here (a synchronous round lasts as
 long as its slowest reporting client; a deadline drops exactly the clients past it, and
-the round is FedAvg over the rest, a float64 loop), the `async-digits` preset end to end
+the round is FedAvg over the rest, a float64 loop; so is a client leaving its window), the
+`async-digits` preset end to end
 through the command line, and bad inputs refused in one line with nothing written.
 """
 
@@ -151,3 +152,29 @@ def test_bad_inputs_are_refused_in_one_line_with_nothing_written(tmp_path, capsy
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     assert re.search(message, lines[0]), lines[0]
+
+
+def test_a_client_that_goes_offline_mid_trip_does_not_report():
+    """Client 5 (the slowest) leaves its window before its trip ends: the round lasts as long
+    as the slowest of the others, and is FedAvg over them; client 0 is offline at the start
+    (its window opens later) and does not report either."""
+    data, model, training, _, d = _setup()
+    trips = _trips(d)
+    windows = [((0.0, 1e6),)] * len(SIZES)
+    windows[5] = ((0.0, trips[5] / 2),)
+    windows[0] = ((100.0, 200.0),)
+    clock = Clock(step_seconds=STEP_SECONDS, bandwidth=BANDWIDTH, windows=tuple(windows))
+    alg = with_clock(fedavg(model, training), model, training, clock)
+    state = alg.init(jax.random.key(0), data)
+    start = np.asarray(state.inner.params, np.float64)
+    state, metrics = jax.jit(alg.round)(state, data, jax.random.key(1))
+
+    kept = (np.array(SIZES) > 0) & ~np.isin(np.arange(len(SIZES)), [0, 5])
+    np.testing.assert_allclose(float(state.time), trips[kept].max(), rtol=1e-6)
+    assert int(state.trips) == kept.sum()
+    x, y = np.asarray(data.x, np.float64), np.asarray(data.y, np.float64)
+    ref = type("Ref", (), {"grad": staticmethod(np_client_grad)})
+    want = np.mean([local_gd(ref, start, x[i], y[i], SIZES[i], LR, TAUS[i])
+                    for i in np.flatnonzero(kept)], axis=0)
+    np.testing.assert_allclose(np.asarray(state.inner.params, np.float64), want, rtol=1e-5,
+                               atol=1e-6)
