@@ -3,8 +3,8 @@
 `with_clock` against the clock's definition written here (a synchronous round lasts as
 long as its slowest reporting client; a deadline drops exactly the clients past it, and
 the round is FedAvg over the rest, a float64 loop; so is a client leaving its window), the
-`async-digits` preset end to end
-through the command line, and bad inputs refused in one line with nothing written.
+`async-digits` preset end to end through the command line, and bad inputs refused in one
+line with nothing written.
 """
 
 from __future__ import annotations
