@@ -262,6 +262,10 @@ PRESET_INFO = {
                                                "NNM + trimmed mean) against plain IFCA with "
                                                "Byzantine members on rotated digits", "—",
                                                MINUTES, "byzantine-clusters"),
+    "async-digits": PresetInfo("asynchronous FL in virtual time: FedAvg (with and without a "
+                               "deadline), FedBuff and FedAsync with heavy-tailed client "
+                               "speeds, time and client trips to a target accuracy",
+                               "FedBuff (Nguyen et al. 2022)", MINUTES, "async-digits"),
     "robust-clusters-digits": PresetInfo("`robust_ifca` against IFCA, DRFA and FedAvg on "
                                          "clusters with noisy members", "—", MINUTES,
                                          "baselines"),
@@ -634,6 +638,9 @@ def api_algorithms_page() -> str:
     for name in ("Algorithm", "with_restarts", "with_seeds", "with_server_optimizer",
                  "with_systems", "with_grid"):
         out += [f"::: fedjax_sim.algorithms.base.{name}", "    options:",
+                "      heading_level: 3", *quiet, ""]
+    for name in ("with_clock", "ClockedState"):  # a synchronous algorithm in virtual time
+        out += [f"::: fedjax_sim.algorithms.clocked.{name}", "    options:",
                 "      heading_level: 3", *quiet, ""]
     out += ["## Differential privacy", ""]
     for name in ("with_dp", "with_dp_ftrl", "AdaptiveClipping"):

@@ -19,6 +19,7 @@ from fedjax_sim.algorithms.base import (
 )
 from fedjax_sim.algorithms.byzantine import with_aggregator
 from fedjax_sim.algorithms.cfl import CFLState, cfl
+from fedjax_sim.algorithms.clocked import ClockedState, with_clock
 from fedjax_sim.algorithms.ditto import DittoState, ditto
 from fedjax_sim.algorithms.drfa import DRFAState, drfa, drflm
 from fedjax_sim.algorithms.fedasync import fedasync
@@ -133,6 +134,7 @@ __all__ = [
     "AsyncState",
     "CFLState",
     "ClientTraining",
+    "ClockedState",
     "DRFAState",
     "DittoState",
     "FedAvgState",
@@ -176,6 +178,7 @@ __all__ = [
     "sgd",
     "with_aggregator",
     "with_balanced_init",
+    "with_clock",
     "with_dp",
     "with_dp_ftrl",
     "with_fixed_assignment",

@@ -36,6 +36,7 @@ from fedjax_sim.algorithms import (
     with_weight_sharing,
 )
 from fedjax_sim.algorithms.base import Algorithm
+from fedjax_sim.experiments.clock import FEDASYNC_READS, FEDBUFF_READS
 from fedjax_sim.experiments.settings import Setting
 from fedjax_sim.models.core import TRUNK, Model
 from fedjax_sim.ops.work import Work
@@ -46,8 +47,8 @@ KINDS = ("global", "clustered", "personal", "fixed", "fine_tuned")
 # method's evaluation trains every client first, which an experiment must offer itself.
 BASIC_KINDS = KINDS[:4]
 SERVER_DATA, SPLIT_MODEL, FLOAT_TARGETS = "server_data", "split_model", "float_targets"
-# The asynchronous methods need client speeds and availability in virtual time, which no
-# experiment provides yet: they are in the table, and offered by none.
+# The asynchronous methods need client speeds and availability in virtual time: an
+# experiment offering the clock settings (`experiments.clock`) provides it.
 VIRTUAL_CLOCK = "virtual_clock"
 
 
@@ -230,9 +231,10 @@ METHODS: dict[str, Method] = {
                    adaptive_weights=True),
     "afl": Method("afl", "Agnostic FL", reads=_LAMBDA),
     "fedbuff": Method("fedbuff", "FedBuff (buffered asynchronous aggregation; a round is a "
-                      "server step)", needs=frozenset({VIRTUAL_CLOCK})),
+                      "server step)", reads=FEDBUFF_READS, needs=frozenset({VIRTUAL_CLOCK})),
     "fedasync": Method("fedasync", "FedAsync (every arrival mixed in at once; a round is an "
-                       "arrival)", needs=frozenset({VIRTUAL_CLOCK})),
+                       "arrival)", reads=FEDASYNC_READS, rounds="fedasync_rounds",
+                        needs=frozenset({VIRTUAL_CLOCK})),
     "ditto": Method("ditto", "Ditto (personal models)", reads={"ditto_lambda": "ditto_lambda"},
                     kind="personal", personal="personal"),
     "local": Method("local", "local models (each client alone)", kind="personal",

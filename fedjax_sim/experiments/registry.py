@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fedjax_sim.experiments import (
     dp_cohorts,
+    async_digits,
     drfa_molecules,
     fednova_quadratic,
     hetero,
@@ -31,6 +32,7 @@ _EXPERIMENT_MODULES = (
     dp_cohorts,
     fednova_quadratic,
     pfl_cifar10,
+    async_digits,
 )
 
 

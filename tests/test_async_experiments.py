@@ -1,0 +1,180 @@
+"""The experiment-level half of asynchronous FL: virtual time in every run.
+
+`with_clock` against the clock's definition written here (a synchronous round lasts as
+long as its slowest reporting client; a deadline drops exactly the clients past it, and
+the round is FedAvg over the rest, a float64 loop; so is a client leaving its window), the
+`async-digits` preset end to end through the command line, and bad inputs refused in one
+line with nothing written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+
+import jax
+import numpy as np
+import pytest
+from federations import local_gd
+
+from conftest import make_ragged, np_client_grad
+from fedjax_sim import cli
+from fedjax_sim.algorithms import Work, fedavg, sgd
+from fedjax_sim.algorithms.clocked import with_clock
+from fedjax_sim.models import linear_regression
+from fedjax_sim.ops.clock import Clock
+
+SIZES = (4, 1, 0, 3, 2, 5, 2, 3)  # client 2 holds no data: it never reports
+TAUS = (3, 1, 2, 4, 2, 3, 1, 2)  # Work(per_client=...): τ_i
+STEP_SECONDS = (1.0, 1.7, 50.0, 2.9, 0.55, 7.3, 1.3, 3.1)  # client 2 would be the slowest
+BANDWIDTH = (1e3, 2e3, 1e3, 500.0, 4e3, 1e3, 800.0, 2e3)  # bytes/s
+LR = 0.05
+
+
+def _setup():
+    data = make_ragged(seed=4, sizes=SIZES, clusters=(0, 1, 0, 1, 0, 1, 0, 1))
+    d = data.x.shape[-1]
+    training = sgd(LR, steps=max(TAUS), work=Work(per_client=TAUS))  # full batch
+    clock = Clock(step_seconds=STEP_SECONDS, bandwidth=BANDWIDTH)
+    return data, linear_regression(d), training, clock, d
+
+
+def _trips(d):
+    """Each client's trip by the clock's definition: τ_i · step_i + 2 · model_bytes / bw_i,
+    the model θ ∈ R^d in float32."""
+    model_bytes = 4 * d
+    return np.array([t * s + 2.0 * model_bytes / b
+                     for t, s, b in zip(TAUS, STEP_SECONDS, BANDWIDTH, strict=True)])
+
+
+def test_a_synchronous_round_lasts_as_long_as_its_slowest_reporting_client():
+    data, model, training, clock, d = _setup()
+    alg = with_clock(fedavg(model, training), model, training, clock)
+    state = alg.init(jax.random.key(0), data)
+    step = jax.jit(alg.round)
+    trips = _trips(d)
+    reporting = np.array(SIZES) > 0
+    slowest = trips[reporting].max()  # client 5; client 2 (no data) is left out
+    assert slowest < trips[2]
+    for t in range(1, 3):
+        state, metrics = step(state, data, jax.random.key(t))
+        np.testing.assert_allclose(float(state.time), t * slowest, rtol=1e-6)
+        assert int(state.trips) == t * reporting.sum()
+        np.testing.assert_allclose(metrics["virtual_time"], t * slowest, rtol=1e-6)
+        assert float(metrics["dropped"]) == 0.0
+
+
+@pytest.mark.parametrize("deadline", [5.0, 9.5])
+def test_a_deadline_drops_exactly_the_clients_past_it(deadline):
+    data, model, training, clock, d = _setup()
+    alg = with_clock(fedavg(model, training), model, training, clock, deadline=deadline)
+    state = alg.init(jax.random.key(0), data)
+    start = np.asarray(state.inner.params, np.float64)
+    state, metrics = jax.jit(alg.round)(state, data, jax.random.key(1))
+
+    trips = _trips(d)
+    reporting = np.array(SIZES) > 0
+    kept = reporting & (trips <= deadline)
+    assert 0 < kept.sum() < reporting.sum()
+    assert float(metrics["dropped"]) == (reporting & ~kept).sum()
+    np.testing.assert_allclose(float(state.time), min(deadline, trips[reporting].max()),
+                               rtol=1e-6)
+    assert int(state.trips) == reporting.sum()  # a dropped client's upload still counts
+    # The round is FedAvg (uniform weights) over the kept clients alone.
+    x, y = np.asarray(data.x, np.float64), np.asarray(data.y, np.float64)
+    ref = type("Ref", (), {"grad": staticmethod(np_client_grad)})
+    want = np.mean([local_gd(ref, start, x[i], y[i], SIZES[i], LR, TAUS[i])
+                    for i in np.flatnonzero(kept)], axis=0)
+    np.testing.assert_allclose(np.asarray(state.inner.params, np.float64), want, rtol=1e-5,
+                               atol=1e-6)
+
+
+TINY = ["num_clients=10", "seeds=1", "rounds=4", "fedasync_rounds=8", "eval_every=2",
+        "concurrency=4", "buffer_size=2", "target_accuracy=0.05"]
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_the_preset_compares_and_runs_end_to_end(tmp_path):
+    out = tmp_path / "compare"
+    assert cli.main(["compare", "async-digits", "--set", *TINY, "--out", str(out),
+                     "--no-progress"]) == 0
+    results = {r["method"]: r for r in _rows(out / "results.csv")}
+    assert set(results) == {"fedavg", "fedavg_deadline", "fedbuff", "fedasync"}
+    for name, row in results.items():
+        time, trips = float(row["virtual_time_mean"]), float(row["trips_mean"])
+        assert time > 0 and trips > 0, name
+        # A target of 5 % is reached at the first evaluation after round 0 at the latest.
+        assert 0 < float(row["time_to_target_mean"]) <= time, name
+        assert 0 < float(row["trips_to_target_mean"]) <= trips, name
+    # 4 FedBuff steps of B = 2 uploads; 8 FedAsync arrivals; FedAvg's 2 of 10 per round.
+    assert float(results["fedbuff"]["trips_mean"]) == 8
+    assert float(results["fedasync"]["trips_mean"]) == 8
+    assert float(results["fedavg"]["trips_mean"]) == 8
+    history = _rows(out / "metrics.csv")
+    assert {"virtual_time", "trips"} <= set(history[0])
+
+    run = tmp_path / "run"
+    fedbuff_only = [t for t in TINY if not t.startswith("fedasync_")]
+    assert cli.main(["run", "async-digits", "--set", *fedbuff_only, "method=fedbuff", "--out",
+                     str(run), "--no-progress"]) == 0
+    rows = _rows(run / "metrics.csv")
+    times = [float(r["virtual_time"]) for r in rows]
+    assert [int(r["round"]) for r in rows] == [0, 2, 4]
+    assert times[0] == 0.0 and times[1] < times[2]
+    summary = json.loads((run / "summary.json").read_text())
+    assert math.isfinite(summary["final_mean"]["time_to_target"])
+
+
+@pytest.mark.parametrize("settings, message", [
+    (["buffer_size=30", "concurrency=20"], r"buffer_size=30 exceeds concurrency=20"),
+    (["step_seconds=-1"], r"step_seconds"),
+    (["trace=TRACE", "num_clients=10"], r"has no row for 6 clients 4, 5, 6, 7, 8"),
+])
+def test_bad_inputs_are_refused_in_one_line_with_nothing_written(tmp_path, capsys, settings,
+                                                                 message):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("client,step_seconds,bandwidth\n0,1.0,1e4\n1,2.0,\n2,0.5,1e5\n3,4.0,\n")
+    out = tmp_path / "out"
+    given = dict(t.split("=") for t in TINY)
+    given.update(s.replace("TRACE", str(trace)).split("=", 1) for s in settings)
+    code = cli.main(["compare", "async-digits", "--set", *(f"{k}={v}" for k, v in given.items()),
+                     "--out", str(out),
+                     "--no-progress"])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert not out.exists()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert re.search(message, lines[0]), lines[0]
+
+
+def test_a_client_that_goes_offline_mid_trip_does_not_report():
+    """Client 5 (the slowest) leaves its window before its trip ends: the round lasts as long
+    as the slowest of the others, and is FedAvg over them; client 0 is offline at the start
+    (its window opens later) and does not report either."""
+    data, model, training, _, d = _setup()
+    trips = _trips(d)
+    windows = [((0.0, 1e6),)] * len(SIZES)
+    windows[5] = ((0.0, trips[5] / 2),)
+    windows[0] = ((100.0, 200.0),)
+    clock = Clock(step_seconds=STEP_SECONDS, bandwidth=BANDWIDTH, windows=tuple(windows))
+    alg = with_clock(fedavg(model, training), model, training, clock)
+    state = alg.init(jax.random.key(0), data)
+    start = np.asarray(state.inner.params, np.float64)
+    state, metrics = jax.jit(alg.round)(state, data, jax.random.key(1))
+
+    kept = (np.array(SIZES) > 0) & ~np.isin(np.arange(len(SIZES)), [0, 5])
+    np.testing.assert_allclose(float(state.time), trips[kept].max(), rtol=1e-6)
+    assert int(state.trips) == kept.sum()
+    x, y = np.asarray(data.x, np.float64), np.asarray(data.y, np.float64)
+    ref = type("Ref", (), {"grad": staticmethod(np_client_grad)})
+    want = np.mean([local_gd(ref, start, x[i], y[i], SIZES[i], LR, TAUS[i])
+                    for i in np.flatnonzero(kept)], axis=0)
+    np.testing.assert_allclose(np.asarray(state.inner.params, np.float64), want, rtol=1e-5,
+                               atol=1e-6)
