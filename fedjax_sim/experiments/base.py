@@ -23,12 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedjax_sim import backend, parallel
-from fedjax_sim.algorithms import ALIASES, ClientTraining, sgd
+from fedjax_sim.algorithms import ALIASES, ROBUST_READY, ClientTraining, sgd
 from fedjax_sim.algorithms.base import NOT_PER_CLIENT, Algorithm
 from fedjax_sim.data.federated import FederatedData
 from fedjax_sim.execution import Checkpoints, Execution, Footprint
 from fedjax_sim.experiments import methods as catalog
-from fedjax_sim.experiments import tuned
+from fedjax_sim.experiments import privacy, robustness, tuned
 from fedjax_sim.experiments.settings import Setting, did_you_mean
 
 
@@ -452,6 +452,12 @@ def _complete(e: Experiment) -> list[Setting]:
     added = [dataclasses.replace(st, default=e.method_defaults.get(st.name, st.default))
              for name, st in catalog.METHOD_SETTINGS.items()
              if name in readers and name not in names]
+    # The server rules (DP, robust aggregation with Byzantine clients) wrap the methods the
+    # generic path builds (`study.server_rule`): offered wherever one of them can take one.
+    if e.run is None and any(isinstance(e.method_table[n].algorithm, str)
+                             and e.method_table[n].algorithm in ROBUST_READY for n in offered):
+        added += [st for group in (privacy.PRIVACY_SETTINGS, robustness.ROBUST_SETTINGS)
+                  for name, st in group.items() if name not in names]
 
     def scoped(st: Setting) -> Setting:
         if st.name in readers and st.methods is None and st.name not in e.unscoped:

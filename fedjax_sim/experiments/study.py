@@ -134,16 +134,27 @@ def server_rule(e: Experiment, name: str, s: dict,
     private, robust = privacy.enabled(s), robustness.enabled(s)
     if not (private or robust):
         return None
-    train = part(problem, "train")
-    if part(problem, "copies", 1):  # stacked per seed: one copy's clients
-        train = train.copy_at(0)
+    m = _num_clients(problem)
     if robust:
         robustness.check(e.method_table, (name,), s)
-    else:
-        privacy.check(e.method_table, (name,), s, train.num_clients)
-    if robust:
-        return robustness.Plan(s, train.num_clients)
-    return privacy.Plan(s, train.num_clients, method_rounds(e, name, s))
+        return robustness.Plan(s, m)
+    privacy.check(e.method_table, (name,), s, m)
+    return privacy.Plan(s, m, method_rounds(e, name, s))
+
+
+def _num_clients(problem) -> int:
+    """The clients of the problem's training data (its first client source; one copy's
+    where they are stacked per seed)."""
+    import jax
+
+    from fedjax_sim.data.federated import is_client_source
+
+    train = part(problem, "train")
+    source = next(n for n in jax.tree.leaves(train, is_leaf=is_client_source)
+                  if is_client_source(n))
+    if part(problem, "copies", 1):  # stacked per seed
+        source = source.copy_at(0)
+    return source.num_clients
 
 
 def privacy_plan(e: Experiment, name: str, s: dict, problem) -> privacy.Plan | None:
