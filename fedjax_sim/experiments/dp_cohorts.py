@@ -10,7 +10,7 @@ mixture, none of them stored:
               fold_in(key, i) when a cohort needs them: x ~ N(0, I_d), y = xᵀθ*_c + N(0, σ²)
               (`data.generated_mixture`); the test: test_clients clients spread evenly
               over the population (every (m / test_clients)-th), n_test held-out rows each
-    each round t (`study.method_run`: the method of the table with `privacy.Plan.wrap`)
+    each round t (`study.method_run`: the method of the table with `privacy.PrivateRule.wrap`)
         every client takes part with probability q = participation (Poisson, a static
         cohort of slots); each trains local_steps full-batch SGD steps from θ
         θ ← θ + (Σ clipped changes + N(0, σ²C²)) / (q·m)             (DP-FedAvg)
@@ -85,7 +85,7 @@ def _as_trained_table(t: Trained, every: int):
     elsewhere): the shortcut's own cohort at its noise, or the plan's ε; None without DP."""
     if not privacy.enabled(t.s):
         return None
-    plan = privacy.Plan(t.s, t.problem["train"].num_clients, t.rounds)
+    plan = privacy.PrivateRule(t.s, t.problem["train"].num_clients, t.rounds)
     if not plan.noise_cohort:
         return plan.table(every)
     from fedjax_sim import accounting
@@ -156,7 +156,7 @@ def notes(s: dict, problem, results: dict) -> dict:
                     f"(participation {q:g}), {s['seeds']} seeds sharing the population",
     }
     if privacy.enabled(s):
-        plan = privacy.Plan(s, m, s["rounds"])
+        plan = privacy.PrivateRule(s, m, s["rounds"])
         record = plan.record()
         notes["privacy"] = (f"DP-FedAvg, clip {s['dp_clip']}, σ = {plan.noise:.4g}, "
                             f"δ = {s['dp_delta']:g}, {s['dp_accountant']}")

@@ -148,7 +148,7 @@ def _ready(method) -> bool:
     return isinstance(method.algorithm, str) and method.algorithm in PRIVATE_READY
 
 
-class Plan:
+class PrivateRule:
     """One run's DP: what the round gets and what the accountant charges."""
 
     def __init__(self, s: dict, num_clients: int, rounds: int):

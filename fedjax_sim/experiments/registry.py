@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from fedjax_sim.experiments import (
-    dp_cohorts,
     async_digits,
+    dp_cohorts,
     drfa_molecules,
     fednova_quadratic,
     hetero,

@@ -300,7 +300,7 @@ def _ready(method) -> bool:
     )
 
 
-class Plan:
+class RobustRule:
     """One run's robust rule and Byzantine clients (`experiments.study`'s server rule)."""
 
     def __init__(self, s: dict, num_clients: int):
@@ -339,9 +339,9 @@ class Plan:
         }
 
 
-def plan(s: dict, num_clients: int) -> Plan | None:
-    """The run's Plan where its settings ask for one; None: the plain algorithm."""
-    return Plan(s, num_clients) if enabled(s) else None
+def plan(s: dict, num_clients: int) -> RobustRule | None:
+    """The run's RobustRule where its settings ask for one; None: the plain algorithm."""
+    return RobustRule(s, num_clients) if enabled(s) else None
 
 
 __all__ = [
@@ -349,7 +349,7 @@ __all__ = [
     "ATTACKS",
     "PRE_AGGREGATIONS",
     "ROBUST_SETTINGS",
-    "Plan",
+    "RobustRule",
     "check",
     "enabled",
     "plan",

@@ -113,7 +113,7 @@ def method_run(e: Experiment, name: str, s: dict, problem) -> executor.MethodRun
         metrics = Metrics(metrics)
     every = metrics.every or s["eval_every"]
     evaluate = metrics.evaluate
-    if isinstance(rule, privacy.Plan):
+    if isinstance(rule, privacy.PrivateRule):
         evaluate = _with_epsilon(evaluate, rule.table(every))
     return executor.MethodRun(
         algorithm, part(problem, "train"), stream_key(s["seed"], ROUNDS), rounds,
@@ -123,7 +123,7 @@ def method_run(e: Experiment, name: str, s: dict, problem) -> executor.MethodRun
 
 
 def server_rule(e: Experiment, name: str, s: dict,
-                problem) -> privacy.Plan | robustness.Plan | None:
+                problem) -> privacy.PrivateRule | robustness.RobustRule | None:
     """The run's one server aggregation rule where its settings ask for one: DP
     (`experiments.privacy`) or a robust rule with Byzantine clients
     (`experiments.robustness`), never both (refused); None: the plain algorithm.
@@ -137,9 +137,9 @@ def server_rule(e: Experiment, name: str, s: dict,
     m = _num_clients(problem)
     if robust:
         robustness.check(e.method_table, (name,), s)
-        return robustness.Plan(s, m)
+        return robustness.RobustRule(s, m)
     privacy.check(e.method_table, (name,), s, m)
-    return privacy.Plan(s, m, method_rounds(e, name, s))
+    return privacy.PrivateRule(s, m, method_rounds(e, name, s))
 
 
 def _num_clients(problem) -> int:
@@ -157,10 +157,10 @@ def _num_clients(problem) -> int:
     return source.num_clients
 
 
-def privacy_plan(e: Experiment, name: str, s: dict, problem) -> privacy.Plan | None:
+def privacy_plan(e: Experiment, name: str, s: dict, problem) -> privacy.PrivateRule | None:
     """The run's DP (`experiments.privacy`) where its settings ask for it; None otherwise."""
     rule = server_rule(e, name, s, problem) if privacy.enabled(s) else None
-    return rule if isinstance(rule, privacy.Plan) else None
+    return rule if isinstance(rule, privacy.PrivateRule) else None
 
 
 def _with_epsilon(evaluate, table):
@@ -346,7 +346,8 @@ def run_method(e: Experiment, s: dict, ctx: RunContext) -> tuple[list[dict], dic
     rule = (server_rule(e, name, {**s, **e.method_table[name].settings}, problem_for(e, s))
             if privacy.enabled(s) or robustness.enabled(s) else None)
     if rule is not None:
-        summary["privacy" if isinstance(rule, privacy.Plan) else "robustness"] = rule.record()
+        what = "privacy" if isinstance(rule, privacy.PrivateRule) else "robustness"
+        summary[what] = rule.record()
     if result.diverged_seeds == seeds:
         last = max(result.diverged, key=lambda d: d["round"])
         summary.update(diverged_round=last["round"], diverged_metric=last["metric"],
