@@ -642,9 +642,10 @@ def api_algorithms_page() -> str:
     for name in ("with_clock", "ClockedState"):  # a synchronous algorithm in virtual time
         out += [f"::: fedjax_sim.algorithms.clocked.{name}", "    options:",
                 "      heading_level: 3", *quiet, ""]
-    out += ["## Differential privacy", ""]
-    for name in ("with_dp", "with_dp_ftrl", "AdaptiveClipping"):
-        out += [f"::: fedjax_sim.algorithms.private.{name}", "    options:",
+    out += ["## Differential privacy and robust aggregation", ""]
+    for path in ("private.with_dp", "private.with_dp_ftrl", "private.AdaptiveClipping",
+                 "byzantine.with_aggregator"):
+        out += [f"::: fedjax_sim.algorithms.{path}", "    options:",
                 "      heading_level: 3", *quiet, ""]
     out += ["## How clients train", ""]
     for name in ("ClientTraining", "sgd", "round_decay"):

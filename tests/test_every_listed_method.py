@@ -37,7 +37,7 @@ TINY.update({
     "byzantine-digits": [*TINY["hetero-digits"], "aggregator=mean", "pre_aggregation=none",
                          "attack=none", "byzantine=0", "alpha=100"],
     "robust-ifca-byzantine-digits": [*TINY["robust-clusters-digits"], "attack=none",
-                                     "byzantine=0"],
+                                     "attack_scale=0", "byzantine=0"],
     "async-digits": [*TINY["hetero-digits"], "concurrency=4", "buffer_size=2"],
     "drflm-freesolv": TINY["drflm-esol"],
     "drflm-lipophilicity": TINY["drflm-esol"],
