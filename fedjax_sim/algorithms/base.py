@@ -266,6 +266,22 @@ def is_plain(aggregation) -> bool:
     return isinstance(aggregation, tuple) and not aggregation
 
 
+def check_no_rule(state, combinator: str, uses: str) -> None:
+    """ValueError in one line unless `state` takes a server rule and has none yet (its
+    `aggregation` field holds ()): for combinators that put one there (`with_dp`,
+    `with_aggregator`). uses: what the rule would give the server, in words."""
+    if "aggregation" not in getattr(state, "_fields", ()):
+        raise ValueError(
+            f"{combinator} needs an algorithm whose server averages the clients' model "
+            "changes (FedAvg, FedOpt, FedProx, FedNova, SCAFFOLD, Ditto, IFCA, HypCluster); "
+            f"{type(state).__name__} has no `aggregation`: its server uses more than {uses} "
+            "(e.g. the clients' losses, as DRFA/DRFLM's λ, AFL and q-FFL do).")
+    if not is_plain(state.aggregation):
+        raise ValueError(f"{combinator}: the algorithm's aggregation is already "
+                         f"{type(state.aggregation).__name__} (one aggregation rule per "
+                         "algorithm).")
+
+
 def _changes(trained, start):
     if start is None:
         return trained

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_sim.algorithms.base import Algorithm
+from fedjax_sim.algorithms.base import Algorithm, check_no_rule
 from fedjax_sim.ops.attacks import byzantine_clients
 from fedjax_sim.ops.robust import Aggregator, chain
 
@@ -185,16 +185,7 @@ def with_aggregator(algorithm: Algorithm, aggregator, *, byzantine=0, attack=Non
 
     def init(key, data):
         state = algorithm.init(key, data)
-        if "aggregation" not in getattr(state, "_fields", ()):
-            raise ValueError(
-                "with_aggregator needs an algorithm whose server averages the clients' model "
-                f"changes; {type(state).__name__} has no `aggregation` (its server uses more "
-                "than their updates, e.g. the clients' losses, as DRFA/DRFLM, AFL and q-FFL "
-                "do).")
-        if not isinstance(state.aggregation, tuple) or state.aggregation:
-            raise ValueError(f"with_aggregator: the algorithm's aggregation is already "
-                             f"{type(state.aggregation).__name__} (one aggregation rule per "
-                             "algorithm).")
+        check_no_rule(state, "with_aggregator", "the clients' model changes")
         m = data.num_clients
         count = byzantine if isinstance(byzantine, int) else int(byzantine * m)
         if count > m:

@@ -45,8 +45,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedjax_sim.algorithms.base import Algorithm
+from fedjax_sim.algorithms.base import Algorithm, check_no_rule
 from fedjax_sim.ops.privacy import (
+    _concrete,
     adaptive_clip_update,
     adaptive_noise_multiplier,
     check_clip_norm,
@@ -91,15 +92,6 @@ class AdaptiveClipping(NamedTuple):
     target_quantile: float = 0.5
     learning_rate: float = 0.2
     count_stddev: float | None = None
-
-
-def _plain_float(value) -> float | None:
-    if isinstance(value, jax.core.Tracer):
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def _noise_key(key):
@@ -251,24 +243,10 @@ class TreeSum:
     cluster_means = cluster_sums
 
 
-def _check_field(state, combinator: str) -> None:
-    if "aggregation" not in getattr(state, "_fields", ()):
-        raise ValueError(
-            f"{combinator} needs an algorithm whose server averages the clients' model "
-            "changes (FedAvg, FedOpt, FedProx, FedNova, SCAFFOLD, Ditto, IFCA, HypCluster); "
-            f"{type(state).__name__} has no `aggregation`: its server uses more than "
-            "the clipped sum of those changes (e.g. the clients' losses, as DRFA/DRFLM's λ, "
-            "AFL and q-FFL do), which the noised sum does not privatise.")
-    if not isinstance(state.aggregation, tuple) or state.aggregation:
-        raise ValueError(f"{combinator}: the algorithm's aggregation is already "
-                         f"{type(state.aggregation).__name__} (one aggregation rule per "
-                         "algorithm).")
-
-
 def _check_expected(expected_clients, name: str = "expected_clients") -> None:
     if expected_clients is None:
         return
-    value = _plain_float(expected_clients)
+    value = _concrete(expected_clients)
     if value is None or not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a number > 0 (or None); got {expected_clients!r}.")
 
@@ -340,13 +318,13 @@ def with_dp(algorithm: Algorithm, clip_norm, noise_multiplier, *,
     if adaptive is not None:
         if not isinstance(adaptive, AdaptiveClipping):
             raise ValueError(f"adaptive must be None or AdaptiveClipping(...); got {adaptive!r}.")
-        sigma = _plain_float(noise_multiplier)
+        sigma = _concrete(noise_multiplier)
         if sigma is not None and sigma == 0:
             raise ValueError("adaptive clipping needs noise_multiplier > 0 (its count takes a "
                              "share of the noise); use a fixed clip_norm at noise 0.")
         if adaptive.count_stddev is not None:
             adaptive_noise_multiplier(noise_multiplier, adaptive.count_stddev)  # checks
-        gamma, rate = _plain_float(adaptive.target_quantile), _plain_float(adaptive.learning_rate)
+        gamma, rate = _concrete(adaptive.target_quantile), _concrete(adaptive.learning_rate)
         if gamma is not None and not 0.0 <= gamma <= 1.0:
             raise ValueError(f"adaptive clipping's target_quantile must be in [0, 1]; got "
                              f"{adaptive.target_quantile!r}.")
@@ -359,11 +337,11 @@ def with_dp(algorithm: Algorithm, clip_norm, noise_multiplier, *,
         a = adaptive or AdaptiveClipping(None, None, None)
         return GaussianSum(f32(clip_norm), f32(noise_multiplier), f32(a.target_quantile),
                            f32(a.learning_rate), f32(a.count_stddev), denominator,
-                           expected_clients, noise_cohort_size, _plain_float(noise_multiplier))
+                           expected_clients, noise_cohort_size, _concrete(noise_multiplier))
 
     def init(key, data):
         state = algorithm.init(key, data)
-        _check_field(state, "with_dp")
+        check_no_rule(state, "with_dp", "the clipped sum of those changes")
         return state._replace(aggregation=rule())
 
     return algorithm._replace(init=init)
@@ -414,7 +392,7 @@ def with_dp_ftrl(algorithm: Algorithm, clip_norm, noise_multiplier, *, rounds: i
 
     def init(key, data):
         state = algorithm.init(key, data)
-        _check_field(state, "with_dp_ftrl")
+        check_no_rule(state, "with_dp_ftrl", "the clipped sum of those changes")
         if "params" not in state._fields:
             raise ValueError("with_dp_ftrl noises one server model's prefix sums; "
                              f"{type(state).__name__} holds one model per cluster: use with_dp.")
