@@ -20,7 +20,7 @@ import pytest
 from federations import local_gd
 
 from conftest import make_ragged, np_client_grad
-from fedjax_sim import cli
+from fedjax_sim import cli, plots
 from fedjax_sim.algorithms import Work, fedavg, sgd
 from fedjax_sim.algorithms.clocked import with_clock
 from fedjax_sim.models import linear_regression
@@ -95,15 +95,31 @@ TINY = ["num_clients=10", "seeds=1", "rounds=4", "fedasync_rounds=8", "eval_ever
         "concurrency=4", "buffer_size=2", "target_accuracy=0.05"]
 
 
+def _with(settings, *changes):
+    """settings with each KEY=VALUE of changes in place of the KEY's own."""
+    keys = {c.split("=")[0] for c in changes}
+    return [t for t in settings if t.split("=")[0] not in keys] + list(changes)
+
+
 def _rows(path):
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
 
 
-def test_the_preset_compares_and_runs_end_to_end(tmp_path):
+@pytest.mark.slow
+def test_the_preset_compares_and_runs_end_to_end(tmp_path, monkeypatch):
     out = tmp_path / "compare"
-    assert cli.main(["compare", "async-digits", "--set", *TINY, "--out", str(out),
+    drawn = {}  # PNG name -> (plot_comparison's keywords, the numbers it drew)
+    real = plots.plot_comparison
+
+    def spy(rows, path, panels, **kw):
+        drawn[path.name] = (kw, real(rows, path, panels, **kw))
+        return drawn[path.name][1]
+
+    monkeypatch.setattr(plots, "plot_comparison", spy)
+    assert cli.main(["compare", "async-digits", "--set", *_with(TINY, "seeds=2"), "--out", str(out),
                      "--no-progress"]) == 0
+    _check_time_plot(out, *drawn["comparison_time.png"])
     results = {r["method"]: r for r in _rows(out / "results.csv")}
     assert set(results) == {"fedavg", "fedavg_deadline", "fedbuff", "fedasync"}
     for name, row in results.items():
@@ -129,6 +145,31 @@ def test_the_preset_compares_and_runs_end_to_end(tmp_path):
     assert times[0] == 0.0 and times[1] < times[2]
     summary = json.loads((run / "summary.json").read_text())
     assert math.isfinite(summary["final_mean"]["time_to_target"])
+
+
+def _check_time_plot(out, kw, drawn):
+    """comparison_time.png: every method's seed mean of each metric at each evaluation
+    round, drawn at the seeds' mean virtual time of that round (per_seed_metrics.csv)."""
+    assert (out / "comparison_time.png").read_bytes()[:4] == b"\x89PNG"
+    assert kw["x"] == "virtual_time" and kw["xlabel"].startswith("virtual time (s)")
+    assert set(drawn) == {"test_accuracy", "test_accuracy_worst", "trips"}  # not time itself
+    rows = _rows(out / "per_seed_metrics.csv")
+    seeds = {r["seed"] for r in rows}
+    for metric, per_method in drawn.items():
+        assert set(per_method) == {"fedavg", "fedavg_deadline", "fedbuff", "fedasync"}
+        for method, band in per_method.items():
+            mine = [r for r in rows if r["method"] == method]
+            rounds = sorted({int(r["round"]) for r in mine})
+            at = [[r for r in mine if int(r["round"]) == t] for t in rounds]
+            time = [np.mean([float(r["virtual_time"]) for r in rs]) for rs in at]
+            value = [np.mean([float(r[metric]) for r in rs]) for rs in at]
+            np.testing.assert_allclose(band["round"], time, rtol=1e-9, err_msg=method)
+            np.testing.assert_allclose(band["mean"], value, rtol=1e-9, err_msg=method)
+            assert band["n"] == [len(seeds)] * len(rounds)
+            assert time[0] == 0.0 and np.all(np.diff(time) > 0), method
+    # FedAsync's 8 arrivals and FedBuff's 4 steps end at other times than FedAvg's rounds.
+    ends = {m: b["round"][-1] for m, b in drawn["test_accuracy"].items()}
+    assert len(set(ends.values())) == 4, ends
 
 
 @pytest.mark.parametrize("settings, message", [
