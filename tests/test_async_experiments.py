@@ -20,7 +20,7 @@ import pytest
 from federations import local_gd
 
 from conftest import make_ragged, np_client_grad
-from fedjax_sim import cli, plots
+from fedjax_sim import cli, experiments, plots
 from fedjax_sim.algorithms import Work, fedavg, sgd
 from fedjax_sim.algorithms.clocked import with_clock
 from fedjax_sim.models import linear_regression
@@ -219,3 +219,82 @@ def test_a_client_that_goes_offline_mid_trip_does_not_report():
                     for i in np.flatnonzero(kept)], axis=0)
     np.testing.assert_allclose(np.asarray(state.inner.params, np.float64), want, rtol=1e-5,
                                atol=1e-6)
+
+
+SWEEP = ["num_clients=8", "seeds=2", "rounds=4", "eval_every=2", "concurrency=4",
+         "buffer_size=1,2,4", "target_accuracy=0.05", "method=fedbuff"]
+
+
+@pytest.mark.slow
+def test_a_sweep_over_the_buffer_and_its_resume_lose_and_duplicate_nothing(tmp_path):
+    """`sweep async-digits` over B: a trial per cell and seed, each with its clock columns
+    (B uploads per server step: trips = rounds · B with every client online); a sweep
+    killed after its first cell, mid-row, resumes to the same trials and summary."""
+    full = experiments.sweep_preset("async-digits", SWEEP, out_dir=tmp_path / "full",
+                                    progress=False)
+    trials = _rows(full / "trials.csv")
+    assert sorted((int(r["buffer_size"]), int(r["data_seed"])) for r in trials) == [
+        (b, s) for b in (1, 2, 4) for s in (0, 1)]
+    for row in trials:
+        assert float(row["trips"]) == 4 * int(row["buffer_size"])
+        assert 0 <= float(row["time_to_target"]) <= float(row["virtual_time"])
+    summary = {int(r["buffer_size"]): r for r in _rows(full / "summary.csv")}
+    # A server step waits for the B earliest of the K = 4 in flight: more B, more time.
+    times = [float(summary[b]["virtual_time_mean"]) for b in (1, 2, 4)]
+    assert times[0] < times[1] < times[2], times
+
+    lines = (full / "trials.csv").read_text().splitlines(keepends=True)
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / "config.json").write_bytes((full / "config.json").read_bytes())
+    (part / "trials.csv").write_text("".join(lines[:3]) + lines[3][:9])  # the kill, mid-row
+    experiments.sweep_preset("async-digits", SWEEP, out_dir=part, progress=False, resume=True)
+    key = lambda r: (r["cell_id"], r["data_seed"])  # noqa: E731
+    assert sorted(_rows(part / "trials.csv"), key=key) == sorted(trials, key=key)
+    assert _rows(part / "summary.csv") == _rows(full / "summary.csv")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fedbuff", "fedasync"])
+def test_an_interrupted_run_resumes_to_the_same_history(tmp_path, monkeypatch, method):
+    """A `run` stopped (Ctrl-C) right after its second checkpoint resumes from it: the
+    clients in flight, their versions and the clock come back with the state, so
+    metrics.csv (virtual time and trips included) and the summary equal an uninterrupted
+    run's."""
+    from fedjax_sim.checkpoint import RunCheckpoints
+
+    steps = "fedasync_rounds" if method == "fedasync" else "rounds"
+    settings = ["--set", *_with(TINY, f"{steps}=8", "seeds=2"), "checkpoint_every=2",
+                f"method={method}"]
+    other = ("buffer_size=", "rounds=") if method == "fedasync" else ("fedasync_",)
+    settings = [t for t in settings if not t.startswith(other)]
+    killed, whole = tmp_path / "killed", tmp_path / "whole"
+    real, saved = RunCheckpoints.save, []
+
+    def save_then_interrupt(self, step, *args, **kw):
+        real(self, step, *args, **kw)
+        saved.append(step)
+        if len(saved) == 2:
+            self.wait()
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(RunCheckpoints, "save", save_then_interrupt)
+        assert cli.main(["run", "async-digits", *settings, "--out", str(killed),
+                         "--no-progress"]) == 130
+    assert saved == [2, 4] and not (killed / "summary.json").exists()
+    assert cli.main(["run", "async-digits", *settings, "--out", str(killed), "--resume",
+                     "--no-progress"]) == 0
+    assert cli.main(["run", "async-digits", *settings, "--out", str(whole),
+                     "--no-progress"]) == 0
+    text = (whole / "metrics.csv").read_text()
+    assert (killed / "metrics.csv").read_text() == text
+    rows = _rows(whole / "metrics.csv")
+    assert [int(r["round"]) for r in rows] == [0, 0, 2, 2, 4, 4, 6, 6, 8, 8]  # two seeds
+    assert float(rows[-1]["virtual_time"]) > float(rows[4]["virtual_time"]) > 0
+    timing = ("seconds", "rounds_per_second", "compile_seconds", "evaluate_seconds",
+              "run_seconds", "rounds_run")
+    kept, fresh = (json.loads((d / "summary.json").read_text()) for d in (killed, whole))
+    assert {k: v for k, v in kept.items() if k not in timing} == {
+        k: v for k, v in fresh.items() if k not in timing}
+    assert len(json.loads((killed / "config.json").read_text())["resumed"]) == 1

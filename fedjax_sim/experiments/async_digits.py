@@ -80,7 +80,9 @@ def notes(s: dict, problem, results: dict) -> dict:
 
 def _validate(hetero_validate):
     def validate(s: dict, command: str = "compare") -> None:
-        clock.check(s)
+        chosen = s.get("methods") if command == "compare" else s.get("method")
+        clock.check(s, None if chosen is None else
+                    (chosen,) if isinstance(chosen, str) else tuple(chosen))
         if s.get("unseen_clients"):
             raise ValueError("setting unseen_clients must be 0 under the virtual clock (the "
                              "clock times the training clients only).")
