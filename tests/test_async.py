@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from federations import local_gd
 
-from conftest import make_ragged, np_client_grad
-from fedjax_sim.algorithms import Work, fedasync, fedavg, fedbuff, sgd, with_systems
+from conftest import make_ragged, np_client_grad, np_client_loss
+from fedjax_sim.algorithms import Work, async_ifca, fedasync, fedavg, fedbuff, sgd, with_systems
 from fedjax_sim.algorithms.fedavg import FedAvgState
 from fedjax_sim.models import linear_regression
 from fedjax_sim.ops.clock import (
@@ -107,6 +107,12 @@ class EventLoop:
             return t
         return min((s for s, _ in self.spans(c, t) if s > t), default=math.inf)
 
+    def arrive(self, c, v):
+        """Client c's upload, trained from version v: (y, its start, staleness)."""
+        start = self.ring[v]
+        y = local_gd(_REF, start, self.x_[c], self.y_[c], self.n[c], LR, self.taus[c])
+        return y, start, self.version - v
+
     def step(self, draws):
         """One server step; `draws`: the clients our refill started. Returns what happened."""
         t = self.time
@@ -136,16 +142,14 @@ class EventLoop:
             if completes and self.version - v > self.R:
                 self.discarded += 1
             elif completes:
-                start = self.ring[v]
-                y = local_gd(_REF, start, self.x_[c], self.y_[c], self.n[c], LR, self.taus[c])
-                kept.append((y, start, self.version - v))
+                kept.append(self.arrive(c, v))
         if kept:
             self.x = self.server(self.x, kept)
             self.version += 1
             self.ring[self.version] = self.x.copy()
         return {"started": started, "popped": sorted(c for _, c, _, _ in popped),
                 "time": self.time, "trips": self.trips, "updates": len(kept),
-                "staleness": np.mean([s for *_, s in kept]) if kept else 0.0}
+                "staleness": np.mean([k[2] for k in kept]) if kept else 0.0}
 
 
 _REF = SimpleNamespace(grad=np_client_grad)  # conftest's `ref`, outside a test function
@@ -163,6 +167,35 @@ def fedasync_server(alpha, a, b):
         weight = alpha * (1.0 if s <= b else 1.0 / (a * (s - b) + 1.0))  # hinge
         return (1 - weight) * x + weight * y
     return server
+
+
+class ClusteredEventLoop(EventLoop):
+    """Asynchronous IFCA: x holds k models; an arriving client picks the one of lowest loss
+    among the k of the version it downloaded (ties to the lower index) and trains it; the
+    server moves each cluster by the staleness-weighted mean of the deltas that chose it."""
+
+    def __init__(self, *args, lr, a=0.5, **kw):
+        super().__init__(*args, server=self.clustered_server, **kw)
+        self.lr, self.a, self.steps_by_clusters = lr, a, []
+
+    def arrive(self, c, v):
+        models = self.ring[v]
+        losses = [np_client_loss(models[j], self.x_[c], self.y_[c], self.n[c])
+                  for j in range(len(models))]
+        chosen = int(np.argmin(losses))
+        start = models[chosen]
+        y = local_gd(_REF, start, self.x_[c], self.y_[c], self.n[c], LR, self.taus[c])
+        return y, start, self.version - v, chosen
+
+    def clustered_server(self, x, kept):
+        x = x.copy()
+        moved = sorted({j for *_, j in kept})
+        for j in moved:
+            mine = [(y, start, s) for y, start, s, chosen in kept if chosen == j]
+            x[j] = x[j] + self.lr * sum((1 + s) ** -self.a * (y - start)
+                                        for y, start, s in mine) / len(mine)
+        self.steps_by_clusters.append(moved)
+        return x
 
 
 def _observe(before, after):
@@ -224,6 +257,26 @@ def test_fedbuff_matches_the_event_loop(concurrency):
     # updates, and some kept ones were stale.
     assert loop.failures > 0 and loop.discarded > 0
     assert int(state.trips) == loop.trips
+
+
+def test_async_ifca_matches_the_event_loop():
+    """FedBuff per cluster: each arrival's choice among the k models of the version it
+    downloaded, each cluster's step on its own arrivals, a cluster none chose kept, with
+    offline clients, stale and discarded updates, step by step."""
+    data = _data()
+    clock = Clock(step_seconds=STEP_SECONDS, bandwidth=BANDWIDTH, windows=WINDOWS)
+    alg = async_ifca(linear_regression(D), _training(), num_clusters=2, concurrency=6,
+                     buffer_size=2, server_lr=0.8, max_staleness=2, clock=clock)
+    x0 = alg.init(jax.random.key(0), data).params
+    assert x0.shape == (2, D)
+    # A trip downloads both models and uploads one: 3 models' bytes over the link.
+    loop = ClusteredEventLoop(data, x0, concurrency=6, buffer=2, max_staleness=2,
+                              windows=WINDOWS, lr=0.8, bandwidth=tuple(b * 2 / 3
+                                                                       for b in BANDWIDTH))
+    _compare_with_loop(alg, loop, data, steps=30)
+    assert loop.failures > 0 and loop.discarded > 0
+    moved = loop.steps_by_clusters
+    assert [0, 1] in moved and ([0] in moved or [1] in moved), moved  # and one kept
 
 
 def test_fedasync_matches_the_event_loop():
