@@ -117,19 +117,24 @@ def test_the_preset_compares_and_runs_end_to_end(tmp_path, monkeypatch):
         return drawn[path.name][1]
 
     monkeypatch.setattr(plots, "plot_comparison", spy)
-    assert cli.main(["compare", "async-digits", "--set", *_with(TINY, "seeds=2"), "--out", str(out),
-                     "--no-progress"]) == 0
+    # async_ifca: a method of the table beyond the preset's own four, drawn too.
+    methods = "methods=fedavg,fedavg_deadline,fedbuff,fedasync,async_ifca"
+    assert cli.main(["compare", "async-digits", "--set", *_with(TINY, "seeds=2"), methods,
+                     "--out", str(out), "--no-progress"]) == 0
     _check_time_plot(out, *drawn["comparison_time.png"])
+    assert set(drawn["comparison.png"][1]["test_accuracy"]) == set(methods[8:].split(","))
     results = {r["method"]: r for r in _rows(out / "results.csv")}
-    assert set(results) == {"fedavg", "fedavg_deadline", "fedbuff", "fedasync"}
+    assert set(results) == {"fedavg", "fedavg_deadline", "fedbuff", "fedasync", "async_ifca"}
     for name, row in results.items():
         time, trips = float(row["virtual_time_mean"]), float(row["trips_mean"])
         assert time > 0 and trips > 0, name
-        # A target of 5 % is reached at the first evaluation after round 0 at the latest.
-        assert 0 < float(row["time_to_target_mean"]) <= time, name
-        assert 0 < float(row["trips_to_target_mean"]) <= trips, name
+        # A target of 5 % is reached at the first evaluation after round 0 at the latest
+        # (at round 0 itself, time 0, where a seed's initial models already reach it).
+        assert 0 <= float(row["time_to_target_mean"]) <= time, name
+        assert 0 <= float(row["trips_to_target_mean"]) <= trips, name
     # 4 FedBuff steps of B = 2 uploads; 8 FedAsync arrivals; FedAvg's 2 of 10 per round.
     assert float(results["fedbuff"]["trips_mean"]) == 8
+    assert float(results["async_ifca"]["trips_mean"]) == 8
     assert float(results["fedasync"]["trips_mean"]) == 8
     assert float(results["fedavg"]["trips_mean"]) == 8
     history = _rows(out / "metrics.csv")
@@ -156,7 +161,8 @@ def _check_time_plot(out, kw, drawn):
     rows = _rows(out / "per_seed_metrics.csv")
     seeds = {r["seed"] for r in rows}
     for metric, per_method in drawn.items():
-        assert set(per_method) == {"fedavg", "fedavg_deadline", "fedbuff", "fedasync"}
+        assert set(per_method) == {"fedavg", "fedavg_deadline", "fedbuff", "fedasync",
+                                   "async_ifca"}
         for method, band in per_method.items():
             mine = [r for r in rows if r["method"] == method]
             rounds = sorted({int(r["round"]) for r in mine})
@@ -167,9 +173,10 @@ def _check_time_plot(out, kw, drawn):
             np.testing.assert_allclose(band["mean"], value, rtol=1e-9, err_msg=method)
             assert band["n"] == [len(seeds)] * len(rounds)
             assert time[0] == 0.0 and np.all(np.diff(time) > 0), method
-    # FedAsync's 8 arrivals and FedBuff's 4 steps end at other times than FedAvg's rounds.
+    # FedAsync's 8 arrivals, FedBuff's and async IFCA's 4 steps (k + 1 models a trip) end
+    # at other times than FedAvg's rounds.
     ends = {m: b["round"][-1] for m, b in drawn["test_accuracy"].items()}
-    assert len(set(ends.values())) == 4, ends
+    assert len(set(ends.values())) == 5, ends
 
 
 @pytest.mark.parametrize("settings, message", [

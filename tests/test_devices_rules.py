@@ -1,13 +1,14 @@
 """The same seed on 1 and 4 forced CPU devices: the same events and the same numbers.
 
-FedBuff and FedAsync (with Systems' availability and dropout, heavy-tailed speeds): after
-every server step, the slots' clients, their download versions, event times and outcomes
-and the server's version and clock agree exactly (the event order), the model to float
-rounding. `with_aggregator` (Byzantine clients under a robust rule, FedAvg and IFCA per
-cluster) and `with_dp` (clipped, noised FedAvg with a cohort; adaptive clipping): the
-same cohorts, Byzantine flags and noise, so the same models to float rounding. The
-`async-digits` comparison through the command line with `--devices 1` and `--devices 4`:
-the same virtual times and trips exactly, every other number to float rounding.
+FedBuff, FedAsync and asynchronous IFCA (with Systems' availability and dropout,
+heavy-tailed speeds): after every server step, the slots' clients, their download
+versions, event times and outcomes and the server's version and clock agree exactly (the
+event order), the model to float rounding. `with_aggregator` (Byzantine clients under a
+robust rule, FedAvg and IFCA per cluster) and `with_dp` (clipped, noised FedAvg with a
+cohort; adaptive clipping): the same cohorts, Byzantine flags and noise, so the same
+models to float rounding. The `async-digits` comparison through the command line with
+`--devices 1` and `--devices 4`: the same virtual times and trips exactly, every other
+number to float rounding.
 
 Sharding the client axis changes only the order of the cross-client sums (DESIGN.md:
 a client's key is fold_in(round_key, client_id)), so discrete results agree bit for bit
@@ -36,8 +37,9 @@ SCRIPT = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     from federations import eight_clients
     from fedjax_sim import cli, parallel, simulate
-    from fedjax_sim.algorithms import (AdaptiveClipping, Work, fedasync, fedavg, fedbuff, ifca,
-                                       sgd, with_aggregator, with_dp, with_systems)
+    from fedjax_sim.algorithms import (AdaptiveClipping, Work, async_ifca, fedasync, fedavg,
+                                       fedbuff, ifca, sgd, with_aggregator, with_dp,
+                                       with_systems)
     from fedjax_sim.ops import attacks, robust
     from fedjax_sim.ops.clock import Clock
     from fedjax_sim.systems import Systems
@@ -53,6 +55,8 @@ SCRIPT = textwrap.dedent(
         "fedbuff": fedbuff(model, training, concurrency=5, buffer_size=2, max_staleness=3,
                            clock=clock),
         "fedasync": fedasync(model, training, concurrency=4, max_staleness=3, clock=clock),
+        "async_ifca": async_ifca(model, training, num_clusters=2, concurrency=5, buffer_size=2,
+                                 max_staleness=3, clock=clock),
     }
     plain = sgd(0.1, steps=2, batch_size=2)
     rules = {
@@ -124,7 +128,7 @@ def _close(a, b, what):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["fedbuff", "fedasync"])
+@pytest.mark.parametrize("name", ["fedbuff", "fedasync", "async_ifca"])
 def test_async_events_are_the_same_on_one_and_four_devices(runs, name):
     _, out = runs
     one, four = out[f"{name}/1"], out[f"{name}/4"]

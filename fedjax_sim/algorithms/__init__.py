@@ -84,6 +84,7 @@ ALGORITHMS = {
     "fedadagrad": fedadagrad,
     "fedbuff": fedbuff,
     "fedasync": fedasync,
+    "async_ifca": async_ifca,
 }
 
 

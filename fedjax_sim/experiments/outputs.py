@@ -92,7 +92,9 @@ def _write_comparison(preset: Preset, settings: dict, problem, results: dict, ou
                                         for row in rows_])
     comparison = Comparison(per_seed_finals, histories, metrics, experiment.baseline, notes,
                             results)
-    methods = list(experiment.methods)
+    # The experiment's methods first (their colours the same in every run), then any other
+    # the methods setting named from its table.
+    methods = list(dict.fromkeys([*experiment.methods, *results]))
     # Curves and bands over the seeds that did not diverge, as the means of metrics.csv.
     kept = [row for row in long_rows if results[row["method"]].diverged[row["seed"]] is None]
     plots.plot_comparison(kept, out_dir / "comparison.png", list(experiment.panels),
