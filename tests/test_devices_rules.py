@@ -10,7 +10,7 @@ models to float rounding. The `async-digits` comparison through the command line
 `--devices 1` and `--devices 4`: the same virtual times and trips exactly, every other
 number to float rounding.
 
-Sharding the client axis changes only the order of the cross-client sums (DESIGN.md:
+Sharding the client axis changes only the order of the cross-client sums (the design:
 a client's key is fold_in(round_key, client_id)), so discrete results agree bit for bit
 and floats to a few float32 ulps. JAX fixes its device count when it initialises: the
 runs happen in one fresh subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=4.
