@@ -113,8 +113,11 @@ def async_experiment(name: str, description: str, compared: tuple[str, ...],
     e = hetero_experiment(name, description, compared, "fedavg", defaults)
     added = [dataclasses.replace(st, default=defaults.get(st.name, st.default))
              for st in (*clock.CLOCK_SETTINGS.values(), *clock.ASYNC_SETTINGS.values())]
+    # Of the clustered methods, this table has async_ifca alone.
+    own = tuple(dataclasses.replace(st, help="async_ifca: cluster models") if st.name == "k"
+                else st for st in e.settings)
     return e.replace(
-        settings=(*e.settings, *added), method_table=TABLE,
+        settings=(*own, *added), method_table=TABLE,
         provides=frozenset({VIRTUAL_CLOCK}), metrics=metrics, table=table, notes=notes,
         validate=_validate(e.validate), tune_metric=None,
         panels=(*e.panels[:2], ("virtual_time", "virtual time (s)"), ("trips", "client trips")))
