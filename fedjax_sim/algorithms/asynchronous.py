@@ -50,7 +50,14 @@ from fedjax_sim.algorithms.fedavg import evaluate_shared
 from fedjax_sim.algorithms.ifca import evaluate_clusters
 from fedjax_sim.algorithms.training import ClientTraining
 from fedjax_sim.models.core import Model, client_loss
-from fedjax_sim.ops import Cohort, assign_clusters, client_keys, cohort_sums, weighted_sum
+from fedjax_sim.ops import (
+    Cohort,
+    assign_clusters,
+    client_keys,
+    cohort_sums,
+    segment_totals,
+    weighted_sum,
+)
 from fedjax_sim.ops.clock import Clock, model_bytes, next_online, online, trip_events
 from fedjax_sim.ops.work import TABLE_MAX_CLIENTS, available, slot_flags
 from fedjax_sim.systems import systems_of
@@ -264,12 +271,10 @@ def asynchronous(name: str, model: Model, training: ClientTraining, *, concurren
             active = batch.active.astype(jnp.float32)
             if k is None:
                 sums = (weighted_sum(value, w), jnp.sum(w), jnp.sum(active))
-            else:  # per cluster: [c, k] one-hot of the choices, a non-reporting slot none
-                member = (chosen[:, None] == jnp.arange(k)).astype(jnp.float32)
-                sums = (jax.tree.map(lambda v: jnp.tensordot((member * w[:, None]).T
-                                                             .astype(v.dtype), v, axes=1),
-                                     value),
-                        member.T @ w, member.T @ active)
+            else:  # per cluster, IFCA's segment sums; a slot not reporting is dropped (id k)
+                segment = jnp.where(batch.active, chosen, k)
+                totals, seg_weight = segment_totals(value, segment, k, w)
+                sums = (totals, seg_weight, jax.ops.segment_sum(active, segment, k))
             return sums, (losses[:, 0], batch.active, tau)
 
         (total, total_weight, count), (first_losses, active, taus) = cohort_sums(
