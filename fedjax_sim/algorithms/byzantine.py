@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sim.algorithms.base import Algorithm, check_no_rule
-from fedjax_sim.ops.attacks import byzantine_clients
+from fedjax_sim.ops.attacks import OneOf, byzantine_clients, switch
 from fedjax_sim.ops.robust import Aggregator, chain
 
 #: The stream folded into a round's key for the attack's and the aggregator's draws.
@@ -79,6 +79,9 @@ class RobustSum:
     byzantine: jax.Array  # [m] bool: the Byzantine clients
     aggregator: Aggregator = dataclasses.field(metadata={"static": True})
     attack: Any = dataclasses.field(default=None, metadata={"static": True})
+    # With attack a tuple of attacks (None: honest), which one: an int32 scalar (traced in
+    # a sweep whose attack is a vmapped axis; `ops.attacks.one_of`).
+    attack_index: Any = None
 
     def sums(self, changes, weights, batch=None):
         stacked = _stack(changes, weights, batch)
@@ -96,7 +99,10 @@ class RobustSum:
         reports = sums.reports > 0
         byzantine = (sums.byzantine > 0) & reports
         updates = sums.updates
-        if self.attack is not None:
+        if isinstance(self.attack, tuple):
+            updates = switch(OneOf(self.attack, self.attack_index), updates, byzantine, key,
+                             mask=reports)
+        elif self.attack is not None:
             updates = self.attack(updates, byzantine, key, mask=reports)
         return updates, reports, {"byzantine_reports": jnp.sum(byzantine).astype(jnp.float32)}
 
@@ -144,11 +150,15 @@ def with_aggregator(algorithm: Algorithm, aggregator, *, byzantine=0, attack=Non
       aggregator: an `ops.robust.Aggregator` (e.g. `robust.trimmed_mean(f=2)`), or a
         sequence of pre-aggregations ending in one (`robust.chain`'d here: e.g.
         `[robust.bucketing(bucket_size=2), robust.krum(f=1)]`).
-      byzantine: how many of the m clients are Byzantine (an int), or which share of them
-        (a float in [0, 1): ⌊share·m⌋), drawn once at init from its key.
+      byzantine: how many of the m clients are Byzantine (an int, or an integer scalar
+        array that may be traced: a sweep's Byzantine count as a vmapped axis), or which
+        share of them (a float in [0, 1): ⌊share·m⌋), drawn once at init from its key
+        (`ops.attacks.byzantine_clients`: for one key, a larger count keeps the clients
+        of a smaller one).
       attack: an `ops.attacks` attack (e.g. `attacks.a_little_is_enough()`), what the
-        Byzantine reporting clients send each round; None: they behave honestly (a
-        defence measured on heterogeneous data alone).
+        Byzantine reporting clients send each round; `attacks.one_of(attacks, index)`:
+        the one its (possibly traced) index picks, each round by `lax.switch`; None:
+        they behave honestly (a defence measured on heterogeneous data alone).
 
     Returns:
       The algorithm; its rounds also report `byzantine_reports` (the Byzantine clients
@@ -174,25 +184,34 @@ def with_aggregator(algorithm: Algorithm, aggregator, *, byzantine=0, attack=Non
     if not isinstance(aggregator, Aggregator):
         raise ValueError("with_aggregator takes an ops.robust Aggregator (or a list of "
                          f"pre-aggregations ending in one); got {aggregator!r}.")
-    if isinstance(byzantine, bool) or not isinstance(byzantine, (int, float)) or not (
-            byzantine >= 0 and (isinstance(byzantine, int) or byzantine < 1)):
+    counted = isinstance(byzantine, jax.Array) and not isinstance(byzantine, bool)
+    if counted and (byzantine.shape or not jnp.issubdtype(byzantine.dtype, jnp.integer)):
+        raise ValueError("byzantine as an array must be an integer scalar (a count of "
+                         f"clients); got {byzantine.dtype}{list(byzantine.shape)}.")
+    if not counted and (isinstance(byzantine, bool) or not isinstance(byzantine, (int, float))
+                        or not (byzantine >= 0
+                                and (isinstance(byzantine, int) or byzantine < 1))):
         raise ValueError("byzantine must be a number of clients (an int >= 0) or a share in "
                          f"[0, 1); got {byzantine!r}.")
-    if attack is not None and not callable(attack):
+    if attack is not None and not (callable(attack) or isinstance(attack, OneOf)):
         raise ValueError(f"attack must be None or an ops.attacks attack; got {attack!r}.")
-    if attack is not None and byzantine == 0:
+    if attack is not None and not counted and byzantine == 0:
         raise ValueError("an attack needs Byzantine clients: give byzantine > 0.")
+    chosen, index = (attack.attacks, attack.index) if isinstance(attack, OneOf) else (attack,
+                                                                                      None)
 
     def init(key, data):
         state = algorithm.init(key, data)
         check_no_rule(state, "with_aggregator", "the clients' model changes")
         m = data.num_clients
-        count = byzantine if isinstance(byzantine, int) else int(byzantine * m)
-        if count > m:
+        count = (byzantine if counted or isinstance(byzantine, int)
+                 else int(byzantine * m))
+        if not counted and count > m:
             raise ValueError(f"byzantine={byzantine} exceeds the {m} clients.")
         flags = byzantine_clients(jax.random.fold_in(key, BYZANTINE_STREAM), m, count)
         like, per_cluster = _model_like(state)
         rule_state = (jax.vmap(aggregator.init)(like) if per_cluster else aggregator.init(like))
-        return state._replace(aggregation=RobustSum(rule_state, flags, aggregator, attack))
+        return state._replace(aggregation=RobustSum(rule_state, flags, aggregator, chosen,
+                                                    index))
 
     return algorithm._replace(init=init)

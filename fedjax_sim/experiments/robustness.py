@@ -100,6 +100,7 @@ ROBUST_SETTINGS = {
             "⌊share·m⌋ clients, drawn per seed, the same for every method",
             minimum=0.0,
             maximum=0.99,
+            traced=True,
         ),
         Setting(
             "attack",
@@ -109,6 +110,7 @@ ROBUST_SETTINGS = {
             "omniscient): none (they train honestly), sign_flip, gaussian, alie (A Little Is "
             "Enough), ipm (inner-product manipulation), min_max, min_sum, mimic",
             choices=ATTACKS,
+            traced=True,
         ),
         Setting(
             "attack_scale",
@@ -339,6 +341,59 @@ class RobustRule:
         }
 
 
+class RobustGrid:
+    """The robust rules of sweep cells that differ only in attack and byzantine, as the
+    traced values of one program (`study.grid_run`): one point per distinct (b, f, attack)
+    of the cells, where b = ⌊byzantine · m⌋ and f = `rule_f` (as `RobustRule` builds each
+    cell); a cell with no Byzantine client takes the point of (0, f, none), since no attack
+    reaches the server without one. At a point,
+
+        Byzantine clients   the first b of the seed's permutation (`ops.attacks.
+                            byzantine_clients` with b traced: the cell's own draw)
+        rule                `aggregator_of` with f traced (`ops.robust.inject_hyperparams`)
+        attack              `ops.attacks.one_of` the cells' attacks, by a traced index
+
+    Attributes:
+      points: name -> [G] values (floats, as `algorithms.with_grid` takes them).
+      cell_points: each cell's point, in the order of the cells.
+    """
+
+    def __init__(self, cells: list[dict], num_clients: int):
+        rules = [RobustRule(c, num_clients) for c in cells]
+        self.s = cells[0]
+        self.attacks = tuple(dict.fromkeys(["none", *(r.attack_name for r in rules)]))
+        keys = [(r.byzantine, r.f, self.attacks.index(r.attack_name)) for r in rules]
+        unique = list(dict.fromkeys(keys))
+        self.cell_points = [unique.index(k) for k in keys]
+        self.points = {
+            name: [float(k[i]) for k in unique]
+            for i, name in enumerate(("byzantine", "f", "attack"))
+        }
+        self.choices = tuple(attack_of({**self.s, "attack": a}) for a in self.attacks)
+
+    def __len__(self) -> int:
+        return len(self.points["attack"])
+
+    def wrap_at(self, point: dict):
+        """The server rule's wrap at a point of `points` (its values may be traced)."""
+        import jax.numpy as jnp
+
+        from fedjax_sim.ops import attacks, robust
+
+        def whole(name):
+            return jnp.asarray(point[name]).astype(jnp.int32)
+
+        aggregator = robust.inject_hyperparams(lambda f: aggregator_of(self.s, f), f=whole("f"))
+        attack = attacks.one_of(self.choices, whole("attack"))
+
+        def wrap(algorithm):
+            return with_aggregator(
+                algorithm, aggregator, byzantine=whole("byzantine"), attack=attack
+            )
+
+        return wrap
+
+
 def plan(s: dict, num_clients: int) -> RobustRule | None:
     """The run's RobustRule where its settings ask for one; None: the plain algorithm."""
     return RobustRule(s, num_clients) if enabled(s) else None
@@ -349,6 +404,7 @@ __all__ = [
     "ATTACKS",
     "PRE_AGGREGATIONS",
     "ROBUST_SETTINGS",
+    "RobustGrid",
     "RobustRule",
     "check",
     "enabled",

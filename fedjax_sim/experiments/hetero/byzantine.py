@@ -2,13 +2,18 @@
 
     each cell (aggregator, pre_aggregation, attack, byzantine, alpha) and seed:
         FedAvg with the cell's rule (`experiments.robustness`) and Byzantine clients,
-        on Dirichlet(α) clients                                        (`study.sweep_of`)
+        on Dirichlet(α) clients
     each (aggregator, pre_aggregation, byzantine, alpha):
         worst case = the lowest mean test accuracy over the attacks, and the attack
         achieving it                                   (summary.csv, worst_case.csv)
 
-A cell with byzantine=0 has no client to attack through: every attack of it trains the
-same run, which is trained once and its trials reused (recorded under each attack).
+The cells that differ only in attack and byzantine (the settings declared traced) are one
+compiled program (`study.grid_run` over a `robustness.RobustGrid`): the Byzantine count,
+the rules' f and the attack are traced values of a vmapped grid axis outside the seeds,
+every point on the same data, initial weights and round keys, so each cell's trials are
+those of the cell trained alone (`study.sweep_of`'s run) up to float rounding. Cells with
+byzantine=0 have no client to attack through: every attack of them is the grid's one point
+of attack none (trained once, recorded under each attack).
 """
 
 from __future__ import annotations
@@ -17,12 +22,41 @@ import dataclasses
 import json
 import math
 
-from fedjax_sim.experiments import robustness, study
-from fedjax_sim.experiments.base import Sweep
+from fedjax_sim import compare as executor
+from fedjax_sim.experiments import robustness, study, tuned
+from fedjax_sim.experiments.base import RunContext, Sweep
 from fedjax_sim.io import write_csv
 
 GROUP = ("aggregator", "pre_aggregation", "bucket_size", "byzantine", "alpha")
 METRIC = "test_accuracy"
+# What the cells of one program may differ in (besides their ids).
+TRACED = ("attack", "byzantine")
+
+
+def grid_trials(e, cells: list[dict], seed_ids: list[int], mesh=None) -> list[dict]:
+    """trials.csv rows (each with its cell's "cell_id") of every (cell, seed) of cells that
+    differ only in attack and byzantine, trained as one program (`study.grid_run`)."""
+    s = {k: v for k, v in cells[0].items() if k != "cell_id"}
+    name = s[e.method_key]
+    execution = RunContext(mesh=mesh, progress=False).execution(s)
+    problem = study.problem_for(e, s)
+    footprint = None if e.footprint is None else e.footprint(name, s, problem)
+    problem = execution.planned(problem, footprint)
+    grid = robustness.RobustGrid(cells, study.num_clients(problem))
+    spec = study.grid_run(e, name, s, problem, grid.points, grid.wrap_at)
+    seeds = s["seeds"]
+    result = executor.train_method(name, spec, len(grid) * seeds, execution)
+    metrics = [m for m in study.table(e, s) if m in result.per_seed]
+    return [
+        {
+            "cell_id": cell["cell_id"],
+            "data_seed": i,
+            "method": name,
+            **{m: float(result.per_seed[m][point * seeds + i]) for m in metrics},
+        }
+        for cell, point in zip(cells, grid.cell_points, strict=True)
+        for i in seed_ids
+    ]
 
 
 def byzantine_sweep(e) -> Sweep:
@@ -62,12 +96,37 @@ def byzantine_sweep(e) -> Sweep:
                 row["worst_attack"] = worst["attack"]
         return summary
 
+    def one_program(cells: list[dict]) -> bool:
+        apart = {k for c in cells for k in c if c.get(k) != cells[0].get(k)} - {"cell_id"}
+        return len(cells) > 1 and apart <= set(TRACED) and not tuned.tunes(cells[0])
+
+    def group_trials(cells: list[dict], seed_ids: list[int], mesh=None) -> list[dict]:
+        if not one_program(cells):
+            return [
+                {"cell_id": c["cell_id"], **row} for c in cells for row in trials(c, seed_ids, mesh)
+            ]
+        return grid_trials(e, cells, seed_ids, mesh)
+
+    def trials_per_program(cells: list[dict]) -> int:
+        if not one_program(cells):
+            return cells[0]["seeds"]
+        m = robustness.training_clients(cells[0])
+        return len(robustness.RobustGrid(cells, m)) * cells[0]["seeds"]
+
     def plot(summary: list[dict], out_dir) -> None:
         write_csv(out_dir / "worst_case.csv", worst_case(summary))
         if plain.plot is not None:
             plain.plot(summary, out_dir)
 
-    return dataclasses.replace(plain, trials=trials, summarize=summarize, plot=plot)
+    return dataclasses.replace(
+        plain,
+        trials=trials,
+        summarize=summarize,
+        plot=plot,
+        group=True,
+        group_trials=group_trials,
+        trials_per_program=trials_per_program,
+    )
 
 
 def _value(row: dict) -> float:
