@@ -1,0 +1,238 @@
+"""Attacks, Byzantine counts and the rules' f as traced values: one program for a grid.
+
+The kernels are checked against float64 loops written from the definitions (Krum's
+scores by brute force, NNM by its neighbours, the trimmed mean by sorting; the attacks'
+formulas); a grid of (Byzantine count, f, attack) points vmapped by `with_grid` against
+the rounds of each point written as a loop; and the `byzantine-digits` sweep's one
+program per group against the same cells trained one at a time.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedjax_sim.algorithms import fedavg, sgd, with_aggregator, with_grid
+from fedjax_sim.algorithms.byzantine import BYZANTINE_STREAM
+from fedjax_sim.ops import attacks, robust
+
+LR, TAU, ROUNDS = 0.1, 3, 3
+
+
+def _federation():
+    from conftest import make_ragged
+
+    return make_ragged(5, sizes=(3, 2, 4, 1, 2, 3, 0, 2, 4, 1),
+                       clusters=(0, 1, 0, 1, 0, 1, 0, 1, 0, 1))
+
+
+def _gd(ref, theta, x, y, n):
+    theta = np.asarray(theta, np.float64).copy()
+    for _ in range(TAU):
+        theta = theta - LR * ref.grad(theta, x, y, n)
+    return theta
+
+
+def _whole(point, name):
+    return jnp.asarray(point[name]).astype(jnp.int32)
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def test_a_traced_byzantine_count_flags_the_first_count_of_the_permutation():
+    key, m = jax.random.key(3), 9
+    order = np.asarray(jax.random.permutation(key, m))
+    flags = np.asarray(jax.vmap(lambda c: attacks.byzantine_clients(key, m, c))(
+        jnp.arange(m + 1, dtype=jnp.int32)))
+    for count in range(m + 1):
+        np.testing.assert_array_equal(flags[count], np.isin(np.arange(m), order[:count]))
+    # a concrete count is the same draw
+    np.testing.assert_array_equal(np.asarray(attacks.byzantine_clients(key, m, 4)), flags[4])
+
+
+def _np_krum(x, mask, f):
+    idx = [i for i in range(len(x)) if mask[i]]
+    n = len(idx)
+    k = min(max(n - f - 2, 1), n - 1)
+    scores = {}
+    for i in idx:
+        d = sorted(float(np.sum((x[i] - x[j]) ** 2)) for j in idx if j != i)
+        scores[i] = sum(d[:k])
+    return x[min(idx, key=lambda i: (scores[i], i))]
+
+
+def _np_nnm(x, mask, f):
+    idx = [i for i in range(len(x)) if mask[i]]
+    n = len(idx)
+    out = np.zeros_like(x)
+    for i in idx:
+        near = sorted(idx, key=lambda j: (float(np.sum((x[i] - x[j]) ** 2)), j))[:max(n - f, 1)]
+        out[i] = np.mean([x[j] for j in near], axis=0)
+    return out
+
+
+def _np_trimmed(x, mask, f):
+    srt = np.sort(x[mask], axis=0)
+    return srt[f:len(srt) - f].mean(axis=0)
+
+
+def test_rules_with_a_traced_f_against_loops():
+    x = np.random.default_rng(0).normal(size=(9, 4))
+    x[2] += 6.0  # an outlier Krum must not pick
+    mask = np.array([1, 1, 1, 1, 0, 1, 1, 1, 1], bool)  # slot 4 does not report
+    fs = np.array([0, 1, 2], np.int32)
+
+    def at(factory):
+        def one(f):
+            agg = robust.inject_hyperparams(factory, f=f)
+            update, _ = agg.aggregate(jnp.asarray(x, jnp.float32), jnp.asarray(mask),
+                                      jax.random.key(0), agg.init(jnp.zeros(4)))
+            return update
+        return np.asarray(jax.jit(jax.vmap(one))(jnp.asarray(fs)))
+
+    trimmed = at(lambda f: robust.trimmed_mean(f=f))
+    krum = at(lambda f: robust.krum(f=f))
+    nnm_krum = at(lambda f: robust.chain(robust.nearest_neighbor_mixing(f=f), robust.krum(f=f)))
+    for g, f in enumerate(fs):
+        np.testing.assert_allclose(trimmed[g], _np_trimmed(x, mask, f), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(krum[g], _np_krum(x, mask, f), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(nnm_krum[g], _np_krum(_np_nnm(x, mask, f), mask, f),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_a_traced_attack_index_picks_each_attack_by_its_formula():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(6, 3))
+    byz = np.array([0, 1, 0, 0, 1, 0], bool)
+    mask = np.array([1, 1, 1, 0, 1, 1], bool)
+    honest = mask & ~byz
+    choices = (None, attacks.sign_flip(scale=3.0), attacks.inner_product_manipulation(
+        epsilon=0.5))
+
+    def one(i):
+        return attacks.switch(attacks.one_of(choices, i), jnp.asarray(x, jnp.float32),
+                              jnp.asarray(byz), jax.random.key(0), mask=jnp.asarray(mask))
+
+    out = np.asarray(jax.vmap(one)(jnp.arange(3, dtype=jnp.int32)))
+    expected = [x.copy(), x.copy(), x.copy()]
+    expected[1][byz] = -3.0 * x[byz]
+    expected[2][byz] = -0.5 * x[honest].mean(axis=0)
+    for g in range(3):
+        np.testing.assert_allclose(out[g], expected[g], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="index must be an integer in"):
+        attacks.one_of(choices, 3)
+
+
+# --------------------------------------------------------------------------- rounds
+
+
+POINTS = {"byzantine": [0, 2, 2, 3], "f": [0, 2, 2, 3], "attack": [0, 0, 1, 1]}
+
+
+def test_a_grid_of_counts_f_and_attacks_is_each_points_loop(linear_model, ref):
+    """One vmapped program over (Byzantine count, trimmed-mean f, attack ∈ {honest, sign
+    flip ×10}) against each point's rounds: the Byzantine clients the first `count` of the
+    init key's permutation, their changes replaced by −10 Δ_i under the attack, θ moved by
+    the trimmed mean over the clients holding data."""
+    data = _federation()
+    choices = (None, attacks.sign_flip(scale=10.0))
+
+    def build_at(p):
+        rule = robust.inject_hyperparams(lambda f: robust.trimmed_mean(f=f), f=_whole(p, "f"))
+        return with_aggregator(fedavg(linear_model, sgd(LR, steps=TAU)), rule,
+                               byzantine=_whole(p, "byzantine"),
+                               attack=attacks.one_of(choices, _whole(p, "attack")))
+
+    alg = with_grid(build_at, POINTS)
+    key0 = jax.random.key(0)
+    state = jax.jit(alg.init)(key0, data)
+    order = np.asarray(jax.random.permutation(jax.random.fold_in(key0, BYZANTINE_STREAM), 10))
+    x, y, n = np.asarray(data.x), np.asarray(data.y), np.asarray(data.num_examples)
+    w = [np.asarray(state.params[g], np.float64) for g in range(4)]
+    byz = [np.isin(np.arange(10), order[:c]) for c in POINTS["byzantine"]]
+    np.testing.assert_array_equal(np.asarray(state.aggregation.byzantine), np.stack(byz))
+    step = jax.jit(alg.round)
+    for key in jax.random.split(jax.random.key(2), ROUNDS):
+        state, _ = step(state, data, key)
+        for g in range(4):
+            changes = []
+            for i in range(10):
+                if n[i]:
+                    delta = _gd(ref, w[g], x[i], y[i], n[i]) - w[g]
+                    flip = byz[g][i] and POINTS["attack"][g] == 1
+                    changes.append(-10.0 * delta if flip else delta)
+            f = POINTS["f"][g]
+            srt = np.sort(np.asarray(changes), axis=0)
+            w[g] = w[g] + srt[f:len(srt) - f].mean(axis=0)
+            np.testing.assert_allclose(state.params[g], w[g], rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+def test_byzantine_digits_runs_one_program_per_rule_and_alpha():
+    from fedjax_sim.experiments.hetero.experiment import BYZANTINE
+    from fedjax_sim.experiments.registry import get_preset
+    from fedjax_sim.experiments.runner import (
+        SWEEP,
+        _group_cells,
+        expand_cells,
+        resolve_settings,
+        sweep_axes,
+    )
+
+    preset = get_preset("byzantine-digits", SWEEP)
+    settings = resolve_settings(preset, {}, SWEEP, None)
+    cells = expand_cells(settings, sweep_axes(preset, settings))
+    groups = _group_cells(BYZANTINE, BYZANTINE.sweep, cells)
+    # aggregator × pre_aggregation × alpha programs, each over attack × byzantine
+    assert len(groups) == 4 * 2 * 2
+    assert {len(g) for g in groups} == {4 * 4}
+    for group in groups:
+        assert len({(c["aggregator"], c["pre_aggregation"], c["alpha"]) for c in group}) == 1
+        # byzantine=0 is one point for every attack: 1 + 3 shares × 4 attacks
+        assert BYZANTINE.sweep.program_size(group) == (1 + 3 * 4) * settings["seeds"]
+
+
+TINY = ["num_clients=10", "rounds=2", "eval_every=2", "seeds=2", "hidden=8",
+        "local_steps=2", "alpha=0.5", "aggregator=trimmed_mean", "pre_aggregation=nnm",
+        "attack=none,sign_flip,alie", "byzantine=0,0.1,0.2"]
+
+
+@pytest.mark.slow
+def test_a_grouped_sweep_equals_its_cells_run_one_at_a_time(tmp_path):
+    """`fedjax-sim sweep byzantine-digits` over attack × byzantine (f varying with the
+    share) as one program: every trial equals the cell trained alone (float rounding)."""
+    from fedjax_sim import cli
+    from fedjax_sim.experiments import study
+    from fedjax_sim.experiments.hetero.experiment import BYZANTINE
+
+    out = tmp_path / "sweep"
+    assert cli.main(["sweep", "byzantine-digits", "--out", str(out), "--no-progress", "--set",
+                     *TINY]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert list(config["plan"]["trials_per_program"].values()) == [(1 + 2 * 3) * 2]
+    with open(out / "trials.csv") as f:
+        grouped = list(csv.DictReader(f))
+    assert len(grouped) == 9 * 2
+    base = {**BYZANTINE.defaults(),
+            **{k: type(BYZANTINE.defaults()[k])(v) for k, v in
+               (kv.split("=") for kv in TINY[:7])},
+            "aggregator": "trimmed_mean", "pre_aggregation": "nnm"}
+    plain = study.sweep_of(dataclasses.replace(BYZANTINE, sweep=None))
+    for row in grouped:
+        cell = {**base, "attack": row["attack"], "byzantine": float(row["byzantine"])}
+        if cell["byzantine"] == 0:
+            cell["attack"] = "none"
+        alone = plain.trials(cell, [int(row["data_seed"])])[0]
+        for metric in ("test_accuracy", "test_accuracy_worst", "train_loss", "test_loss"):
+            np.testing.assert_allclose(float(row[metric]), alone[metric], rtol=2e-5,
+                                       atol=1e-6, err_msg=f"{metric} of {cell['attack']}, "
+                                       f"byzantine={cell['byzantine']}")
