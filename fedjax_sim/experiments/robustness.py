@@ -100,7 +100,6 @@ ROBUST_SETTINGS = {
             "⌊share·m⌋ clients, drawn per seed, the same for every method",
             minimum=0.0,
             maximum=0.99,
-            traced=True,
         ),
         Setting(
             "attack",
@@ -110,7 +109,6 @@ ROBUST_SETTINGS = {
             "omniscient): none (they train honestly), sign_flip, gaussian, alie (A Little Is "
             "Enough), ipm (inner-product manipulation), min_max, min_sum, mimic",
             choices=ATTACKS,
-            traced=True,
         ),
         Setting(
             "attack_scale",

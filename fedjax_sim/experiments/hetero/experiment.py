@@ -24,7 +24,7 @@ from fedjax_sim.algorithms import ClientTraining
 from fedjax_sim.data import partition
 from fedjax_sim.data.images import default_rotations
 from fedjax_sim.experiments.base import Experiment, Preset, Trained
-from fedjax_sim.experiments.hetero.byzantine import byzantine_sweep
+from fedjax_sim.experiments.hetero.byzantine import TRACED, byzantine_sweep
 from fedjax_sim.experiments.hetero.data import (
     DATASETS,
     PARTITIONER_READS,
@@ -318,6 +318,10 @@ BYZANTINE = hetero_experiment(
     "Dirichlet-partitioned images (ByzFL's protocol: worst case over attacks)",
     ("fedavg",), "fedavg",
     {"num_clients": 20, "rounds": 30, "seeds": 2, "eval_every": 10, "checkpoint_every": 30})
+# Its sweep trains the cells that differ only in these as one program (`hetero.byzantine`).
+BYZANTINE = dataclasses.replace(BYZANTINE, settings=tuple(
+    dataclasses.replace(st, traced=True) if st.name in TRACED else st
+    for st in BYZANTINE.settings))
 BYZANTINE = dataclasses.replace(BYZANTINE, sweep=byzantine_sweep(BYZANTINE))
 BYZANTINE_CLUSTERS = hetero_experiment(
     "byzantine_clusters", "IFCA with a robust rule per cluster against plain IFCA on rotated "
