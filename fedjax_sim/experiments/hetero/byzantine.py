@@ -33,12 +33,16 @@ METRIC = "test_accuracy"
 TRACED = ("attack", "byzantine")
 
 
-def grid_trials(e, cells: list[dict], seed_ids: list[int], mesh=None) -> list[dict]:
+def grid_trials(
+    e, cells: list[dict], seed_ids: list[int], mesh=None, timing: dict | None = None
+) -> list[dict]:
     """trials.csv rows (each with its cell's "cell_id") of every (cell, seed) of cells that
-    differ only in attack and byzantine, trained as one program (`study.grid_run`)."""
+    differ only in attack and byzantine, trained as one program (`study.grid_run`);
+    timing, when given, gets the run's compile and run seconds (`simulate.run`'s)."""
     s = {k: v for k, v in cells[0].items() if k != "cell_id"}
     name = s[e.method_key]
-    execution = RunContext(mesh=mesh, progress=False).execution(s)
+    ctx = RunContext(mesh=mesh, progress=False, timing={} if timing is None else timing)
+    execution = ctx.execution(s)
     problem = study.problem_for(e, s)
     footprint = None if e.footprint is None else e.footprint(name, s, problem)
     problem = execution.planned(problem, footprint)
