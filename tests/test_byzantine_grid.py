@@ -236,3 +236,38 @@ def test_a_grouped_sweep_equals_its_cells_run_one_at_a_time(tmp_path):
             np.testing.assert_allclose(float(row[metric]), alone[metric], rtol=2e-5,
                                        atol=1e-6, err_msg=f"{metric} of {cell['attack']}, "
                                        f"byzantine={cell['byzantine']}")
+
+
+def test_the_summary_bands_and_plots_the_worst_case_against_the_share(tmp_path):
+    """Each rule's worst attack per share, with the 95 % t interval of that cell's seeds
+    (mean ± t₀.₉₇₅(n−1) s/√n, written out here), drawn against the share."""
+    from scipy import stats
+
+    from fedjax_sim.experiments.hetero.byzantine import plot_fractions, worst_case
+    from fedjax_sim.experiments.hetero.experiment import BYZANTINE
+
+    base = BYZANTINE.defaults()
+    acc = {("median", "alie"): 0.5, ("median", "ipm"): 0.6, ("krum", "alie"): 0.7,
+           ("krum", "ipm"): 0.45}
+    seeds = (0.02, -0.01, 0.005)
+    cells, trials = [], []
+    for share in (0.1, 0.2):
+        for (rule, attack), value in acc.items():
+            cid = f"{rule}/{attack}/{share}"
+            cells.append({**base, "aggregator": rule, "attack": attack, "byzantine": share,
+                          "cell_id": cid})
+            trials += [{"cell_id": cid, "data_seed": i, "test_accuracy": value - share + d}
+                       for i, d in enumerate(seeds)]
+    summary = BYZANTINE.sweep.summarize(trials, cells, ["aggregator", "attack", "byzantine"])
+    worst = worst_case(summary)
+    assert {(r["rule"], r["byzantine"], r["worst_attack"]) for r in worst} == {
+        ("median", 0.1, "alie"), ("median", 0.2, "alie"), ("krum", 0.1, "ipm"),
+        ("krum", 0.2, "ipm")}
+    half = stats.t.ppf(0.975, 2) * np.std(seeds, ddof=1) / np.sqrt(3)
+    for r in worst:
+        mean = acc[(r["rule"], r["worst_attack"])] - r["byzantine"] + np.mean(seeds)
+        np.testing.assert_allclose([r["worst_test_accuracy_lo"], r["worst_test_accuracy_hi"]],
+                                   [mean - half, mean + half], rtol=1e-9)
+    written = plot_fractions(worst, summary, tmp_path)
+    assert [p.name for p in written] == ["worst_case.png", "accuracy_by_attack.png"]
+    assert all(p.stat().st_size > 0 for p in written)

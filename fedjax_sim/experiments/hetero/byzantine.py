@@ -23,6 +23,7 @@ import json
 import math
 
 from fedjax_sim import compare as executor
+from fedjax_sim import plots
 from fedjax_sim.experiments import robustness, study, tuned
 from fedjax_sim.experiments.base import RunContext, Sweep
 from fedjax_sim.io import write_csv
@@ -93,11 +94,17 @@ def byzantine_sweep(e) -> Sweep:
         summary = plain.summarize(rows, cells, axes)
         for row, cell in zip(summary, cells, strict=True):
             row["attack"] = cell["attack"]
+            row.update({k: cell[k] for k in GROUP if k not in row and k in cell})
+            row["rule"] = rule_name(cell)
+            mine = [r.get(METRIC) for r in rows if r["cell_id"] == cell["cell_id"]]
+            _, row[f"{METRIC}_lo"], row[f"{METRIC}_hi"], _ = plots.seed_interval(mine)
         for group in _groups(summary, cells).values():
             worst = min(group, key=lambda r: _value(r))
             for row in group:
                 row[f"worst_{METRIC}"] = worst[f"{METRIC}_mean"]
                 row["worst_attack"] = worst["attack"]
+                for end in ("lo", "hi"):
+                    row[f"worst_{METRIC}_{end}"] = worst[f"{METRIC}_{end}"]
         return summary
 
     def one_program(cells: list[dict]) -> bool:
@@ -118,7 +125,9 @@ def byzantine_sweep(e) -> Sweep:
         return len(robustness.RobustGrid(cells, m)) * cells[0]["seeds"]
 
     def plot(summary: list[dict], out_dir) -> None:
-        write_csv(out_dir / "worst_case.csv", worst_case(summary))
+        worst = worst_case(summary)
+        write_csv(out_dir / "worst_case.csv", worst)
+        plot_fractions(worst, summary, out_dir)
         if plain.plot is not None:
             plain.plot(summary, out_dir)
 
@@ -146,9 +155,52 @@ def _groups(summary: list[dict], cells: list[dict]) -> dict[str, list[dict]]:
     return groups
 
 
+def rule_name(cell: dict) -> str:
+    """A rule as a legend names it: the aggregator, after its pre-aggregation if any."""
+    pre = cell.get("pre_aggregation", "none")
+    return cell["aggregator"] if pre == "none" else f"{pre}+{cell['aggregator']}"
+
+
+def plot_fractions(worst: list[dict], summary: list[dict], out_dir) -> list:
+    """worst_case.png: each rule's worst-case test accuracy over the attacks against the
+    Byzantine share, a panel per α, error bars the worst attack's 95 % t interval over
+    seeds; accuracy_by_attack.png: each rule's accuracy against the share, a panel per
+    attack and α. Written where the share takes two values or more (the paths written)."""
+    label = "Byzantine share of the clients"
+    panels = ["alpha"] if any("alpha" in r for r in worst) else []
+    written = [
+        plots.plot_curves(
+            worst,
+            out_dir / "worst_case.png",
+            x="byzantine",
+            y=f"worst_{METRIC}",
+            group="rule",
+            panels=panels,
+            ci=(f"worst_{METRIC}_lo", f"worst_{METRIC}_hi"),
+            xlabel=label,
+            ylabel="worst-case test accuracy over attacks",
+            label_format="{value}",
+        ),
+        plots.plot_curves(
+            summary,
+            out_dir / "accuracy_by_attack.png",
+            x="byzantine",
+            y=f"{METRIC}_mean",
+            group="rule",
+            panels=[*panels, "attack"],
+            ci=(f"{METRIC}_lo", f"{METRIC}_hi"),
+            xlabel=label,
+            ylabel="test accuracy (mean over seeds)",
+            label_format="{value}",
+        ),
+    ]
+    return [p for p in written if p is not None]
+
+
 def worst_case(summary: list[dict]) -> list[dict]:
     """One row per (aggregator, pre_aggregation, byzantine, alpha): the worst mean test
-    accuracy over the attacks of the sweep and the attack achieving it (summary rows)."""
+    accuracy over the attacks of the sweep, its 95 % t interval over seeds and the attack
+    achieving it (summary rows)."""
     out, seen = [], set()
     for row in summary:
         key = tuple(row.get(k) for k in GROUP)
@@ -158,7 +210,10 @@ def worst_case(summary: list[dict]) -> list[dict]:
         out.append(
             {
                 **{k: row[k] for k in GROUP if k in row},
+                "rule": row.get("rule"),
                 f"worst_{METRIC}": row[f"worst_{METRIC}"],
+                f"worst_{METRIC}_lo": row.get(f"worst_{METRIC}_lo"),
+                f"worst_{METRIC}_hi": row.get(f"worst_{METRIC}_hi"),
                 "worst_attack": row["worst_attack"],
             }
         )
