@@ -178,7 +178,7 @@ def plot_fractions(worst: list[dict], summary: list[dict], out_dir) -> list:
             panels=panels,
             ci=(f"worst_{METRIC}_lo", f"worst_{METRIC}_hi"),
             xlabel=label,
-            ylabel="worst-case test accuracy over attacks",
+            ylabel="worst-case test accuracy over attacks\n(bars: 95% CI of the seed mean, t)",
             label_format="{value}",
         ),
         plots.plot_curves(
@@ -190,7 +190,7 @@ def plot_fractions(worst: list[dict], summary: list[dict], out_dir) -> list:
             panels=[*panels, "attack"],
             ci=(f"{METRIC}_lo", f"{METRIC}_hi"),
             xlabel=label,
-            ylabel="test accuracy (mean over seeds)",
+            ylabel="test accuracy\n(bars: 95% CI of the seed mean, t)",
             label_format="{value}",
         ),
     ]
