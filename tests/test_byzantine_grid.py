@@ -174,6 +174,61 @@ def test_a_grid_of_counts_f_and_attacks_is_each_points_loop(linear_model, ref):
             np.testing.assert_allclose(state.params[g], w[g], rtol=1e-5, atol=1e-6)
 
 
+def _np_softmax_gd(w, b, x, y, n):
+    """τ full-batch GD steps of the mean softmax cross-entropy over the n real rows."""
+    w, b = w.copy(), b.copy()
+    x, onehot = x[:n].astype(np.float64), np.eye(w.shape[1])[y[:n]]
+    for _ in range(TAU):
+        logits = x @ w + b
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        w = w - LR * x.T @ (p - onehot) / n
+        b = b - LR * (p - onehot).mean(axis=0)
+    return w, b
+
+
+def test_label_flip_trains_the_byzantine_clients_on_c_minus_1_minus_y():
+    """Points {honest, label flip} of one program against a loop: the Byzantine clients'
+    labels y → C − 1 − y before their τ steps (C = 3), every client's change averaged."""
+    from fedjax_sim.data import FederatedData
+    from fedjax_sim.models import mlp_classifier
+
+    rng = np.random.default_rng(4)
+    sizes = (3, 1, 4, 0, 2, 3)
+    xs = [rng.normal(size=(k, 2)).astype(np.float32) for k in sizes]
+    ys = [rng.integers(0, 3, size=k).astype(np.int32) for k in sizes]
+    data = FederatedData.from_clients(xs, ys)
+    model = mlp_classifier((2,), [], 3)
+    choices = (None, attacks.label_flip(3))
+
+    def build_at(p):
+        return with_aggregator(fedavg(model, sgd(LR, steps=TAU)), robust.mean(), byzantine=2,
+                               attack=attacks.one_of(choices, _whole(p, "attack")))
+
+    alg = with_grid(build_at, {"attack": [0, 1]})
+    state = jax.jit(alg.init)(jax.random.key(0), data)
+    byz = np.asarray(state.aggregation.byzantine[0])
+    assert byz.sum() == 2
+    x, y, n = np.asarray(data.x), np.asarray(data.y), np.asarray(data.num_examples)
+    params = [(np.asarray(state.params["Dense_0"]["kernel"][g], np.float64),
+               np.asarray(state.params["Dense_0"]["bias"][g], np.float64)) for g in range(2)]
+    step = jax.jit(alg.round)
+    for key in jax.random.split(jax.random.key(1), 2):
+        state, _ = step(state, data, key)
+        for g in range(2):
+            w, b = params[g]
+            moves = [np.concatenate([a.ravel() for a in _np_softmax_gd(
+                w, b, x[i], 2 - y[i] if (g == 1 and byz[i]) else y[i], n[i])])
+                - np.concatenate([w.ravel(), b]) for i in range(len(n)) if n[i]]
+            move = np.mean(moves, axis=0)
+            params[g] = (w + move[:w.size].reshape(w.shape), b + move[w.size:])
+            np.testing.assert_allclose(state.params["Dense_0"]["kernel"][g], params[g][0],
+                                       rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(state.params["Dense_0"]["bias"][g], params[g][1],
+                                       rtol=1e-5, atol=1e-6)
+    assert not np.allclose(params[0][0], params[1][0])  # the flip changed the model
+
+
 # --------------------------------------------------------------------------- the sweep
 
 
@@ -203,13 +258,14 @@ def test_byzantine_digits_runs_one_program_per_rule_and_alpha():
 
 TINY = ["num_clients=10", "rounds=2", "eval_every=2", "seeds=2", "hidden=8",
         "local_steps=2", "alpha=0.5", "aggregator=trimmed_mean", "pre_aggregation=nnm",
-        "attack=none,sign_flip,alie", "byzantine=0,0.1,0.2"]
+        "attack=none,sign_flip,alie,label_flip", "byzantine=0,0.1,0.2"]
 
 
 @pytest.mark.slow
 def test_a_grouped_sweep_equals_its_cells_run_one_at_a_time(tmp_path):
     """`fedjax-sim sweep byzantine-digits` over attack × byzantine (f varying with the
-    share) as one program: every trial equals the cell trained alone (float rounding)."""
+    share; label_flip on the clients' views) as one program: every trial equals the cell
+    trained alone (float rounding)."""
     from fedjax_sim import cli
     from fedjax_sim.experiments import study
     from fedjax_sim.experiments.hetero.experiment import BYZANTINE
@@ -218,10 +274,10 @@ def test_a_grouped_sweep_equals_its_cells_run_one_at_a_time(tmp_path):
     assert cli.main(["sweep", "byzantine-digits", "--out", str(out), "--no-progress", "--set",
                      *TINY]) == 0
     config = json.loads((out / "config.json").read_text())
-    assert list(config["plan"]["trials_per_program"].values()) == [(1 + 2 * 3) * 2]
+    assert list(config["plan"]["trials_per_program"].values()) == [(1 + 2 * 4) * 2]
     with open(out / "trials.csv") as f:
         grouped = list(csv.DictReader(f))
-    assert len(grouped) == 9 * 2
+    assert len(grouped) == 12 * 2
     base = {**BYZANTINE.defaults(),
             **{k: type(BYZANTINE.defaults()[k])(v) for k, v in
                (kv.split("=") for kv in TINY[:7])},

@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sim.algorithms.base import Algorithm, check_no_rule
-from fedjax_sim.ops.attacks import OneOf, byzantine_clients, switch
+from fedjax_sim.data.federated import FederatedData, is_client_source
+from fedjax_sim.ops.attacks import LabelFlip, OneOf, byzantine_clients, flip_labels, switch
 from fedjax_sim.ops.robust import Aggregator, chain
 
 #: The stream folded into a round's key for the attack's and the aggregator's draws.
@@ -102,9 +103,16 @@ class RobustSum:
         if isinstance(self.attack, tuple):
             updates = switch(OneOf(self.attack, self.attack_index), updates, byzantine, key,
                              mask=reports)
-        elif self.attack is not None:
+        elif self.attack is not None and not isinstance(self.attack, LabelFlip):
             updates = self.attack(updates, byzantine, key, mask=reports)
         return updates, reports, {"byzantine_reports": jnp.sum(byzantine).astype(jnp.float32)}
+
+    def label_flipped(self) -> jax.Array:
+        """[m] bool: the clients whose labels the attack flips (Byzantine, under label_flip)."""
+        if isinstance(self.attack, LabelFlip):
+            return self.byzantine
+        at = [i for i, a in enumerate(self.attack) if isinstance(a, LabelFlip)]
+        return self.byzantine & jnp.any(self.attack_index == jnp.asarray(at, jnp.int32))
 
     def divisor(self, sums: Stacked, expected: float | None):
         """The clients the rule's aggregate stands for: the reporting ones."""
@@ -129,6 +137,17 @@ class RobustSum:
         update, state = jax.vmap(one)(jnp.arange(k), self.state, jax.random.split(key_rule, k))
         params = jax.tree.map(lambda b, u: b + u.astype(b.dtype), base, update)
         return params, dataclasses.replace(self, state=state), metrics
+
+
+def with_flipped_labels(data, flags: jax.Array, num_classes: int) -> FederatedData:
+    """The clients with labels y ← C − 1 − y where `flags` ([m] bool) is set; a source that
+    gathers its rows (views) is gathered whole first (`materialize`: O(m) memory)."""
+    if not isinstance(data, FederatedData):
+        if not is_client_source(data):
+            raise ValueError("attack label_flip needs a round whose data are the clients "
+                             f"(FederatedData or views); got {type(data).__name__}.")
+        data = data.materialize()
+    return data.replace(y=flip_labels(data.y, num_classes, flags))
 
 
 def _model_like(state):
@@ -156,7 +175,10 @@ def with_aggregator(algorithm: Algorithm, aggregator, *, byzantine=0, attack=Non
         (`ops.attacks.byzantine_clients`: for one key, a larger count keeps the clients
         of a smaller one).
       attack: an `ops.attacks` attack (e.g. `attacks.a_little_is_enough()`), what the
-        Byzantine reporting clients send each round; `attacks.one_of(attacks, index)`:
+        Byzantine reporting clients send each round; `attacks.label_flip(C)`: they train
+        on labels y ← C − 1 − y (their rows' labels flipped before every round, the data
+        gathered whole where it is views) and send that honest update;
+        `attacks.one_of(attacks, index)`:
         the one its (possibly traced) index picks, each round by `lax.switch`; None:
         they behave honestly (a defence measured on heterogeneous data alone).
 
@@ -199,6 +221,8 @@ def with_aggregator(algorithm: Algorithm, aggregator, *, byzantine=0, attack=Non
         raise ValueError("an attack needs Byzantine clients: give byzantine > 0.")
     chosen, index = (attack.attacks, attack.index) if isinstance(attack, OneOf) else (attack,
                                                                                       None)
+    flips = [a for a in (chosen if isinstance(chosen, tuple) else (chosen,))
+             if isinstance(a, LabelFlip)]
 
     def init(key, data):
         state = algorithm.init(key, data)
@@ -214,4 +238,12 @@ def with_aggregator(algorithm: Algorithm, aggregator, *, byzantine=0, attack=Non
         return state._replace(aggregation=RobustSum(rule_state, flags, aggregator, chosen,
                                                     index))
 
-    return algorithm._replace(init=init)
+    if not flips:
+        return algorithm._replace(init=init)
+
+    def round_(state, data, key):  # the Byzantine clients train on flipped labels
+        flags = state.aggregation.label_flipped()
+        return algorithm.round(state, with_flipped_labels(data, flags, flips[0].num_classes),
+                               key)
+
+    return algorithm._replace(init=init, round=round_)

@@ -187,9 +187,16 @@ def server_rule(e: Experiment, name: str, s: dict,
     m = num_clients(problem)
     if robust:
         robustness.check(e.method_table, (name,), s)
-        return robustness.RobustRule(s, m)
+        return robustness.RobustRule(s, m, _classes(s, problem))
     privacy.check(e.method_table, (name,), s, m)
     return privacy.PrivateRule(s, m, method_rounds(e, name, s))
+
+
+def _classes(s: dict, problem) -> int | None:
+    """C of attack=label_flip (`robustness.label_classes`); None for another attack."""
+    if s.get("attack", "none") != "label_flip":
+        return None
+    return robustness.label_classes(part(problem, "train"))
 
 
 def num_clients(problem) -> int:

@@ -380,6 +380,23 @@ def flip_labels(y: jax.Array, num_classes: int, byzantine: jax.Array) -> jax.Arr
     return jnp.where(_broadcast(byzantine, y), num_classes - 1 - y, y)
 
 
+class LabelFlip(NamedTuple):
+    """Label flipping as an attack: the Byzantine clients train on labels y ← C − 1 − y
+    and send their honest update of that (`algorithms.with_aggregator` flips their rows'
+    labels before the round; `flip_labels` is the map)."""
+
+    num_classes: int
+
+
+def label_flip(num_classes: int) -> LabelFlip:
+    """The data-level attack of label flipping over C classes (y ← C − 1 − y).
+
+    Args:
+      num_classes: C ≥ 2.
+    """
+    return LabelFlip(_check_iterations("label_flip", "num_classes", num_classes, minimum=2))
+
+
 def byzantine_clients(key: jax.Array, num_clients: int, count) -> jax.Array:
     """[num_clients] bool with exactly `count` True, uniformly chosen from `key`: the same
     clients for every method that uses the same key.
@@ -430,7 +447,8 @@ def one_of(choices, index) -> OneOf:
              [-6.]], dtype=float32)
     """
     choices = tuple(choices)
-    if not choices or any(c is not None and not callable(c) for c in choices):
+    if not choices or any(c is not None and not callable(c) and not isinstance(c, LabelFlip)
+                          for c in choices):
         raise ValueError(f"one_of: choices must be a non-empty sequence of attacks (None: "
                          f"honest); got {choices!r}.")
     known = _known_int(index)
@@ -443,9 +461,10 @@ def one_of(choices, index) -> OneOf:
 
 def switch(chosen: OneOf, updates, byzantine, key, mask=None):
     """`chosen.attacks[chosen.index](updates, byzantine, key, mask=mask)` by `lax.switch`
-    (under vmap over the index every branch runs and each point keeps its own)."""
+    (under vmap over the index every branch runs and each point keeps its own); None and
+    `label_flip` leave the updates as they are (a label flip acts on the data)."""
     def branch(attack):
-        if attack is None:
+        if attack is None or isinstance(attack, LabelFlip):
             return lambda u, b, k, m: u
         return lambda u, b, k, m: attack(u, b, k, mask=m)
 

@@ -47,7 +47,9 @@ def grid_trials(
     problem = study.problem_for(e, s)
     footprint = None if e.footprint is None else e.footprint(name, s, problem)
     problem = execution.planned(problem, footprint)
-    grid = robustness.RobustGrid(cells, study.num_clients(problem))
+    flips = any(c["attack"] == "label_flip" for c in cells)
+    classes = robustness.label_classes(problem["train"]) if flips else None
+    grid = robustness.RobustGrid(cells, study.num_clients(problem), classes)
     spec = study.grid_run(e, name, s, problem, grid.points, grid.wrap_at)
     seeds = s["seeds"]
     result = executor.train_method(name, spec, len(grid) * seeds, execution)
@@ -122,7 +124,7 @@ def byzantine_sweep(e) -> Sweep:
         if not one_program(cells):
             return cells[0]["seeds"]
         m = robustness.training_clients(cells[0])
-        return len(robustness.RobustGrid(cells, m)) * cells[0]["seeds"]
+        return len(robustness.RobustGrid(cells, m, num_classes=10)) * cells[0]["seeds"]
 
     def plot(summary: list[dict], out_dir) -> None:
         worst = worst_case(summary)
