@@ -227,6 +227,13 @@ def test_label_flip_trains_the_byzantine_clients_on_c_minus_1_minus_y():
             np.testing.assert_allclose(state.params["Dense_0"]["bias"][g], params[g][1],
                                        rtol=1e-5, atol=1e-6)
     assert not np.allclose(params[0][0], params[1][0])  # the flip changed the model
+    direct = with_aggregator(fedavg(model, sgd(LR, steps=TAU)), robust.mean(), byzantine=2,
+                             attack=attacks.label_flip(3))
+    alone = direct.init(jax.random.key(0), data)
+    for key in jax.random.split(jax.random.key(1), 2):
+        alone, _ = jax.jit(direct.round)(alone, data, key)
+    np.testing.assert_allclose(alone.params["Dense_0"]["kernel"], params[1][0], rtol=1e-5,
+                               atol=1e-6)
 
 
 # --------------------------------------------------------------------------- the sweep

@@ -215,7 +215,7 @@ def with_aggregator(algorithm: Algorithm, aggregator, *, byzantine=0, attack=Non
                                 and (isinstance(byzantine, int) or byzantine < 1))):
         raise ValueError("byzantine must be a number of clients (an int >= 0) or a share in "
                          f"[0, 1); got {byzantine!r}.")
-    if attack is not None and not (callable(attack) or isinstance(attack, OneOf)):
+    if attack is not None and not (callable(attack) or isinstance(attack, OneOf | LabelFlip)):
         raise ValueError(f"attack must be None or an ops.attacks attack; got {attack!r}.")
     if attack is not None and not counted and byzantine == 0:
         raise ValueError("an attack needs Byzantine clients: give byzantine > 0.")

@@ -40,6 +40,7 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -380,7 +381,8 @@ def flip_labels(y: jax.Array, num_classes: int, byzantine: jax.Array) -> jax.Arr
     return jnp.where(_broadcast(byzantine, y), num_classes - 1 - y, y)
 
 
-class LabelFlip(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class LabelFlip:
     """Label flipping as an attack: the Byzantine clients train on labels y ← C − 1 − y
     and send their honest update of that (`algorithms.with_aggregator` flips their rows'
     labels before the round; `flip_labels` is the map)."""
