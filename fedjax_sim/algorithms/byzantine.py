@@ -13,6 +13,11 @@ HypCluster):
     Δ_B   ← attack(Δ_honest)                          (the Byzantine reporting slots, omniscient)
     θ     ← θ + Aggregate({Δ_i : i reports})          (per cluster: over that cluster's slots)
 
+Under `attacks.label_flip(C)` the Byzantine clients' labels are flipped (y ← C − 1 − y)
+before the round, and their honest updates of those labels are what the server gets.
+`byzantine` and the attack may be traced (a count array; `attacks.one_of` with a traced
+index), so a sweep over them is one program (`with_grid`).
+
 A slot that does not report (no data, unavailable, dropped, chunk padding, a client of
 another cluster) never enters a robust statistic (`ops.robust`'s masks): a median over a
 cluster is the median of that cluster's reporting clients. The Byzantine clients are
@@ -178,9 +183,9 @@ def with_aggregator(algorithm: Algorithm, aggregator, *, byzantine=0, attack=Non
         Byzantine reporting clients send each round; `attacks.label_flip(C)`: they train
         on labels y ← C − 1 − y (their rows' labels flipped before every round, the data
         gathered whole where it is views) and send that honest update;
-        `attacks.one_of(attacks, index)`:
-        the one its (possibly traced) index picks, each round by `lax.switch`; None:
-        they behave honestly (a defence measured on heterogeneous data alone).
+        `attacks.one_of(attacks, index)`: the one its (possibly traced) index picks,
+        each round by `lax.switch`; None: they behave honestly (a defence measured on
+        heterogeneous data alone).
 
     Returns:
       The algorithm; its rounds also report `byzantine_reports` (the Byzantine clients

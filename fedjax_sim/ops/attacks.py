@@ -19,7 +19,10 @@ omniscient, as in their papers: their statistics are over the honest reporting s
     min_max, min_sum        μ + γ p, the largest γ whose max (sum) of squared distances to
                             the honest updates stays within theirs  (Shejwalkar, Houmansadr)
     mimic                   every Byzantine copies one honest update  (Karimireddy et al. 2022)
-    flip_labels             y ← C − 1 − y on the Byzantine clients' data (a data-level attack)
+    label_flip(C)           the Byzantine clients train on y ← C − 1 − y (`flip_labels`; a
+                            data-level attack, applied by `with_aggregator`)
+    one_of(attacks, index)  attacks[index], by `lax.switch` on an index that may be traced
+                            (`switch`): a sweep's attack as a vmapped axis of one program
 
 μ and σ are the honest updates' mean and standard deviation per coordinate (σ with the
 n − 1 divisor, as the papers' code computes it; 0 with fewer than two honest slots); n
