@@ -47,9 +47,10 @@ products and weighted sums add up over the leaves.
 Each rule refuses, in one line naming the limit, an f beyond what it tolerates for the
 cohort's s slots. f may also be a traced int32 scalar (a sweep whose Byzantine share is
 a vmapped axis; its limit is then the caller's to check), kept in the rule's state by
-`inject_hyperparams` (as `optax.inject_hyperparams` keeps an optimizer's numbers). When fewer slots report than the rule needs, it still returns an
-update, by the floors its docstring states (e.g. Krum scores with at least one
-neighbour): the guarantee is gone, the program still runs.
+`inject_hyperparams` (as `optax.inject_hyperparams` keeps an optimizer's numbers).
+When fewer slots report than the rule needs, it still returns an update, by the floors
+its docstring states (e.g. Krum scores with at least one neighbour): the guarantee is
+gone, the program still runs.
 
 References:
   Dong Yin, Yudong Chen, Kannan Ramchandran, Peter Bartlett, "Byzantine-Robust

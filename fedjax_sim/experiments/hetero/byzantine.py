@@ -99,7 +99,7 @@ def byzantine_sweep(e) -> Sweep:
             row.update({k: cell[k] for k in GROUP if k not in row and k in cell})
             row["rule"] = rule_name(cell)
             mine = [r.get(METRIC) for r in rows if r["cell_id"] == cell["cell_id"]]
-            _, row[f"{METRIC}_lo"], row[f"{METRIC}_hi"], _ = plots.seed_interval(mine)
+            _, row[f"{METRIC}_lo"], row[f"{METRIC}_hi"], _ = plots.seed_interval(mine, "se")
         for group in _groups(summary, cells).values():
             worst = min(group, key=lambda r: _value(r))
             for row in group:
@@ -165,7 +165,7 @@ def rule_name(cell: dict) -> str:
 
 def plot_fractions(worst: list[dict], summary: list[dict], out_dir) -> list:
     """worst_case.png: each rule's worst-case test accuracy over the attacks against the
-    Byzantine share, a panel per α, error bars the worst attack's 95 % t interval over
+    Byzantine share, a panel per α, error bars the worst attack's ±1 standard error over
     seeds; accuracy_by_attack.png: each rule's accuracy against the share, a panel per
     attack and α. Written where the share takes two values or more (the paths written)."""
     label = "Byzantine share of the clients"
@@ -179,8 +179,9 @@ def plot_fractions(worst: list[dict], summary: list[dict], out_dir) -> list:
             group="rule",
             panels=panels,
             ci=(f"worst_{METRIC}_lo", f"worst_{METRIC}_hi"),
+            ylim=(0.0, 1.0),
             xlabel=label,
-            ylabel="worst-case test accuracy over attacks\n(bars: 95% CI of the seed mean, t)",
+            ylabel="worst-case test accuracy over attacks\n(bars: ±1 standard error over seeds)",
             label_format="{value}",
         ),
         plots.plot_curves(
@@ -191,8 +192,9 @@ def plot_fractions(worst: list[dict], summary: list[dict], out_dir) -> list:
             group="rule",
             panels=[*panels, "attack"],
             ci=(f"{METRIC}_lo", f"{METRIC}_hi"),
+            ylim=(0.0, 1.0),
             xlabel=label,
-            ylabel="test accuracy\n(bars: 95% CI of the seed mean, t)",
+            ylabel="test accuracy\n(bars: ±1 standard error over seeds)",
             label_format="{value}",
         ),
     ]
@@ -201,8 +203,8 @@ def plot_fractions(worst: list[dict], summary: list[dict], out_dir) -> list:
 
 def worst_case(summary: list[dict]) -> list[dict]:
     """One row per (aggregator, pre_aggregation, byzantine, alpha): the worst mean test
-    accuracy over the attacks of the sweep, its 95 % t interval over seeds and the attack
-    achieving it (summary rows)."""
+    accuracy over the attacks of the sweep, its ±1 standard error over seeds and the
+    attack achieving it (summary rows)."""
     out, seen = [], set()
     for row in summary:
         key = tuple(row.get(k) for k in GROUP)
