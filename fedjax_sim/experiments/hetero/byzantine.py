@@ -48,7 +48,7 @@ def grid_trials(
     footprint = None if e.footprint is None else e.footprint(name, s, problem)
     problem = execution.planned(problem, footprint)
     flips = any(c["attack"] == "label_flip" for c in cells)
-    classes = robustness.label_classes(problem["train"]) if flips else None
+    classes = robustness.label_classes(study.part(problem, "train")) if flips else None
     grid = robustness.RobustGrid(cells, study.num_clients(problem), classes)
     spec = study.grid_run(e, name, s, problem, grid.points, grid.wrap_at)
     seeds = s["seeds"]
@@ -67,8 +67,10 @@ def grid_trials(
 
 
 def byzantine_sweep(e) -> Sweep:
-    """`study.sweep_of(e)` with the cells of byzantine=0 trained once over the attacks,
-    and summary rows naming the worst case over attacks of their group."""
+    """`study.sweep_of(e)` with the cells that differ only in attack and byzantine trained
+    as one program (`grid_trials`; a cell alone: its own program, byzantine=0 trained once
+    over the attacks), and summary rows naming the worst case over attacks of their
+    group, with plots (`plot_fractions`)."""
     plain = study.sweep_of(dataclasses.replace(e, sweep=None))
     trained: dict[str, list[dict]] = {}
 
