@@ -31,16 +31,18 @@ import time
 
 import harness
 
-FULL = dict(rounds=None, attacks=["none", "sign_flip", "alie", "ipm"],
-            byzantine=[0.0, 0.1, 0.2, 0.3])
+FULL = dict(
+    rounds=None, attacks=["none", "sign_flip", "alie", "ipm"], byzantine=[0.0, 0.1, 0.2, 0.3]
+)
 QUICK = dict(rounds=2, attacks=["none", "sign_flip"], byzantine=[0.0, 0.2])
 RULE = {"aggregator": "trimmed_mean", "pre_aggregation": "nnm", "alpha": 0.1}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results" /
-                                             "byzantine_grid.json"))
+    parser.add_argument(
+        "--out", default=str(pathlib.Path(__file__).parent / "results" / "byzantine_grid.json")
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     harness.add_checkout_arg(parser)
     args = parser.parse_args(argv)
@@ -62,20 +64,33 @@ def main(argv=None) -> int:
     if cfg["rounds"]:
         overrides.update(rounds=cfg["rounds"], eval_every=cfg["rounds"])
     s = resolve_settings(preset, overrides, SWEEP, None)
-    cells = [{**s, "attack": a, "byzantine": b, "cell_id": f"{a}/{b}"}
-             for a in cfg["attacks"] for b in cfg["byzantine"]]
+    cells = [
+        {**s, "attack": a, "byzantine": b, "cell_id": f"{a}/{b}"}
+        for a in cfg["attacks"]
+        for b in cfg["byzantine"]
+    ]
     seeds = list(range(s["seeds"]))
     grid = robustness.RobustGrid(cells, robustness.training_clients(s))
-    meta = harness.collect_meta(args.checkout, quick=args.quick, cells=len(cells),
-                                runs=len(grid), seeds=len(seeds), rounds=s["rounds"],
-                                **RULE)
+    meta = harness.collect_meta(
+        args.checkout,
+        quick=args.quick,
+        cells=len(cells),
+        runs=len(grid),
+        seeds=len(seeds),
+        rounds=s["rounds"],
+        **RULE,
+    )
 
     jax.clear_caches()
     timing: dict = {}
     t0 = time.perf_counter()
     grouped = grid_trials(BYZANTINE, cells, seeds, timing=timing)
-    sweep = {"wall_s": time.perf_counter() - t0, "programs": 1,
-             "compile_s": timing.get("compile_seconds"), "run_s": timing.get("run_seconds")}
+    sweep = {
+        "wall_s": time.perf_counter() - t0,
+        "programs": 1,
+        "compile_s": timing.get("compile_seconds"),
+        "run_s": timing.get("run_seconds"),
+    }
 
     jax.clear_caches()
     alone: dict = {}
@@ -87,8 +102,9 @@ def main(argv=None) -> int:
         if key in alone:
             continue
         ctx = RunContext(progress=False)
-        _, summary = study.run_method(BYZANTINE, {k: v for k, v in run.items()
-                                                  if k != "cell_id"}, ctx)
+        _, summary = study.run_method(
+            BYZANTINE, {k: v for k, v in run.items() if k != "cell_id"}, ctx
+        )
         alone[key] = summary["final_per_seed"]
         each["programs"] += 1
         each["compile_s"] += ctx.timing.get("compile_seconds") or 0.0
@@ -103,19 +119,24 @@ def main(argv=None) -> int:
         for m in gaps:
             gaps[m] = max(gaps[m], abs(row[m] - alone[key][m][row["data_seed"]]))
 
-    figures = {"one_sweep_program": sweep, "one_program_each": each,
-               "speedup_wall": each["wall_s"] / sweep["wall_s"],
-               "largest_difference": gaps}
+    figures = {
+        "one_sweep_program": sweep,
+        "one_program_each": each,
+        "speedup_wall": each["wall_s"] / sweep["wall_s"],
+        "largest_difference": gaps,
+    }
     payload = {"meta": harness.finish_meta(meta, started), "figures": figures}
     harness.write_json(args.out, payload)
-    print(f"{len(cells)} cells ({len(grid)} runs × {len(seeds)} seeds, {s['rounds']} rounds): "
-          f"one sweep program {sweep['wall_s']:.1f} s (compile {sweep['compile_s']:.1f} s, "
-          f"run {sweep['run_s']:.1f} s) against one program each {each['wall_s']:.1f} s "
-          f"({each['programs']} compiles {each['compile_s']:.1f} s, runs {each['run_s']:.1f} s)"
-          f": {figures['speedup_wall']:.2f}×; largest difference of a trial's test accuracy "
-          f"{gaps['test_accuracy']:.1e}, test loss {gaps['test_loss']:.1e}; load average "
-          f"{meta['loadavg_start'][0]:.1f} → {payload['meta']['loadavg_end'][0]:.1f}; "
-          f"wrote {args.out}")
+    print(
+        f"{len(cells)} cells ({len(grid)} runs × {len(seeds)} seeds, {s['rounds']} rounds): "
+        f"one sweep program {sweep['wall_s']:.1f} s (compile {sweep['compile_s']:.1f} s, "
+        f"run {sweep['run_s']:.1f} s) against one program each {each['wall_s']:.1f} s "
+        f"({each['programs']} compiles {each['compile_s']:.1f} s, runs {each['run_s']:.1f} s)"
+        f": {figures['speedup_wall']:.2f}×; largest difference of a trial's test accuracy "
+        f"{gaps['test_accuracy']:.1e}, test loss {gaps['test_loss']:.1e}; load average "
+        f"{meta['loadavg_start'][0]:.1f} → {payload['meta']['loadavg_end'][0]:.1f}; "
+        f"wrote {args.out}"
+    )
     return 0
 
 

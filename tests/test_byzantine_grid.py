@@ -28,8 +28,9 @@ LR, TAU, ROUNDS = 0.1, 3, 3
 def _federation():
     from conftest import make_ragged
 
-    return make_ragged(5, sizes=(3, 2, 4, 1, 2, 3, 0, 2, 4, 1),
-                       clusters=(0, 1, 0, 1, 0, 1, 0, 1, 0, 1))
+    return make_ragged(
+        5, sizes=(3, 2, 4, 1, 2, 3, 0, 2, 4, 1), clusters=(0, 1, 0, 1, 0, 1, 0, 1, 0, 1)
+    )
 
 
 def _gd(ref, theta, x, y, n):
@@ -49,8 +50,9 @@ def _whole(point, name):
 def test_a_traced_byzantine_count_flags_the_first_count_of_the_permutation():
     key, m = jax.random.key(3), 9
     order = np.asarray(jax.random.permutation(key, m))
-    flags = np.asarray(jax.vmap(lambda c: attacks.byzantine_clients(key, m, c))(
-        jnp.arange(m + 1, dtype=jnp.int32)))
+    flags = np.asarray(
+        jax.vmap(lambda c: attacks.byzantine_clients(key, m, c))(jnp.arange(m + 1, dtype=jnp.int32))
+    )
     for count in range(m + 1):
         np.testing.assert_array_equal(flags[count], np.isin(np.arange(m), order[:count]))
     # a concrete count is the same draw
@@ -73,14 +75,14 @@ def _np_nnm(x, mask, f):
     n = len(idx)
     out = np.zeros_like(x)
     for i in idx:
-        near = sorted(idx, key=lambda j: (float(np.sum((x[i] - x[j]) ** 2)), j))[:max(n - f, 1)]
+        near = sorted(idx, key=lambda j: (float(np.sum((x[i] - x[j]) ** 2)), j))[: max(n - f, 1)]
         out[i] = np.mean([x[j] for j in near], axis=0)
     return out
 
 
 def _np_trimmed(x, mask, f):
     srt = np.sort(x[mask], axis=0)
-    return srt[f:len(srt) - f].mean(axis=0)
+    return srt[f : len(srt) - f].mean(axis=0)
 
 
 def test_rules_with_a_traced_f_against_loops():
@@ -92,9 +94,14 @@ def test_rules_with_a_traced_f_against_loops():
     def at(factory):
         def one(f):
             agg = robust.inject_hyperparams(factory, f=f)
-            update, _ = agg.aggregate(jnp.asarray(x, jnp.float32), jnp.asarray(mask),
-                                      jax.random.key(0), agg.init(jnp.zeros(4)))
+            update, _ = agg.aggregate(
+                jnp.asarray(x, jnp.float32),
+                jnp.asarray(mask),
+                jax.random.key(0),
+                agg.init(jnp.zeros(4)),
+            )
             return update
+
         return np.asarray(jax.jit(jax.vmap(one))(jnp.asarray(fs)))
 
     trimmed = at(lambda f: robust.trimmed_mean(f=f))
@@ -103,8 +110,9 @@ def test_rules_with_a_traced_f_against_loops():
     for g, f in enumerate(fs):
         np.testing.assert_allclose(trimmed[g], _np_trimmed(x, mask, f), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(krum[g], _np_krum(x, mask, f), rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(nnm_krum[g], _np_krum(_np_nnm(x, mask, f), mask, f),
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            nnm_krum[g], _np_krum(_np_nnm(x, mask, f), mask, f), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_a_traced_attack_index_picks_each_attack_by_its_formula():
@@ -113,12 +121,16 @@ def test_a_traced_attack_index_picks_each_attack_by_its_formula():
     byz = np.array([0, 1, 0, 0, 1, 0], bool)
     mask = np.array([1, 1, 1, 0, 1, 1], bool)
     honest = mask & ~byz
-    choices = (None, attacks.sign_flip(scale=3.0), attacks.inner_product_manipulation(
-        epsilon=0.5))
+    choices = (None, attacks.sign_flip(scale=3.0), attacks.inner_product_manipulation(epsilon=0.5))
 
     def one(i):
-        return attacks.switch(attacks.one_of(choices, i), jnp.asarray(x, jnp.float32),
-                              jnp.asarray(byz), jax.random.key(0), mask=jnp.asarray(mask))
+        return attacks.switch(
+            attacks.one_of(choices, i),
+            jnp.asarray(x, jnp.float32),
+            jnp.asarray(byz),
+            jax.random.key(0),
+            mask=jnp.asarray(mask),
+        )
 
     out = np.asarray(jax.vmap(one)(jnp.arange(3, dtype=jnp.int32)))
     expected = [x.copy(), x.copy(), x.copy()]
@@ -146,9 +158,12 @@ def test_a_grid_of_counts_f_and_attacks_is_each_points_loop(linear_model, ref):
 
     def build_at(p):
         rule = robust.inject_hyperparams(lambda f: robust.trimmed_mean(f=f), f=_whole(p, "f"))
-        return with_aggregator(fedavg(linear_model, sgd(LR, steps=TAU)), rule,
-                               byzantine=_whole(p, "byzantine"),
-                               attack=attacks.one_of(choices, _whole(p, "attack")))
+        return with_aggregator(
+            fedavg(linear_model, sgd(LR, steps=TAU)),
+            rule,
+            byzantine=_whole(p, "byzantine"),
+            attack=attacks.one_of(choices, _whole(p, "attack")),
+        )
 
     alg = with_grid(build_at, POINTS)
     key0 = jax.random.key(0)
@@ -170,7 +185,7 @@ def test_a_grid_of_counts_f_and_attacks_is_each_points_loop(linear_model, ref):
                     changes.append(-10.0 * delta if flip else delta)
             f = POINTS["f"][g]
             srt = np.sort(np.asarray(changes), axis=0)
-            w[g] = w[g] + srt[f:len(srt) - f].mean(axis=0)
+            w[g] = w[g] + srt[f : len(srt) - f].mean(axis=0)
             np.testing.assert_allclose(state.params[g], w[g], rtol=1e-5, atol=1e-6)
 
 
@@ -202,38 +217,61 @@ def test_label_flip_trains_the_byzantine_clients_on_c_minus_1_minus_y():
     choices = (None, attacks.label_flip(3))
 
     def build_at(p):
-        return with_aggregator(fedavg(model, sgd(LR, steps=TAU)), robust.mean(), byzantine=2,
-                               attack=attacks.one_of(choices, _whole(p, "attack")))
+        return with_aggregator(
+            fedavg(model, sgd(LR, steps=TAU)),
+            robust.mean(),
+            byzantine=2,
+            attack=attacks.one_of(choices, _whole(p, "attack")),
+        )
 
     alg = with_grid(build_at, {"attack": [0, 1]})
     state = jax.jit(alg.init)(jax.random.key(0), data)
     byz = np.asarray(state.aggregation.byzantine[0])
     assert byz.sum() == 2
     x, y, n = np.asarray(data.x), np.asarray(data.y), np.asarray(data.num_examples)
-    params = [(np.asarray(state.params["Dense_0"]["kernel"][g], np.float64),
-               np.asarray(state.params["Dense_0"]["bias"][g], np.float64)) for g in range(2)]
+    params = [
+        (
+            np.asarray(state.params["Dense_0"]["kernel"][g], np.float64),
+            np.asarray(state.params["Dense_0"]["bias"][g], np.float64),
+        )
+        for g in range(2)
+    ]
     step = jax.jit(alg.round)
     for key in jax.random.split(jax.random.key(1), 2):
         state, _ = step(state, data, key)
         for g in range(2):
             w, b = params[g]
-            moves = [np.concatenate([a.ravel() for a in _np_softmax_gd(
-                w, b, x[i], 2 - y[i] if (g == 1 and byz[i]) else y[i], n[i])])
-                - np.concatenate([w.ravel(), b]) for i in range(len(n)) if n[i]]
+            moves = [
+                np.concatenate(
+                    [
+                        a.ravel()
+                        for a in _np_softmax_gd(
+                            w, b, x[i], 2 - y[i] if (g == 1 and byz[i]) else y[i], n[i]
+                        )
+                    ]
+                )
+                - np.concatenate([w.ravel(), b])
+                for i in range(len(n))
+                if n[i]
+            ]
             move = np.mean(moves, axis=0)
-            params[g] = (w + move[:w.size].reshape(w.shape), b + move[w.size:])
-            np.testing.assert_allclose(state.params["Dense_0"]["kernel"][g], params[g][0],
-                                       rtol=1e-5, atol=1e-6)
-            np.testing.assert_allclose(state.params["Dense_0"]["bias"][g], params[g][1],
-                                       rtol=1e-5, atol=1e-6)
+            params[g] = (w + move[: w.size].reshape(w.shape), b + move[w.size :])
+            np.testing.assert_allclose(
+                state.params["Dense_0"]["kernel"][g], params[g][0], rtol=1e-5, atol=1e-6
+            )
+            np.testing.assert_allclose(
+                state.params["Dense_0"]["bias"][g], params[g][1], rtol=1e-5, atol=1e-6
+            )
     assert not np.allclose(params[0][0], params[1][0])  # the flip changed the model
-    direct = with_aggregator(fedavg(model, sgd(LR, steps=TAU)), robust.mean(), byzantine=2,
-                             attack=attacks.label_flip(3))
+    direct = with_aggregator(
+        fedavg(model, sgd(LR, steps=TAU)), robust.mean(), byzantine=2, attack=attacks.label_flip(3)
+    )
     alone = direct.init(jax.random.key(0), data)
     for key in jax.random.split(jax.random.key(1), 2):
         alone, _ = jax.jit(direct.round)(alone, data, key)
-    np.testing.assert_allclose(alone.params["Dense_0"]["kernel"], params[1][0], rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        alone.params["Dense_0"]["kernel"], params[1][0], rtol=1e-5, atol=1e-6
+    )
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -263,9 +301,19 @@ def test_byzantine_digits_runs_one_program_per_rule_and_alpha():
         assert BYZANTINE.sweep.program_size(group) == (1 + 3 * 4) * settings["seeds"]
 
 
-TINY = ["num_clients=10", "rounds=2", "eval_every=2", "seeds=2", "hidden=8",
-        "local_steps=2", "alpha=0.5", "aggregator=trimmed_mean", "pre_aggregation=nnm",
-        "attack=none,sign_flip,alie,label_flip", "byzantine=0,0.1,0.2"]
+TINY = [
+    "num_clients=10",
+    "rounds=2",
+    "eval_every=2",
+    "seeds=2",
+    "hidden=8",
+    "local_steps=2",
+    "alpha=0.5",
+    "aggregator=trimmed_mean",
+    "pre_aggregation=nnm",
+    "attack=none,sign_flip,alie,label_flip",
+    "byzantine=0,0.1,0.2",
+]
 
 
 @pytest.mark.slow
@@ -278,17 +326,21 @@ def test_a_grouped_sweep_equals_its_cells_run_one_at_a_time(tmp_path):
     from fedjax_sim.experiments.hetero.experiment import BYZANTINE
 
     out = tmp_path / "sweep"
-    assert cli.main(["sweep", "byzantine-digits", "--out", str(out), "--no-progress", "--set",
-                     *TINY]) == 0
+    assert (
+        cli.main(["sweep", "byzantine-digits", "--out", str(out), "--no-progress", "--set", *TINY])
+        == 0
+    )
     config = json.loads((out / "config.json").read_text())
     assert list(config["plan"]["trials_per_program"].values()) == [(1 + 2 * 4) * 2]
     with open(out / "trials.csv") as f:
         grouped = list(csv.DictReader(f))
     assert len(grouped) == 12 * 2
-    base = {**BYZANTINE.defaults(),
-            **{k: type(BYZANTINE.defaults()[k])(v) for k, v in
-               (kv.split("=") for kv in TINY[:7])},
-            "aggregator": "trimmed_mean", "pre_aggregation": "nnm"}
+    base = {
+        **BYZANTINE.defaults(),
+        **{k: type(BYZANTINE.defaults()[k])(v) for k, v in (kv.split("=") for kv in TINY[:7])},
+        "aggregator": "trimmed_mean",
+        "pre_aggregation": "nnm",
+    }
     plain = study.sweep_of(dataclasses.replace(BYZANTINE, sweep=None))
     for row in grouped:
         cell = {**base, "attack": row["attack"], "byzantine": float(row["byzantine"])}
@@ -296,9 +348,13 @@ def test_a_grouped_sweep_equals_its_cells_run_one_at_a_time(tmp_path):
             cell["attack"] = "none"
         alone = plain.trials(cell, [int(row["data_seed"])])[0]
         for metric in ("test_accuracy", "test_accuracy_worst", "train_loss", "test_loss"):
-            np.testing.assert_allclose(float(row[metric]), alone[metric], rtol=2e-5,
-                                       atol=1e-6, err_msg=f"{metric} of {cell['attack']}, "
-                                       f"byzantine={cell['byzantine']}")
+            np.testing.assert_allclose(
+                float(row[metric]),
+                alone[metric],
+                rtol=2e-5,
+                atol=1e-6,
+                err_msg=f"{metric} of {cell['attack']}, byzantine={cell['byzantine']}",
+            )
 
 
 def test_the_summary_bands_and_plots_the_worst_case_against_the_share(tmp_path):
@@ -308,27 +364,40 @@ def test_the_summary_bands_and_plots_the_worst_case_against_the_share(tmp_path):
     from fedjax_sim.experiments.hetero.experiment import BYZANTINE
 
     base = BYZANTINE.defaults()
-    acc = {("median", "alie"): 0.5, ("median", "ipm"): 0.6, ("krum", "alie"): 0.7,
-           ("krum", "ipm"): 0.45}
+    acc = {
+        ("median", "alie"): 0.5,
+        ("median", "ipm"): 0.6,
+        ("krum", "alie"): 0.7,
+        ("krum", "ipm"): 0.45,
+    }
     seeds = (0.02, -0.01, 0.005)
     cells, trials = [], []
     for share in (0.1, 0.2):
         for (rule, attack), value in acc.items():
             cid = f"{rule}/{attack}/{share}"
-            cells.append({**base, "aggregator": rule, "attack": attack, "byzantine": share,
-                          "cell_id": cid})
-            trials += [{"cell_id": cid, "data_seed": i, "test_accuracy": value - share + d}
-                       for i, d in enumerate(seeds)]
+            cells.append(
+                {**base, "aggregator": rule, "attack": attack, "byzantine": share, "cell_id": cid}
+            )
+            trials += [
+                {"cell_id": cid, "data_seed": i, "test_accuracy": value - share + d}
+                for i, d in enumerate(seeds)
+            ]
     summary = BYZANTINE.sweep.summarize(trials, cells, ["aggregator", "attack", "byzantine"])
     worst = worst_case(summary)
     assert {(r["rule"], r["byzantine"], r["worst_attack"]) for r in worst} == {
-        ("median", 0.1, "alie"), ("median", 0.2, "alie"), ("krum", 0.1, "ipm"),
-        ("krum", 0.2, "ipm")}
+        ("median", 0.1, "alie"),
+        ("median", 0.2, "alie"),
+        ("krum", 0.1, "ipm"),
+        ("krum", 0.2, "ipm"),
+    }
     half = np.std(seeds, ddof=1) / np.sqrt(3)
     for r in worst:
         mean = acc[(r["rule"], r["worst_attack"])] - r["byzantine"] + np.mean(seeds)
-        np.testing.assert_allclose([r["worst_test_accuracy_lo"], r["worst_test_accuracy_hi"]],
-                                   [mean - half, mean + half], rtol=1e-9)
+        np.testing.assert_allclose(
+            [r["worst_test_accuracy_lo"], r["worst_test_accuracy_hi"]],
+            [mean - half, mean + half],
+            rtol=1e-9,
+        )
     written = plot_fractions(worst, summary, tmp_path)
     assert [p.name for p in written] == ["worst_case.png", "accuracy_by_attack.png"]
     assert all(p.stat().st_size > 0 for p in written)
