@@ -401,3 +401,52 @@ def test_the_summary_bands_and_plots_the_worst_case_against_the_share(tmp_path):
     written = plot_fractions(worst, summary, tmp_path)
     assert [p.name for p in written] == ["worst_case.png", "accuracy_by_attack.png"]
     assert all(p.stat().st_size > 0 for p in written)
+
+
+@pytest.mark.slow
+def test_a_grouped_sweep_on_two_devices_equals_one(tmp_path):
+    """The one program per group on 2 forced CPU devices (`--devices 2`, the clients
+    sharded) gives the trials of 1 device, label flip on views among the attacks."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from federations import subprocess_env
+
+    from fedjax_sim import cli
+
+    tiny = [*TINY[:9], "attack=none,sign_flip,label_flip", "byzantine=0,0.2"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert (
+        cli.main(["sweep", "byzantine-digits", "--out", str(one), "--no-progress", "--set", *tiny])
+        == 0
+    )
+    script = (
+        f"import sys; from fedjax_sim import cli; sys.exit(cli.main(['sweep', "
+        f"'byzantine-digits', '--out', {str(two)!r}, '--no-progress', '--devices', '2', "
+        f"'--set', *{tiny!r}]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(2),
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = {}
+    for out in (one, two):
+        with open(out / "trials.csv") as f:
+            rows[out.name] = {(r["cell_id"], r["data_seed"]): r for r in csv.DictReader(f)}
+    assert rows["one"].keys() == rows["two"].keys() and len(rows["one"]) == 6 * 2
+    for key, a in rows["one"].items():
+        b = rows["two"][key]
+        for metric in ("test_accuracy", "train_loss", "test_loss"):
+            np.testing.assert_allclose(
+                float(b[metric]),
+                float(a[metric]),
+                rtol=1e-5,
+                atol=1e-6,
+                err_msg=f"{metric} of {key}",
+            )
