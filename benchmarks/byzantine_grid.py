@@ -18,8 +18,9 @@ each after `jax.clear_caches()`, each ending in host values (the trials' metrics
   (`study.run_method`: its own data build, compile and run).
 
 Reported per arm: wall seconds, compile seconds and run seconds (`simulate.run`'s, the
-rounds and evaluations after the compile), and the largest difference of a trial's
-test accuracy and test loss between the arms (they train the same runs).
+rounds and evaluations after the compile; the evaluations' share apart), and the largest
+difference of a trial's test accuracy and test loss between the arms (they train the
+same runs).
 """
 
 from __future__ import annotations
@@ -90,11 +91,12 @@ def main(argv=None) -> int:
         "programs": 1,
         "compile_s": timing.get("compile_seconds"),
         "run_s": timing.get("run_seconds"),
+        "evaluate_s": timing.get("evaluate_seconds"),
     }
 
     jax.clear_caches()
     alone: dict = {}
-    each = {"wall_s": 0.0, "programs": 0, "compile_s": 0.0, "run_s": 0.0}
+    each = {"wall_s": 0.0, "programs": 0, "compile_s": 0.0, "run_s": 0.0, "evaluate_s": 0.0}
     t0 = time.perf_counter()
     for cell in cells:
         run = {**cell, "attack": cell["attack"] if cell["byzantine"] else "none"}
@@ -109,6 +111,7 @@ def main(argv=None) -> int:
         each["programs"] += 1
         each["compile_s"] += ctx.timing.get("compile_seconds") or 0.0
         each["run_s"] += ctx.timing.get("run_seconds") or 0.0
+        each["evaluate_s"] += ctx.timing.get("evaluate_seconds") or 0.0
     each["wall_s"] = time.perf_counter() - t0
 
     by_cell = {c["cell_id"]: c for c in cells}
@@ -130,8 +133,10 @@ def main(argv=None) -> int:
     print(
         f"{len(cells)} cells ({len(grid)} runs × {len(seeds)} seeds, {s['rounds']} rounds): "
         f"one sweep program {sweep['wall_s']:.1f} s (compile {sweep['compile_s']:.1f} s, "
-        f"run {sweep['run_s']:.1f} s) against one program each {each['wall_s']:.1f} s "
-        f"({each['programs']} compiles {each['compile_s']:.1f} s, runs {each['run_s']:.1f} s)"
+        f"run {sweep['run_s']:.1f} s, of it evaluation {sweep['evaluate_s']:.1f} s) against "
+        f"one program each {each['wall_s']:.1f} s ({each['programs']} compiles "
+        f"{each['compile_s']:.1f} s, runs {each['run_s']:.1f} s, of them evaluation "
+        f"{each['evaluate_s']:.1f} s)"
         f": {figures['speedup_wall']:.2f}×; largest difference of a trial's test accuracy "
         f"{gaps['test_accuracy']:.1e}, test loss {gaps['test_loss']:.1e}; load average "
         f"{meta['loadavg_start'][0]:.1f} → {payload['meta']['loadavg_end'][0]:.1f}; "
