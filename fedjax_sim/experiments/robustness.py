@@ -18,8 +18,13 @@ s = `cohort_size(m, participation)` slots:
                         (`ops.robust.chain`); after bucketing the rule sees ⌈s / b⌉ buckets,
                         of which at most f hold a Byzantine client
     attack              none: the Byzantine clients train honestly (a rule's cost on
-                        heterogeneous data alone); else what they send, each round, from
-                        the round's honest updates (omniscient, as in the papers)
+                        heterogeneous data alone); label_flip: they train on labels
+                        y → C − 1 − y (C = the largest training label + 1); else what they
+                        send, each round, from the round's honest updates (omniscient, as
+                        in the papers)
+
+A sweep's cells that differ only in attack and byzantine may train as one program
+(`RobustGrid`: their Byzantine counts, f and attacks as traced values of a grid axis).
 
 `check` refuses, in one line and before anything is written, what cannot be built: a method
 whose server does not average model changes (`algorithms.ROBUST_READY`), an f beyond what
