@@ -13,6 +13,11 @@ HypCluster):
     Δ_B   ← attack(Δ_honest)                          (the Byzantine reporting slots, omniscient)
     θ     ← θ + Aggregate({Δ_i : i reports})          (per cluster: over that cluster's slots)
 
+Under `attacks.label_flip(C)` the Byzantine clients' labels are flipped (y ← C − 1 − y)
+before the round, and their honest updates of those labels are what the server gets.
+`byzantine` and the attack may be traced (a count array; `attacks.one_of` with a traced
+index), so a sweep over them is one program (`with_grid`).
+
 A slot that does not report (no data, unavailable, dropped, chunk padding, a client of
 another cluster) never enters a robust statistic (`ops.robust`'s masks): a median over a
 cluster is the median of that cluster's reporting clients. The Byzantine clients are
@@ -31,7 +36,8 @@ import jax
 import jax.numpy as jnp
 
 from fedjax_sim.algorithms.base import Algorithm, check_no_rule
-from fedjax_sim.ops.attacks import byzantine_clients
+from fedjax_sim.data.federated import FederatedData, is_client_source
+from fedjax_sim.ops.attacks import LabelFlip, OneOf, byzantine_clients, flip_labels, switch
 from fedjax_sim.ops.robust import Aggregator, chain
 
 #: The stream folded into a round's key for the attack's and the aggregator's draws.
@@ -79,6 +85,9 @@ class RobustSum:
     byzantine: jax.Array  # [m] bool: the Byzantine clients
     aggregator: Aggregator = dataclasses.field(metadata={"static": True})
     attack: Any = dataclasses.field(default=None, metadata={"static": True})
+    # With attack a tuple of attacks (None: honest), which one: an int32 scalar (traced in
+    # a sweep whose attack is a vmapped axis; `ops.attacks.one_of`).
+    attack_index: Any = None
 
     def sums(self, changes, weights, batch=None):
         stacked = _stack(changes, weights, batch)
@@ -96,9 +105,19 @@ class RobustSum:
         reports = sums.reports > 0
         byzantine = (sums.byzantine > 0) & reports
         updates = sums.updates
-        if self.attack is not None:
+        if isinstance(self.attack, tuple):
+            updates = switch(OneOf(self.attack, self.attack_index), updates, byzantine, key,
+                             mask=reports)
+        elif self.attack is not None and not isinstance(self.attack, LabelFlip):
             updates = self.attack(updates, byzantine, key, mask=reports)
         return updates, reports, {"byzantine_reports": jnp.sum(byzantine).astype(jnp.float32)}
+
+    def label_flipped(self) -> jax.Array:
+        """[m] bool: the clients whose labels the attack flips (Byzantine, under label_flip)."""
+        if isinstance(self.attack, LabelFlip):
+            return self.byzantine
+        at = [i for i, a in enumerate(self.attack) if isinstance(a, LabelFlip)]
+        return self.byzantine & jnp.any(self.attack_index == jnp.asarray(at, jnp.int32))
 
     def divisor(self, sums: Stacked, expected: float | None):
         """The clients the rule's aggregate stands for: the reporting ones."""
@@ -125,6 +144,17 @@ class RobustSum:
         return params, dataclasses.replace(self, state=state), metrics
 
 
+def with_flipped_labels(data, flags: jax.Array, num_classes: int) -> FederatedData:
+    """The clients with labels y ← C − 1 − y where `flags` ([m] bool) is set; a source that
+    gathers its rows (views) is gathered whole first (`materialize`: O(m) memory)."""
+    if not isinstance(data, FederatedData):
+        if not is_client_source(data):
+            raise ValueError("attack label_flip needs a round whose data are the clients "
+                             f"(FederatedData or views); got {type(data).__name__}.")
+        data = data.materialize()
+    return data.replace(y=flip_labels(data.y, num_classes, flags))
+
+
 def _model_like(state):
     """(the summed changes' shape, whether one model per cluster)."""
     if "cluster_params" in state._fields:
@@ -144,11 +174,18 @@ def with_aggregator(algorithm: Algorithm, aggregator, *, byzantine=0, attack=Non
       aggregator: an `ops.robust.Aggregator` (e.g. `robust.trimmed_mean(f=2)`), or a
         sequence of pre-aggregations ending in one (`robust.chain`'d here: e.g.
         `[robust.bucketing(bucket_size=2), robust.krum(f=1)]`).
-      byzantine: how many of the m clients are Byzantine (an int), or which share of them
-        (a float in [0, 1): ⌊share·m⌋), drawn once at init from its key.
+      byzantine: how many of the m clients are Byzantine (an int, or an integer scalar
+        array that may be traced: a sweep's Byzantine count as a vmapped axis), or which
+        share of them (a float in [0, 1): ⌊share·m⌋), drawn once at init from its key
+        (`ops.attacks.byzantine_clients`: for one key, a larger count keeps the clients
+        of a smaller one).
       attack: an `ops.attacks` attack (e.g. `attacks.a_little_is_enough()`), what the
-        Byzantine reporting clients send each round; None: they behave honestly (a
-        defence measured on heterogeneous data alone).
+        Byzantine reporting clients send each round; `attacks.label_flip(C)`: they train
+        on labels y ← C − 1 − y (their rows' labels flipped before every round, the data
+        gathered whole where it is views) and send that honest update;
+        `attacks.one_of(attacks, index)`: the one its (possibly traced) index picks,
+        each round by `lax.switch`; None: they behave honestly (a defence measured on
+        heterogeneous data alone).
 
     Returns:
       The algorithm; its rounds also report `byzantine_reports` (the Byzantine clients
@@ -174,25 +211,44 @@ def with_aggregator(algorithm: Algorithm, aggregator, *, byzantine=0, attack=Non
     if not isinstance(aggregator, Aggregator):
         raise ValueError("with_aggregator takes an ops.robust Aggregator (or a list of "
                          f"pre-aggregations ending in one); got {aggregator!r}.")
-    if isinstance(byzantine, bool) or not isinstance(byzantine, (int, float)) or not (
-            byzantine >= 0 and (isinstance(byzantine, int) or byzantine < 1)):
+    counted = isinstance(byzantine, jax.Array) and not isinstance(byzantine, bool)
+    if counted and (byzantine.shape or not jnp.issubdtype(byzantine.dtype, jnp.integer)):
+        raise ValueError("byzantine as an array must be an integer scalar (a count of "
+                         f"clients); got {byzantine.dtype}{list(byzantine.shape)}.")
+    if not counted and (isinstance(byzantine, bool) or not isinstance(byzantine, (int, float))
+                        or not (byzantine >= 0
+                                and (isinstance(byzantine, int) or byzantine < 1))):
         raise ValueError("byzantine must be a number of clients (an int >= 0) or a share in "
                          f"[0, 1); got {byzantine!r}.")
-    if attack is not None and not callable(attack):
+    if attack is not None and not (callable(attack) or isinstance(attack, OneOf | LabelFlip)):
         raise ValueError(f"attack must be None or an ops.attacks attack; got {attack!r}.")
-    if attack is not None and byzantine == 0:
+    if attack is not None and not counted and byzantine == 0:
         raise ValueError("an attack needs Byzantine clients: give byzantine > 0.")
+    chosen, index = (attack.attacks, attack.index) if isinstance(attack, OneOf) else (attack,
+                                                                                      None)
+    flips = [a for a in (chosen if isinstance(chosen, tuple) else (chosen,))
+             if isinstance(a, LabelFlip)]
 
     def init(key, data):
         state = algorithm.init(key, data)
         check_no_rule(state, "with_aggregator", "the clients' model changes")
         m = data.num_clients
-        count = byzantine if isinstance(byzantine, int) else int(byzantine * m)
-        if count > m:
+        count = (byzantine if counted or isinstance(byzantine, int)
+                 else int(byzantine * m))
+        if not counted and count > m:
             raise ValueError(f"byzantine={byzantine} exceeds the {m} clients.")
         flags = byzantine_clients(jax.random.fold_in(key, BYZANTINE_STREAM), m, count)
         like, per_cluster = _model_like(state)
         rule_state = (jax.vmap(aggregator.init)(like) if per_cluster else aggregator.init(like))
-        return state._replace(aggregation=RobustSum(rule_state, flags, aggregator, attack))
+        return state._replace(aggregation=RobustSum(rule_state, flags, aggregator, chosen,
+                                                    index))
 
-    return algorithm._replace(init=init)
+    if not flips:
+        return algorithm._replace(init=init)
+
+    def round_(state, data, key):  # the Byzantine clients train on flipped labels
+        flags = state.aggregation.label_flipped()
+        return algorithm.round(state, with_flipped_labels(data, flags, flips[0].num_classes),
+                               key)
+
+    return algorithm._replace(init=init, round=round_)

@@ -18,8 +18,13 @@ s = `cohort_size(m, participation)` slots:
                         (`ops.robust.chain`); after bucketing the rule sees ⌈s / b⌉ buckets,
                         of which at most f hold a Byzantine client
     attack              none: the Byzantine clients train honestly (a rule's cost on
-                        heterogeneous data alone); else what they send, each round, from
-                        the round's honest updates (omniscient, as in the papers)
+                        heterogeneous data alone); label_flip: they train on labels
+                        y → C − 1 − y (C = the largest training label + 1); else what they
+                        send, each round, from the round's honest updates (omniscient, as
+                        in the papers)
+
+A sweep's cells that differ only in attack and byzantine may train as one program
+(`RobustGrid`: their Byzantine counts, f and attacks as traced values of a grid axis).
 
 `check` refuses, in one line and before anything is written, what cannot be built: a method
 whose server does not average model changes (`algorithms.ROBUST_READY`), an f beyond what
@@ -34,6 +39,7 @@ own default (weighting="uniform"), not its weighting="examples".
 
 from __future__ import annotations
 
+import functools
 import math
 
 from fedjax_sim.algorithms import ROBUST_READY, with_aggregator
@@ -52,7 +58,17 @@ AGGREGATORS = (
     "bulyan",
 )
 PRE_AGGREGATIONS = ("none", "bucketing", "nnm")
-ATTACKS = ("none", "sign_flip", "gaussian", "alie", "ipm", "min_max", "min_sum", "mimic")
+ATTACKS = (
+    "none",
+    "sign_flip",
+    "gaussian",
+    "alie",
+    "ipm",
+    "min_max",
+    "min_sum",
+    "mimic",
+    "label_flip",
+)
 # What attack_scale sets, per attack, and its value at attack_scale=0.
 SCALES = {
     "sign_flip": ("c (send −c × own update)", 1.0),
@@ -107,7 +123,8 @@ ROBUST_SETTINGS = {
             "none",
             "what the Byzantine clients send (ops.attacks; "
             "omniscient): none (they train honestly), sign_flip, gaussian, alie (A Little Is "
-            "Enough), ipm (inner-product manipulation), min_max, min_sum, mimic",
+            "Enough), ipm (inner-product manipulation), min_max, min_sum, mimic, "
+            "label_flip (they train on labels y → C−1−y, C = the largest training label + 1)",
             choices=ATTACKS,
         ),
         Setting(
@@ -191,8 +208,9 @@ def aggregator_of(s: dict, f: int):
     return rule
 
 
-def attack_of(s: dict):
-    """The `ops.attacks` attack of the settings (None for attack=none)."""
+def attack_of(s: dict, num_classes: int | None = None):
+    """The `ops.attacks` attack of the settings (None for attack=none); num_classes: C of
+    label_flip (`label_classes`)."""
     from fedjax_sim.ops import attacks
 
     name, scale = s.get("attack", "none"), float(s.get("attack_scale", 0.0))
@@ -206,7 +224,32 @@ def attack_of(s: dict):
         "min_max": lambda: attacks.min_max(gamma_init=scale if given else 10.0),
         "min_sum": lambda: attacks.min_sum(gamma_init=scale if given else 10.0),
         "mimic": attacks.mimic,
+        "label_flip": lambda: attacks.label_flip(num_classes),
     }[name]()
+
+
+def label_classes(train) -> int:
+    """C of label_flip: the largest label of the training clients + 1 (their first client
+    source's labels, padding rows' zeros among them).
+
+    Raises:
+      ValueError: the labels are not integer classes (a regression's targets).
+    """
+    import jax
+    import numpy as np
+
+    from fedjax_sim.data.federated import is_client_source
+
+    source = next(
+        n for n in jax.tree.leaves(train, is_leaf=is_client_source) if is_client_source(n)
+    )
+    y = np.asarray(getattr(source, "base_y", None) if hasattr(source, "base_y") else source.y)
+    if not np.issubdtype(y.dtype, np.integer):
+        raise ValueError(
+            f"attack=label_flip needs integer class labels; this experiment's training "
+            f"targets are {y.dtype} (flip a classifier's labels, or give another attack)."
+        )
+    return max(int(y.max()) + 1, 2)
 
 
 def check(table, methods, s: dict, *, sweep: bool = False) -> None:
@@ -303,7 +346,7 @@ def _ready(method) -> bool:
 class RobustRule:
     """One run's robust rule and Byzantine clients (`experiments.study`'s server rule)."""
 
-    def __init__(self, s: dict, num_clients: int):
+    def __init__(self, s: dict, num_clients: int, num_classes: int | None = None):
         self.m = num_clients
         self.byzantine = byzantine_count(s, num_clients)
         self.f = rule_f(s, num_clients)
@@ -314,7 +357,7 @@ class RobustRule:
         self.attack_name = s.get("attack", "none") if self.byzantine else "none"
         self.attack_scale = float(s.get("attack_scale", 0.0))
         self.aggregator = aggregator_of(s, self.f)
-        self.attack = attack_of(s) if self.byzantine else None
+        self.attack = attack_of(s, num_classes) if self.byzantine else None
 
     def settings(self, s: dict) -> dict:
         return s
@@ -339,9 +382,70 @@ class RobustRule:
         }
 
 
-def plan(s: dict, num_clients: int) -> RobustRule | None:
+class RobustGrid:
+    """The robust rules of sweep cells that differ only in attack and byzantine, as the
+    traced values of one program (`study.grid_run`): one point per distinct (b, f, attack)
+    of the cells, where b = ⌊byzantine · m⌋ and f = `rule_f` (as `RobustRule` builds each
+    cell); a cell with no Byzantine client takes the point of (0, f, none), since no attack
+    reaches the server without one. At a point,
+
+        Byzantine clients   the first b of the seed's permutation (`ops.attacks.
+                            byzantine_clients` with b traced: the cell's own draw)
+        rule                `aggregator_of` with f traced (`ops.robust.inject_hyperparams`)
+        attack              `ops.attacks.one_of` the cells' attacks, by a traced index
+
+    Attributes:
+      points: name -> [G] values (floats, as `algorithms.with_grid` takes them).
+      cell_points: each cell's point, in the order of the cells.
+    """
+
+    def __init__(self, cells: list[dict], num_clients: int, num_classes: int | None = None):
+        self.s = cells[0]
+        self.num_classes = num_classes
+        keys = []
+        for c in cells:
+            b = byzantine_count(c, num_clients)
+            keys.append((b, rule_f(c, num_clients), c.get("attack", "none") if b else "none"))
+        self.attacks = tuple(dict.fromkeys(["none", *(k[2] for k in keys)]))
+        keys = [(b, f, self.attacks.index(a)) for b, f, a in keys]
+        unique = list(dict.fromkeys(keys))
+        self.cell_points = [unique.index(k) for k in keys]
+        self.points = {
+            name: [float(k[i]) for k in unique]
+            for i, name in enumerate(("byzantine", "f", "attack"))
+        }
+
+    @functools.cached_property
+    def choices(self) -> tuple:
+        """The cells' attacks, by their index in `attacks` (None: honest)."""
+        return tuple(attack_of({**self.s, "attack": a}, self.num_classes) for a in self.attacks)
+
+    def __len__(self) -> int:
+        return len(self.points["attack"])
+
+    def wrap_at(self, point: dict):
+        """The server rule's wrap at a point of `points` (its values may be traced)."""
+        import jax.numpy as jnp
+
+        from fedjax_sim.ops import attacks, robust
+
+        def whole(name):
+            return jnp.asarray(point[name]).astype(jnp.int32)
+
+        aggregator = robust.inject_hyperparams(lambda f: aggregator_of(self.s, f), f=whole("f"))
+        attack = attacks.one_of(self.choices, whole("attack"))
+
+        def wrap(algorithm):
+            return with_aggregator(
+                algorithm, aggregator, byzantine=whole("byzantine"), attack=attack
+            )
+
+        return wrap
+
+
+def plan(s: dict, num_clients: int, num_classes: int | None = None) -> RobustRule | None:
     """The run's RobustRule where its settings ask for one; None: the plain algorithm."""
-    return RobustRule(s, num_clients) if enabled(s) else None
+    return RobustRule(s, num_clients, num_classes) if enabled(s) else None
 
 
 __all__ = [
@@ -349,9 +453,11 @@ __all__ = [
     "ATTACKS",
     "PRE_AGGREGATIONS",
     "ROBUST_SETTINGS",
+    "RobustGrid",
     "RobustRule",
     "check",
     "enabled",
+    "label_classes",
     "plan",
     "rule_f",
 ]

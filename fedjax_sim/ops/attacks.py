@@ -19,7 +19,10 @@ omniscient, as in their papers: their statistics are over the honest reporting s
     min_max, min_sum        μ + γ p, the largest γ whose max (sum) of squared distances to
                             the honest updates stays within theirs  (Shejwalkar, Houmansadr)
     mimic                   every Byzantine copies one honest update  (Karimireddy et al. 2022)
-    flip_labels             y ← C − 1 − y on the Byzantine clients' data (a data-level attack)
+    label_flip(C)           the Byzantine clients train on y ← C − 1 − y (`flip_labels`; a
+                            data-level attack, applied by `with_aggregator`)
+    one_of(attacks, index)  attacks[index], by `lax.switch` on an index that may be traced
+                            (`switch`): a sweep's attack as a vmapped axis of one program
 
 μ and σ are the honest updates' mean and standard deviation per coordinate (σ with the
 n − 1 divisor, as the papers' code computes it; 0 with fewer than two honest slots); n
@@ -40,8 +43,10 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +56,7 @@ from fedjax_sim.ops.robust import (
     _broadcast,
     _check_mask,
     _count,
+    _known_int,
     _sq_norms,
     _weighted_mean,
     _zero_absent,
@@ -378,13 +384,98 @@ def flip_labels(y: jax.Array, num_classes: int, byzantine: jax.Array) -> jax.Arr
     return jnp.where(_broadcast(byzantine, y), num_classes - 1 - y, y)
 
 
-def byzantine_clients(key: jax.Array, num_clients: int, count: int) -> jax.Array:
+@dataclasses.dataclass(frozen=True)
+class LabelFlip:
+    """Label flipping as an attack: the Byzantine clients train on labels y ← C − 1 − y
+    and send their honest update of that (`algorithms.with_aggregator` flips their rows'
+    labels before the round; `flip_labels` is the map)."""
+
+    num_classes: int
+
+
+def label_flip(num_classes: int) -> LabelFlip:
+    """The data-level attack of label flipping over C classes (y ← C − 1 − y).
+
+    Args:
+      num_classes: C ≥ 2.
+    """
+    return LabelFlip(_check_iterations("label_flip", "num_classes", num_classes, minimum=2))
+
+
+def byzantine_clients(key: jax.Array, num_clients: int, count) -> jax.Array:
     """[num_clients] bool with exactly `count` True, uniformly chosen from `key`: the same
-    clients for every method that uses the same key."""
+    clients for every method that uses the same key.
+
+    `count` may be traced (a sweep's Byzantine share as a vmapped axis): the first `count`
+    clients of `jax.random.permutation(key, num_clients)` are Byzantine, so for one key a
+    larger count keeps the clients of a smaller one and adds more.
+    """
     _check_iterations("byzantine_clients", "num_clients", num_clients)
-    _check_iterations("byzantine_clients", "count", count, minimum=0)
-    if count > num_clients:
-        raise ValueError(f"byzantine_clients: count must be at most num_clients = "
-                         f"{num_clients}; got {count}.")
-    return jnp.zeros((num_clients,), bool).at[
-        jax.random.permutation(key, num_clients)[:count]].set(True)
+    if _known_int(count) is not None:
+        count = _check_iterations("byzantine_clients", "count", _known_int(count), minimum=0)
+        if count > num_clients:
+            raise ValueError(f"byzantine_clients: count must be at most num_clients = "
+                             f"{num_clients}; got {count}.")
+    order = jax.random.permutation(key, num_clients)
+    return jnp.zeros((num_clients,), bool).at[order].set(jnp.arange(num_clients) < count)
+
+
+# --------------------------------------------------------------------------- a traced choice
+
+
+class OneOf(NamedTuple):
+    """One of several attacks, picked by an index that may be traced: a sweep's attack as a
+    vmapped axis of one program (`with_aggregator(..., attack=one_of(...))`).
+
+    attacks: each an attack, or None (the Byzantine clients send their honest update).
+    index: int32 scalar, which of them (traced in a sweep).
+    """
+
+    attacks: tuple
+    index: jax.Array
+
+
+def one_of(choices, index) -> OneOf:
+    """The attack `choices[index]`, chosen inside the program (`switch`).
+
+    Args:
+      choices: a sequence of attacks, None among them for honest Byzantine clients.
+      index: an int in [0, len(choices)), or an int32 scalar array (may be traced).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from fedjax_sim.ops import attacks
+      >>> chosen = attacks.one_of([None, attacks.sign_flip(scale=2.0)], 1)
+      >>> attacks.switch(chosen, jnp.array([[1.0], [3.0]]), jnp.array([False, True]),
+      ...                jax.random.key(0))
+      Array([[ 1.],
+             [-6.]], dtype=float32)
+    """
+    choices = tuple(choices)
+    if not choices or any(c is not None and not callable(c) and not isinstance(c, LabelFlip)
+                          for c in choices):
+        raise ValueError(f"one_of: choices must be a non-empty sequence of attacks (None: "
+                         f"honest); got {choices!r}.")
+    known = _known_int(index)
+    if known is not None and (isinstance(known, bool) or not isinstance(known, int)
+                              or not 0 <= known < len(choices)):
+        raise ValueError(f"one_of: index must be an integer in [0, {len(choices)}); got "
+                         f"{index!r}.")
+    return OneOf(choices, jnp.asarray(index, jnp.int32))
+
+
+def switch(chosen: OneOf, updates, byzantine, key, mask=None):
+    """`chosen.attacks[chosen.index](updates, byzantine, key, mask=mask)` by `lax.switch`
+    (under vmap over the index every branch runs and each point keeps its own); None and
+    `label_flip` leave the updates as they are (a label flip acts on the data)."""
+    def branch(attack):
+        if attack is None or isinstance(attack, LabelFlip):
+            return lambda u, b, k, m: u
+        return lambda u, b, k, m: attack(u, b, k, mask=m)
+
+    s = num_slots(updates)
+    mask = jnp.ones((s,), bool) if mask is None else mask
+    if len(chosen.attacks) == 1:
+        return branch(chosen.attacks[0])(updates, byzantine, key, mask)
+    return jax.lax.switch(chosen.index, [branch(a) for a in chosen.attacks], updates,
+                          byzantine, key, mask)

@@ -45,9 +45,12 @@ change; the cancellation does). The parameter axis is never concatenated: norms,
 products and weighted sums add up over the leaves.
 
 Each rule refuses, in one line naming the limit, an f beyond what it tolerates for the
-cohort's s slots. When fewer slots report than the rule needs, it still returns an
-update, by the floors its docstring states (e.g. Krum scores with at least one
-neighbour): the guarantee is gone, the program still runs.
+cohort's s slots. f may also be a traced int32 scalar (a sweep whose Byzantine share is
+a vmapped axis; its limit is then the caller's to check), kept in the rule's state by
+`inject_hyperparams` (as `optax.inject_hyperparams` keeps an optimizer's numbers).
+When fewer slots report than the rule needs, it still returns an update, by the floors
+its docstring states (e.g. Krum scores with at least one neighbour): the guarantee is
+gone, the program still runs.
 
 References:
   Dong Yin, Yudong Chen, Kannan Ramchandran, Peter Bartlett, "Byzantine-Robust
@@ -75,6 +78,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fedjax_sim.ops.aggregation import mean_or_keep, weighted_sum
 
@@ -245,6 +249,31 @@ def _check_count(name: str, what: str, value, minimum: int = 0) -> int:
     return value
 
 
+def _known_int(value):
+    """value as a Python int when it is a concrete integer scalar (an int, or an array not
+    traced), the value itself when it is not an integer scalar, None when traced."""
+    if isinstance(value, jax.core.Tracer):
+        return None
+    if isinstance(value, jax.Array | np.ndarray | np.integer):
+        if np.ndim(value) or not np.issubdtype(np.asarray(value).dtype, np.integer):
+            return value
+        return int(value)
+    return value
+
+
+def _check_f(name: str, f):
+    """f as an int when it is known; a traced integer scalar as it is (a sweep's f as a
+    vmapped axis: its limits are the caller's to check, as `experiments.robustness` does
+    for every cell before anything is traced)."""
+    known = _known_int(f)
+    if known is None:
+        if jnp.shape(f) or not jnp.issubdtype(jnp.result_type(f), jnp.integer):
+            raise ValueError(f"{name}: a traced f must be an integer scalar; got "
+                             f"{jnp.result_type(f)}{list(jnp.shape(f))}.")
+        return f
+    return _check_count(name, "f", known)
+
+
 def _check_positive(name: str, what: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 \
             or not math.isfinite(value):
@@ -252,8 +281,8 @@ def _check_positive(name: str, what: str, value) -> float:
     return float(value)
 
 
-def _require_slots(name: str, s: int, needed: int, rule: str) -> None:
-    if s < needed:
+def _require_slots(name: str, s: int, needed, rule: str) -> None:
+    if _known_int(needed) is not None and s < needed:
         raise ValueError(f"{name}: needs {rule}, i.e. at least {needed} cohort slots; "
                          f"the cohort has {s}.")
 
@@ -320,7 +349,7 @@ def trimmed_mean(*, f: int | None = None, beta: float | None = None) -> Aggregat
         raise ValueError(f"trimmed_mean: give exactly one of f (a count per side) and beta "
                          f"(a fraction per side); got f={f!r}, beta={beta!r}.")
     if f is not None:
-        _check_count("trimmed_mean", "f", f)
+        f = _check_f("trimmed_mean", f)
     elif isinstance(beta, bool) or not isinstance(beta, int | float) or not 0 <= beta < 0.5:
         raise ValueError(f"trimmed_mean: beta must be in [0, 0.5) (Yin et al.: β < 1/2); "
                          f"got {beta!r}.")
@@ -365,7 +394,7 @@ def multi_krum(*, f: int, m: int | None = None) -> Aggregator:
     With fewer reporting slots than 2f + 3, a score sums at least 1 neighbour (at most
     n − 1), and m is at most max(n − f, 1).
     """
-    _check_count("multi_krum", "f", f)
+    f = _check_f("multi_krum", f)
     if m is not None:
         _check_count("multi_krum", "m", m, minimum=1)
 
@@ -375,7 +404,7 @@ def multi_krum(*, f: int, m: int | None = None) -> Aggregator:
         mask = _check_mask(mask, s)
         _require_slots("krum" if m == 1 else "multi_krum", s, 2 * f + 3,
                        f"n > 2f + 2 with f = {f}")
-        if m is not None and m > s - f:
+        if m is not None and _known_int(f) is not None and m > s - f:
             raise ValueError(f"multi_krum: m must be at most s - f = {s - f} (the cohort has "
                              f"{s} slots, f = {f}); got m = {m}.")
         x = _zero_absent(updates, mask)
@@ -494,7 +523,7 @@ def bulyan(*, f: int) -> Aggregator:
     With fewer reporting slots than 4f + 3, θ and β are floored at 1 and each Krum step
     floors its neighbours as `multi_krum` does.
     """
-    _check_count("bulyan", "f", f)
+    f = _check_f("bulyan", f)
 
     def aggregate(updates, mask, key, state):
         del key
@@ -514,7 +543,9 @@ def bulyan(*, f: int) -> Aggregator:
             return remaining.at[i].set(remaining[i] & ~now), selected.at[i].set(
                 selected[i] | now)
 
-        _, selected = jax.lax.fori_loop(0, s - 2 * f, pick,
+        # θ ≤ s − 2f picks; a traced f loops over s (the steps past θ change nothing)
+        steps = s if _known_int(f) is None else s - 2 * f
+        _, selected = jax.lax.fori_loop(0, steps, pick,
                                         (mask, jnp.zeros((s,), bool)))
 
         def one(leaf):
@@ -582,7 +613,7 @@ def nearest_neighbor_mixing(*, f: int) -> PreAggregation:
     Args:
       f: the Byzantine slots tolerated; needs s ≥ 2f + 1 (the paper's f < n/2).
     """
-    _check_count("nearest_neighbor_mixing", "f", f)
+    f = _check_f("nearest_neighbor_mixing", f)
 
     def apply(updates, mask, key, state):
         del key
@@ -641,5 +672,48 @@ def chain(*stages) -> Aggregator:
             states.append(st)
         update, st = last.aggregate(updates, mask, keys[-1], state[-1])
         return update, (*states, st)
+
+    return Aggregator(init, aggregate)
+
+
+class InjectedState(NamedTuple):
+    hyperparams: dict  # name -> scalar array: the rule's numbers (traced in a sweep)
+    inner: Any  # the rule's own state
+
+
+def inject_hyperparams(factory: Callable[..., Aggregator], **hyperparams) -> Aggregator:
+    """`factory(**hyperparams)` with its numbers held in the state (as
+    `optax.inject_hyperparams` holds an optimizer's), so they may be traced.
+
+    A rule built for a traced f (a sweep whose cells differ in their Byzantine share, f
+    with it) cannot close over f: the state that leaves `init` would hold a closure over
+    a dead tracer. Here `init` stores the values and every `aggregate` rebuilds the rule
+    from the state's values; with concrete values it equals `factory(**hyperparams)`.
+
+    Args:
+      factory: keyword numbers -> an `Aggregator` (e.g. `lambda f: robust.krum(f=f)`);
+        it must accept them traced (the f of `trimmed_mean`, `multi_krum`, `krum`,
+        `bulyan` and `nearest_neighbor_mixing` may be).
+      hyperparams: name -> a number or a scalar array (may be traced).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> from fedjax_sim.ops import robust
+      >>> x = jnp.array([[0.0], [1.0], [2.0], [3.0], [40.0]])
+      >>> def at(f):
+      ...     agg = robust.inject_hyperparams(lambda f: robust.trimmed_mean(f=f), f=f)
+      ...     return agg.aggregate(x, jnp.ones(5, bool), jax.random.key(0), agg.init(None))[0]
+      >>> jax.vmap(at)(jnp.array([0, 1, 2], jnp.int32))[:, 0]
+      Array([9.2, 2. , 2. ], dtype=float32)
+    """
+
+    def init(params):
+        values = {k: jnp.asarray(v) for k, v in hyperparams.items()}
+        return InjectedState(values, factory(**values).init(params))
+
+    def aggregate(updates, mask, key, state: InjectedState):
+        update, inner = factory(**state.hyperparams).aggregate(updates, mask, key,
+                                                               state.inner)
+        return update, InjectedState(state.hyperparams, inner)
 
     return Aggregator(init, aggregate)
