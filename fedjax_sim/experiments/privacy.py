@@ -57,16 +57,18 @@ MECHANISMS = ("gaussian", "ftrl")
 # DP-FTRL noises one server model's prefix sums: not the clustered methods' k sums.
 FTRL_READY = PRIVATE_READY - {"ifca", "hypcluster"}
 GAUSSIAN_ONLY = ("dp_mechanism", ("gaussian",))
+# What sweep cells of one compiled program may differ in (`PrivateGrid`): σ's settings.
+TRACED = ("target_epsilon", "dp_noise")
 OVERFLOW = 1e-9  # the largest overflow probability a Poisson cohort's slots may have
 
 PRIVACY_SETTINGS = {st.name: st for st in (
     Setting("dp_clip", float, 0.0, "user-level DP (DP-FedAvg): each client's whole update "
             "clipped to this L2 norm, the sum noised; 0: no DP", minimum=0.0),
     Setting("dp_noise", float, 1.0, "the noise multiplier σ (the sum's noise is σ·dp_clip), "
-            "unless target_epsilon sets it", minimum=0.0),
+            "unless target_epsilon sets it", minimum=0.0, traced=True),
     Setting("dp_delta", float, 1e-5, "δ of the (ε, δ) reported", minimum=1e-300, maximum=0.5),
     Setting("target_epsilon", float, 0.0, "calibrate σ before training so that ε after the "
-            "run's rounds is this (0: use dp_noise)", minimum=0.0),
+            "run's rounds is this (0: use dp_noise)", minimum=0.0, traced=True),
     Setting("dp_mechanism", str, "gaussian", "gaussian: DP-FedAvg (a sampled Gaussian per "
             "round); ftrl: DP-FTRL (Kairouz et al.): no sampling, the clients in m / cohort "
             "fixed groups taking turns (every client once per epoch), tree-aggregated noise "
@@ -286,12 +288,15 @@ class PrivateRule:
             return s
         return {**s, "participation": self.slots / self.m, "availability": self.q}
 
-    def wrap(self, algorithm):
+    def wrap(self, algorithm, noise=None):
+        """The algorithm with this run's DP; noise: σ in place of the run's (traced: a
+        sweep's grid point, `PrivateGrid`)."""
+        noise = self.noise if noise is None else noise
         if self.mechanism == "ftrl":
-            return with_dp_ftrl(algorithm, self.clip, self.noise, rounds=self.groups,
+            return with_dp_ftrl(algorithm, self.clip, noise, rounds=self.groups,
                                 expected_clients=float(self.slots), restart=True)
         adaptive = AdaptiveClipping(self.quantile) if self.quantile > 0 else None
-        return with_dp(algorithm, self.clip, self.noise, adaptive=adaptive,
+        return with_dp(algorithm, self.clip, noise, adaptive=adaptive,
                        expected_clients=self.expected if self.sampling == "poisson" else None,
                        noise_cohort_size=self.noise_cohort or None)
 
@@ -325,9 +330,15 @@ class PrivateRule:
 
     def table(self, every: int):
         """[rounds + 1] float32: ε after round t where t is evaluated (every `every` rounds
-        and the last), NaN elsewhere; what the evaluation reads at the state's round."""
+        and the last), NaN elsewhere; what the evaluation reads at the state's round. At
+        σ = 0, inf at every evaluated round, round 0 included."""
         evaluated = list(range(0, self.rounds + 1, every)) + [self.rounds]
         out = np.full((self.rounds + 1,), np.nan, np.float32)
+        if self.noise == 0:
+            # No noise, no privacy: ε = ∞ from the start (a column finite at round 0 that
+            # turns infinite reads as a divergence: `simulate`'s watcher).
+            out[evaluated] = np.inf
+            return out
         for r, eps in self.epsilons(evaluated).items():
             out[r] = eps if math.isfinite(eps) else np.inf
         return out
@@ -362,6 +373,113 @@ class PrivateRule:
                 epsilon_as_trained=epsilon if math.isfinite(epsilon) else None,
                 epsilon_as_trained_accountant="rdp")
         return record
+
+
+class PrivateGrid:
+    """The DP of sweep cells that differ only in target_epsilon and dp_noise, as the
+    traced σ of one program (`study.grid_run`): one point per distinct σ of the cells, each
+    calibrated on the host as the cell's own run calibrates it (`PrivateRule`), then
+    passed as data; every point gets the seeds' data, initial weights and round keys, so
+    a cell's trials are those of the cell trained alone up to float rounding. Each cell's
+    ε is its own rule's, after the run's rounds.
+
+    Attributes:
+      points: {"dp_noise": [G] σ} (`algorithms.with_grid`'s points).
+      cell_points: each cell's point, in the order of the cells.
+    """
+
+    def __init__(self, cells: list[dict], num_clients: int, rounds: int):
+        self.rules = [PrivateRule(c, num_clients, rounds) for c in cells]
+        unique = list(dict.fromkeys(r.noise for r in self.rules))
+        self.cell_points = [unique.index(r.noise) for r in self.rules]
+        self.points = {"dp_noise": unique}
+
+    def __len__(self) -> int:
+        return len(self.points["dp_noise"])
+
+    def settings(self, s: dict) -> dict:
+        """What the method is built with (`PrivateRule.settings`, the same for each cell)."""
+        return self.rules[0].settings(s)
+
+    def wrap_at(self, point: dict):
+        """The server rule's wrap at a point of `points` (σ may be traced)."""
+        return functools.partial(self.rules[0].wrap, noise=point["dp_noise"])
+
+    def final_epsilons(self, every: int) -> list[float]:
+        """Each cell's ε after the run's last round, as its run's evaluation reads it
+        (float32, evaluated every `every` rounds)."""
+        return [float(rule.table(every)[-1]) for rule in self.rules]
+
+
+def one_program(cells: list[dict]) -> bool:
+    """Whether sweep cells train as one program (`PrivateGrid`): several, with DP, differing
+    only in `TRACED`, and untuned (a tune_* grid is a vmapped axis of its own)."""
+    from fedjax_sim.experiments import tuned
+
+    apart = {k for c in cells for k in c if c.get(k) != cells[0].get(k)} - {"cell_id"}
+    return (len(cells) > 1 and apart <= set(TRACED) and enabled(cells[0])
+            and not tuned.tunes(cells[0]))
+
+
+def grid_trials(e, cells: list[dict], seed_ids: list[int], mesh=None) -> list[dict]:
+    """trials.csv rows (each with its cell's "cell_id") of every (cell, seed) of cells that
+    differ only in target_epsilon and dp_noise, trained as one program (`study.grid_run`
+    over a `PrivateGrid`)."""
+    from fedjax_sim import compare as executor
+    from fedjax_sim.experiments import study
+    from fedjax_sim.experiments.base import RunContext
+
+    s = {k: v for k, v in cells[0].items() if k != "cell_id"}
+    name = s[e.method_key]
+    execution = RunContext(mesh=mesh, progress=False).execution(s)
+    problem = study.problem_for(e, s)
+    footprint = None if e.footprint is None else e.footprint(name, s, problem)
+    problem = execution.planned(problem, footprint)
+    m = study.num_clients(problem)
+    own = e.method_table[name].settings
+    ruled = [{**c, **own} for c in cells]
+    if e.derived is not None:
+        ruled = [e.derived(c, problem) for c in ruled]
+    for cell in ruled:
+        check(e.method_table, (name,), cell, m)
+    grid = PrivateGrid(ruled, m, study.method_rounds(e, name, ruled[0]))
+    spec = study.grid_run(e, name, grid.settings(s), problem, grid.points, grid.wrap_at)
+    seeds = s["seeds"]
+    result = executor.train_method(name, spec, len(grid) * seeds, execution)
+    metrics = [x for x in study.table(e, s) if x in result.per_seed and x != "epsilon"]
+    epsilons = grid.final_epsilons(spec.eval_every)
+    return [{"cell_id": cell["cell_id"], "data_seed": i, "method": name,
+             **{x: float(result.per_seed[x][point * seeds + i]) for x in metrics},
+             "epsilon": epsilon}
+            for cell, point, epsilon in zip(cells, grid.cell_points, epsilons, strict=True)
+            for i in seed_ids]
+
+
+def grouped(e, sweep):
+    """`sweep` (a comparison's, `study.sweep_of`) with its cells that differ only in
+    target_epsilon and dp_noise trained as one program (`grid_trials`); others cell by
+    cell, as before."""
+    import dataclasses
+
+    if "dp_noise" not in e.declared:
+        return sweep
+
+    def group_trials(cells: list[dict], seed_ids: list[int], mesh=None) -> list[dict]:
+        if not one_program(cells):
+            return [{"cell_id": c["cell_id"], **row}
+                    for c in cells for row in sweep.trials(c, seed_ids, mesh)]
+        return grid_trials(e, cells, seed_ids, mesh)
+
+    def trials_per_program(cells: list[dict]) -> int:
+        if not one_program(cells):
+            return sweep.program_size(cells)
+        # A point per distinct σ: each target's calibration, or dp_noise where there is none.
+        sigmas = {("target", c["target_epsilon"]) if c["target_epsilon"] > 0
+                  else ("noise", c["dp_noise"]) for c in cells}
+        return len(sigmas) * cells[0]["seeds"]
+
+    return dataclasses.replace(sweep, group=True, group_trials=group_trials,
+                               trials_per_program=trials_per_program)
 
 
 def _float_or_none(value) -> float | None:

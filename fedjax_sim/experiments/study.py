@@ -24,10 +24,12 @@ import math
 import sys
 from collections.abc import Mapping
 
+import jax
 import numpy as np
 
 from fedjax_sim import compare as executor
-from fedjax_sim.algorithms import ClientTraining, sgd, with_seeds
+from fedjax_sim import logs
+from fedjax_sim.algorithms import ClientTraining, sgd, with_grid, with_seeds
 from fedjax_sim.algorithms.base import Algorithm
 from fedjax_sim.data.holdout import validation_split
 from fedjax_sim.execution import Execution
@@ -93,20 +95,12 @@ def model_of(e: Experiment, name: str, problem):
     return model
 
 
-def method_run(e: Experiment, name: str, s: dict, problem) -> executor.MethodRun:
+def method_run(e: Experiment, name: str, s: dict, problem, wrap=None) -> executor.MethodRun:
     """Method `name` over s["seeds"] vmapped seeds, ready to train: the same data, init and
-    round keys as every other method (the paired differences need them)."""
-    check_method(e, name)
-    s = {**s, **e.method_table[name].settings}
-    if e.derived is not None:
-        s = e.derived(s, problem)
-    model = model_of(e, name, problem)
+    round keys as every other method (the paired differences need them). wrap: a server
+    rule's wrap in place of the one the settings ask for (a grid point's: `grid_run`)."""
+    s, model, rounds, rule, built, algorithm = _built(e, name, s, problem, wrap)
     copies = part(problem, "copies", 1)
-    rounds = method_rounds(e, name, s)
-    rule = server_rule(e, name, s, problem)
-    built = build_method(e, name, s if rule is None else rule.settings(s), model,
-                         problem=problem, server_rule=None if rule is None else rule.wrap)
-    algorithm = with_seeds(built, s["seeds"], shared_data=copies == 0)
     metrics = e.metrics(Trained(name, e.method_table[name], s, problem, model, algorithm,
                                 built, rounds, training_of(e, name, s)))
     if not isinstance(metrics, Metrics):
@@ -122,6 +116,62 @@ def method_run(e: Experiment, name: str, s: dict, problem) -> executor.MethodRun
         progress_summary=metrics.progress_summary, data_copies=copies)
 
 
+def _built(e: Experiment, name: str, s: dict, problem, wrap=None):
+    """(settings, model, rounds, server rule, the method for one seed, over the seeds)."""
+    check_method(e, name)
+    s = {**s, **e.method_table[name].settings}
+    if e.derived is not None:
+        s = e.derived(s, problem)
+    model = model_of(e, name, problem)
+    rule = server_rule(e, name, s, problem) if wrap is None else None
+    if rule is not None:
+        wrap = rule.wrap
+    built = build_method(e, name, s if rule is None else rule.settings(s), model,
+                         problem=problem, server_rule=wrap)
+    algorithm = with_seeds(built, s["seeds"], shared_data=part(problem, "copies", 1) == 0)
+    return s, model, method_rounds(e, name, s), rule, built, algorithm
+
+
+def grid_run(e: Experiment, name: str, s: dict, problem, points: dict,
+             wrap_at) -> executor.MethodRun:
+    """Method `name` at every point of a grid of its server rule's values, one compiled
+    program (`with_grid` outside the seeds: state [G, seeds, ...]); every point gets the
+    seeds' data, initial weights and round keys, as `method_run` gives each point's run.
+
+    Args:
+      points: name -> [G] numbers (`algorithms.with_grid`).
+      wrap_at: {name: scalar} -> that point's server rule wrap (its values traced).
+
+    Returns:
+      The run; its history rows hold [G · seeds] values, point-major (point g, seed i at
+      g · seeds + i): train it as G · seeds seeds.
+    """
+    first = {k: v[0] for k, v in points.items()}
+    base = method_run(e, name, s, problem, wrap=wrap_at(first))
+    count, seeds = len(next(iter(points.values()))), s["seeds"]
+
+    def build_at(point):
+        return _built(e, name, s, problem, wrap_at(point))[-1]
+
+    def evaluate(state):  # an experiment's metrics are host code over one [seeds] copy
+        rows = [base.evaluate(jax.tree.map(lambda a, g=g: a[g], state)) for g in range(count)]
+        return {k: np.stack([np.asarray(r[k]) for r in rows]) for k in rows[0]}
+
+    def seed_rows(history: list[dict]) -> list[dict]:
+        def flat(value):
+            x = np.asarray(value)
+            return x.reshape((-1,) + x.shape[2:]) if x.shape[:2] == (count, seeds) else x
+
+        rows = [{"round": row["round"], **{k: flat(v) for k, v in row.items() if k != "round"}}
+                for row in history]
+        return base.seed_rows(rows) if base.seed_rows is not None else rows
+
+    return base._replace(algorithm=with_grid(build_at, points), evaluate=evaluate,
+                         seed_rows=seed_rows, copies=2,
+                         progress_summary=logs.mean_of_copies(
+                             f"{count} grid points × {seeds} seeds"))
+
+
 def server_rule(e: Experiment, name: str, s: dict,
                 problem) -> privacy.PrivateRule | robustness.RobustRule | None:
     """The run's one server aggregation rule where its settings ask for one: DP
@@ -134,7 +184,7 @@ def server_rule(e: Experiment, name: str, s: dict,
     private, robust = privacy.enabled(s), robustness.enabled(s)
     if not (private or robust):
         return None
-    m = _num_clients(problem)
+    m = num_clients(problem)
     if robust:
         robustness.check(e.method_table, (name,), s)
         return robustness.RobustRule(s, m)
@@ -142,7 +192,7 @@ def server_rule(e: Experiment, name: str, s: dict,
     return privacy.PrivateRule(s, m, method_rounds(e, name, s))
 
 
-def _num_clients(problem) -> int:
+def num_clients(problem) -> int:
     """The clients of the problem's training data (its first client source; one copy's
     where they are stacked per seed)."""
     import jax
@@ -413,10 +463,13 @@ def sweep_of(e: Experiment) -> Sweep:
             rows.append(row)
         return rows
 
-    return Sweep(trials, columns, summarize, seeds_per_chunk=lambda cell: cell["seeds"])
+    # Cells differing only in ε (target_epsilon, dp_noise): one program (`privacy.grouped`).
+    return privacy.grouped(e, Sweep(trials, columns, summarize,
+                                    seeds_per_chunk=lambda cell: cell["seeds"]))
 
 
-__all__ = ["build_method", "compare", "compared", "method_run", "method_spec", "model_of",
+__all__ = ["build_method", "compare", "compared", "grid_run", "method_run", "method_spec",
+           "model_of", "num_clients",
            "part", "problem_for", "run", "run_facts", "run_method", "server_rule", "sweep_of",
            "table",
            "training_of", "validation_problems", "with_parts"]
