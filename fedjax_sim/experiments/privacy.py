@@ -18,7 +18,8 @@ is the run's final ε in summary.json and a comparison's results). What is accou
 
 With dp_quantile > 0 the clip adapts to that quantile of the update norms (Andrew et al.;
 `AdaptiveClipping(dp_quantile)`; dp_clip is then the first round's C). Tuning (a tuned
-comparison's grid, choosing on the validation split) is not privatised, as in the papers.
+comparison's grid, choosing on the validation split; `tune_dp_clip` a grid of clips) is not
+privatised, as in the papers.
 
 With dp_mechanism = "ftrl" every method gets `algorithms.with_dp_ftrl` instead (DP-FTRL,
 Kairouz et al., arXiv:2103.00039): no sampling. The cohort of s = round(participation · m)
@@ -51,6 +52,7 @@ import numpy as np
 from fedjax_sim.algorithms import PRIVATE_READY, AdaptiveClipping, with_dp, with_dp_ftrl
 from fedjax_sim.algorithms.base import cohort_size
 from fedjax_sim.experiments.methods import Setting, setting_of
+from fedjax_sim.experiments.tuned import grid_values
 
 SAMPLINGS = ("poisson", "fixed")
 MECHANISMS = ("gaussian", "ftrl")
@@ -92,9 +94,10 @@ PRIVACY_SETTINGS = {st.name: st for st in (
 
 
 def enabled(s: dict) -> bool:
-    """Whether the settings ask for DP: dp_clip > 0, or traced (a grid point's clip)."""
+    """Whether the settings ask for DP: dp_clip > 0, traced (a grid point's clip), or a
+    tune_dp_clip grid (`experiments.tuned`)."""
     clip = s.get("dp_clip", 0.0)
-    if isinstance(clip, jax.core.Tracer):
+    if isinstance(clip, jax.core.Tracer) or grid_values(s.get("tune_dp_clip")):
         return True
     return float(clip or 0.0) > 0.0
 
@@ -236,6 +239,7 @@ class PrivateRule:
 
         self.m, self.rounds = num_clients, rounds
         self.clip = s["dp_clip"]  # a float, or traced (a grid point's)
+        self.tuned_clips = grid_values(s.get("tune_dp_clip"))
         self.delta = float(s["dp_delta"])
         self.mechanism = s.get("dp_mechanism", "gaussian")
         self.accountant = s["dp_accountant"]
@@ -346,6 +350,8 @@ class PrivateRule:
     def record(self) -> dict:
         """What config.json and summary.json say of the mechanism."""
         clip = _float_or_none(self.clip)
+        if self.tuned_clips:
+            clip = f"tuned per seed on the validation rows over {self.tuned_clips}"
         if self.mechanism == "ftrl":
             return {"mechanism": "DP-FTRL (user level; tree aggregation restarted each "
                     "epoch)", "clip": clip, "noise_multiplier": self.noise,

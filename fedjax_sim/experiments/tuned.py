@@ -22,6 +22,11 @@ reports the method. A comparison does the same when a grid is set:
   for the report, never read by the choice.
 - The method's history and finals are the chosen point's; `chosen_X` per seed
   rides along (per_seed.csv, results.csv's mean, a line of the notes).
+- `tune_dp_clip` (an experiment with the DP settings, `experiments.privacy`): every
+  method trains with DP at each clip of the grid (values > 0; DP on, whatever dp_clip
+  says), the clip traced like a learning rate. The choice reads the validation rows
+  without any privacy: tuning is not privatised, as in the DP papers (ε accounts for
+  the training of one grid point).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from fedjax_sim.experiments import methods as catalog
 from fedjax_sim.experiments.settings import Setting
 
 # The settings a grid can tune (each a float its factory takes traced).
-TUNABLE = ("lr", "qffl_lr", "local_lr", "prox_mu", "q", "lambda_lr", "ditto_lambda")
+TUNABLE = ("lr", "qffl_lr", "local_lr", "prox_mu", "q", "lambda_lr", "ditto_lambda", "dp_clip")
 VAL_FRACTION = 0.2
 MAX_POINTS = 1000  # grid points of one method (a product past this is refused)
 
@@ -110,6 +115,9 @@ def check(s: dict, given: tuple[str, ...] = ()) -> None:
         values = grid_values(s[f"tune_{x}"])
         if len(set(values)) != len(values):
             raise ValueError(f"setting tune_{x} repeats a value: {values!r}; give each once.")
+    if any(v <= 0 for v in grid_values(s.get("tune_dp_clip"))):
+        raise ValueError(f"setting tune_dp_clip must hold clips > 0 (every point trains with "
+                         f"DP); got {s['tune_dp_clip']!r}.")
     if math.prod(len(grid_values(s[f"tune_{x}"])) for x in gridded(s)) > MAX_POINTS:
         raise ValueError(f"the tune_* grids make more than {MAX_POINTS} points for one "
                          "method; narrow them.")
@@ -119,7 +127,8 @@ def method_grid(method: catalog.Method | None, s: dict) -> dict[str, list[float]
     """setting -> values: the grids of the settings `method` reads ({}: it is not tuned)."""
     if method is None:
         return {}
-    read = [catalog.setting_of(method, "lr", s), *method.reads]
+    # dp_clip: read by every method while DP is on (a tune_dp_clip grid turns it on).
+    read = [catalog.setting_of(method, "lr", s), *method.reads, "dp_clip"]
     return {x: grid_values(s[f"tune_{x}"]) for x in TUNABLE
             if x in read and grid_values(s.get(f"tune_{x}"))}
 
