@@ -192,6 +192,7 @@ def test_an_ftrl_run_reports_the_tree_epsilon_after_every_evaluation(tmp_path):
         (["availability=0.5"], "setting availability: dp_mechanism=ftrl takes no sampling"),
         (["method=ifca"], "cannot be trained with DP-FTRL"),
         (["participation=0.3"], "m must be a multiple of the cohort"),
+        (["target_epsilon=1e-4"], "is unreachable at delta=1e-05 after 4 rounds of DP-FTRL"),
     ],
 )
 def test_bad_ftrl_settings_are_refused_in_one_line_and_write_nothing(

@@ -40,7 +40,7 @@ import jax
 import numpy as np
 
 from fedjax_sim import logs
-from fedjax_sim.algorithms import with_grid
+from fedjax_sim.algorithms import PRIVATE_READY, with_grid
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.experiments import methods as catalog
 from fedjax_sim.experiments.settings import Setting
@@ -127,10 +127,17 @@ def method_grid(method: catalog.Method | None, s: dict) -> dict[str, list[float]
     """setting -> values: the grids of the settings `method` reads ({}: it is not tuned)."""
     if method is None:
         return {}
-    # dp_clip: read by every method while DP is on (a tune_dp_clip grid turns it on).
-    read = [catalog.setting_of(method, "lr", s), *method.reads, "dp_clip"]
+    read = [catalog.setting_of(method, "lr", s), *method.reads]
+    if reads_clip(method):
+        read.append("dp_clip")
     return {x: grid_values(s[f"tune_{x}"]) for x in TUNABLE
             if x in read and grid_values(s.get(f"tune_{x}"))}
+
+
+def reads_clip(method: catalog.Method) -> bool:
+    """Whether the method reads dp_clip: the server rule of every method that can be
+    trained with DP (a tune_dp_clip grid turns DP on; the others are then refused)."""
+    return isinstance(method.algorithm, str) and method.algorithm in PRIVATE_READY
 
 
 def validation_name(metric: str) -> str:
@@ -251,5 +258,5 @@ def notes(s: dict, results: Mapping, metric: str) -> dict:
 
 
 __all__ = ["TUNABLE", "Tuned", "check", "chosen_columns", "chosen_means", "grid_values",
-           "gridded", "method_grid", "notes", "tune_settings", "tunes", "tuned_run",
-           "validation_name"]
+           "gridded", "method_grid", "notes", "reads_clip", "tune_settings", "tunes",
+           "tuned_run", "validation_name"]
