@@ -34,14 +34,20 @@ def test_only_dp_cells_differing_in_epsilon_alone_are_one_program():
     assert not privacy.one_program(
         [{**base, "dp_clip": 0.0}, {**base, "dp_clip": 0.0, "dp_noise": 2.0}]
     )
-    assert not privacy.one_program(
-        [{**base, "tune_lr": [0.1, 0.3]}, {**base, "tune_lr": [0.1, 0.3], "dp_noise": 2.0}]
-    )
+    tuned = {**base, "tune_lr": [0.1, 0.3]}  # σ × the tune grid's points, one program
+    assert privacy.one_program([tuned, {**tuned, "cell_id": "b", "dp_noise": 2.0}])
 
 
-@pytest.mark.slow  # trains the grid and three cells alone (about 40 s on 2 cores)
-def test_an_epsilon_sweep_is_one_program_equal_to_its_cells_alone(tmp_path):
+
+@pytest.mark.slow  # trains the grid and three cells alone (about 40 s on 2 cores; tuned 70 s)
+@pytest.mark.parametrize(
+    "tuning", [[], ["tune_lr=0.05,0.5", "tune_dp_clip=0.05,2"]], ids=["untuned", "tuned"]
+)
+def test_an_epsilon_sweep_is_one_program_equal_to_its_cells_alone(tmp_path, tuning):
+    """Tuned: each cell's lr and clip chosen per seed on the validation rows among the
+    tune_* grid's points, inside the one program (σ × the grid's points)."""
     out = tmp_path / "sweep"
+    settings = [*TINY, *tuning]
     code = cli.main(
         [
             "sweep",
@@ -50,7 +56,7 @@ def test_an_epsilon_sweep_is_one_program_equal_to_its_cells_alone(tmp_path):
             str(out),
             "--no-progress",
             "--set",
-            *TINY,
+            *settings,
             "target_epsilon=0,3",
             "dp_noise=0,1.5",
         ]
@@ -69,7 +75,7 @@ def test_an_epsilon_sweep_is_one_program_equal_to_its_cells_alone(tmp_path):
     e = preset.experiment
     from fedjax_sim.experiments.runner import resolve_settings
 
-    s = resolve_settings(preset, TINY, "run")
+    s = resolve_settings(preset, settings, "run")
     alone = study.sweep_of(e).trials  # a cell trained by itself (`study.run_method`)
     for target, noise in ((0.0, 0.0), (0.0, 1.5), (3.0, 0.0)):
         rows = alone({**s, "target_epsilon": target, "dp_noise": noise}, [0, 1])

@@ -419,12 +419,9 @@ class PrivateGrid:
 
 def one_program(cells: list[dict]) -> bool:
     """Whether sweep cells train as one program (`PrivateGrid`): several, with DP, differing
-    only in `TRACED`, and untuned (a tune_* grid is a vmapped axis of its own)."""
-    from fedjax_sim.experiments import tuned
-
+    only in `TRACED`."""
     apart = {k for c in cells for k in c if c.get(k) != cells[0].get(k)} - {"cell_id"}
-    return (len(cells) > 1 and apart <= set(TRACED) and enabled(cells[0])
-            and not tuned.tunes(cells[0]))
+    return len(cells) > 1 and apart <= set(TRACED) and enabled(cells[0])
 
 
 def grid_trials(e, cells: list[dict], seed_ids: list[int], mesh=None) -> list[dict]:
@@ -432,24 +429,37 @@ def grid_trials(e, cells: list[dict], seed_ids: list[int], mesh=None) -> list[di
     differ only in target_epsilon and dp_noise, trained as one program (`study.grid_run`
     over a `PrivateGrid`)."""
     from fedjax_sim import compare as executor
-    from fedjax_sim.experiments import study
+    from fedjax_sim.experiments import study, tuned
     from fedjax_sim.experiments.base import RunContext
 
     s = {k: v for k, v in cells[0].items() if k != "cell_id"}
     name = s[e.method_key]
     execution = RunContext(mesh=mesh, progress=False).execution(s)
     problem = study.problem_for(e, s)
-    footprint = None if e.footprint is None else e.footprint(name, s, problem)
-    problem = execution.planned(problem, footprint)
-    m = study.num_clients(problem)
+    if not isinstance(problem, tuned.Tuned):
+        footprint = None if e.footprint is None else e.footprint(name, s, problem)
+        problem = execution.planned(problem, footprint)
+    m = study.num_clients(problem.fit if isinstance(problem, tuned.Tuned) else problem)
     own = e.method_table[name].settings
     ruled = [{**c, **own} for c in cells]
     if e.derived is not None:
         ruled = [e.derived(c, problem) for c in ruled]
     for cell in ruled:
         check(e.method_table, (name,), cell, m)
-    grid = PrivateGrid(ruled, m, study.method_rounds(e, name, ruled[0]))
-    spec = study.grid_run(e, name, grid.settings(s), problem, grid.points, grid.wrap_at)
+    rounds = study.method_rounds(e, name, ruled[0])
+    grid = PrivateGrid(ruled, m, rounds)
+    if isinstance(problem, tuned.Tuned):
+        # A tune_* grid too: the program's points are σ × the grid's, chosen per σ.
+        def run_at(name_, point_s, part):  # σ and a tuned clip may be traced
+            rule = PrivateRule({**point_s, **own, "target_epsilon": 0.0, "dp_noise": 0.0},
+                               m, rounds)
+            return study.method_run(e, name_, rule.settings(point_s), part,
+                                    wrap=functools.partial(rule.wrap,
+                                                           noise=point_s["dp_noise"]))
+
+        spec = tuned.tuned_run(e, name, s, problem, run_at, outer=grid.points)
+    else:
+        spec = study.grid_run(e, name, grid.settings(s), problem, grid.points, grid.wrap_at)
     seeds = s["seeds"]
     result = executor.train_method(name, spec, len(grid) * seeds, execution)
     metrics = [x for x in study.table(e, s) if x in result.per_seed and x != "epsilon"]

@@ -393,8 +393,11 @@ def run_method(e: Experiment, s: dict, ctx: RunContext) -> tuple[list[dict], dic
         "rounds_per_second": result.timing["rounds_run"] / seconds
         if result.timing.get("rounds_run") and seconds > 0 else None,
     }
-    rule = (server_rule(e, name, {**s, **e.method_table[name].settings}, problem_for(e, s))
-            if privacy.enabled(s) or robustness.enabled(s) else None)
+    problem = problem_for(e, s) if privacy.enabled(s) or robustness.enabled(s) else None
+    if isinstance(problem, tuned.Tuned):  # the clients trained: the fit rows'
+        problem = problem.fit
+    rule = (server_rule(e, name, {**s, **e.method_table[name].settings}, problem)
+            if problem is not None else None)
     if rule is not None:
         what = "privacy" if isinstance(rule, privacy.PrivateRule) else "robustness"
         summary[what] = rule.record()

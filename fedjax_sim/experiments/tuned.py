@@ -146,18 +146,28 @@ def validation_name(metric: str) -> str:
 
 
 def tuned_run(experiment, name: str, s: dict, problem: Tuned,
-              method_run: Callable[[str, dict, Any], MethodRun]) -> MethodRun:
+              method_run: Callable[[str, dict, Any], MethodRun],
+              outer: Mapping[str, list] | None = None) -> MethodRun:
     """Method `name` on `problem.fit`, over its grid when it has one (`with_grid`), its
     history and finals those of the point chosen per seed on `problem.val`;
-    method_run(name, settings, problem) builds the method's run (`study.method_run`)."""
+    method_run(name, settings, problem) builds the method's run (`study.method_run`).
+
+    outer: name -> [K] values the choice does not range over (a sweep's cells, e.g. their
+    σ: `privacy.grid_trials`): the program's points are their product with the grid's,
+    outer-major, the point is chosen per outer value and seed, and the rows hold
+    [K · seeds] values, outer-major (train it as K · seeds seeds)."""
     grid = method_grid(experiment.method_table.get(name), s)
     if not grid:
         return method_run(name, s, problem.fit)
     names = list(grid)
     combos = list(itertools.product(*(grid[x] for x in names)))
-    values = {x: [c[i] for c in combos] for i, x in enumerate(names)}
-    count, seeds = len(combos), s["seeds"]
-    points = [{x: values[x][g] for x in names} for g in range(count)]
+    outer = dict(outer or {})
+    outer_count = len(next(iter(outer.values()))) if outer else 1
+    tune_count, seeds = len(combos), s["seeds"]
+    points = [{**{x: v[k] for x, v in outer.items()}, **dict(zip(names, c, strict=True))}
+              for k in range(outer_count) for c in combos]
+    count = len(points)
+    values = {x: [p[x] for p in points] for x in points[0]}
     base = method_run(name, {**s, **points[0]}, problem.fit)
     # An evaluation that trains clients first (fine-tuning, adapting unseen clients) trains
     # them at each point's own values; any other evaluates every point alike.
@@ -195,18 +205,23 @@ def tuned_run(experiment, name: str, s: dict, problem: Tuned,
         score = np.asarray(next(row[val_name] for row in reversed(history)
                                 if val_name in row), np.float64)
         score = np.where(np.isfinite(score), score if sense == "min" else -score, np.inf)
-        choice = np.argmin(score, axis=0)  # [seeds]; ties and all-diverged: the first point
-        seed_ids = np.arange(seeds)
+        # [K, seeds]; ties and all-diverged: the first point
+        choice = np.argmin(score.reshape(outer_count, tune_count, seeds), axis=1)
+        ks, seed_ids = np.arange(outer_count)[:, None], np.arange(seeds)[None, :]
 
         def pick(value):
             x = np.asarray(value)
-            return x[choice, seed_ids] if x.shape[:2] == (count, seeds) else x
+            if x.shape[:2] != (count, seeds):
+                return x
+            x = x.reshape((outer_count, tune_count) + x.shape[1:])
+            return x[ks, choice, seed_ids].reshape((outer_count * seeds,) + x.shape[3:])
 
         rows = [{"round": row["round"], **{k: pick(v) for k, v in row.items() if k != "round"}}
                 for row in history]
         if base.seed_rows is not None:
             rows = base.seed_rows(rows)
-        chosen = {f"chosen_{x}": np.asarray(values[x], np.float64)[choice] for x in names}
+        chosen = {f"chosen_{x}": np.asarray(values[x], np.float64).reshape(
+            outer_count, tune_count)[ks, choice].reshape(-1) for x in names}
         return [{**row, **chosen} for row in rows]
 
     return base._replace(
