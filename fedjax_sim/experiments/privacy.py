@@ -383,7 +383,7 @@ class PrivateRule:
 
 class PrivateGrid:
     """The DP of sweep cells that differ only in target_epsilon and dp_noise, as the
-    traced σ of one program (`study.grid_run`): one point per distinct σ of the cells, each
+    traced σ of one program (`grid_trials`): one point per distinct σ of the cells, each
     calibrated on the host as the cell's own run calibrates it (`PrivateRule`), then
     passed as data; every point gets the seeds' data, initial weights and round keys, so
     a cell's trials are those of the cell trained alone up to float rounding. Each cell's
@@ -426,8 +426,9 @@ def one_program(cells: list[dict]) -> bool:
 
 def grid_trials(e, cells: list[dict], seed_ids: list[int], mesh=None) -> list[dict]:
     """trials.csv rows (each with its cell's "cell_id") of every (cell, seed) of cells that
-    differ only in target_epsilon and dp_noise, trained as one program (`study.grid_run`
-    over a `PrivateGrid`)."""
+    differ only in target_epsilon and dp_noise, trained as one program: `study.grid_run`
+    over a `PrivateGrid`'s σ, or with a tune_* grid `tuned.tuned_run` over σ × the grid's
+    points (each cell's point chosen per seed among its σ's, as its own run chooses)."""
     from fedjax_sim import compare as executor
     from fedjax_sim.experiments import study, tuned
     from fedjax_sim.experiments.base import RunContext
@@ -439,11 +440,12 @@ def grid_trials(e, cells: list[dict], seed_ids: list[int], mesh=None) -> list[di
     if not isinstance(problem, tuned.Tuned):
         footprint = None if e.footprint is None else e.footprint(name, s, problem)
         problem = execution.planned(problem, footprint)
-    m = study.num_clients(problem.fit if isinstance(problem, tuned.Tuned) else problem)
+    trained = problem.fit if isinstance(problem, tuned.Tuned) else problem
+    m = study.num_clients(trained)
     own = e.method_table[name].settings
     ruled = [{**c, **own} for c in cells]
     if e.derived is not None:
-        ruled = [e.derived(c, problem) for c in ruled]
+        ruled = [e.derived(c, trained) for c in ruled]
     for cell in ruled:
         check(e.method_table, (name,), cell, m)
     rounds = study.method_rounds(e, name, ruled[0])
