@@ -125,18 +125,21 @@ def main(argv=None) -> int:
                                postprocessors=[WeightByUser()])
 
     eval_params = NNEvalHyperParams(local_batch_size=args.eval_batch)
-    eval_s, evaluation = [], None
+    eval_s, eval_cpu_s, evaluation = [], [], None
     for _ in range(args.eval_reps):  # first: the time of an evaluation does not need training
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         evaluation = model.evaluate(central, eval_params=eval_params)
         eval_s.append(time.perf_counter() - t0)
+        eval_cpu_s.append(time.process_time() - cpu0)
     accuracy = next((float(v.overall_value) for k, v in evaluation
                      if str(k).endswith("accuracy")), None) if evaluation is not None else None
     report = {"pfl_version": getattr(pfl, "__version__", None),
               "torch_version": torch.__version__, "torch_threads": torch.get_num_threads(),
               "parameters": parameters, "setup_s": setup_s, "eval_s": eval_s,
+              "eval_cpu_s": eval_cpu_s,
               "test_accuracy_at_init": accuracy, "users": len(users), "iteration_s": []}
     ends: list[float] = []
+    cpu_ends: list[float] = []
 
     class Clock(TrainingProcessCallback):
         """Records when each central iteration ends and prints what is measured so far (a
@@ -144,12 +147,15 @@ def main(argv=None) -> int:
 
         def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
             ends.append(time.perf_counter())
+            cpu_ends.append(time.process_time())
             report["iteration_s"] = [b - a for a, b in zip([started, *ends[:-1]], ends,
                                                            strict=True)]
+            report["iteration_cpu_s"] = [b - a for a, b in zip([cpu_started, *cpu_ends[:-1]],
+                                                               cpu_ends, strict=True)]
             print(json.dumps(report), flush=True)
             return False, Metrics()
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     FederatedAveraging().run(
         algorithm_params=NNAlgorithmParams(central_num_iterations=args.rounds,
                                            evaluation_frequency=args.rounds + 1,

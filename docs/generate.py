@@ -118,6 +118,9 @@ ALGORITHM_INFO = {
     "fedasync": AlgorithmInfo("FedAsync: asynchronous updates mixed in on arrival, in "
                               "virtual time", "Xie, Koyejo, Gupta, arXiv", "2019",
                               "https://arxiv.org/abs/1903.03934"),
+    "async_ifca": AlgorithmInfo("Asynchronous IFCA: FedBuff's buffered step per cluster, in "
+                                "virtual time", "Ghosh et al., NeurIPS 2020, with "
+                                "Nguyen et al.'s FedBuff", "2022", "https://arxiv.org/abs/2006.04088"),
 }
 
 

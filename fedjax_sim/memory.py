@@ -33,6 +33,7 @@ assignment; benchmarks/MEMORY.md describes how the peak RSS behind them is measu
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import math
 import os
@@ -130,13 +131,19 @@ def tree_bytes(tree) -> int:
     return sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
 
 
-def activation_bytes(model: Model, params, x) -> int:
+def activation_bytes(model: Model, params, x, *, differentiated: bool = False) -> int:
     """Bytes of every intermediate of `model.apply(params, x)` (traced, never run).
 
     The sum over the top-level operations of the jaxpr: an upper bound on what
     XLA keeps alive for one forward pass, since it fuses elementwise ops.
+    differentiated: the forward as local training runs it (layers whose evaluated
+    and differentiated forms differ, `models.conv`, in the differentiated one).
     """
-    jaxpr = jax.make_jaxpr(model.apply)(params, x)
+    from fedjax_sim.models import conv  # (lazily: the data layer imports this module)
+
+    context = conv.as_differentiated() if differentiated else contextlib.nullcontext()
+    with context:
+        jaxpr = jax.make_jaxpr(model.apply)(params, x)
     return sum(tree_bytes([v.aval]) for eqn in jaxpr.eqns for v in eqn.outvars)
 
 
@@ -180,7 +187,7 @@ def estimate_bytes_per_client(
     params = jax.eval_shape(model.init, jax.random.key(0))
     x = jax.ShapeDtypeStruct(data.x.shape[1:], data.x.dtype)
     rows = tree_bytes([x, jax.ShapeDtypeStruct(data.y.shape[1:], data.y.dtype)])
-    act = activation_bytes(model, params, x)
+    act = activation_bytes(model, params, x, differentiated=True)
     total = rows + num_clusters * act
     if not local_training:
         return total + num_clusters * act

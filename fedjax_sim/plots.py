@@ -120,6 +120,7 @@ def seed_bands(
     interval: str = "t95",
     x: str = "round",
     group: str = "method",
+    by: str | None = None,
 ) -> dict:
     """Per metric and method: the seed mean and its band at each x.
 
@@ -132,6 +133,10 @@ def seed_bands(
       interval: see `seed_interval`.
       x: the column of the x axis.
       group: the column naming the method.
+      by: the column whose values pool the seeds (None: `x` itself). With another
+        column (x = "virtual_time", by = "round": each seed reaches a round at its
+        own time), a point pools the seeds' rows of one `by` value and sits at
+        the seed mean of their finite x; a row without a finite x is left out.
 
     Returns:
       {metric: {method: {"round": [x...], "mean": [...], "lo": [...], "hi": [...],
@@ -146,16 +151,25 @@ def seed_bands(
         per_metric = {}
         for method, method_rows in by_method.items():
             at: dict = defaultdict(list)
+            where: dict = defaultdict(list)  # the x of each pooled row
             for row in method_rows:
-                if metric in row:
+                if metric not in row:
+                    continue
+                if by is None:
                     at[_float(row[x])].append(row[metric])
+                elif np.isfinite(_float(row.get(x))):
+                    at[_float(row[by])].append(row[metric])
+                    where[_float(row[by])].append(_float(row[x]))
             if not at:
                 continue
-            xs = sorted(at)
-            stats = [seed_interval(at[t], interval) for t in xs]
+            pools = sorted(at)
+            xs = pools if by is None else [float(np.mean(where[p])) for p in pools]
+            order = range(len(xs)) if by is None else np.argsort(xs, kind="stable")
+            stats = [seed_interval(at[pools[i]], interval) for i in order]
             per_metric[method] = {
-                "round": xs, "mean": [s[0] for s in stats], "lo": [s[1] for s in stats],
-                "hi": [s[2] for s in stats], "n": [s[3] for s in stats]}
+                "round": [xs[i] for i in order], "mean": [s[0] for s in stats],
+                "lo": [s[1] for s in stats], "hi": [s[2] for s in stats],
+                "n": [s[3] for s in stats]}
         if per_metric:
             out[metric] = per_metric
     return out
@@ -191,8 +205,9 @@ def plot_comparison(
     hlines: dict[str, tuple[float, str]] | None = None,
     x: str = "round",
     xlabel: str = "round",
+    by: str | None = None,
 ) -> dict:
-    """Methods' seed means with bands against rounds, a panel per metric.
+    """Methods' seed means with bands against rounds (or another x), a panel per metric.
 
     Args:
       rows: per-seed history rows {"method", "seed", "round", metric...}
@@ -212,6 +227,9 @@ def plot_comparison(
         > 0 and span more than two decades.
       hlines: metric -> (y, legend label): a dashed horizontal line on that panel.
       x, xlabel: the x column and its axis label.
+      by: the column pooling the seeds when each seed has its own x (`seed_bands`):
+        `x="virtual_time", by="round"` draws each round's band at the seeds' mean
+        virtual time.
 
     Returns:
       the numbers handed to matplotlib: `seed_bands(...)` restricted to the
@@ -224,7 +242,7 @@ def plot_comparison(
     colors = colors or method_colors(present if methods is None else methods)
     methods = present if methods is None else [m for m in methods if m in present]
     wanted = [row for row in rows if row.get("method", "") in methods]
-    bands = seed_bands(wanted, [name for name, _ in panels], interval=interval, x=x)
+    bands = seed_bands(wanted, [name for name, _ in panels], interval=interval, x=x, by=by)
     shown = [(name, label) for name, label in panels if name in bands]
     if not shown:
         return {}

@@ -210,8 +210,98 @@ def test_split_model_features_run_the_patches_form():
     xla = split_model(trunk, nn.Dense(2), example, conv_form="xla")
     params = patches.init(jax.random.key(0))
     x = jax.random.normal(jax.random.key(1), (4, 5, 5, 2))
-    assert "conv_general_dilated" not in str(jax.make_jaxpr(patches.apply)(params, x))
+
+    def loss(model):
+        return lambda p: jnp.sum(model.apply(p, x) ** 2)
+
+    # Evaluated: XLA's convolution; differentiated: no convolution, only the GEMM form.
+    assert "custom_jvp_call" in str(jax.make_jaxpr(patches.apply)(params, x))
+    assert "conv_general_dilated" not in str(jax.make_jaxpr(jax.grad(loss(patches)))(params))
     _close(patches.apply(params, x), xla.apply(params, x))
+    for got, ref in zip(jax.tree.leaves(jax.grad(loss(patches))(params)),
+                        jax.tree.leaves(jax.grad(loss(xla))(params)), strict=True):
+        _close(got, ref)
+
+
+def _conv64(x, w, strides, padding):
+    """A float64 loop: out[n, i, j, o] = Σ_{a, b, c} x_pad[n, i·s + a, j·s + b, c] w[a, b, c, o]."""
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    (pt, pb), (pl, pr) = padding
+    x = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+    kh, kw = w.shape[:2]
+    oh = (x.shape[1] - kh) // strides[0] + 1
+    ow = (x.shape[2] - kw) // strides[1] + 1
+    out = np.zeros((x.shape[0], oh, ow, w.shape[3]))
+    for i in range(oh):
+        for j in range(ow):
+            window = x[:, i * strides[0]:i * strides[0] + kh, j * strides[1]:j * strides[1] + kw]
+            out[:, i, j] = np.einsum("nabc,abco->no", window, w)
+    return out
+
+
+@pytest.mark.parametrize("strides, padding", [((1, 1), ((0, 0), (0, 0))),
+                                              ((2, 1), ((1, 2), (0, 1)))])
+def test_conv_patches_gradient_values_and_both_modes_against_a_loop(strides, padding):
+    """Evaluated, differentiated in reverse (wrt the kernel only, the input only, both)
+    and in forward mode: against the float64 loop and its finite differences' linearity
+    (the convolution is bilinear, so its derivatives are convolutions of the tangents)."""
+    kx, kw, kg, kt = jax.random.split(jax.random.key(3), 4)
+    x = jax.random.normal(kx, (2, 7, 6, 3))
+    w = jax.random.normal(kw, (3, 2, 3, 4))
+    conv_fn = lambda x, w: conv.conv_patches_gradient(  # noqa: E731
+        x, w, strides, padding, dimension_numbers=NHWC)
+    out = conv_fn(x, w)
+    _close(out, _conv64(x, w, strides, padding))
+    g = jax.random.normal(kg, out.shape)
+    g64 = np.asarray(g, np.float64)
+    # reverse mode: <g, conv(x, w)> is linear in each; its gradients by the loop's adjoint
+    gw = jax.grad(lambda w: jnp.sum(conv_fn(x, w) * g))(w)
+    gx = jax.grad(lambda x: jnp.sum(conv_fn(x, w) * g))(x)
+    gxw = jax.grad(lambda x, w: jnp.sum(conv_fn(x, w) * g), argnums=(0, 1))(x, w)
+    eye_w = np.eye(w.size).reshape(w.size, *w.shape)
+    want_w = np.array([np.sum(_conv64(x, e, strides, padding) * g64) for e in eye_w])
+    eye_x = np.eye(x.size).reshape(x.size, *x.shape)
+    want_x = np.array([np.sum(_conv64(e, w, strides, padding) * g64) for e in eye_x])
+    _close(np.ravel(gw), want_w)
+    _close(np.ravel(gx), want_x)
+    _close(np.ravel(gxw[0]), want_x)
+    _close(np.ravel(gxw[1]), want_w)
+    # forward mode
+    dx, dw = jax.random.normal(kt, x.shape), jax.random.normal(kg, w.shape)
+    _, tangent = jax.jvp(conv_fn, (x, w), (dx, dw))
+    _close(tangent, _conv64(dx, w, strides, padding) + _conv64(x, dw, strides, padding))
+
+
+def test_dense_product_values_and_gradients_against_numpy():
+    kx, kw, kg = jax.random.split(jax.random.key(4), 3)
+    x = jax.random.normal(kx, (3, 2, 5))
+    w = jax.random.normal(kw, (5, 4))
+    g = jax.random.normal(kg, (3, 2, 4))
+    x64, w64, g64 = (np.asarray(a, np.float64) for a in (x, w, g))
+    _close(conv.dense_product(x, w), x64 @ w64)
+    gx, gw = jax.grad(lambda x, w: jnp.sum(conv.dense_product(x, w) * g), argnums=(0, 1))(x, w)
+    _close(gx, g64 @ w64.T)
+    _close(gw, np.einsum("abi,abo->io", x64, g64))
+    # vmapped over clients, as local training runs it
+    xs, ws = jnp.stack([x, 2 * x]), jnp.stack([w, -w])
+    grads = jax.vmap(jax.grad(lambda w, x: jnp.sum(conv.dense_product(x, w) * g)))(ws, xs)
+    _close(grads[1], np.einsum("abi,abo->io", 2 * x64, g64))
+
+
+def test_dense_layers_run_dense_product_with_flax_numbers():
+    module = nn.Sequential([nn.Dense(6), nn.relu, nn.Dense(3)])
+    example = jnp.zeros((1, 4))
+    fast = from_flax(module, example, conv_form="patches")
+    plain = from_flax(module, example, conv_form="xla")
+    params = fast.init(jax.random.key(0))
+    x = jax.random.normal(jax.random.key(1), (7, 4))
+    assert "custom_vjp_call" in str(jax.make_jaxpr(fast.apply)(params, x))
+    assert "custom_vjp_call" not in str(jax.make_jaxpr(plain.apply)(params, x))
+    loss = lambda m: lambda p: jnp.sum(jnp.sin(m.apply(p, x)))  # noqa: E731
+    _close(fast.apply(params, x), plain.apply(params, x))
+    for got, ref in zip(jax.tree.leaves(jax.grad(loss(fast))(params)),
+                        jax.tree.leaves(jax.grad(loss(plain))(params)), strict=True):
+        _close(got, ref)
 
 
 def test_module_example_runs():

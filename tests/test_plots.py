@@ -286,3 +286,40 @@ def test_synthetic_run_plot_labels_every_axis(tmp_path, drawn_axes):
     assert axes[0][0].get_yscale() == "log"
     color = to_rgba(axes[0][0].get_lines()[0].get_color())
     assert color == to_rgba(plots.method_colors(ifca_synthetic.EXPERIMENT.methods)["ifca"])
+
+
+def test_bands_against_a_time_each_seed_reaches_on_its_own(tmp_path, drawn_axes):
+    """x = "virtual_time", by = "round": each round's band over the seeds sits at the seeds'
+    mean time of that round (sorted by it); a row without a time is left out."""
+    rng = np.random.default_rng(2)
+    rows = []
+    for method, speed in (("sync", 3.0), ("async", 1.0)):
+        for seed in range(SEEDS):
+            time = 0.0
+            for t in ROUNDS:
+                rows.append({"method": method, "seed": seed, "round": t,
+                             "virtual_time": time, "acc": 0.1 + 0.03 * t + 0.05 * rng.random()})
+                time += speed * 5 * (1 + rng.random())
+    rows.append({"method": "sync", "seed": 9, "round": 20, "virtual_time": "", "acc": 0.0})
+    io.write_csv(tmp_path / "per_seed_metrics.csv", rows)
+    read = plots.per_seed_rows(tmp_path)
+    drawn = plots.plot_comparison(read, tmp_path / "time.png", [("acc", "accuracy")],
+                                  x="virtual_time", by="round", xlabel="virtual time (s)")
+    assert (tmp_path / "time.png").read_bytes()[:4] == b"\x89PNG"
+    for method in ("sync", "async"):
+        mine = [r for r in rows if r["method"] == method and r["virtual_time"] != ""]
+        time = [np.mean([r["virtual_time"] for r in mine if r["round"] == t]) for t in ROUNDS]
+        acc = [[r["acc"] for r in mine if r["round"] == t] for t in ROUNDS]
+        band = drawn["acc"][method]
+        np.testing.assert_allclose(band["round"], time, rtol=1e-12)
+        np.testing.assert_allclose(band["mean"], [np.mean(a) for a in acc], rtol=1e-12)
+        half = [scipy_stats.t.ppf(0.975, SEEDS - 1) * np.std(a, ddof=1) / math.sqrt(SEEDS)
+                for a in acc]
+        np.testing.assert_allclose(band["hi"], np.mean(acc, axis=1) + half, rtol=1e-12)
+        assert band["n"] == [SEEDS] * len(ROUNDS)
+    # The async method reaches each round sooner: its curve ends left of the other's.
+    assert drawn["acc"]["async"]["round"][-1] < drawn["acc"]["sync"]["round"][-1] / 2
+    (axes,) = drawn_axes
+    ax = axes[0][0]
+    assert ax.get_xlabel() == "virtual time (s)"
+    np.testing.assert_allclose(ax.get_lines()[0].get_xdata(), drawn["acc"]["sync"]["round"])

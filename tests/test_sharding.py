@@ -79,6 +79,8 @@ ALGORITHM_KWARGS = {
     "fedbuff": [{"training": TRAIN, "concurrency": 5, "buffer_size": 2, "max_staleness": 2,
                  "systems": {"availability": 0.7, "dropout": 0.2}}],
     "fedasync": [{"training": TRAIN, "concurrency": 4, "alpha": 0.5, "client_chunk": 3}],
+    "async_ifca": [{"training": TRAIN, "num_clusters": 2, "concurrency": 5, "buffer_size": 3,
+                    "max_staleness": 2, "client_chunk": 2}],
 }
 
 SCRIPT = textwrap.dedent(

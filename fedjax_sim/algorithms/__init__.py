@@ -8,6 +8,7 @@ combinator around a built algorithm (`with_restarts`, `with_seeds`,
 """
 
 from fedjax_sim.algorithms.afl import AFLState, afl
+from fedjax_sim.algorithms.async_ifca import async_ifca
 from fedjax_sim.algorithms.asynchronous import AsyncState
 from fedjax_sim.algorithms.base import (
     Algorithm,
@@ -83,6 +84,7 @@ ALGORITHMS = {
     "fedadagrad": fedadagrad,
     "fedbuff": fedbuff,
     "fedasync": fedasync,
+    "async_ifca": async_ifca,
 }
 
 
@@ -148,6 +150,7 @@ __all__ = [
     "Work",
     "ScaffoldState",
     "afl",
+    "async_ifca",
     "cfl",
     "ditto",
     "drfa",

@@ -1,4 +1,5 @@
-"""Asynchronous federated learning in virtual time: the event rule FedBuff and FedAsync share.
+"""Asynchronous federated learning in virtual time: the event rule FedBuff, FedAsync and
+asynchronous IFCA share.
 
 K clients are in flight at once, each training on the server model of the version it
 downloaded; the server takes a step whenever B of them have come back (FedBuff's
@@ -18,6 +19,12 @@ leaves its online window first. One call of `round` is one server step:
             else y_j ← LocalUpdate(x_{v_j}) (`ClientTraining`, the key drawn at dispatch)
     x       ← the algorithm's server step over the kept uploads; v ← v + 1 if any
     the popped slots are emptied (refilled at the next step, at time t)
+
+With k cluster models (asynchronous IFCA), x is the k models, a client downloads all
+k of version v_j, trains the one of lowest loss on its data (IFCA's choice, made on
+the models it downloaded) and its upload counts toward that cluster alone; the
+server step then sees per-cluster totals, and a cluster no kept upload chose keeps
+its model. The version counter and the ring are shared by the k models.
 
 The ring holds x_{v − R + 1} .. x_v (R = max_staleness + 1 versions, version u at u
 mod R), so a client trains on the model it downloaded without K copies of it. A slot
@@ -40,9 +47,17 @@ import optax
 
 from fedjax_sim.algorithms.base import Algorithm, check_inputs, mean_over
 from fedjax_sim.algorithms.fedavg import evaluate_shared
+from fedjax_sim.algorithms.ifca import evaluate_clusters
 from fedjax_sim.algorithms.training import ClientTraining
-from fedjax_sim.models.core import Model
-from fedjax_sim.ops import Cohort, client_keys, cohort_sums, weighted_sum
+from fedjax_sim.models.core import Model, client_loss
+from fedjax_sim.ops import (
+    Cohort,
+    assign_clusters,
+    client_keys,
+    cohort_sums,
+    segment_totals,
+    weighted_sum,
+)
 from fedjax_sim.ops.clock import Clock, model_bytes, next_online, online, trip_events
 from fedjax_sim.ops.work import TABLE_MAX_CLIENTS, available, slot_flags
 from fedjax_sim.systems import systems_of
@@ -51,8 +66,9 @@ STALENESS = ("polynomial", "hinge", "constant")
 
 
 class AsyncState(NamedTuple):
-    params: object  # pytree: x, the server model (version `version`)
-    versions: object  # pytree, leaves [R, ...]: x of versions v − R + 1 .. v, u at u mod R
+    params: object  # pytree: x, the server model (version `version`); [k, ...]: k clusters'
+    versions: object  # pytree, leaves [R, ...] ([R, k, ...]): x of versions v − R + 1 .. v
+    # (version u at u mod R)
     version: jax.Array  # int32: server updates applied so far
     flying: jax.Array  # [K] bool: the slot holds a client in flight (else it is empty)
     clients: jax.Array  # [K] int32: each slot's client (its last one when empty; −1: none yet)
@@ -131,9 +147,21 @@ def _check_systems(algorithm: str, systems) -> None:
                          f"cohort); got {systems.stragglers}.")
 
 
+def _choose_clusters(model: Model, downloaded, data):
+    """Each slot's cluster of lowest loss among the k models it downloaded (leaves
+    [c, k, ...]), ties to the lower index: ([c] int32, its model with leaves [c, ...])."""
+    def losses(models, x, y, n):  # [k]
+        return jax.vmap(lambda p: client_loss(model, p, x, y, n))(models)
+
+    chosen = assign_clusters(jax.vmap(losses)(downloaded, data.x, data.y, data.num_examples))
+    start = jax.tree.map(lambda p: jax.vmap(lambda q, j: q[j])(p, chosen), downloaded)
+    return chosen, start
+
+
 def asynchronous(name: str, model: Model, training: ClientTraining, *, concurrency: int,
                  buffer_size: int, max_staleness: int, clock: Clock, weight: Callable,
-                 client_value: Callable, server_step: Callable) -> Algorithm:
+                 client_value: Callable, server_step: Callable,
+                 num_clusters: int | None = None) -> Algorithm:
     """The algorithm whose round is one server step of the event rule above.
 
     Args:
@@ -146,13 +174,20 @@ def asynchronous(name: str, model: Model, training: ClientTraining, *, concurren
       client_value: (start params, trained params) -> what a client contributes (a
         pytree like the params): summed over the kept uploads with their weights.
       server_step: (x, Σ w_j value_j, Σ w_j, number kept) -> the new x (called with
-        at least one kept upload).
+        at least one kept upload). With clusters, each sum is per cluster (leaves
+        [k, ...]; [k] weights and counts, a cluster nobody chose at 0).
+      num_clusters: None, one server model; k, k cluster models each client chooses
+        among (IFCA's argmin loss) and trains one of (static).
     """
-    K, B, R = concurrency, buffer_size, max_staleness + 1
+    K, B, R, k = concurrency, buffer_size, max_staleness + 1, num_clusters
 
     def init(key, data) -> AsyncState:
-        params = model.init(key)
-        check_inputs(model, params, data)
+        if k is None:
+            params = model.init(key)
+            check_inputs(model, params, data)
+        else:  # IFCA's k initial models, one key each
+            params = jax.vmap(model.init)(jax.random.split(key, k))
+            check_inputs(model, jax.tree.map(lambda p: p[0], params), data)
         clock.check(data.num_clients)
         ring = jax.tree.map(lambda p: jnp.broadcast_to(p, (R,) + p.shape), params)
         key_data = jax.random.key_data(client_keys(key, jnp.arange(K)))
@@ -186,8 +221,10 @@ def asynchronous(name: str, model: Model, training: ClientTraining, *, concurren
         keys = client_keys(key_slots, jnp.arange(K))
         safe = jnp.maximum(ids, 0)
         steps = _trip_steps(training, keys, safe, data.num_examples[safe], m)
-        when, completes = trip_events(tables, safe, steps, jnp.full((K,), t),
-                                      model_bytes(state.params))
+        # Down and up, each way on average: a clustered client downloads k models and
+        # uploads the one it trained.
+        traffic = model_bytes(state.params) * (1.0 if k is None else (k + 1) / (2 * k))
+        when, completes = trip_events(tables, safe, steps, jnp.full((K,), t), traffic)
         if not systems.trivial:  # Systems' dropout: the upload never comes
             completes &= slot_flags(keys, systems.replace(stragglers=0.0))[1]
         return state._replace(
@@ -225,17 +262,24 @@ def asynchronous(name: str, model: Model, training: ClientTraining, *, concurren
 
         def client_step(batch):  # the popped uploads, each from the version it downloaded
             start, tau = batch.inputs
+            if k is not None:  # the cluster each chooses on what it downloaded: [c]
+                chosen, start = _choose_clusters(model, start, batch.data)
             trained, _, losses = training_t.update_clients(model, start, batch.data,
                                                            batch.keys, **batch.work())
             w = jnp.where(batch.active, weight(tau), 0.0)
             value = client_value(start, trained)
-            count = jnp.sum(batch.active.astype(jnp.float32))
-            return (weighted_sum(value, w), jnp.sum(w), count), (losses[:, 0], batch.active,
-                                                                 tau)
+            active = batch.active.astype(jnp.float32)
+            if k is None:
+                sums = (weighted_sum(value, w), jnp.sum(w), jnp.sum(active))
+            else:  # per cluster, IFCA's segment sums; a slot not reporting is dropped (id k)
+                segment = jnp.where(batch.active, chosen, k)
+                totals, seg_weight = segment_totals(value, segment, k, w)
+                sums = (totals, seg_weight, jax.ops.segment_sum(active, segment, k))
+            return sums, (losses[:, 0], batch.active, tau)
 
         (total, total_weight, count), (first_losses, active, taus) = cohort_sums(
             client_step, data, cohort, inputs=(starts, staleness))
-        moved = count > 0
+        moved = jnp.sum(count) > 0
         stepped = server_step(state.params, total, total_weight, jnp.maximum(count, 1.0))
         params = jax.tree.map(lambda new, old: jnp.where(moved, new, old), stepped,
                               state.params)
@@ -253,11 +297,15 @@ def asynchronous(name: str, model: Model, training: ClientTraining, *, concurren
                    "virtual_time": time,
                    "trips": trips.astype(jnp.float32),
                    "staleness": mean_over(taus.astype(jnp.float32), active),
-                   "updates": count}
+                   "updates": jnp.sum(count)}
+        if k is not None:
+            metrics["clusters_moved"] = jnp.sum((count > 0).astype(jnp.float32))
         return new, metrics
 
     def evaluate(state: AsyncState, data) -> dict:
-        return evaluate_shared(model, state.params, data)
+        if k is None:
+            return evaluate_shared(model, state.params, data)
+        return evaluate_clusters(model, state.params, data)  # each client's argmin-loss model
 
     return Algorithm(init, round_, evaluate)
 

@@ -16,6 +16,7 @@ The settings, problem and metrics are `hetero`'s; this module adds the clock
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 
@@ -41,13 +42,22 @@ TABLE = {
     "fedprox": METHODS["fedprox"].replace(wrap=clock.clocked),
     "fedbuff": METHODS["fedbuff"],
     "fedasync": METHODS["fedasync"],
+    "async_ifca": METHODS["async_ifca"],
 }
+
+
+class _Clusters(NamedTuple):
+    """Asynchronous IFCA's k models as hetero's metrics find cluster models (a state's
+    `cluster_params`: a client's test set served by the cluster its training data picks)."""
+    params: object  # leaves [k, ...]: what the algorithm's evaluate reads
+    cluster_params: object  # the same
 
 
 def metrics(t: Trained) -> Metrics:
     """hetero's metrics of the method's model, with virtual_time and trips from its state;
     finals time_to_target and trips_to_target."""
     timed = VIRTUAL_CLOCK not in t.method.needs  # a synchronous method under `with_clock`
+    clustered = t.method.kind == "clustered" and not timed  # asynchronous IFCA
     built = t.built
     if timed:  # the inner state's evaluation (hetero's reads the inner state's fields)
         built = built._replace(
@@ -55,7 +65,9 @@ def metrics(t: Trained) -> Metrics:
     base = hetero_metrics(t._replace(built=built))
 
     def evaluate(state) -> dict:
-        return {**base(state.inner if timed else state),
+        model = state.inner if timed else _Clusters(state.params, state.params) if clustered \
+            else state
+        return {**base(model),
                 "virtual_time": np.asarray(state.time, np.float64),
                 "trips": np.asarray(state.trips, np.float64)}
 
@@ -80,7 +92,9 @@ def notes(s: dict, problem, results: dict) -> dict:
 
 def _validate(hetero_validate):
     def validate(s: dict, command: str = "compare") -> None:
-        clock.check(s)
+        chosen = s.get("methods") if command == "compare" else s.get("method")
+        clock.check(s, None if chosen is None else
+                    (chosen,) if isinstance(chosen, str) else tuple(chosen))
         if s.get("unseen_clients"):
             raise ValueError("setting unseen_clients must be 0 under the virtual clock (the "
                              "clock times the training clients only).")
@@ -99,8 +113,11 @@ def async_experiment(name: str, description: str, compared: tuple[str, ...],
     e = hetero_experiment(name, description, compared, "fedavg", defaults)
     added = [dataclasses.replace(st, default=defaults.get(st.name, st.default))
              for st in (*clock.CLOCK_SETTINGS.values(), *clock.ASYNC_SETTINGS.values())]
+    # Of the clustered methods, this table has async_ifca alone.
+    own = tuple(dataclasses.replace(st, help="async_ifca: cluster models") if st.name == "k"
+                else st for st in e.settings)
     return e.replace(
-        settings=(*e.settings, *added), method_table=TABLE,
+        settings=(*own, *added), method_table=TABLE,
         provides=frozenset({VIRTUAL_CLOCK}), metrics=metrics, table=table, notes=notes,
         validate=_validate(e.validate), tune_metric=None,
         panels=(*e.panels[:2], ("virtual_time", "virtual time (s)"), ("trips", "client trips")))

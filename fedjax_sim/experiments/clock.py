@@ -107,12 +107,14 @@ def clocked_with_deadline(algorithm, b):
                       deadline=b.s.get("deadline") or None)
 
 
-def check(s: dict) -> None:
+def check(s: dict, trained: tuple[str, ...] | None = None) -> None:
     """ValueError in one line for clock settings that do not go together (before anything
-    is written): the trace read whole, B ≤ K."""
+    is written): the trace read whole, B ≤ K where FedBuff is among the `trained` methods
+    (None: any may be)."""
     if s.get("trace"):
         read_trace(s["trace"], s["num_clients"])
-    if "buffer_size" in s and s["buffer_size"] > s["concurrency"]:
+    fedbuff = trained is None or "fedbuff" in trained
+    if fedbuff and "buffer_size" in s and s["buffer_size"] > s["concurrency"]:
         raise ValueError(f"setting buffer_size={s['buffer_size']} exceeds concurrency="
                          f"{s['concurrency']}: a FedBuff server step waits for B of the K "
                          "clients in flight.")

@@ -235,6 +235,10 @@ METHODS: dict[str, Method] = {
     "fedasync": Method("fedasync", "FedAsync (every arrival mixed in at once; a round is an "
                        "arrival)", reads=FEDASYNC_READS, rounds="fedasync_rounds",
                         needs=frozenset({VIRTUAL_CLOCK})),
+    "async_ifca": Method("async_ifca", "asynchronous IFCA (FedBuff's buffered step per "
+                         "cluster, each arrival training its lowest-loss cluster model; a "
+                         "round is a server step)", reads={**FEDBUFF_READS, **_K},
+                         kind="clustered", needs=frozenset({VIRTUAL_CLOCK})),
     "ditto": Method("ditto", "Ditto (personal models)", reads={"ditto_lambda": "ditto_lambda"},
                     kind="personal", personal="personal"),
     "local": Method("local", "local models (each client alone)", kind="personal",

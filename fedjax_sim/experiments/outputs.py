@@ -2,7 +2,8 @@
 
 A run streams its history to metrics.csv (and TensorBoard) as rows arrive;
 a finished comparison writes results.csv/.md, notes.json, per_seed.csv,
-per_seed_metrics.csv, metrics.csv (seed means), comparison.png, the
+per_seed_metrics.csv, metrics.csv (seed means), comparison.png (and
+comparison_time.png against the virtual clock, when the rows carry it), the
 experiment's own plots and, on request, TensorBoard bands.
 """
 
@@ -15,6 +16,10 @@ from fedjax_sim.experiments import study, tuned
 from fedjax_sim.experiments.base import Comparison, Preset
 from fedjax_sim.io import write_csv, write_json
 from fedjax_sim.logs import MetricsCSV, TensorBoardLog, write_bands
+
+#: The history column of the virtual clock (`experiments.clock`): a comparison whose
+#: rows carry it is also drawn against it (comparison_time.png).
+TIME = "virtual_time"
 
 
 def _rows_writer(out_dir: Path, tensorboard: bool):
@@ -87,13 +92,22 @@ def _write_comparison(preset: Preset, settings: dict, problem, results: dict, ou
                                         for row in rows_])
     comparison = Comparison(per_seed_finals, histories, metrics, experiment.baseline, notes,
                             results)
-    methods = list(experiment.methods)
+    # The experiment's methods first (their colours the same in every run), then any other
+    # the methods setting named from its table.
+    methods = list(dict.fromkeys([*experiment.methods, *results]))
     # Curves and bands over the seeds that did not diverge, as the means of metrics.csv.
     kept = [row for row in long_rows if results[row["method"]].diverged[row["seed"]] is None]
     plots.plot_comparison(kept, out_dir / "comparison.png", list(experiment.panels),
                           title=f"{preset.name}: {seeds} seeds", methods=methods,
                           colors=plots.method_colors(methods), labels=experiment.labels,
                           log_y=experiment.log_metrics)
+    if any(TIME in row for row in kept):  # the same curves against the virtual clock
+        plots.plot_comparison(kept, out_dir / "comparison_time.png",
+                              [p for p in experiment.panels if p[0] != TIME],
+                              title=f"{preset.name}: {seeds} seeds", methods=methods,
+                              colors=plots.method_colors(methods), labels=experiment.labels,
+                              log_y=experiment.log_metrics, x=TIME, by="round",
+                              xlabel="virtual time (s), seed mean at each evaluation")
     if experiment.plot_compare is not None:
         experiment.plot_compare(comparison, out_dir)
     if tensorboard:  # one run folder per method: the seed mean and its band per metric

@@ -16,6 +16,7 @@ from fedjax_sim.models.core import (
     split_model,
     squared_error,
 )
+from fedjax_sim.models.pool import max_pool
 from fedjax_sim.models.zoo import MLP, MLPTrunk, mlp_classifier, simple_cnn
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "from_flax",
     "linear_regression",
     "masked_mean",
+    "max_pool",
     "mlp_classifier",
     "partition",
     "simple_cnn",

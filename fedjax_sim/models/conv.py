@@ -1,4 +1,4 @@
-"""The form a flax model's convolutions run in: XLA's convolution, or patches × kernel.
+"""The form a flax model's layers run in: as written, or in forms fast on a CPU.
 
 On CPU, XLA's convolution *weight gradient* inside the `lax.scan` of local steps, and
 vmapped over the cohort, runs tens of times slower than a matmul of the same size
@@ -6,22 +6,34 @@ vmapped over the cohort, runs tens of times slower than a matmul of the same siz
 shifted (strided, dilated) slices concatenated along the channels, then one
 dot_general with the kernel reshaped [kh·kw·c_in, c_out], is an ordinary GEMM under
 vmap (one batched GEMM over the clients), and its gradients are GEMMs, pads and adds.
+XLA's *forward* convolution, on the other hand, is fast (faster than that GEMM: it
+builds no patches), so where nothing differentiates it (evaluation) it is the one run.
 
 `from_flax` and `split_model` run the module's apply under `flax.linen.intercept_methods`
-with `patches_interceptor`, which makes every `nn.Conv` (2-D and 1-D/3-D alike,
-`feature_group_count` 1, no kernel mask, no user conv function) compute its
-convolution by `patches_conv`; the layer's parameters, padding (string, pairs or
-CIRCULAR), strides, dilations, bias and dtypes stay flax's. Anything else runs as
-written. Only the speed changes: the outputs and gradients equal XLA's convolution to
-float rounding (tests/test_conv_forms.py).
+with `patches_interceptor`, which changes two layers:
+
+- every `nn.Conv` (2-D and 1-D/3-D alike, `feature_group_count` 1, no kernel mask, no
+  user conv function) computes its convolution by `conv_patches_gradient`: XLA's
+  convolution when evaluated, and under differentiation the output and derivatives of
+  `patches_conv` (a `jax.custom_jvp`, so forward and reverse mode both work); the
+  layer's parameters, padding (string, pairs or CIRCULAR), strides, dilations, bias
+  and dtypes stay flax's;
+- every `nn.Dense` (no user dot function) computes `x @ kernel` by `dense_product`,
+  whose kernel gradient XLA writes in the kernel's own [in, out] layout (JAX's
+  transpose rule writes it [out, in] and XLA's CPU backend then copies it across,
+  transposing a whole kernel every step). A `jax.custom_vjp`: forward-mode
+  differentiation (`jax.jvp`) of such a model needs the form "xla".
+
+Anything else runs as written. Only the speed changes: the outputs and gradients equal
+the module's as written to float rounding (tests/test_conv_forms.py).
 
 The form, per model (`from_flax(..., conv_form=...)`), else the environment variable
 FEDJAX_SIM_CONV_FORM, else "auto":
 
     "auto":    "patches" on the CPU backend, "xla" on GPU/TPU (cuDNN's and the TPU's
                convolutions are already near their peak).
-    "patches": always patches × kernel.
-    "xla":     always XLA's convolution (the module as written).
+    "patches": always the forms above.
+    "xla":     always the module as written.
 
 >>> import jax.numpy as jnp, flax.linen as nn
 >>> from fedjax_sim.models.core import from_flax
@@ -37,12 +49,15 @@ True
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 CONV_FORMS = ("auto", "patches", "xla")
 CONV_FORM_ENV = "FEDJAX_SIM_CONV_FORM"
@@ -156,30 +171,151 @@ def patches_conv(
     )
 
 
-def _patches_conv_cls():
-    return patches_conv
+def _hashable(value):
+    """Lists as tuples (named tuples kept), for a static, cached configuration."""
+    if hasattr(value, "_fields"):
+        return type(value)(*(_hashable(v) for v in value))
+    if isinstance(value, list | tuple):
+        return tuple(_hashable(v) for v in value)
+    return value
 
 
-def patches_interceptor(next_fun, args, kwargs, context):
-    """`nn.intercept_methods` interceptor: an `nn.Conv`'s call computes its convolution by
-    `patches_conv` (flax's own code around it: parameters, padding, bias, dtypes)."""
-    module = context.module
+def conv_patches_gradient(lhs, rhs, window_strides, padding, lhs_dilation=None,
+                          rhs_dilation=None, dimension_numbers=None, feature_group_count=1,
+                          precision=None, preferred_element_type=None, **unused):
+    """`lax.conv_general_dilated` when evaluated; under differentiation, `patches_conv`'s
+    output and derivatives (the GEMM form above). Arguments as `patches_conv`'s; what it
+    does not rewrite goes to `lax.conv_general_dilated` unchanged."""
+    config = (
+        ("window_strides", _hashable(window_strides)),
+        ("padding", _hashable(padding)),
+        ("lhs_dilation", _hashable(lhs_dilation)),
+        ("rhs_dilation", _hashable(rhs_dilation)),
+        ("dimension_numbers", _hashable(dimension_numbers)),
+        ("feature_group_count", feature_group_count),
+        ("precision", precision),
+        ("preferred_element_type", preferred_element_type),
+        *sorted((k, _hashable(v)) for k, v in unused.items()),
+    )
+    if _AS_DIFFERENTIATED[0]:
+        return patches_conv(lhs, rhs, **dict(config))
+    return _conv_patches_gradient_cached(config)(lhs, rhs)
+
+
+_AS_DIFFERENTIATED = [False]
+
+
+@contextlib.contextmanager
+def as_differentiated():
+    """Within it, `conv_patches_gradient` traces as it runs under differentiation (the
+    patches form) also when evaluated: what a memory estimate of training counts."""
+    before = _AS_DIFFERENTIATED[0]
+    _AS_DIFFERENTIATED[0] = True
+    try:
+        yield
+    finally:
+        _AS_DIFFERENTIATED[0] = before
+
+
+@functools.lru_cache(maxsize=256)
+def _conv_patches_gradient_cached(config: tuple):
+    kwargs = dict(config)
+
+    @jax.custom_jvp
+    def convolve(x, w):
+        return lax.conv_general_dilated(x, w, **kwargs)
+
+    def patches(x, w):
+        return patches_conv(x, w, **kwargs)
+
+    def jvp(primals, tangents):
+        (x, w), (dx, dw) = primals, tangents
+        if isinstance(dx, SymbolicZero) and isinstance(dw, SymbolicZero):
+            out = patches(x, w)
+            return out, jnp.zeros_like(out)
+        if isinstance(dx, SymbolicZero):  # e.g. the first layer: its input is data
+            return jax.jvp(lambda w: patches(x, w), (w,), (dw,))
+        if isinstance(dw, SymbolicZero):
+            return jax.jvp(lambda x: patches(x, w), (x,), (dx,))
+        return jax.jvp(patches, (x, w), (dx, dw))
+
+    convolve.defjvp(jvp, symbolic_zeros=True)
+    return convolve
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def dense_product(x, kernel, precision=None):
+    """x [..., in] @ kernel [in, out]; the kernel's gradient is computed as
+    x.reshape(-1, in)ᵀ · g.reshape(-1, out) in the kernel's own layout."""
+    return lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), precision=precision)
+
+
+def _dense_forward(x, kernel, precision):
+    return dense_product(x, kernel, precision), (x, kernel)
+
+
+def _dense_backward(precision, residuals, g):
+    x, kernel = residuals
+    dx = lax.dot_general(g, kernel, (((g.ndim - 1,), (1,)), ((), ())), precision=precision)
+    dkernel = lax.dot_general(
+        x.reshape((-1, x.shape[-1])),
+        g.reshape((-1, g.shape[-1])),
+        (((0,), (0,)), ((), ())),
+        precision=precision,
+    )
+    return dx.astype(x.dtype), dkernel.astype(kernel.dtype)
+
+
+dense_product.defvjp(_dense_forward, _dense_backward)
+
+
+def _dense_dot_general(lhs, rhs, dimension_numbers, precision=None, **kwargs):
+    """nn.Dense's dot_general: `dense_product` for its x @ kernel, else lax's."""
+    standard = (((lhs.ndim - 1,), (0,)), ((), ()))
     if (
-        context.method_name != "__call__"
-        or type(module) is not nn.Conv
-        or module.feature_group_count != 1
-        or module.mask is not None
-        or module.conv_general_dilated is not None
-        or module.conv_general_dilated_cls is not None
+        rhs.ndim == 2
+        and not kwargs
+        and lhs.dtype == rhs.dtype
+        and _hashable(dimension_numbers) == standard
     ):
-        return next_fun(*args, **kwargs)
-    # flax reads the conv function from this (deprecated-for-users) field at call time;
-    # set it for this call only, on this bound instance.
-    object.__setattr__(module, "conv_general_dilated_cls", _patches_conv_cls)
+        return dense_product(lhs, rhs, precision)
+    return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision, **kwargs)
+
+
+def _set_for_call(module, field, value, next_fun, args, kwargs):
+    # flax reads the layer's function from this (deprecated-for-users) field at call
+    # time; set it for this call only, on this bound instance.
+    object.__setattr__(module, field, value)
     try:
         return next_fun(*args, **kwargs)
     finally:
-        object.__setattr__(module, "conv_general_dilated_cls", None)
+        object.__setattr__(module, field, None)
+
+
+def patches_interceptor(next_fun, args, kwargs, context):
+    """`nn.intercept_methods` interceptor: an `nn.Conv`'s call convolves by
+    `conv_patches_gradient`, an `nn.Dense`'s multiplies by `dense_product` (flax's own
+    code around them: parameters, padding, bias, dtypes)."""
+    module = context.module
+    if context.method_name != "__call__":
+        return next_fun(*args, **kwargs)
+    if (
+        type(module) is nn.Conv
+        and module.feature_group_count == 1
+        and module.mask is None
+        and module.conv_general_dilated is None
+        and module.conv_general_dilated_cls is None
+    ):
+        return _set_for_call(module, "conv_general_dilated_cls",
+                             lambda: conv_patches_gradient, next_fun, args, kwargs)
+    if (
+        type(module) is nn.Dense
+        and module.dot_general is None
+        and module.dot_general_cls is None
+    ):
+        return _set_for_call(module, "dot_general_cls", lambda: _dense_dot_general,
+                             next_fun, args, kwargs)
+    return next_fun(*args, **kwargs)
 
 
 def conv_context(conv_form: str):

@@ -13,6 +13,7 @@ import numpy as np
 
 from fedjax_sim.models.augment import center_crop, standardize_per_image, tutorial_augment
 from fedjax_sim.models.core import DenseInput, Model, from_flax, split_model
+from fedjax_sim.models.pool import max_pool
 
 #: Dense-layer initialisations of the MLPs: "flax" (nn.Dense's: LeCun-normal weights, zero
 #: biases) or "torch" (torch.nn.Linear's: weights and biases uniform on ±1/√fan_in, which
@@ -279,9 +280,9 @@ class FemnistTrunk(nn.Module):
     def __call__(self, x):
         x = x.reshape((x.shape[0], 28, 28, 1))
         x = nn.relu(nn.Conv(32, (5, 5), padding="SAME")(x))
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = max_pool(x, (2, 2), strides=(2, 2))
         x = nn.relu(nn.Conv(64, (5, 5), padding="SAME")(x))
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = max_pool(x, (2, 2), strides=(2, 2))
         x = x.reshape((x.shape[0], -1))
         return nn.relu(nn.Dense(2048)(x))
 
@@ -317,7 +318,7 @@ class SimpleCNN(nn.Module):
         glorot = nn.initializers.xavier_uniform()
         x = nn.relu(nn.Conv(32, (3, 3), padding="VALID", kernel_init=glorot)(x))
         x = nn.relu(nn.Conv(64, (3, 3), padding="VALID", kernel_init=glorot)(x))
-        x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = max_pool(x, (2, 2), strides=(2, 2))
         x = nn.Dropout(0.25)(x, deterministic=not train)
         x = x.reshape((x.shape[0], -1))
         x = nn.relu(nn.Dense(128, kernel_init=glorot)(x))
