@@ -57,12 +57,15 @@ __all__ = [
     "SAMPLINGS",
     "adaptive_noise_multiplier",
     "calibrate_noise",
+    "calibrate_tree_noise",
     "combined_noise_multiplier",
     "dp_event",
     "epsilon",
     "epsilons",
     "poisson_overflow_probability",
     "tree_epsilon",
+    "tree_epsilons",
+    "tree_event",
 ]
 
 
@@ -285,6 +288,88 @@ def tree_epsilon(noise_multiplier: float, delta: float, steps_per_epoch: int,
     acc.compose(dp.SelfComposedDpEvent(dp.SingleEpochTreeAggregationDpEvent(sigma, steps),
                                        epochs))
     return float(acc.get_epsilon(delta))
+
+
+def tree_event(noise_multiplier: float, steps_per_epoch: int, rounds: int):
+    """The dp-accounting event of `rounds` rounds of DP-FTRL with the tree restarted every
+    `steps_per_epoch` rounds (cyclic participation: every client once per epoch): the
+    ⌊rounds / G⌋ whole epochs' `SingleEpochTreeAggregationDpEvent(σ, G)` composed, then
+    the running epoch's tree of rounds mod G steps, where there is one."""
+    sigma = _check_noise(noise_multiplier)
+    steps = _check_count("steps_per_epoch", steps_per_epoch)
+    rounds = _check_count("rounds", rounds)
+    dp = _dp()
+    epochs, rest = divmod(rounds, steps)
+    events = []
+    if epochs:
+        events.append(dp.SelfComposedDpEvent(
+            dp.SingleEpochTreeAggregationDpEvent(sigma, steps), epochs))
+    if rest:
+        events.append(dp.SingleEpochTreeAggregationDpEvent(sigma, rest))
+    return dp.ComposedDpEvent(events)
+
+
+def tree_epsilons(noise_multiplier: float, delta: float, steps_per_epoch: int,
+                  rounds: Sequence[int]) -> list[float]:
+    """ε at δ of DP-FTRL after each of `rounds` (increasing; `tree_event`), by RDP under
+    replace-with-zero adjacency; inf for σ = 0.
+
+    Examples:
+      >>> from fedjax_sim.accounting import tree_epsilons
+      >>> [round(e, 2) for e in tree_epsilons(10.0, 1e-5, 4, [4, 8])]
+      [0.68, 0.99]
+    """
+    sigma = _check_noise(noise_multiplier)
+    delta = _check_delta(delta)
+    steps = _check_count("steps_per_epoch", steps_per_epoch)
+    rounds = [_check_count("rounds", r) for r in rounds]
+    if any(b <= a for a, b in zip(rounds, rounds[1:], strict=False)):
+        raise ValueError(f"rounds must be strictly increasing; got {rounds!r}.")
+    if sigma == 0:
+        return [math.inf] * len(rounds)
+    dp = _dp()
+    out = []
+    for r in rounds:
+        acc = dp.rdp.RdpAccountant(None, dp.NeighboringRelation.REPLACE_SPECIAL)
+        acc.compose(tree_event(sigma, steps, r))
+        out.append(float(acc.get_epsilon(delta)))
+    return out
+
+
+def calibrate_tree_noise(target_epsilon: float, delta: float, steps_per_epoch: int,
+                         rounds: int, max_noise_multiplier: float = 1000.0) -> float:
+    """The smallest σ whose DP-FTRL ε at δ after `rounds` rounds (`tree_epsilons`) is at
+    most `target_epsilon`, by dp-accounting's `calibrate_dp_mechanism`; a target that
+    `max_noise_multiplier` does not reach is refused."""
+    if (isinstance(target_epsilon, bool) or not isinstance(target_epsilon, (int, float))
+            or not 0 < target_epsilon < math.inf):
+        raise ValueError(f"target_epsilon must be a finite number > 0; got {target_epsilon!r}.")
+    delta = _check_delta(delta)
+    top = _check_noise(max_noise_multiplier)
+    steps = _check_count("steps_per_epoch", steps_per_epoch)
+    rounds = _check_count("rounds", rounds)
+    dp = _dp()
+
+    def make_accountant():
+        return dp.rdp.RdpAccountant(None, dp.NeighboringRelation.REPLACE_SPECIAL)
+
+    def eps(sigma):
+        acc = make_accountant()
+        acc.compose(tree_event(sigma, steps, rounds))
+        return acc.get_epsilon(delta)
+
+    reached = eps(top)
+    if reached > target_epsilon:
+        raise ValueError(
+            f"target_epsilon={target_epsilon} is unreachable at delta={delta} after {rounds} "
+            f"rounds of DP-FTRL: even noise_multiplier={top:g} (max_noise_multiplier) gives "
+            f"epsilon={reached:.4g}.")
+    lo = 1e-3
+    if eps(lo) <= target_epsilon:
+        return lo
+    return float(dp.calibrate_dp_mechanism(
+        make_accountant, lambda sigma: tree_event(sigma, steps, rounds), target_epsilon, delta,
+        dp.ExplicitBracketInterval(lo, top), tol=1e-4))
 
 
 def calibrate_noise(target_epsilon: float, delta: float, rounds: int, *,

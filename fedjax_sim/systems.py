@@ -97,6 +97,12 @@ class Systems:
         paper).
       zone_seed: the seed of the permutation that places the clients' time
         zones (with a period).
+      cyclic: the cohort of s slots is not drawn: the m clients form G = m / s
+        groups of s consecutive ids and round t (counted from 0) trains group
+        t mod G, so every client takes part exactly once in every G rounds
+        (DP-FTRL's cyclic participation, Kairouz et al., arXiv:2103.00039). Every
+        client available (no availability < 1 nor period); m a multiple of s,
+        and no sampling weights.
 
     Examples:
       >>> from fedjax_sim.systems import Systems
@@ -120,6 +126,7 @@ class Systems:
     straggler_policy: str = "keep"
     straggler_draw: str = "fixed"
     zone_seed: int = 0
+    cyclic: bool = False
 
     def __post_init__(self):
         if isinstance(self.availability, tuple | list):
@@ -146,6 +153,11 @@ class Systems:
                              f"got {self.straggler_draw!r}.")
         if not isinstance(self.zone_seed, int) or isinstance(self.zone_seed, bool):
             raise ValueError(f"Systems zone_seed must be an integer; got {self.zone_seed!r}.")
+        if not isinstance(self.cyclic, bool):
+            raise ValueError(f"Systems cyclic must be True or False; got {self.cyclic!r}.")
+        if self.cyclic and not self.always_available:
+            raise ValueError("Systems cyclic (every client once per G rounds) needs every "
+                             "client available: leave availability at 1 and period at 0.")
 
     @property
     def always_available(self) -> bool:
@@ -153,8 +165,10 @@ class Systems:
 
     @property
     def trivial(self) -> bool:
-        """Every client available, reporting, never straggling: the round as without it."""
-        return self.always_available and self.dropout == 0.0 and self.stragglers == 0.0
+        """Every client available, reporting, never straggling, the cohort drawn: the round
+        as without it."""
+        return (self.always_available and self.dropout == 0.0 and self.stragglers == 0.0
+                and not self.cyclic)
 
     def replace(self, **changes) -> Systems:
         return replace(self, **changes)

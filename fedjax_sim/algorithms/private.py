@@ -215,6 +215,7 @@ class TreeSum:
     previous: Any  # n_{t−1}, shaped like one round's sum (zeros before round 1)
     rounds: int = dataclasses.field(default=1, metadata={"static": True})
     expected_clients: float | None = dataclasses.field(default=None, metadata={"static": True})
+    restart: bool = dataclasses.field(default=False, metadata={"static": True})
 
     def sums(self, changes, weights, batch=None):
         return clipped_sum(changes, self.clip_norm, reports=weights > 0)
@@ -233,6 +234,12 @@ class TreeSum:
                                       self.noise_multiplier * self.clip_norm)
         step = jax.tree.map(lambda s, n, p: (s + n - p) / expected, sums.total, noise,
                             self.previous)
+        if self.restart:
+            # The epoch's last round: the next starts an empty tree from the model as it is
+            # (n_{t−1} = 0), so no client reaches two trees' nodes within its epoch.
+            done = tree.step >= self.rounds
+            tree = jax.tree.map(lambda a: jnp.where(done, jnp.zeros_like(a), a), tree)
+            noise = jax.tree.map(lambda n: jnp.where(done, jnp.zeros_like(n), n), noise)
         rule = dataclasses.replace(self, tree=tree, previous=noise)
         return _add(base, step), rule, {"dp_clip_norm": self.clip_norm}
 
@@ -348,7 +355,7 @@ def with_dp(algorithm: Algorithm, clip_norm, noise_multiplier, *,
 
 
 def with_dp_ftrl(algorithm: Algorithm, clip_norm, noise_multiplier, *, rounds: int,
-                 expected_clients: float | None = None) -> Algorithm:
+                 expected_clients: float | None = None, restart: bool = False) -> Algorithm:
     """The algorithm with DP-FTRL's tree-aggregated noise (no sampling amplification).
 
     The server's model is θ_0 plus the noised prefix sum of the clipped changes over D:
@@ -367,6 +374,11 @@ def with_dp_ftrl(algorithm: Algorithm, clip_norm, noise_multiplier, *, rounds: i
       rounds: T ≥ 1, the rounds the tree must cover (a tree of ⌊log₂ T⌋ + 1 levels;
         past T the model turns NaN: build it with the run's rounds).
       expected_clients: D (None: the cohort's expected size).
+      restart: restart the tree every `rounds` rounds (an epoch: Kairouz et al.'s
+        DP-FTRL-TreeRestart), the model keeping what it has learnt; the run may then go
+        past `rounds`. With cyclic participation (`Systems(cyclic=True)`, G groups) and
+        rounds = G, every client is in each tree once:
+        `accounting.tree_epsilons(σ, δ, G, ...)`.
 
     Examples:
       >>> import jax
@@ -399,7 +411,8 @@ def with_dp_ftrl(algorithm: Algorithm, clip_norm, noise_multiplier, *, rounds: i
         zeros = jax.tree.map(jnp.zeros_like, _server_changes_like(state))
         rule = TreeSum(jnp.asarray(clip_norm, jnp.float32),
                        jnp.asarray(noise_multiplier, jnp.float32),
-                       tree_noise_init(zeros, rounds), zeros, rounds, expected_clients)
+                       tree_noise_init(zeros, rounds), zeros, rounds, expected_clients,
+                       bool(restart))
         return state._replace(aggregation=rule)
 
     return algorithm._replace(init=init)

@@ -355,8 +355,10 @@ def work_of(s: dict, training: ClientTraining) -> ClientTraining:
 
 
 def systems_of_settings(s: dict, method: Method) -> Systems | None:
-    """The `Systems` the settings ask for (None: none), with the method's own policy."""
-    if not any(k in s for k in ("stragglers", "availability", "dropout")):
+    """The `Systems` the settings ask for (None: none), with the method's own policy;
+    cohort_schedule "cyclic" (set by `privacy.PrivateRule.settings` for DP-FTRL, not a
+    setting): the cohort's fixed groups take turns (`Systems.cyclic`)."""
+    if not any(k in s for k in ("stragglers", "availability", "dropout", "cohort_schedule")):
         return None
     period = s.get("availability_period", 0)
     if period == 1:
@@ -368,7 +370,8 @@ def systems_of_settings(s: dict, method: Method) -> Systems | None:
                       straggler_policy=method.straggler_policy
                       or s.get("straggler_policy", "keep"),
                       straggler_draw=s.get("straggler_draw", "fixed"),
-                      zone_seed=s.get("seed", 0))
+                      zone_seed=s.get("seed", 0),
+                      cyclic=s.get("cohort_schedule", "sampled") == "cyclic")
     return None if systems.trivial else systems
 
 

@@ -400,8 +400,11 @@ def run_method(e: Experiment, s: dict, ctx: RunContext) -> tuple[list[dict], dic
         "rounds_per_second": result.timing["rounds_run"] / seconds
         if result.timing.get("rounds_run") and seconds > 0 else None,
     }
-    rule = (server_rule(e, name, {**s, **e.method_table[name].settings}, problem_for(e, s))
-            if privacy.enabled(s) or robustness.enabled(s) else None)
+    problem = problem_for(e, s) if privacy.enabled(s) or robustness.enabled(s) else None
+    if isinstance(problem, tuned.Tuned):  # the clients trained: the fit rows'
+        problem = problem.fit
+    rule = (server_rule(e, name, {**s, **e.method_table[name].settings}, problem)
+            if problem is not None else None)
     if rule is not None:
         what = "privacy" if isinstance(rule, privacy.PrivateRule) else "robustness"
         summary[what] = rule.record()
@@ -470,7 +473,9 @@ def sweep_of(e: Experiment) -> Sweep:
             rows.append(row)
         return rows
 
-    return Sweep(trials, columns, summarize, seeds_per_chunk=lambda cell: cell["seeds"])
+    # Cells differing only in ε (target_epsilon, dp_noise): one program (`privacy.grouped`).
+    return privacy.grouped(e, Sweep(trials, columns, summarize,
+                                    seeds_per_chunk=lambda cell: cell["seeds"]))
 
 
 __all__ = ["build_method", "compare", "compared", "grid_run", "method_run", "method_spec",

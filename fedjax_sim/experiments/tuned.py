@@ -22,6 +22,11 @@ reports the method. A comparison does the same when a grid is set:
   for the report, never read by the choice.
 - The method's history and finals are the chosen point's; `chosen_X` per seed
   rides along (per_seed.csv, results.csv's mean, a line of the notes).
+- `tune_dp_clip` (an experiment with the DP settings, `experiments.privacy`): every
+  method trains with DP at each clip of the grid (values > 0; DP on, whatever dp_clip
+  says), the clip traced like a learning rate. The choice reads the validation rows
+  without any privacy: tuning is not privatised, as in the DP papers (ε accounts for
+  the training of one grid point).
 """
 
 from __future__ import annotations
@@ -35,13 +40,13 @@ import jax
 import numpy as np
 
 from fedjax_sim import logs
-from fedjax_sim.algorithms import with_grid
+from fedjax_sim.algorithms import PRIVATE_READY, with_grid
 from fedjax_sim.compare import MethodRun
 from fedjax_sim.experiments import methods as catalog
 from fedjax_sim.experiments.settings import Setting
 
 # The settings a grid can tune (each a float its factory takes traced).
-TUNABLE = ("lr", "qffl_lr", "local_lr", "prox_mu", "q", "lambda_lr", "ditto_lambda")
+TUNABLE = ("lr", "qffl_lr", "local_lr", "prox_mu", "q", "lambda_lr", "ditto_lambda", "dp_clip")
 VAL_FRACTION = 0.2
 MAX_POINTS = 1000  # grid points of one method (a product past this is refused)
 
@@ -110,6 +115,9 @@ def check(s: dict, given: tuple[str, ...] = ()) -> None:
         values = grid_values(s[f"tune_{x}"])
         if len(set(values)) != len(values):
             raise ValueError(f"setting tune_{x} repeats a value: {values!r}; give each once.")
+    if any(v <= 0 for v in grid_values(s.get("tune_dp_clip"))):
+        raise ValueError(f"setting tune_dp_clip must hold clips > 0 (every point trains with "
+                         f"DP); got {s['tune_dp_clip']!r}.")
     if math.prod(len(grid_values(s[f"tune_{x}"])) for x in gridded(s)) > MAX_POINTS:
         raise ValueError(f"the tune_* grids make more than {MAX_POINTS} points for one "
                          "method; narrow them.")
@@ -120,8 +128,16 @@ def method_grid(method: catalog.Method | None, s: dict) -> dict[str, list[float]
     if method is None:
         return {}
     read = [catalog.setting_of(method, "lr", s), *method.reads]
+    if reads_clip(method):
+        read.append("dp_clip")
     return {x: grid_values(s[f"tune_{x}"]) for x in TUNABLE
             if x in read and grid_values(s.get(f"tune_{x}"))}
+
+
+def reads_clip(method: catalog.Method) -> bool:
+    """Whether the method reads dp_clip: the server rule of every method that can be
+    trained with DP (a tune_dp_clip grid turns DP on; the others are then refused)."""
+    return isinstance(method.algorithm, str) and method.algorithm in PRIVATE_READY
 
 
 def validation_name(metric: str) -> str:
@@ -130,18 +146,28 @@ def validation_name(metric: str) -> str:
 
 
 def tuned_run(experiment, name: str, s: dict, problem: Tuned,
-              method_run: Callable[[str, dict, Any], MethodRun]) -> MethodRun:
+              method_run: Callable[[str, dict, Any], MethodRun],
+              outer: Mapping[str, list] | None = None) -> MethodRun:
     """Method `name` on `problem.fit`, over its grid when it has one (`with_grid`), its
     history and finals those of the point chosen per seed on `problem.val`;
-    method_run(name, settings, problem) builds the method's run (`study.method_run`)."""
+    method_run(name, settings, problem) builds the method's run (`study.method_run`).
+
+    outer: name -> [K] values the choice does not range over (a sweep's cells, e.g. their
+    σ: `privacy.grid_trials`): the program's points are their product with the grid's,
+    outer-major, the point is chosen per outer value and seed, and the rows hold
+    [K · seeds] values, outer-major (train it as K · seeds seeds)."""
     grid = method_grid(experiment.method_table.get(name), s)
     if not grid:
         return method_run(name, s, problem.fit)
     names = list(grid)
     combos = list(itertools.product(*(grid[x] for x in names)))
-    values = {x: [c[i] for c in combos] for i, x in enumerate(names)}
-    count, seeds = len(combos), s["seeds"]
-    points = [{x: values[x][g] for x in names} for g in range(count)]
+    outer = dict(outer or {})
+    outer_count = len(next(iter(outer.values()))) if outer else 1
+    tune_count, seeds = len(combos), s["seeds"]
+    points = [{**{x: v[k] for x, v in outer.items()}, **dict(zip(names, c, strict=True))}
+              for k in range(outer_count) for c in combos]
+    count = len(points)
+    values = {x: [p[x] for p in points] for x in points[0]}
     base = method_run(name, {**s, **points[0]}, problem.fit)
     # An evaluation that trains clients first (fine-tuning, adapting unseen clients) trains
     # them at each point's own values; any other evaluates every point alike.
@@ -179,18 +205,23 @@ def tuned_run(experiment, name: str, s: dict, problem: Tuned,
         score = np.asarray(next(row[val_name] for row in reversed(history)
                                 if val_name in row), np.float64)
         score = np.where(np.isfinite(score), score if sense == "min" else -score, np.inf)
-        choice = np.argmin(score, axis=0)  # [seeds]; ties and all-diverged: the first point
-        seed_ids = np.arange(seeds)
+        # [K, seeds]; ties and all-diverged: the first point
+        choice = np.argmin(score.reshape(outer_count, tune_count, seeds), axis=1)
+        ks, seed_ids = np.arange(outer_count)[:, None], np.arange(seeds)[None, :]
 
         def pick(value):
             x = np.asarray(value)
-            return x[choice, seed_ids] if x.shape[:2] == (count, seeds) else x
+            if x.shape[:2] != (count, seeds):
+                return x
+            x = x.reshape((outer_count, tune_count) + x.shape[1:])
+            return x[ks, choice, seed_ids].reshape((outer_count * seeds,) + x.shape[3:])
 
         rows = [{"round": row["round"], **{k: pick(v) for k, v in row.items() if k != "round"}}
                 for row in history]
         if base.seed_rows is not None:
             rows = base.seed_rows(rows)
-        chosen = {f"chosen_{x}": np.asarray(values[x], np.float64)[choice] for x in names}
+        chosen = {f"chosen_{x}": np.asarray(values[x], np.float64).reshape(
+            outer_count, tune_count)[ks, choice].reshape(-1) for x in names}
         return [{**row, **chosen} for row in rows]
 
     return base._replace(
@@ -242,5 +273,5 @@ def notes(s: dict, results: Mapping, metric: str) -> dict:
 
 
 __all__ = ["TUNABLE", "Tuned", "check", "chosen_columns", "chosen_means", "grid_values",
-           "gridded", "method_grid", "notes", "tune_settings", "tunes", "tuned_run",
-           "validation_name"]
+           "gridded", "method_grid", "notes", "reads_clip", "tune_settings", "tunes",
+           "tuned_run", "validation_name"]

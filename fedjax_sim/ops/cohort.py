@@ -87,12 +87,15 @@ def sample_cohort(key, num_clients: int, size: int, *, weights=None,
         only (∝ weights restricted to them); when fewer than s are available,
         the remaining slots hold unavailable clients and do not report. Every
         client taking part (s = m, no weights) is every available one.
-      round_: the round (int32), read by a day/night availability cycle.
+      round_: the round (int32), read by a day/night availability cycle and by
+        cyclic participation (`Systems.cyclic`: group round_ mod m / s).
     """
     key_ids, key_slots = jax.random.split(key)
     everyone = weights is None and size == num_clients
     reports = straggles = num_available = None
-    if systems.always_available:
+    if systems.cyclic and not everyone:
+        ids = cyclic_group(num_clients, size, round_, weights)
+    elif systems.always_available:
         if everyone:
             ids = jnp.arange(num_clients, dtype=jnp.int32)
         elif weights is None:
@@ -124,6 +127,22 @@ def sample_cohort(key, num_clients: int, size: int, *, weights=None,
         if systems.stragglers == 0.0:
             straggles = None  # no straggler: the local steps need no mask
     return Cohort(ids, keys, everyone, reports, straggles, num_available)
+
+
+def cyclic_group(num_clients: int, size: int, round_, weights=None) -> jax.Array:
+    """[s] int32: the ids of round `round_`'s group under cyclic participation, clients
+    g·s … g·s + s − 1 for g = round_ mod (m / s) (`Systems.cyclic`)."""
+    if weights is not None:
+        raise ValueError("Systems cyclic takes the clients in fixed groups: it cannot be "
+                         "combined with sampling weights.")
+    if num_clients % size:
+        raise ValueError(f"Systems cyclic splits the m = {num_clients} clients into groups of "
+                         f"the cohort's s = {size}: m must be a multiple of s.")
+    if round_ is None:
+        raise ValueError("Systems cyclic needs the round: draw_cohort(..., "
+                         "round=state.round).")
+    group = jnp.asarray(round_, jnp.int32) % (num_clients // size)
+    return group * size + jnp.arange(size, dtype=jnp.int32)
 
 
 def take(cohort: Cohort, per_client):

@@ -350,7 +350,8 @@ PRESETS = [
            "User-level DP on 8×8 digits: FedAvg, IFCA, Ditto and FedAvg + fine-tuning, 100 "
            "Dirichlet(0.5) clients, each taking part with probability 0.2 (Poisson), clip "
            "0.5, σ calibrated to ε = 8 at δ = 1e-5 after 100 rounds (sweep target_epsilon=1,3,8 "
-           "and dp_noise=0 for ε = ∞)."),
+           "and dp_noise=0 for ε = ∞: one program; tune_lr and tune_dp_clip choose both on "
+           "validation rows, not privatised; dp_mechanism=ftrl for DP-FTRL)."),
     Preset("byzantine-digits", BYZANTINE,
            "ByzFL's protocol on 8×8 digits (a sweep, about 5 minutes on 2 cores): FedAvg with "
            "the mean, median, trimmed mean and Krum, alone and after NNM, against no attack, "
