@@ -138,10 +138,24 @@ def patches_conv(
             preferred_element_type=preferred_element_type,
             **unused,
         )
+    patches = _patches_of(lhs, rhs.shape[:d], window_strides, padding, lhs_dilation,
+                          rhs_dilation)
+    weights = rhs.reshape((-1, rhs.shape[-1]))  # [Π k · c_in, c_out], offsets row-major
+    return lax.dot_general(
+        patches,
+        weights,
+        (((lhs.ndim - 1,), (0,)), ((), ())),
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+    )
+
+
+def _patches_of(lhs, kernel, window_strides, padding, lhs_dilation, rhs_dilation):
+    """lhs [n, s…, c_in] -> its patches [n, o…, Π k · c_in] (offsets row-major)."""
+    d = lhs.ndim - 2
     strides = tuple(window_strides)
     lhs_dilation = tuple(lhs_dilation or (1,) * d)
     rhs_dilation = tuple(rhs_dilation or (1,) * d)
-    kernel = rhs.shape[:d]
     if isinstance(padding, str):
         dilated_k = [(k - 1) * rd + 1 for k, rd in zip(kernel, rhs_dilation, strict=True)]
         padding = lax.padtype_to_pads(lhs.shape[1:-1], dilated_k, strides, padding)
@@ -160,15 +174,7 @@ def patches_conv(
         slices.append(
             lax.slice(x, (0, *start, 0), (x.shape[0], *limit, x.shape[-1]), (1, *strides, 1))
         )
-    patches = slices[0] if len(slices) == 1 else lax.concatenate(slices, lhs.ndim - 1)
-    weights = rhs.reshape((-1, rhs.shape[-1]))  # [Π k · c_in, c_out], offsets row-major
-    return lax.dot_general(
-        patches,
-        weights,
-        (((lhs.ndim - 1,), (0,)), ((), ())),
-        precision=precision,
-        preferred_element_type=preferred_element_type,
-    )
+    return slices[0] if len(slices) == 1 else lax.concatenate(slices, lhs.ndim - 1)
 
 
 def _hashable(value):
