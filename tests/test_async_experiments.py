@@ -183,14 +183,20 @@ def _check_time_plot(out, kw, drawn):
     (["buffer_size=30", "concurrency=20"], r"buffer_size=30 exceeds concurrency=20"),
     (["step_seconds=-1"], r"step_seconds"),
     (["trace=TRACE", "num_clients=10"], r"has no row for 6 clients 4, 5, 6, 7, 8"),
+    (["trace_cycle=100"], r"trace_cycle=100.0 repeats a trace's online windows: give the trace"),
+    (["trace=WINDOWS", "num_clients=4", "trace_cycle=100"], r"cycle=100.0"),
 ])
 def test_bad_inputs_are_refused_in_one_line_with_nothing_written(tmp_path, capsys, settings,
                                                                  message):
     trace = tmp_path / "trace.csv"
     trace.write_text("client,step_seconds,bandwidth\n0,1.0,1e4\n1,2.0,\n2,0.5,1e5\n3,4.0,\n")
+    windows = tmp_path / "windows.csv"  # client 2's window ends past a cycle of 100 s
+    windows.write_text("client,step_seconds,online_from,online_until\n0,1.0,0,50\n"
+                       "1,2.0,0,100\n2,0.5,20,150\n3,4.0,0,100\n")
     out = tmp_path / "out"
     given = dict(t.split("=") for t in TINY)
-    given.update(s.replace("TRACE", str(trace)).split("=", 1) for s in settings)
+    given.update(s.replace("TRACE", str(trace)).replace("WINDOWS", str(windows)).split("=", 1)
+                 for s in settings)
     code = cli.main(["compare", "async-digits", "--set", *(f"{k}={v}" for k, v in given.items()),
                      "--out", str(out),
                      "--no-progress"])
@@ -200,6 +206,28 @@ def test_bad_inputs_are_refused_in_one_line_with_nothing_written(tmp_path, capsy
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     assert re.search(message, lines[0]), lines[0]
+
+
+def test_trace_cycle_repeats_the_traces_windows(tmp_path):
+    """trace_cycle reaches the clock: a client online in [0, 50) of every 100 s is online
+    again at 120 s, and without the cycle it is not."""
+    import jax.numpy as jnp
+
+    from fedjax_sim.experiments.clock import clock_of
+    from fedjax_sim.ops.clock import _tables, online
+    from fedjax_sim.systems import Systems
+
+    def online_at(clock, client, t):
+        return online(_tables(clock, 2, Systems()), jnp.asarray([client]),
+                      jnp.asarray([t], jnp.float32))[0]
+
+    path = tmp_path / "trace.csv"
+    path.write_text("client,step_seconds,online_from,online_until\n0,1.0,0,50\n1,2.0,0,100\n")
+    s = {"trace": str(path), "num_clients": 2}
+    once, daily = clock_of({**s, "trace_cycle": 0.0}), clock_of({**s, "trace_cycle": 100.0})
+    assert once.cycle == 0.0 and daily.cycle == 100.0
+    assert bool(online_at(daily, 0, 120.0)) and not bool(online_at(once, 0, 120.0))
+    assert bool(online_at(daily, 0, 20.0)) and bool(online_at(once, 0, 20.0))
 
 
 def test_a_client_that_goes_offline_mid_trip_does_not_report():

@@ -1289,6 +1289,7 @@ SETTINGS = {
         ('speed_spread', 'float', 1.0, 0.0, 5.0, None, False, None, None),
         ('bandwidth', 'float', 10000.0, 0.0, None, None, False, None, None),
         ('trace', 'str', '', None, None, None, False, None, None),
+        ('trace_cycle', 'float', 0.0, 0.0, None, None, False, None, None),
         ('deadline', 'float', 15.0, 0.0, None, None, False, None, None),
         ('target_accuracy', 'float', 0.8, 0.0, 1.0, None, False, None, None),
         ('concurrency', 'int', 20, 1, 100000, None, False, None, None),

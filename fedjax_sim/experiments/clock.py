@@ -38,6 +38,9 @@ CLOCK_SETTINGS = {st.name: st for st in (
     Setting("trace", str, "", "virtual clock: a CSV of the clients' speeds and online "
             "windows (columns client, step_seconds, bandwidth, online_from, online_until: "
             "ops.clock.read_trace), replacing step_seconds, speed_spread and bandwidth"),
+    Setting("trace_cycle", float, 0.0, "virtual clock: the trace's online windows repeat "
+            "every trace_cycle seconds (86400: a daily trace); 0: each window once",
+            minimum=0.0),
     Setting("deadline", float, 0.0, "fedavg_deadline: the seconds after which a synchronous "
             "round stops waiting; the clients still training are dropped", minimum=0.0),
     Setting("target_accuracy", float, 0.8, "the test_accuracy (mean over clients) whose "
@@ -68,7 +71,7 @@ def clock_of(s: dict) -> Clock:
     """The `Clock` the settings ask for: the trace where one is given (one row per client
     of num_clients), else step_seconds · exp(speed_spread · z_i) from seed, bandwidth."""
     if s.get("trace"):
-        return read_trace(s["trace"], s["num_clients"])
+        return read_trace(s["trace"], s["num_clients"], cycle=s.get("trace_cycle", 0.0))
     return Clock(step_seconds=s["step_seconds"], spread=s["speed_spread"],
                  bandwidth=s["bandwidth"] or math.inf, seed=s.get("seed", 0))
 
@@ -111,8 +114,11 @@ def check(s: dict, trained: tuple[str, ...] | None = None) -> None:
     """ValueError in one line for clock settings that do not go together (before anything
     is written): the trace read whole, B ≤ K where FedBuff is among the `trained` methods
     (None: any may be)."""
+    if s.get("trace_cycle") and not s.get("trace"):
+        raise ValueError(f"setting trace_cycle={s['trace_cycle']} repeats a trace's online "
+                         "windows: give the trace too (trace=FILE.csv), or trace_cycle=0.")
     if s.get("trace"):
-        read_trace(s["trace"], s["num_clients"])
+        read_trace(s["trace"], s["num_clients"], cycle=s.get("trace_cycle", 0.0))
     fedbuff = trained is None or "fedbuff" in trained
     if fedbuff and "buffer_size" in s and s["buffer_size"] > s["concurrency"]:
         raise ValueError(f"setting buffer_size={s['buffer_size']} exceeds concurrency="
