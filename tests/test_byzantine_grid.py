@@ -403,7 +403,8 @@ def test_the_summary_bands_and_plots_the_worst_case_against_the_share(tmp_path):
     assert all(p.stat().st_size > 0 for p in written)
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # the grouped sweep twice in a subprocess (CI's set checks the rules'
+# rounds on 1 and 4 devices in tests/test_devices_rules.py)
 def test_a_grouped_sweep_on_two_devices_equals_one(tmp_path):
     """The one program per group on 2 forced CPU devices (`--devices 2`, the clients
     sharded) gives the trials of 1 device, label flip on views among the attacks."""

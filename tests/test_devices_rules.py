@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent(
     from fedjax_sim.ops.clock import Clock
     from fedjax_sim.systems import Systems
 
-    out_dir, tiny = sys.argv[1], json.loads(sys.argv[2])
+    out_dir, tiny, part = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     assert jax.device_count() == 4
     data, model = eight_clients()
     clock = Clock(step_seconds=0.5, spread=1.0, bandwidth=1e3, bandwidth_spread=0.5, seed=1,
@@ -87,6 +87,14 @@ SCRIPT = textwrap.dedent(
 
     out = {}
     for devices in (1, 4):
+        if part == "digits":
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                code = cli.main(["compare", "async-digits", "--set", *tiny, "--devices",
+                                 str(devices), "--out", f"{out_dir}/digits{devices}",
+                                 "--no-progress"])
+            out[f"digits/{devices}"] = {"code": code, "stderr": err.getvalue()[-2000:]}
+            continue
         placed = data if devices == 1 else parallel.place_inputs(data, parallel.make_mesh(4))
         for name, alg in asynchronous.items():
             alg = with_systems(alg, systems)
@@ -101,25 +109,29 @@ SCRIPT = textwrap.dedent(
             if params is None:
                 params = state.cluster_params
             out[f"{name}/{devices}"] = {"metrics": listed(metrics), "params": listed(params)}
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = cli.main(["compare", "async-digits", "--set", *tiny, "--devices",
-                             str(devices), "--out", f"{out_dir}/digits{devices}",
-                             "--no-progress"])
-        out[f"digits/{devices}"] = {"code": code, "stderr": err.getvalue()[-2000:]}
     print("RESULT" + json.dumps(out))
     """
 )
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("devices_rules")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(out), json.dumps(TINY)],
+def _subprocess(out, part: str):
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(out), json.dumps(TINY), part],
                           capture_output=True, text=True, env=subprocess_env(4), timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
     return out, json.loads(line[len("RESULT"):])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The rounds and server steps on 1 and 4 devices, in one subprocess."""
+    return _subprocess(tmp_path_factory.mktemp("devices_rules"), "rounds")
+
+
+@pytest.fixture(scope="module")
+def digits_runs(tmp_path_factory):
+    """`compare async-digits` on 1 and 4 devices, in one subprocess."""
+    return _subprocess(tmp_path_factory.mktemp("devices_digits"), "digits")
 
 
 def _close(a, b, what):
@@ -165,9 +177,9 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
-@pytest.mark.slow
-def test_async_digits_compares_the_same_on_one_and_four_devices(runs):
-    root, out = runs
+@pytest.mark.exhaustive  # two tiny comparisons of five methods (about a minute on 2 cores)
+def test_async_digits_compares_the_same_on_one_and_four_devices(digits_runs):
+    root, out = digits_runs
     for devices in (1, 4):
         assert out[f"digits/{devices}"]["code"] == 0, out[f"digits/{devices}"]["stderr"]
     config = json.loads((root / "digits4" / "config.json").read_text())
