@@ -39,9 +39,12 @@ def test_only_dp_cells_differing_in_epsilon_alone_are_one_program():
 
 
 
-@pytest.mark.slow  # trains the grid and three cells alone (about 40 s on 2 cores; tuned 70 s)
+@pytest.mark.slow  # trains the grid and three cells alone (about 40 s on 2 cores; tuned 70 s,
+# in the exhaustive tier: CI's set checks the tuned grid's choice in tests/test_dp_tuned.py)
 @pytest.mark.parametrize(
-    "tuning", [[], ["tune_lr=0.05,0.5", "tune_dp_clip=0.05,2"]], ids=["untuned", "tuned"]
+    "tuning",
+    [[], pytest.param(["tune_lr=0.05,0.5", "tune_dp_clip=0.05,2"], marks=pytest.mark.exhaustive)],
+    ids=["untuned", "tuned"],
 )
 def test_an_epsilon_sweep_is_one_program_equal_to_its_cells_alone(tmp_path, tuning):
     """Tuned: each cell's lr and clip chosen per seed on the validation rows among the
