@@ -41,14 +41,13 @@ import jax
 
 from fedjax_sim.algorithms.asynchronous import (
     asynchronous,
-    check_clock,
+    check_buffered,
     check_count,
-    check_staleness,
     delta,
     staleness_weight,
 )
 from fedjax_sim.algorithms.base import Algorithm
-from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
+from fedjax_sim.algorithms.training import ClientTraining
 from fedjax_sim.models.core import Model
 from fedjax_sim.ops.clock import Clock
 
@@ -100,19 +99,11 @@ def async_ifca(model: Model, training: ClientTraining, *, num_clusters: int,
       John Nguyen et al., "Federated Learning with Buffered Asynchronous Aggregation",
       AISTATS 2022, https://arxiv.org/abs/2106.06639.
     """
-    check_training("async_ifca", training)
     check_count("async_ifca", "num_clusters", num_clusters)
-    check_count("async_ifca", "concurrency", concurrency)
-    check_count("async_ifca", "buffer_size", buffer_size)
-    if buffer_size > concurrency:
-        raise ValueError(f"async_ifca's buffer_size (B={buffer_size}) must be at most its "
-                         f"concurrency (K={concurrency}): a server step waits for B of the K "
-                         "clients in flight.")
-    check_count("async_ifca", "max_staleness", max_staleness, minimum=0)
-    check_staleness("async_ifca", staleness, staleness_a, staleness_b)
-    eta = 1.0 if server_lr is None else server_lr
-    check_learning_rate("async_ifca's server_lr", eta)
-    clock = check_clock("async_ifca", clock)
+    eta, clock = check_buffered("async_ifca", training, concurrency=concurrency,
+                                buffer_size=buffer_size, max_staleness=max_staleness,
+                                staleness=staleness, staleness_a=staleness_a,
+                                staleness_b=staleness_b, server_lr=server_lr, clock=clock)
 
     def server_step(x, total, total_weight, count):  # x^c + η_g Σ_{j: ĵ=c} s(τ_j) Δ_j / n_c
         del total_weight

@@ -48,7 +48,7 @@ import optax
 from fedjax_sim.algorithms.base import Algorithm, check_inputs, mean_over
 from fedjax_sim.algorithms.fedavg import evaluate_shared
 from fedjax_sim.algorithms.ifca import evaluate_clusters
-from fedjax_sim.algorithms.training import ClientTraining
+from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
 from fedjax_sim.models.core import Model, client_loss
 from fedjax_sim.ops import (
     Cohort,
@@ -127,6 +127,24 @@ def check_clock(algorithm: str, clock) -> Clock:
         raise ValueError(f"{algorithm}'s clock must be a fedjax_sim.ops.clock.Clock; got "
                          f"{clock!r}.")
     return clock
+
+
+def check_buffered(algorithm: str, training, *, concurrency, buffer_size, max_staleness,
+                   staleness, staleness_a, staleness_b, server_lr, clock) -> tuple:
+    """A buffered server's arguments (FedBuff's and async IFCA's) checked in one line each:
+    (η_g, the clock)."""
+    check_training(algorithm, training)
+    check_count(algorithm, "concurrency", concurrency)
+    check_count(algorithm, "buffer_size", buffer_size)
+    if buffer_size > concurrency:
+        raise ValueError(f"{algorithm}'s buffer_size (B={buffer_size}) must be at most its "
+                         f"concurrency (K={concurrency}): a server step waits for B of the K "
+                         "clients in flight.")
+    check_count(algorithm, "max_staleness", max_staleness, minimum=0)
+    check_staleness(algorithm, staleness, staleness_a, staleness_b)
+    eta = 1.0 if server_lr is None else server_lr
+    check_learning_rate(f"{algorithm}'s server_lr", eta)
+    return eta, check_clock(algorithm, clock)
 
 
 def _trip_steps(training: ClientTraining, keys, ids, num_examples, m: int):

@@ -34,14 +34,12 @@ import jax
 
 from fedjax_sim.algorithms.asynchronous import (
     asynchronous,
-    check_clock,
-    check_count,
-    check_staleness,
+    check_buffered,
     delta,
     staleness_weight,
 )
 from fedjax_sim.algorithms.base import Algorithm
-from fedjax_sim.algorithms.training import ClientTraining, check_learning_rate, check_training
+from fedjax_sim.algorithms.training import ClientTraining
 from fedjax_sim.models.core import Model
 from fedjax_sim.ops.clock import Clock
 
@@ -97,18 +95,10 @@ def fedbuff(model: Model, training: ClientTraining, *, concurrency: int = 100,
       Malek, Dzmitry Huba, "Federated Learning with Buffered Asynchronous Aggregation",
       AISTATS 2022, https://arxiv.org/abs/2106.06639.
     """
-    check_training("fedbuff", training)
-    check_count("fedbuff", "concurrency", concurrency)
-    check_count("fedbuff", "buffer_size", buffer_size)
-    if buffer_size > concurrency:
-        raise ValueError(f"fedbuff's buffer_size (B={buffer_size}) must be at most its "
-                         f"concurrency (K={concurrency}): a server step waits for B of the K "
-                         "clients in flight.")
-    check_count("fedbuff", "max_staleness", max_staleness, minimum=0)
-    check_staleness("fedbuff", staleness, staleness_a, staleness_b)
-    eta = 1.0 if server_lr is None else server_lr
-    check_learning_rate("fedbuff's server_lr", eta)
-    clock = check_clock("fedbuff", clock)
+    eta, clock = check_buffered("fedbuff", training, concurrency=concurrency,
+                                buffer_size=buffer_size, max_staleness=max_staleness,
+                                staleness=staleness, staleness_a=staleness_a,
+                                staleness_b=staleness_b, server_lr=server_lr, clock=clock)
 
     def server_step(x, total, total_weight, count):  # x + η_g Σ_j s(τ_j) Δ_j / count
         del total_weight
