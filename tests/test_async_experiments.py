@@ -41,6 +41,16 @@ def _setup():
     return data, linear_regression(d), training, clock, d
 
 
+def _assert_fedavg_over(kept, start, data, params):
+    """params equal FedAvg (uniform weights) of the `kept` clients alone, each by full-batch
+    GD from `start` in float64 (the test's loop)."""
+    x, y = np.asarray(data.x, np.float64), np.asarray(data.y, np.float64)
+    ref = type("Ref", (), {"grad": staticmethod(np_client_grad)})
+    want = np.mean([local_gd(ref, start, x[i], y[i], SIZES[i], LR, TAUS[i])
+                    for i in np.flatnonzero(kept)], axis=0)
+    np.testing.assert_allclose(np.asarray(params, np.float64), want, rtol=1e-5, atol=1e-6)
+
+
 def _trips(d):
     """Each client's trip by the clock's definition: τ_i · step_i + 2 · model_bytes / bw_i,
     the model θ ∈ R^d in float32."""
@@ -83,12 +93,7 @@ def test_a_deadline_drops_exactly_the_clients_past_it(deadline):
                                rtol=1e-6)
     assert int(state.trips) == reporting.sum()  # a dropped client's upload still counts
     # The round is FedAvg (uniform weights) over the kept clients alone.
-    x, y = np.asarray(data.x, np.float64), np.asarray(data.y, np.float64)
-    ref = type("Ref", (), {"grad": staticmethod(np_client_grad)})
-    want = np.mean([local_gd(ref, start, x[i], y[i], SIZES[i], LR, TAUS[i])
-                    for i in np.flatnonzero(kept)], axis=0)
-    np.testing.assert_allclose(np.asarray(state.inner.params, np.float64), want, rtol=1e-5,
-                               atol=1e-6)
+    _assert_fedavg_over(kept, start, data, state.inner.params)
 
 
 TINY = ["num_clients=10", "seeds=1", "rounds=4", "fedasync_rounds=8", "eval_every=2",
@@ -248,12 +253,7 @@ def test_a_client_that_goes_offline_mid_trip_does_not_report():
     kept = (np.array(SIZES) > 0) & ~np.isin(np.arange(len(SIZES)), [0, 5])
     np.testing.assert_allclose(float(state.time), trips[kept].max(), rtol=1e-6)
     assert int(state.trips) == kept.sum()
-    x, y = np.asarray(data.x, np.float64), np.asarray(data.y, np.float64)
-    ref = type("Ref", (), {"grad": staticmethod(np_client_grad)})
-    want = np.mean([local_gd(ref, start, x[i], y[i], SIZES[i], LR, TAUS[i])
-                    for i in np.flatnonzero(kept)], axis=0)
-    np.testing.assert_allclose(np.asarray(state.inner.params, np.float64), want, rtol=1e-5,
-                               atol=1e-6)
+    _assert_fedavg_over(kept, start, data, state.inner.params)
 
 
 SWEEP = ["num_clients=8", "seeds=2", "rounds=4", "eval_every=2", "concurrency=4",
